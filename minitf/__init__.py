@@ -1,0 +1,17 @@
+"""minitf: the Transformer of "Attention Is All You Need", built from scratch on
+NumPy (CPU) and CuPy (GPU), with a hand-written backward pass for every layer.
+
+Dimension glossary: B batch, S source length, T target length, D d_model,
+H heads, dk = D / H, F d_ff, V vocabulary size.
+"""
+from minitf.backend import (get_default_dtype, get_device, manual_seed, set_default_dtype, set_device,
+                            to_numpy)
+from minitf.module import Module, ModuleList, Parameter, no_grad
+from minitf.layers import (Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, ReLU, Softmax,
+                           TiedOutputProjection, softmax, softmax_backward)
+from minitf.attention import MultiHeadAttention, scaled_dot_product_attention, scaled_dot_product_attention_backward
+from minitf.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward, Residual, Transformer
+from minitf.loss import LabelSmoothedCrossEntropy
+from minitf.optim import Adam, WarmupSchedule, clip_grad_norm
+
+__version__ = "0.1.0"

@@ -1,0 +1,168 @@
+"""Scaled dot-product attention and multi-head attention (paper 3.2), forward
+and backward side by side, so one gradient can be followed from the output
+projection back to the queries, keys and values in this one file.
+
+Masks are boolean "keep" arrays, True where a query may attend to a key,
+broadcastable to (B, H, Tq, Tk). ``key_padding_mask`` follows PyTorch: True
+marks a padding key that must be ignored.
+"""
+import math
+
+from minitf import backend
+from minitf.backend import xp
+from minitf.layers import _init
+from minitf.module import Module, Parameter
+
+
+def attention_keep_mask(key_padding_mask=None, causal=False, num_queries=None, num_keys=None):
+    """Combine padding and causality into one boolean keep-mask.
+
+    key_padding_mask: (B, Tk) bool, True = padding key.  ->  keep (B, 1, 1, Tk)
+    causal: query i (of the last ``num_queries`` positions) sees keys j <= i.  ->  (1, 1, Tq, Tk)
+    Returns None when nothing is masked.
+    """
+    keep = None
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask[:, None, None, :]
+    if causal:
+        offset = num_keys - num_queries  # earlier positions already in the key/value cache
+        future = xp.triu(xp.ones((num_queries, num_keys), dtype=bool), k=1 + offset)
+        causal_keep = ~future[None, None]
+        keep = causal_keep if keep is None else keep & causal_keep
+    return keep
+
+
+# --------------------------------------------------------------------------- #
+# Attention(Q, K, V) = softmax(Q K^T / sqrt(dk)) V                 (paper eq. 1)
+# --------------------------------------------------------------------------- #
+def scaled_dot_product_attention(Q, K, V, keep=None):
+    """Q (B, H, Tq, dk), K (B, H, Tk, dk), V (B, H, Tk, dk), keep bool or None.
+
+    Returns ``O`` (B, H, Tq, dk) and the attention weights ``P`` (B, H, Tq, Tk).
+    A query whose keys are all masked gets P = 0 and O = 0, never NaN.
+    """
+    scale = 1.0 / math.sqrt(Q.shape[-1])
+    scores = (Q @ K.swapaxes(-1, -2)) * scale                    # S = Q K^T / sqrt(dk)
+    if keep is not None:
+        # a very negative (finite) score: exp() makes it 0, and no inf - inf = NaN
+        scores = xp.where(keep, scores, backend.finfo(scores.dtype).min / 2)
+    e = xp.exp(scores - scores.max(axis=-1, keepdims=True))     # shifted for stability
+    if keep is not None:
+        e *= keep                                                # exact zeros where masked
+    total = e.sum(axis=-1, keepdims=True)
+    P = e / xp.where(total > 0, total, 1)                        # P = softmax(S); all-masked row -> 0
+    O = P @ V                                                    # O = P V
+    return O, P
+
+
+def scaled_dot_product_attention_backward(dO, Q, K, V, P):
+    """From dL/dO (B, H, Tq, dk) to dQ, dK, dV, given the forward's Q, K, V, P."""
+    scale = 1.0 / math.sqrt(Q.shape[-1])
+    # O = P V  =>  dP = dO V^T,  dV = P^T dO
+    dP = dO @ V.swapaxes(-1, -2)
+    dV = P.swapaxes(-1, -2) @ dO
+    # P = softmax(S) row-wise  =>  dS = P * (dP - sum_j dP_j P_j); masked P = 0 gives dS = 0
+    dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
+    # S = Q K^T * scale  =>  dQ = dS K * scale,  dK = dS^T Q * scale
+    dQ = (dS @ K) * scale
+    dK = (dS.swapaxes(-1, -2) @ Q) * scale
+    return dQ, dK, dV
+
+
+# --------------------------------------------------------------------------- #
+# MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
+#   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)                   (paper 3.2.2)
+# --------------------------------------------------------------------------- #
+class MultiHeadAttention(Module):
+    """Multi-head attention for self-attention (``memory=None``) and
+    encoder-decoder cross-attention (keys and values from ``memory``).
+
+    Parameters: ``w_qkv`` (D, 3D) holds W^Q, W^K, W^V of all heads side by side
+    (one matmul for self-attention), ``b_qkv`` (3D,), ``w_o`` (D, D), ``b_o`` (D,).
+    """
+
+    def __init__(self, d_model, num_heads):
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
+        self.d_model, self.num_heads = d_model, num_heads
+        rng, limit = backend.init_rng(), math.sqrt(6.0 / (2 * d_model))  # Xavier per D x D block
+        self.w_qkv = Parameter(_init(rng.uniform(-limit, limit, (d_model, 3 * d_model))))
+        self.b_qkv = Parameter(_init(backend.host.zeros(3 * d_model)))
+        self.w_o = Parameter(_init(rng.uniform(-limit, limit, (d_model, d_model))))
+        self.b_o = Parameter(_init(backend.host.zeros(d_model)))
+
+    def split_heads(self, x):
+        """(B, L, D) -> (B, H, L, dk)"""
+        B, L, _ = x.shape
+        return x.reshape(B, L, self.num_heads, -1).transpose(0, 2, 1, 3)
+
+    def merge_heads(self, x):
+        """(B, H, L, dk) -> (B, L, D)"""
+        B, _, L, _ = x.shape
+        return x.transpose(0, 2, 1, 3).reshape(B, L, self.d_model)
+
+    def forward(self, x, memory=None, key_padding_mask=None, causal=False, cache=None):
+        """x (B, Tq, D) queries; memory (B, Tk, D) or None for self-attention;
+        key_padding_mask (B, Tk) bool; cache: a dict for incremental decoding
+        (keys and values of earlier steps, or of the memory), only under no_grad().
+
+        Returns y (B, Tq, D).
+        """
+        D = self.d_model
+        W, b = self.w_qkv.data, self.b_qkv.data
+        if memory is None:
+            qkv = x @ W + b                                      # [q k v] = x [W^Q W^K W^V] + b
+            q, k, v = qkv[..., :D], qkv[..., D:2 * D], qkv[..., 2 * D:]
+            if cache is not None:                                # append this step's keys/values
+                if "k" in cache:
+                    k = xp.concatenate([cache["k"], k], axis=1)
+                    v = xp.concatenate([cache["v"], v], axis=1)
+                cache["k"], cache["v"] = k, v
+        else:
+            q = x @ W[:, :D] + b[:D]                             # q = x W^Q + b^Q
+            if cache is not None and "k" in cache:               # memory projected at step 0
+                k, v = cache["k"], cache["v"]
+            else:
+                kv = memory @ W[:, D:] + b[D:]                   # [k v] = memory [W^K W^V] + b
+                k, v = kv[..., :D], kv[..., D:]
+                if cache is not None:
+                    cache["k"], cache["v"] = k, v
+        Q, K, V = self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        keep = attention_keep_mask(key_padding_mask, causal, Q.shape[2], K.shape[2])
+        O, P = scaled_dot_product_attention(Q, K, V, keep)       # each head attends
+        o = self.merge_heads(O)                                  # Concat(head_1..head_H)
+        y = o @ self.w_o.data + self.b_o.data                    # y = o W^O + b^O
+        self.save_for_backward(x, memory, Q, K, V, P, o)
+        return y
+
+    def backward(self, dy):
+        """dy (B, Tq, D) -> (dx (B, Tq, D), dmemory (B, Tk, D) or None); adds
+        the gradients of w_qkv, b_qkv, w_o, b_o."""
+        x, memory, Q, K, V, P, o = self.saved_tensors()
+        D = self.d_model
+        # y = o W^O + b^O  =>  dW^O = o^T dy,  db^O = sum dy,  do = dy W^O^T
+        self.w_o.grad += o.reshape(-1, D).T @ dy.reshape(-1, D)
+        self.b_o.grad += dy.reshape(-1, D).sum(axis=0)
+        do = dy @ self.w_o.data.T
+        # o = merge_heads(O)  =>  dO = split_heads(do)
+        dQ, dK, dV = scaled_dot_product_attention_backward(self.split_heads(do), Q, K, V, P)
+        # Q = split_heads(q) ... => dq = merge_heads(dQ) ...
+        dq, dk, dv = self.merge_heads(dQ), self.merge_heads(dK), self.merge_heads(dV)
+        W = self.w_qkv.data
+        if memory is None:
+            # [q k v] = x W_qkv + b  =>  dW_qkv = x^T [dq dk dv],  dx = [dq dk dv] W_qkv^T
+            dqkv = xp.concatenate([dq, dk, dv], axis=-1).reshape(-1, 3 * D)
+            self.w_qkv.grad += x.reshape(-1, D).T @ dqkv
+            self.b_qkv.grad += dqkv.sum(axis=0)
+            return dqkv.reshape(x.shape[:-1] + (3 * D,)) @ W.T, None
+        # q = x W^Q + b^Q  =>  dW^Q = x^T dq,  dx = dq W^Q^T
+        dq2 = dq.reshape(-1, D)
+        self.w_qkv.grad[:, :D] += x.reshape(-1, D).T @ dq2
+        self.b_qkv.grad[:D] += dq2.sum(axis=0)
+        dx = dq @ W[:, :D].T
+        # [k v] = memory [W^K W^V] + b  =>  dW^KV = memory^T [dk dv],  dmemory = [dk dv] W^KV^T
+        dkv = xp.concatenate([dk, dv], axis=-1)
+        self.w_qkv.grad[:, D:] += memory.reshape(-1, D).T @ dkv.reshape(-1, 2 * D)
+        self.b_qkv.grad[D:] += dkv.reshape(-1, 2 * D).sum(axis=0)
+        dmemory = dkv @ W[:, D:].T
+        return dx, dmemory

@@ -1,0 +1,169 @@
+"""The one backend seam: the only module that imports numpy or cupy.
+
+Every other module does ``from minitf.backend import xp`` and calls ``xp.exp``,
+``xp.matmul``... ``xp`` is a thin proxy that forwards to whichever array module
+is active, so the same layer code runs on NumPy (CPU) and CuPy (GPU).
+
+Choose the device with the environment variable ``MINITF_DEVICE=cpu|gpu`` or
+in code with :func:`set_device`. Parameters are created with the default float
+dtype (float32; the gradient checks switch to float64 with :func:`default_dtype`).
+"""
+import contextlib
+import os
+
+import numpy
+
+#: Host-side NumPy, for work that always lives on the CPU (data loading,
+#: batching, parameter initialisation before the copy to the device).
+host = numpy
+
+_state = {"module": numpy, "device": "cpu", "dtype": numpy.float32, "rng": numpy.random.default_rng(0),
+          "init_rng": numpy.random.default_rng(0)}
+
+
+class _ArrayModuleProxy:
+    """Forwards ``xp.name`` to the active array module (numpy or cupy)."""
+
+    def __getattr__(self, name):
+        return getattr(_state["module"], name)
+
+    def __repr__(self):
+        return f"<minitf array module proxy -> {_state['module'].__name__}>"
+
+
+xp = _ArrayModuleProxy()
+
+
+class DeviceError(RuntimeError):
+    """The requested device cannot be used on this machine."""
+
+
+def _import_cupy():
+    try:
+        import cupy
+    except ImportError as error:
+        raise DeviceError(
+            "device 'gpu' needs CuPy, which is not installed "
+            f"({error}). Install it with: pip install -e .[gpu]  (CuPy for CUDA 12), "
+            "or use --device cpu / MINITF_DEVICE=cpu."
+        ) from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as error:  # CUDA driver missing or broken
+        raise DeviceError(
+            f"device 'gpu': CuPy is installed but no CUDA device is usable ({error}). "
+            "Check the NVIDIA driver with nvidia-smi, or use --device cpu."
+        ) from None
+    if count == 0:
+        raise DeviceError("device 'gpu': CuPy found no visible CUDA device. "
+                          "Check CUDA_VISIBLE_DEVICES and nvidia-smi, or use --device cpu.")
+    return cupy
+
+
+def set_device(name):
+    """Switch the active array module: ``'cpu'`` (NumPy) or ``'gpu'`` (CuPy).
+
+    Arrays made before the switch stay where they are; build models after it.
+    """
+    if name not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {name!r}")
+    module = numpy if name == "cpu" else _import_cupy()
+    _state["module"], _state["device"] = module, name
+    manual_seed(0)
+
+
+def get_device():
+    """The active device name, ``'cpu'`` or ``'gpu'``."""
+    return _state["device"]
+
+
+def gpu_available():
+    """True when CuPy imports and sees at least one CUDA device."""
+    try:
+        _import_cupy()
+    except DeviceError:
+        return False
+    return True
+
+
+def get_default_dtype():
+    """The float dtype new parameters and activations use (float32 by default)."""
+    return _state["dtype"]
+
+
+def set_default_dtype(dtype):
+    dtype = numpy.dtype(dtype)
+    if dtype not in (numpy.dtype(numpy.float16), numpy.dtype(numpy.float32), numpy.dtype(numpy.float64)):
+        raise ValueError(f"default dtype must be float16, float32 or float64, got {dtype}")
+    _state["dtype"] = dtype.type
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    """Temporarily change the default float dtype (gradient checks use float64)."""
+    previous = _state["dtype"]
+    set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        _state["dtype"] = previous
+
+
+def manual_seed(seed):
+    """Seed the device-side random generator (dropout masks)."""
+    seed = int(seed)
+    _state["rng"] = _state["module"].random.default_rng(seed)
+    _state["init_rng"] = numpy.random.default_rng(seed)
+
+
+def rng():
+    """The device-side random generator (``numpy.random.Generator`` or CuPy's)."""
+    return _state["rng"]
+
+
+def init_rng():
+    """The host-side generator that parameter initialisation draws from, seeded by
+    :func:`manual_seed`: a given seed gives the same model on CPU and GPU."""
+    return _state["init_rng"]
+
+
+def host_rng(seed):
+    """A new host-side NumPy generator: parameter init and data order live on the host
+    so that a given seed gives the same model on CPU and GPU."""
+    return numpy.random.default_rng(seed)
+
+
+def asarray(array, dtype=None):
+    """Copy or view a host array (or list) as an array of the active device."""
+    return _state["module"].asarray(array, dtype=dtype)
+
+
+def to_numpy(array):
+    """A NumPy array (on the host) for any array or scalar of either backend."""
+    if isinstance(array, numpy.ndarray):
+        return array
+    if hasattr(array, "get"):  # cupy.ndarray
+        return array.get()
+    return numpy.asarray(array)
+
+
+def is_array(value):
+    """True for an array of the active backend."""
+    return isinstance(value, _state["module"].ndarray)
+
+
+def finfo(dtype):
+    return numpy.finfo(dtype)
+
+
+def synchronize():
+    """Wait for queued GPU work (a no-op on the CPU); for honest timings."""
+    if _state["device"] == "gpu":
+        _state["module"].cuda.get_current_stream().synchronize()
+
+
+_env_device = os.environ.get("MINITF_DEVICE", "cpu").strip().lower() or "cpu"
+if _env_device not in ("cpu", "gpu"):
+    raise DeviceError(f"MINITF_DEVICE must be 'cpu' or 'gpu', got {_env_device!r}")
+if _env_device == "gpu":
+    set_device("gpu")

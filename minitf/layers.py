@@ -1,0 +1,260 @@
+"""The small layers: Linear, Embedding, positional encoding, Dropout, LayerNorm,
+ReLU and softmax. Each forward sits next to its backward.
+
+Dimension glossary (used in every docstring of the package):
+    B batch, S source length, T target length, L any sequence length,
+    D d_model, H heads, dk = D / H, F d_ff, V vocabulary size.
+"""
+import math
+
+from minitf import backend
+from minitf.backend import xp
+from minitf.module import Module, Parameter
+
+
+def _init(array):
+    """A host array -> a device array of the default float dtype."""
+    return backend.asarray(array, dtype=backend.get_default_dtype())
+
+
+# --------------------------------------------------------------------------- #
+# Linear: y = x W + b
+# --------------------------------------------------------------------------- #
+class Linear(Module):
+    """``y = x @ W + b``.
+
+    Parameters ``weight`` (d_in, d_out), ``bias`` (d_out,); input ``x`` (..., d_in),
+    output ``y`` (..., d_out). Xavier-uniform init, zero bias.
+    """
+
+    def __init__(self, d_in, d_out, bias=True):
+        limit = math.sqrt(6.0 / (d_in + d_out))
+        self.weight = Parameter(_init(backend.init_rng().uniform(-limit, limit, (d_in, d_out))))
+        self.bias = Parameter(_init(backend.host.zeros(d_out))) if bias else None
+
+    def forward(self, x):
+        y = x @ self.weight.data
+        if self.bias is not None:
+            y += self.bias.data
+        self.save_for_backward(x)
+        return y
+
+    def backward(self, dy):
+        """dy (..., d_out) -> dx (..., d_in); adds dW, db."""
+        (x,) = self.saved_tensors()
+        d_in, d_out = self.weight.shape
+        # y = x @ W  =>  dW = x^T dy, summed over every leading (batch, position) index
+        self.weight.grad += x.reshape(-1, d_in).T @ dy.reshape(-1, d_out)
+        if self.bias is not None:
+            # y += b  (broadcast over leading dims)  =>  db = sum of dy over them
+            self.bias.grad += dy.reshape(-1, d_out).sum(axis=0)
+        # y = x @ W  =>  dx = dy W^T
+        return dy @ self.weight.data.T
+
+
+# --------------------------------------------------------------------------- #
+# Embedding (paper 3.4): rows of W, multiplied by sqrt(d_model)
+# --------------------------------------------------------------------------- #
+class Embedding(Module):
+    """``y = W[ids] * sqrt(D)`` (paper section 3.4).
+
+    Parameter ``weight`` (V, D), drawn from N(0, D^-1/2) so that the scaled
+    embedding has unit variance and the tied output projection gives unit-scale logits.
+    Input ``ids`` (B, L) integers, output (B, L, D).
+    """
+
+    def __init__(self, vocab_size, d_model, scale=True):
+        std = d_model ** -0.5
+        self.weight = Parameter(_init(backend.init_rng().normal(0.0, std, (vocab_size, d_model))))
+        self.scale = math.sqrt(d_model) if scale else 1.0
+
+    def forward(self, ids):
+        self.save_for_backward(ids)
+        return self.weight.data[ids] * self.scale
+
+    def backward(self, dy):
+        """dy (B, L, D) -> None (ids have no gradient); adds dW."""
+        (ids,) = self.saved_tensors()
+        D = self.weight.shape[1]
+        # y = W[ids] * scale  =>  dW[v] += scale * sum of dy over the positions where ids == v
+        # (add.at sums repeated ids; plain fancy-index += would keep only one of them)
+        xp.add.at(self.weight.grad, ids.reshape(-1), dy.reshape(-1, D) * self.scale)
+        return None
+
+
+class TiedOutputProjection(Module):
+    """Pre-softmax projection ``logits = h @ W^T`` with ``W`` (V, D) possibly the
+    embedding's own weight (paper 3.4: one matrix for both embeddings and this).
+
+    Input ``h`` (B, T, D), output (B, T, V).
+    """
+
+    def __init__(self, weight):
+        self.weight = weight  # a Parameter, shared with an Embedding when tied
+
+    def forward(self, h):
+        self.save_for_backward(h)
+        return h @ self.weight.data.T
+
+    def backward(self, dlogits):
+        """dlogits (B, T, V) -> dh (B, T, D); adds dW (on top of the embedding's use)."""
+        (h,) = self.saved_tensors()
+        V, D = self.weight.shape
+        # logits = h @ W^T  =>  dW = dlogits^T h
+        self.weight.grad += dlogits.reshape(-1, V).T @ h.reshape(-1, D)
+        # logits = h @ W^T  =>  dh = dlogits W
+        return dlogits @ self.weight.data
+
+
+# --------------------------------------------------------------------------- #
+# Sinusoidal positional encoding (paper 3.5)
+# --------------------------------------------------------------------------- #
+def sinusoidal_table(length, d_model, start=0, dtype=None):
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/D)).
+
+    Returns (length, D) for positions ``start .. start+length-1``; any length works.
+    """
+    position = xp.arange(start, start + length, dtype=xp.float64)[:, None]
+    inv_freq = xp.exp(xp.arange(0, d_model, 2, dtype=xp.float64) * (-math.log(10000.0) / d_model))
+    table = xp.zeros((length, d_model), dtype=xp.float64)
+    table[:, 0::2] = xp.sin(position * inv_freq)
+    table[:, 1::2] = xp.cos(position * inv_freq[: d_model // 2])
+    return table.astype(dtype or backend.get_default_dtype())
+
+
+class PositionalEncoding(Module):
+    """``y = x + PE[start : start + L]``; no parameters, computed for any length.
+
+    Input ``x`` (B, L, D), output (B, L, D). ``start`` is the first position
+    (incremental decoding feeds one position at a time).
+    """
+
+    def __init__(self, d_model):
+        self.d_model = d_model
+        self._table = None  # grown on demand, never truncates
+
+    def table(self, length, dtype):
+        if self._table is None or self._table.shape[0] < length or self._table.dtype != dtype:
+            size = max(length, 2 * (0 if self._table is None else self._table.shape[0]), 64)
+            self._table = sinusoidal_table(size, self.d_model, dtype=dtype)
+        return self._table[:length]
+
+    def forward(self, x, start=0):
+        return x + self.table(start + x.shape[1], x.dtype)[start:]
+
+    def backward(self, dy):
+        # y = x + PE  =>  dx = dy (PE is a constant)
+        return dy
+
+
+# --------------------------------------------------------------------------- #
+# Dropout (inverted): scale at training time, identity at evaluation
+# --------------------------------------------------------------------------- #
+class Dropout(Module):
+    """``y = x * mask / (1 - p)`` with ``mask ~ Bernoulli(1 - p)`` while training;
+    ``y = x`` in eval mode or when p = 0. The mask comes from the seeded backend rng."""
+
+    def __init__(self, p):
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            self.save_for_backward(None)
+            return x
+        # keep with probability 1-p, scaled so that E[y] = x
+        mask = (backend.rng().random(x.shape, dtype=xp.float32) >= self.p).astype(x.dtype)
+        mask *= 1.0 / (1.0 - self.p)
+        self.save_for_backward(mask)
+        return x * mask
+
+    def backward(self, dy):
+        (mask,) = self.saved_tensors()
+        # y = x * mask  =>  dx = dy * mask
+        return dy if mask is None else dy * mask
+
+
+# --------------------------------------------------------------------------- #
+# LayerNorm (Ba et al. 2016), over the last axis
+# --------------------------------------------------------------------------- #
+class LayerNorm(Module):
+    """``y = gamma * (x - mean) / sqrt(var + eps) + beta`` over the last axis (D).
+
+    Parameters ``gamma`` (D,) = 1, ``beta`` (D,) = 0; input and output (..., D).
+    """
+
+    def __init__(self, d_model, eps=1e-5):
+        self.gamma = Parameter(_init(backend.host.ones(d_model)))
+        self.beta = Parameter(_init(backend.host.zeros(d_model)))
+        self.eps = eps
+
+    def forward(self, x):
+        mean = x.mean(axis=-1, keepdims=True)
+        xc = x - mean                                            # centred
+        var = (xc * xc).mean(axis=-1, keepdims=True)
+        rstd = 1.0 / xp.sqrt(var + self.eps)                     # 1 / sigma
+        xhat = xc * rstd                                         # normalised
+        self.save_for_backward(xhat, rstd)
+        return xhat * self.gamma.data + self.beta.data
+
+    def backward(self, dy):
+        """dy (..., D) -> dx (..., D); adds dgamma, dbeta."""
+        xhat, rstd = self.saved_tensors()
+        D = xhat.shape[-1]
+        # y = gamma * xhat + beta  =>  dgamma = sum dy * xhat,  dbeta = sum dy
+        self.gamma.grad += (dy * xhat).reshape(-1, D).sum(axis=0)
+        self.beta.grad += dy.reshape(-1, D).sum(axis=0)
+        dxhat = dy * self.gamma.data
+        # xhat = (x - mean) * rstd, where mean and rstd depend on every x of the row:
+        # dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+        return rstd * (dxhat
+                       - dxhat.mean(axis=-1, keepdims=True)
+                       - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+
+
+# --------------------------------------------------------------------------- #
+# ReLU
+# --------------------------------------------------------------------------- #
+class ReLU(Module):
+    """``y = max(x, 0)``, elementwise."""
+
+    def forward(self, x):
+        y = xp.maximum(x, 0)
+        self.save_for_backward(y)
+        return y
+
+    def backward(self, dy):
+        (y,) = self.saved_tensors()
+        # y = max(x, 0)  =>  dx = dy where x > 0 (equivalently y > 0), else 0
+        return dy * (y > 0)
+
+
+# --------------------------------------------------------------------------- #
+# Softmax (as functions: attention and the loss fold it into their own steps)
+# --------------------------------------------------------------------------- #
+def softmax(x, axis=-1):
+    """``y_i = exp(x_i - max x) / sum_j exp(x_j - max x)`` (shifted for stability)."""
+    e = xp.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def softmax_backward(y, dy, axis=-1):
+    """dL/dx from dL/dy for ``y = softmax(x)``, without forming the Jacobian.
+
+    The Jacobian is ``diag(y) - y y^T``, so  ``dx = y * (dy - sum(dy * y))``.
+    """
+    return y * (dy - (dy * y).sum(axis=axis, keepdims=True))
+
+
+class Softmax(Module):
+    """Module wrapper of :func:`softmax` / :func:`softmax_backward` over the last axis."""
+
+    def forward(self, x):
+        y = softmax(x)
+        self.save_for_backward(y)
+        return y
+
+    def backward(self, dy):
+        (y,) = self.saved_tensors()
+        return softmax_backward(y, dy)

@@ -1,0 +1,272 @@
+"""The Transformer of "Attention Is All You Need": feed-forward, residual blocks,
+encoder and decoder layers and stacks, and the whole encoder-decoder model.
+
+Shapes: B batch, S source length, T target length, D d_model, H heads,
+F d_ff, V vocabulary size.
+"""
+from minitf import backend
+from minitf.attention import MultiHeadAttention
+from minitf.layers import Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, ReLU, TiedOutputProjection
+from minitf.module import FlatBuffers, Module, ModuleList
+
+
+# --------------------------------------------------------------------------- #
+# FFN(x) = max(0, x W1 + b1) W2 + b2                                 (paper eq. 2)
+# --------------------------------------------------------------------------- #
+class FeedForward(Module):
+    """Position-wise feed-forward network: (..., D) -> (..., F) -> (..., D)."""
+
+    def __init__(self, d_model, d_ff):
+        self.linear1 = Linear(d_model, d_ff)
+        self.relu = ReLU()
+        self.linear2 = Linear(d_ff, d_model)
+
+    def forward(self, x):
+        return self.linear2(self.relu(self.linear1(x)))
+
+    def backward(self, dy):
+        return self.linear1.backward(self.relu.backward(self.linear2.backward(dy)))
+
+
+# --------------------------------------------------------------------------- #
+# Residual connection around a sublayer                              (paper 5.4)
+#   post-LN (the paper):  y = LayerNorm(x + Dropout(Sublayer(x)))
+#   pre-LN (option):      y = x + Dropout(Sublayer(LayerNorm(x)))
+# --------------------------------------------------------------------------- #
+class Residual(Module):
+    """The norm and dropout around one sublayer. The layer calls
+    ``h = sublayer_input(x)``, runs its sublayer on ``h`` to get ``s``, then
+    ``y = output(x, s)``; backward runs the same three steps in reverse."""
+
+    def __init__(self, d_model, dropout, pre_norm=False):
+        self.norm = LayerNorm(d_model)
+        self.dropout = Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def sublayer_input(self, x):
+        return self.norm(x) if self.pre_norm else x
+
+    def output(self, x, s):
+        if self.pre_norm:
+            return x + self.dropout(s)
+        return self.norm(x + self.dropout(s))
+
+    def output_backward(self, dy):
+        """dL/dy -> (dL/dx through the skip path, dL/ds into the sublayer)."""
+        if self.pre_norm:
+            # y = x + Dropout(s)  =>  dx = dy,  ds = Dropout'(dy)
+            return dy, self.dropout.backward(dy)
+        # y = LayerNorm(z), z = x + Dropout(s)  =>  dz = LayerNorm'(dy); dx = dz, ds = Dropout'(dz)
+        dz = self.norm.backward(dy)
+        return dz, self.dropout.backward(dz)
+
+    def sublayer_input_backward(self, dh):
+        """dL/dh -> dL/dx along the sublayer path."""
+        return self.norm.backward(dh) if self.pre_norm else dh
+
+
+class EncoderLayer(Module):
+    """Self-attention then feed-forward, each in a residual block. x (B, S, D) -> (B, S, D)."""
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False):
+        self.self_attn = MultiHeadAttention(d_model, num_heads)
+        self.attn_block = Residual(d_model, dropout, pre_norm)
+        self.feed_forward = FeedForward(d_model, d_ff)
+        self.ff_block = Residual(d_model, dropout, pre_norm)
+
+    def forward(self, x, key_padding_mask=None):
+        h = self.attn_block.sublayer_input(x)
+        x = self.attn_block.output(x, self.self_attn(h, key_padding_mask=key_padding_mask))
+        h = self.ff_block.sublayer_input(x)
+        return self.ff_block.output(x, self.feed_forward(h))
+
+    def backward(self, dy):
+        dx, ds = self.ff_block.output_backward(dy)
+        dx = dx + self.ff_block.sublayer_input_backward(self.feed_forward.backward(ds))
+        dx2, ds = self.attn_block.output_backward(dx)
+        dh, _ = self.self_attn.backward(ds)
+        return dx2 + self.attn_block.sublayer_input_backward(dh)
+
+
+class DecoderLayer(Module):
+    """Masked self-attention, cross-attention over the encoder output, feed-forward.
+
+    x (B, T, D), memory (B, S, D) -> (B, T, D). Backward returns (dx, dmemory).
+    """
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False):
+        self.self_attn = MultiHeadAttention(d_model, num_heads)
+        self.self_attn_block = Residual(d_model, dropout, pre_norm)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads)
+        self.cross_attn_block = Residual(d_model, dropout, pre_norm)
+        self.feed_forward = FeedForward(d_model, d_ff)
+        self.ff_block = Residual(d_model, dropout, pre_norm)
+
+    def forward(self, x, memory, memory_padding_mask=None, tgt_padding_mask=None, cache=None):
+        h = self.self_attn_block.sublayer_input(x)
+        s = self.self_attn(h, key_padding_mask=tgt_padding_mask, causal=True,
+                           cache=None if cache is None else cache.setdefault("self", {}))
+        x = self.self_attn_block.output(x, s)
+        h = self.cross_attn_block.sublayer_input(x)
+        s = self.cross_attn(h, memory, key_padding_mask=memory_padding_mask,
+                            cache=None if cache is None else cache.setdefault("cross", {}))
+        x = self.cross_attn_block.output(x, s)
+        h = self.ff_block.sublayer_input(x)
+        return self.ff_block.output(x, self.feed_forward(h))
+
+    def backward(self, dy):
+        dx, ds = self.ff_block.output_backward(dy)
+        dx = dx + self.ff_block.sublayer_input_backward(self.feed_forward.backward(ds))
+        dx2, ds = self.cross_attn_block.output_backward(dx)
+        dh, dmemory = self.cross_attn.backward(ds)
+        dx = dx2 + self.cross_attn_block.sublayer_input_backward(dh)
+        dx2, ds = self.self_attn_block.output_backward(dx)
+        dh, _ = self.self_attn.backward(ds)
+        return dx2 + self.self_attn_block.sublayer_input_backward(dh), dmemory
+
+
+class Encoder(Module):
+    """N encoder layers (and a final LayerNorm when pre-LN). x (B, S, D) -> memory (B, S, D)."""
+
+    def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False):
+        self.layers = ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout, pre_norm)
+                                  for _ in range(num_layers)])
+        self.final_norm = LayerNorm(d_model) if pre_norm else None
+
+    def forward(self, x, key_padding_mask=None):
+        for layer in self.layers:
+            x = layer(x, key_padding_mask)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def backward(self, dy):
+        if self.final_norm is not None:
+            dy = self.final_norm.backward(dy)
+        for layer in reversed(list(self.layers)):
+            dy = layer.backward(dy)
+        return dy
+
+
+class Decoder(Module):
+    """N decoder layers (and a final LayerNorm when pre-LN). x (B, T, D) -> (B, T, D).
+
+    Every layer reads the same encoder output, so backward sums their
+    contributions into one dmemory (B, S, D)."""
+
+    def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False):
+        self.layers = ModuleList([DecoderLayer(d_model, num_heads, d_ff, dropout, pre_norm)
+                                  for _ in range(num_layers)])
+        self.final_norm = LayerNorm(d_model) if pre_norm else None
+
+    def forward(self, x, memory, memory_padding_mask=None, tgt_padding_mask=None, cache=None):
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, memory_padding_mask, tgt_padding_mask,
+                      cache=None if cache is None else cache.setdefault(i, {}))
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def backward(self, dy):
+        if self.final_norm is not None:
+            dy = self.final_norm.backward(dy)
+        dmemory = 0
+        for layer in reversed(list(self.layers)):
+            dy, dmemory_layer = layer.backward(dy)
+            dmemory = dmemory + dmemory_layer  # memory feeds every layer: gradients add
+        return dy, dmemory
+
+
+# --------------------------------------------------------------------------- #
+# The whole model (paper section 3, figure 1)
+# --------------------------------------------------------------------------- #
+class Transformer(Module):
+    """Encoder-decoder Transformer.
+
+    ``model(src_ids, tgt_in_ids)`` takes integer arrays (B, S) and (B, T) and
+    returns logits (B, T, V); padding masks come from ``pad_id``. With
+    ``share_embeddings`` (paper 3.4) the source embedding, target embedding and
+    pre-softmax projection are one (V, D) matrix, which needs one shared vocabulary.
+    """
+
+    def __init__(self, src_vocab_size, tgt_vocab_size, d_model=512, num_heads=8,
+                 num_encoder_layers=6, num_decoder_layers=6, d_ff=2048, dropout=0.1,
+                 share_embeddings=True, pad_id=0, pre_norm=False):
+        for name, value in [("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
+                            ("d_model", d_model), ("num_heads", num_heads), ("d_ff", d_ff),
+                            ("num_encoder_layers", num_encoder_layers),
+                            ("num_decoder_layers", num_decoder_layers)]:
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if "layers" in name else 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
+        if share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError("share_embeddings=True needs one shared vocabulary, got "
+                             f"src_vocab_size={src_vocab_size} and tgt_vocab_size={tgt_vocab_size}; "
+                             "pass share_embeddings=False for separate vocabularies")
+        if not 0 <= pad_id < min(src_vocab_size, tgt_vocab_size):
+            raise ValueError(f"pad_id must be a valid token id below the vocabulary size, got {pad_id}")
+        self.config = dict(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
+                           num_heads=num_heads, num_encoder_layers=num_encoder_layers,
+                           num_decoder_layers=num_decoder_layers, d_ff=d_ff, dropout=dropout,
+                           share_embeddings=share_embeddings, pad_id=pad_id, pre_norm=pre_norm)
+        self.d_model, self.pad_id = d_model, pad_id
+        self.src_embed = Embedding(src_vocab_size, d_model)
+        self.tgt_embed = self.src_embed if share_embeddings else Embedding(tgt_vocab_size, d_model)
+        self.positional = PositionalEncoding(d_model)
+        self.src_dropout = Dropout(dropout)
+        self.tgt_dropout = Dropout(dropout)
+        self.encoder = Encoder(num_encoder_layers, d_model, num_heads, d_ff, dropout, pre_norm)
+        self.decoder = Decoder(num_decoder_layers, d_model, num_heads, d_ff, dropout, pre_norm)
+        self.generator = TiedOutputProjection(
+            self.tgt_embed.weight if share_embeddings else Embedding(tgt_vocab_size, d_model).weight)
+        # all parameters and gradients as views of two flat buffers (fast Adam, zero_grad, norms)
+        self.flat = FlatBuffers.flatten(self.parameters())
+
+    # -- input checks at the boundary -----------------------------------------
+    def _check_ids(self, ids, name, vocab_size):
+        if not (backend.is_array(ids) or isinstance(ids, backend.host.ndarray)):
+            raise ValueError(f"{name} must be an integer array of shape (B, L), got {type(ids).__name__}")
+        if ids.ndim != 2:
+            raise ValueError(f"{name} must have shape (B, L) (rank 2), got shape {tuple(ids.shape)}")
+        if ids.dtype.kind not in "iu":
+            raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+        if 0 in ids.shape:
+            raise ValueError(f"{name} must be non-empty, got shape {tuple(ids.shape)}")
+        if isinstance(ids, backend.host.ndarray):  # checked on the host: no device sync
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= vocab_size:
+                raise ValueError(f"{name} must hold ids in [0, {vocab_size}), got values from {low} to {high}")
+        return backend.asarray(ids)
+
+    # -- forward / backward ---------------------------------------------------------
+    def encode(self, src_ids):
+        """src_ids (B, S) -> memory (B, S, D) and the source padding mask (B, S)."""
+        src_padding_mask = src_ids == self.pad_id
+        x = self.src_dropout(self.positional(self.src_embed(src_ids)))  # Dropout(Embed * sqrt(D) + PE)
+        return self.encoder(x, src_padding_mask), src_padding_mask
+
+    def decode(self, tgt_ids, memory, src_padding_mask, cache=None, start=0):
+        """tgt_ids (B, T) -> logits (B, T, V). With ``cache`` (a dict, no_grad only),
+        ``tgt_ids`` holds only the new positions, starting at position ``start``."""
+        tgt_padding_mask = tgt_ids == self.pad_id
+        y = self.tgt_dropout(self.positional(self.tgt_embed(tgt_ids), start=start))
+        h = self.decoder(y, memory, src_padding_mask, None if cache is not None else tgt_padding_mask, cache)
+        return self.generator(h)
+
+    def forward(self, src_ids, tgt_in_ids):
+        """src_ids (B, S), tgt_in_ids (B, T) integer arrays -> logits (B, T, V)."""
+        src_ids = self._check_ids(src_ids, "src_ids", self.config["src_vocab_size"])
+        tgt_in_ids = self._check_ids(tgt_in_ids, "tgt_in_ids", self.config["tgt_vocab_size"])
+        if src_ids.shape[0] != tgt_in_ids.shape[0]:
+            raise ValueError(f"src_ids and tgt_in_ids must have the same batch size, "
+                             f"got {src_ids.shape[0]} and {tgt_in_ids.shape[0]}")
+        memory, src_padding_mask = self.encode(src_ids)
+        return self.decode(tgt_in_ids, memory, src_padding_mask)
+
+    def backward(self, dlogits):
+        """dlogits (B, T, V) -> fills ``p.grad`` of every parameter (accumulating)."""
+        dh = self.generator.backward(dlogits)                 # logits = h W^T
+        dy, dmemory = self.decoder.backward(dh)               # through every decoder layer
+        dy = self.positional.backward(self.tgt_dropout.backward(dy))
+        self.tgt_embed.backward(dy)                           # tied: adds into the same dW
+        dx = self.encoder.backward(dmemory)                   # memory's gradient from all layers
+        dx = self.positional.backward(self.src_dropout.backward(dx))
+        self.src_embed.backward(dx)
+

@@ -1,0 +1,82 @@
+"""Scaled dot-product and multi-head attention: gradients with random padding and
+causal masks, all-masked rows, and the masks' effect on outputs.
+Tolerance: see tests/helpers.assert_gradients_match (rtol 1e-6, atol 1e-7)."""
+import pytest
+from hypothesis import given, strategies as st
+
+from minitf import backend
+from minitf.attention import (MultiHeadAttention, attention_keep_mask, scaled_dot_product_attention,
+                              scaled_dot_product_attention_backward)
+from minitf.backend import xp
+from tests.helpers import assert_gradients_match, np, padding_masks, random_array, seeds, small
+
+pytestmark = pytest.mark.usefixtures("float64")
+
+
+@given(data=st.data(), B=small, H=st.integers(1, 3), Tq=small, Tk=small, dk=small, seed=seeds,
+       causal=st.booleans())
+def test_scaled_dot_product_attention_gradients(data, B, H, Tq, Tk, dk, seed, causal):
+    Q, K, V = (random_array(seed + i, shape) for i, shape in enumerate([(B, H, Tq, dk), (B, H, Tk, dk), (B, H, Tk, dk)]))
+    pad = data.draw(padding_masks(B, Tk, allow_all_padded=True))
+    keep = attention_keep_mask(pad, causal, Tq, Tk)
+    saved = {}
+
+    def forward(Q, K, V):
+        O, saved["P"] = scaled_dot_product_attention(Q, K, V, keep)
+        return O
+
+    def backward(dO):
+        return scaled_dot_product_attention_backward(dO, Q, K, V, saved["P"])
+
+    assert_gradients_match(forward, backward, {"Q": Q, "K": K, "V": V}, seed=seed)
+
+
+@given(B=small, Tq=small, Tk=small, seed=seeds)
+def test_all_masked_rows_give_zeros_not_nan(B, Tq, Tk, seed):
+    Q, K, V = random_array(seed, (B, 2, Tq, 3)), random_array(seed + 1, (B, 2, Tk, 3)), random_array(seed + 2, (B, 2, Tk, 3))
+    keep = xp.zeros((B, 1, 1, Tk), dtype=bool)
+    O, P = scaled_dot_product_attention(Q, K, V, keep)
+    assert np.array_equal(backend.to_numpy(O), np.zeros(O.shape))
+    dQ, dK, dV = scaled_dot_product_attention_backward(xp.ones_like(O), Q, K, V, P)
+    for g in (dQ, dK, dV):
+        assert np.isfinite(backend.to_numpy(g)).all() and not backend.to_numpy(g).any()
+
+
+def test_attention_weights_sum_to_one_and_respect_the_mask():
+    Q, K, V = random_array(1, (2, 1, 4, 3)), random_array(2, (2, 1, 5, 3)), random_array(3, (2, 1, 5, 3))
+    pad = backend.asarray(np.array([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]], dtype=bool))
+    _, P = scaled_dot_product_attention(Q, K, V, attention_keep_mask(pad, True, 4, 5))
+    P = backend.to_numpy(P)
+    assert np.allclose(P.sum(-1), 1)
+    assert (P[0, :, :, 3:] == 0).all()                     # padding keys get no weight
+    assert (np.triu(P[1, 0], k=2) == 0).all()              # query i sees keys <= i + (Tk - Tq)
+
+
+@given(data=st.data(), B=small, T=small, H=st.integers(1, 3), dk=st.integers(1, 3), seed=seeds,
+       causal=st.booleans())
+def test_multihead_self_attention_gradients(data, B, T, H, dk, seed, causal):
+    D = H * dk
+    mha = MultiHeadAttention(D, H)
+    for p in mha.parameters():  # non-zero biases so their gradients are exercised
+        p.data[...] = random_array(seed + 7, p.shape, 0.5)
+    x = random_array(seed, (B, T, D))
+    pad = data.draw(padding_masks(B, T, allow_all_padded=True))
+    assert_gradients_match(lambda x: mha.forward(x, key_padding_mask=pad, causal=causal),
+                           mha.backward, {"x": x}, dict(mha.named_parameters()), seed=seed)
+
+
+@given(data=st.data(), B=small, T=small, S=small, H=st.integers(1, 3), dk=st.integers(1, 3), seed=seeds)
+def test_multihead_cross_attention_gradients(data, B, T, S, H, dk, seed):
+    D = H * dk
+    mha = MultiHeadAttention(D, H)
+    for p in mha.parameters():
+        p.data[...] = random_array(seed + 7, p.shape, 0.5)
+    x, memory = random_array(seed, (B, T, D)), random_array(seed + 1, (B, S, D))
+    pad = data.draw(padding_masks(B, S))
+    assert_gradients_match(lambda x, m: mha.forward(x, m, key_padding_mask=pad), mha.backward,
+                           {"x": x, "memory": memory}, dict(mha.named_parameters()), seed=seed)
+
+
+def test_d_model_must_divide_by_heads():
+    with pytest.raises(ValueError, match="divisible"):
+        MultiHeadAttention(10, 3)

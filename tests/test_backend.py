@@ -1,0 +1,54 @@
+"""The backend seam: only minitf/backend.py imports numpy or cupy."""
+import ast
+import os
+import pathlib
+
+import pytest
+
+import minitf
+from minitf import backend
+
+PACKAGE = pathlib.Path(minitf.__file__).parent
+
+
+def test_only_the_backend_imports_numpy_or_cupy():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "backend.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.name}:{node.lineno} imports {n}" for n in names
+                          if n.split(".")[0] in ("numpy", "cupy", "cupyx")]
+    assert not offenders, offenders
+
+
+def test_default_dtype_is_float32_and_switchable():
+    assert backend.get_default_dtype() == backend.host.float32
+    with backend.default_dtype("float64"):
+        assert minitf.Linear(2, 3).weight.data.dtype == backend.host.float64
+    assert minitf.Linear(2, 3).weight.data.dtype == backend.host.float32
+
+
+def test_unknown_device_is_refused():
+    with pytest.raises(ValueError, match="'cpu' or 'gpu'"):
+        backend.set_device("tpu")
+
+
+@pytest.mark.skipif(backend.gpu_available(), reason="a GPU is available here")
+def test_gpu_without_cupy_or_device_names_the_fix():
+    with pytest.raises(backend.DeviceError, match=r"pip install -e \.\[gpu\]|nvidia-smi"):
+        backend.set_device("gpu")
+    assert backend.get_device() == "cpu"
+
+
+def test_same_seed_same_model():
+    backend.manual_seed(7)
+    a = minitf.Linear(3, 4).weight.data.copy()
+    backend.manual_seed(7)
+    b = minitf.Linear(3, 4).weight.data.copy()
+    assert (backend.to_numpy(a) == backend.to_numpy(b)).all()

@@ -1,0 +1,190 @@
+"""Gradient and property tests of the small layers (float64 central differences).
+
+Tolerances: relative error below 1e-6 unless a test says otherwise; central
+differences with h = 1e-6 in float64 give errors around 1e-9 on smooth functions.
+"""
+import math
+
+import pytest
+from hypothesis import assume, given, strategies as st
+
+import minitf
+from minitf import backend
+from minitf.backend import xp
+from minitf.layers import (Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, ReLU, Softmax,
+                           TiedOutputProjection, sinusoidal_table, softmax)
+from minitf.module import Parameter
+from tests.helpers import assert_gradients_match, np, random_array, seeds, small
+
+pytestmark = pytest.mark.usefixtures("float64")
+
+
+@given(B=small, L=small, d_in=small, d_out=small, bias=st.booleans(), seed=seeds,
+       scale=st.floats(0.1, 10))
+def test_linear_gradients(B, L, d_in, d_out, bias, seed, scale):
+    layer = Linear(d_in, d_out, bias=bias)
+    x = random_array(seed, (B, L, d_in), scale)
+    params = {"weight": layer.weight} | ({"bias": layer.bias} if bias else {})
+    assert_gradients_match(layer.forward, layer.backward, {"x": x}, params, seed=seed)
+
+
+@given(B=small, L=small, V=st.integers(1, 6), D=small, seed=seeds)
+def test_embedding_gradients_with_repeated_ids(B, L, V, D, seed):
+    layer = Embedding(V, D)
+    # few distinct ids so repeats are common: add.at must sum them
+    ids = backend.asarray(np.random.default_rng(seed).integers(0, V, (B, L)))
+    assert_gradients_match(lambda: layer.forward(ids), lambda dy: layer.backward(dy), {},
+                           {"weight": layer.weight}, seed=seed)
+
+
+def test_embedding_is_scaled_by_sqrt_d_model():
+    layer = Embedding(5, 16)
+    ids = backend.asarray(np.array([[3, 1]]))
+    expected = backend.to_numpy(layer.weight.data)[[3, 1]] * 4.0
+    assert np.allclose(backend.to_numpy(layer.forward(ids))[0], expected)
+
+
+@given(B=small, T=small, V=small, D=small, seed=seeds)
+def test_tied_projection_gradients(B, T, V, D, seed):
+    weight = Parameter(random_array(seed + 1, (V, D)))
+    layer = TiedOutputProjection(weight)
+    h = random_array(seed, (B, T, D))
+    assert_gradients_match(layer.forward, layer.backward, {"h": h}, {"weight": weight}, seed=seed)
+
+
+def test_tied_weight_accumulates_both_uses():
+    """One Parameter used by an Embedding and the projection gets the sum of both gradients."""
+    embedding = Embedding(7, 4)
+    projection = TiedOutputProjection(embedding.weight)
+    ids = backend.asarray(np.array([[1, 2, 2]]))
+    G = random_array(1, (1, 3, 7))
+    projection.forward(embedding.forward(ids))
+    embedding.backward(projection.backward(G))
+    both = embedding.weight.grad.copy()
+    embedding.weight.grad[...] = 0
+    projection.forward(embedding.forward(ids).copy())
+    projection.backward(G)
+    only_projection = embedding.weight.grad.copy()
+    assert not np.allclose(backend.to_numpy(both), backend.to_numpy(only_projection))
+    dh = projection.weight.data[None, None, :, :]  # sanity: gradients differ by the embedding's use
+    assert dh.shape[-1] == 4
+
+
+@given(L=st.integers(1, 12), D=st.integers(1, 9), start=st.integers(0, 50))
+def test_positional_encoding_matches_formula(L, D, start):
+    table = backend.to_numpy(sinusoidal_table(L, D, start=start))
+    for pos in range(L):
+        for i in range(D):
+            angle = (start + pos) / 10000 ** ((i - i % 2) / D)
+            expected = math.sin(angle) if i % 2 == 0 else math.cos(angle)
+            assert abs(table[pos, i] - expected) < 1e-9
+
+
+def test_positional_encoding_beyond_training_lengths_and_offsets():
+    pe = PositionalEncoding(8)
+    x = xp.zeros((1, 3, 8))
+    pe.forward(x)                                  # table built for a short length
+    long = backend.to_numpy(pe.forward(xp.zeros((1, 5000, 8))))
+    assert long.shape == (1, 5000, 8) and np.isfinite(long).all()
+    # position 4321 alone (as in incremental decoding) equals row 4321 of the full table
+    one = backend.to_numpy(pe.forward(xp.zeros((1, 1, 8)), start=4321))
+    assert np.allclose(one[0, 0], long[0, 4321])
+
+
+@given(B=small, L=small, D=small, seed=seeds)
+def test_positional_encoding_gradient(B, L, D, seed):
+    pe = PositionalEncoding(D)
+    assert_gradients_match(pe.forward, pe.backward, {"x": random_array(seed, (B, L, D))}, seed=seed)
+
+
+@given(B=small, L=small, D=small, p=st.floats(0.05, 0.9), seed=seeds)
+def test_dropout_gradients_with_a_fixed_mask(B, L, D, p, seed):
+    layer = Dropout(p)
+    x = random_array(seed, (B, L, D))
+    assert_gradients_match(layer.forward, layer.backward, {"x": x}, seed=seed, reseed=seed)
+
+
+def test_dropout_keeps_expected_value_and_is_identity_in_eval():
+    layer = Dropout(0.3)
+    x = xp.ones((200, 500))
+    y = backend.to_numpy(layer.forward(x))
+    assert abs(y.mean() - 1.0) < 0.01                    # E[y] = x, 100k samples: std ~0.002
+    assert abs((y == 0).mean() - 0.3) < 0.01
+    assert set(np.unique(y)) <= {0.0, 1 / 0.7}
+    layer.eval()
+    assert layer.forward(x) is x
+
+
+def test_dropout_is_seeded():
+    layer = Dropout(0.5)
+    backend.manual_seed(5)
+    a = backend.to_numpy(layer.forward(xp.ones((4, 9))))
+    backend.manual_seed(5)
+    b = backend.to_numpy(layer.forward(xp.ones((4, 9))))
+    assert np.array_equal(a, b)
+
+
+@given(B=small, L=small, D=st.integers(2, 6), seed=seeds, scale=st.floats(0.01, 100), shift=st.floats(-50, 50))
+def test_layernorm_gradients(B, L, D, seed, scale, shift):
+    layer = LayerNorm(D)
+    layer.gamma.data[...] = random_array(seed + 1, (D,))
+    layer.beta.data[...] = random_array(seed + 2, (D,))
+    x = random_array(seed, (B, L, D), scale) + shift
+    # tolerance 1e-5: rows of tiny variance make the function steep at scale 0.01
+    assert_gradients_match(layer.forward, layer.backward, {"x": x},
+                           {"gamma": layer.gamma, "beta": layer.beta}, seed=seed, tol=1e-5)
+
+
+@given(D=st.integers(2, 64), seed=seeds, scale=st.floats(0.01, 100))
+def test_layernorm_output_has_zero_mean_unit_variance(D, seed, scale):
+    y = backend.to_numpy(LayerNorm(D, eps=0.0).forward(random_array(seed, (3, D), scale)))
+    assert np.allclose(y.mean(-1), 0, atol=1e-9)
+    assert np.allclose(y.var(-1), 1, atol=1e-6)
+
+
+@given(B=small, L=small, D=small, seed=seeds)
+def test_relu_gradients(B, L, D, seed):
+    x = random_array(seed, (B, L, D))
+    assume(float(abs(x).min()) > 1e-3)  # keep away from the kink at 0
+    layer = ReLU()
+    assert_gradients_match(layer.forward, layer.backward, {"x": x}, seed=seed)
+
+
+@given(B=small, L=small, D=small, seed=seeds, scale=st.floats(0.1, 30))
+def test_softmax_gradients_and_rows_sum_to_one(B, L, D, seed, scale):
+    layer = Softmax()
+    x = random_array(seed, (B, L, D), scale)
+    y = backend.to_numpy(layer.forward(x))
+    layer.backward(xp.ones_like(x))
+    assert np.allclose(y.sum(-1), 1.0) and (y >= 0).all()
+    assert_gradients_match(layer.forward, layer.backward, {"x": x}, seed=seed)
+
+
+def test_softmax_is_stable_for_huge_logits():
+    y = backend.to_numpy(softmax(xp.asarray([[1e4, 1e4 - 1, -1e4]])))
+    assert np.isfinite(y).all() and np.allclose(y.sum(), 1)
+
+
+def test_module_called_twice_keeps_both_caches():
+    """The second forward must not overwrite the first one's cache: backward pops in reverse."""
+    layer = Linear(3, 2)
+    x1, x2 = random_array(1, (2, 3)), random_array(2, (2, 3))
+    g1, g2 = random_array(3, (2, 2)), random_array(4, (2, 2))
+    layer.forward(x1)
+    layer.forward(x2)
+    dx2 = layer.backward(g2)
+    dx1 = layer.backward(g1)
+    expected_dw = backend.to_numpy(x1.T @ g1 + x2.T @ g2)
+    assert np.allclose(backend.to_numpy(layer.weight.grad), expected_dw)
+    assert np.allclose(backend.to_numpy(dx1), backend.to_numpy(g1 @ layer.weight.data.T))
+    assert np.allclose(backend.to_numpy(dx2), backend.to_numpy(g2 @ layer.weight.data.T))
+    with pytest.raises(RuntimeError, match="without a matching forward"):
+        layer.backward(g1)
+
+
+def test_no_grad_saves_nothing():
+    layer = Linear(3, 2)
+    with minitf.no_grad():
+        layer.forward(random_array(1, (2, 3)))
+    with pytest.raises(RuntimeError):
+        layer.backward(random_array(1, (2, 2)))

@@ -1,0 +1,220 @@
+"""Feed-forward, residual blocks, encoder/decoder layers and stacks, and the whole
+Transformer: gradients against float64 central differences, plus causality,
+padding and determinism properties. Tolerance: rtol 1e-6, atol 1e-7 per entry
+for layers; the whole model is checked along random directions (rtol 1e-6)."""
+import pytest
+from hypothesis import given, strategies as st
+
+import minitf
+from minitf import backend
+from minitf.backend import xp
+from minitf.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
+from tests.helpers import assert_gradients_match, randomize, np, padding_masks, random_array, seeds, small
+
+pytestmark = pytest.mark.usefixtures("float64")
+heads_and_dk = st.tuples(st.integers(1, 2), st.integers(1, 3))
+
+
+@given(B=small, L=small, D=small, F=small, seed=seeds)
+def test_feed_forward_gradients(B, L, D, F, seed):
+    ff = randomize(FeedForward(D, F), seed)
+    assert_gradients_match(ff.forward, ff.backward, {"x": random_array(seed, (B, L, D))},
+                           dict(ff.named_parameters()), seed=seed)
+
+
+@given(data=st.data(), B=small, S=small, hd=heads_and_dk, F=small, seed=seeds, pre_norm=st.booleans(),
+       p=st.sampled_from([0.0, 0.3]))
+def test_encoder_layer_gradients(data, B, S, hd, F, seed, pre_norm, p):
+    H, dk = hd
+    layer = randomize(EncoderLayer(H * dk, H, F, dropout=p, pre_norm=pre_norm), seed)
+    pad = data.draw(padding_masks(B, S))
+    assert_gradients_match(lambda x: layer.forward(x, pad), layer.backward,
+                           {"x": random_array(seed, (B, S, H * dk))}, dict(layer.named_parameters()),
+                           seed=seed, reseed=seed)
+
+
+@given(data=st.data(), B=small, S=small, T=small, hd=heads_and_dk, F=small, seed=seeds,
+       pre_norm=st.booleans(), p=st.sampled_from([0.0, 0.3]))
+def test_decoder_layer_gradients(data, B, S, T, hd, F, seed, pre_norm, p):
+    H, dk = hd
+    layer = randomize(DecoderLayer(H * dk, H, F, dropout=p, pre_norm=pre_norm), seed)
+    src_pad, tgt_pad = data.draw(padding_masks(B, S)), data.draw(padding_masks(B, T))
+    assert_gradients_match(lambda x, m: layer.forward(x, m, src_pad, tgt_pad), layer.backward,
+                           {"x": random_array(seed, (B, T, H * dk)), "memory": random_array(seed + 1, (B, S, H * dk))},
+                           dict(layer.named_parameters()), seed=seed, reseed=seed)
+
+
+@given(data=st.data(), B=st.integers(1, 2), S=small, T=small, N=st.integers(1, 2), seed=seeds,
+       pre_norm=st.booleans())
+def test_encoder_and_decoder_stack_gradients(data, B, S, T, N, seed, pre_norm):
+    D, H, F = 4, 2, 3
+    encoder = randomize(Encoder(N, D, H, F, 0.0, pre_norm), seed)
+    decoder = randomize(Decoder(N, D, H, F, 0.0, pre_norm), seed + 1)
+    src_pad, tgt_pad = data.draw(padding_masks(B, S)), data.draw(padding_masks(B, T))
+    assert_gradients_match(lambda x: encoder.forward(x, src_pad), encoder.backward,
+                           {"x": random_array(seed, (B, S, D))}, dict(encoder.named_parameters()), seed=seed)
+    # the decoder stack sums the memory gradient of every layer
+    assert_gradients_match(lambda y, m: decoder.forward(y, m, src_pad, tgt_pad), decoder.backward,
+                           {"y": random_array(seed, (B, T, D)), "memory": random_array(seed + 1, (B, S, D))},
+                           dict(decoder.named_parameters()), seed=seed)
+
+
+@st.composite
+def model_and_batch(draw):
+    """A randomly configured Transformer and a padded batch for it."""
+    H = draw(st.integers(1, 3))
+    D = H * draw(st.integers(1, 3))
+    V = draw(st.integers(4, 12))
+    share = draw(st.booleans())
+    config = dict(src_vocab_size=V, tgt_vocab_size=V if share else draw(st.integers(4, 12)), d_model=D,
+                  num_heads=H, num_encoder_layers=draw(st.integers(1, 2)), num_decoder_layers=draw(st.integers(1, 2)),
+                  d_ff=draw(st.integers(1, 6)), dropout=draw(st.sampled_from([0.0, 0.1])), share_embeddings=share,
+                  pad_id=0, pre_norm=draw(st.booleans()))
+    B, S, T = draw(st.integers(1, 3)), draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    seed = draw(seeds)
+    rng = np.random.default_rng(seed)
+    src = rng.integers(1, config["src_vocab_size"], (B, S))
+    tgt = rng.integers(1, config["tgt_vocab_size"], (B, T + 1))
+    for row in range(B):  # real tokens then padding, at least one real token
+        src[row, draw(st.integers(1, S)):] = 0
+        tgt[row, draw(st.integers(2, T + 1)):] = 0
+    return config, src, tgt[:, :-1], tgt[:, 1:], seed
+
+
+@given(case=model_and_batch(), smoothing=st.sampled_from([0.0, 0.1]))
+def test_whole_model_gradient_along_random_directions(case, smoothing):
+    """d loss / d theta . u  ==  (L(theta + h u) - L(theta - h u)) / 2h  for random u over ALL parameters."""
+    config, src, tgt_in, tgt_out, seed = case
+    backend.manual_seed(seed)
+    # random biases and gains too: at the zero-initialised biases a row zeroed by
+    # dropout meets the ReLU exactly at its kink, where no derivative exists
+    model = randomize(minitf.Transformer(**config), seed)
+    loss_fn = minitf.LabelSmoothedCrossEntropy(smoothing=smoothing, ignore_index=0)
+
+    def loss_value():
+        backend.manual_seed(seed)  # the same dropout masks every time
+        with minitf.no_grad():
+            return loss_fn(model(src, tgt_in), tgt_out)
+
+    backend.manual_seed(seed)
+    model.zero_grad()
+    loss_fn(model(src, tgt_in), tgt_out)
+    model.backward(loss_fn.backward())
+    theta, grad = model.flat.data, model.flat.grad.copy()
+    rng, h = np.random.default_rng(seed), 1e-6
+    for _ in range(3):
+        u = rng.standard_normal(theta.shape)
+        u = backend.asarray(u / np.linalg.norm(u))  # unit length: the step is h in parameter space
+        original = theta.copy()
+        theta += h * u
+        plus = loss_value()
+        theta[...] = original - h * u
+        minus = loss_value()
+        theta[...] = original
+        numeric, analytic = (plus - minus) / (2 * h), float((grad * u).sum())
+        assert abs(numeric - analytic) <= 1e-6 * max(abs(numeric), abs(analytic)) + 1e-8, (numeric, analytic)
+
+
+@given(case=model_and_batch())
+def test_causality_changing_target_t_changes_no_earlier_logit(case):
+    config, src, tgt_in, _, seed = case
+    backend.manual_seed(seed)
+    model = minitf.Transformer(**config).eval()
+    T = tgt_in.shape[1]
+    t = np.random.default_rng(seed).integers(0, T)
+    changed = tgt_in.copy()
+    changed[:, t] = (changed[:, t] % (config["tgt_vocab_size"] - 1)) + 1  # another real token
+    with minitf.no_grad():
+        a, b = backend.to_numpy(model(src, tgt_in)), backend.to_numpy(model(src, changed))
+    assert np.allclose(a[:, :t], b[:, :t], atol=1e-12)
+
+
+@given(case=model_and_batch(), extra=st.integers(1, 4))
+def test_padding_the_source_changes_no_output(case, extra):
+    config, src, tgt_in, _, seed = case
+    backend.manual_seed(seed)
+    model = minitf.Transformer(**config).eval()
+    padded = np.concatenate([src, np.zeros((src.shape[0], extra), dtype=src.dtype)], axis=1)
+    with minitf.no_grad():
+        a, b = backend.to_numpy(model(src, tgt_in)), backend.to_numpy(model(padded, tgt_in))
+    assert np.allclose(a, b, atol=1e-10)
+
+
+@given(case=model_and_batch())
+def test_eval_mode_is_deterministic_and_backward_does_not_mutate_inputs(case):
+    config, src, tgt_in, tgt_out, seed = case
+    config = config | {"dropout": 0.5}
+    backend.manual_seed(seed)
+    model = minitf.Transformer(**config)
+    model.eval()
+    with minitf.no_grad():
+        a = backend.to_numpy(model(src, tgt_in))
+        b = backend.to_numpy(model(src, tgt_in))
+    assert np.array_equal(a, b)
+    model.train()
+    copies = src.copy(), tgt_in.copy(), tgt_out.copy()
+    logits = model(src, tgt_in)
+    loss_fn = minitf.LabelSmoothedCrossEntropy()
+    loss_fn(logits, tgt_out)
+    dlogits = loss_fn.backward()
+    before = backend.to_numpy(dlogits).copy()
+    model.backward(dlogits)
+    assert np.array_equal(before, backend.to_numpy(dlogits))
+    for original, array in zip(copies, (src, tgt_in, tgt_out)):
+        assert np.array_equal(original, array)
+
+
+def test_shared_embedding_is_one_parameter():
+    model = minitf.Transformer(11, 11, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8)
+    names = [n for n, _ in model.named_parameters()]
+    assert names.count("src_embed.weight") == 1 and not any("tgt_embed" in n or "generator" in n for n in names)
+    assert model.src_embed.weight is model.tgt_embed.weight is model.generator.weight
+    untied = minitf.Transformer(11, 13, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                                d_ff=8, share_embeddings=False)
+    assert {"src_embed.weight", "tgt_embed.weight", "generator.weight"} <= set(n for n, _ in untied.named_parameters())
+
+
+def test_parameters_live_in_flat_buffers_and_state_dict_round_trips():
+    model = minitf.Transformer(9, 9, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8)
+    total = sum(p.size for p in model.parameters())
+    assert model.flat.data.size == total
+    for p in model.parameters():
+        assert np.shares_memory(backend.to_numpy(p.data), backend.to_numpy(model.flat.data))
+    state = model.state_dict()
+    other = minitf.Transformer(9, 9, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8)
+    other.load_state_dict(state)
+    assert np.array_equal(backend.to_numpy(other.flat.data), backend.to_numpy(model.flat.data))
+    bad = dict(state)
+    bad["src_embed.weight"] = np.zeros((10, 4))
+    with pytest.raises(ValueError, match="src_embed.weight: expected \\(9, 4\\), got \\(10, 4\\)"):
+        other.load_state_dict(bad)
+    del bad["src_embed.weight"]
+    with pytest.raises(ValueError, match="missing"):
+        other.load_state_dict(bad)
+
+
+@pytest.mark.parametrize("src, tgt, message", [
+    (np.array([1, 2, 3]), np.array([[1, 2]]), "rank 2"),
+    (np.array([[1.0, 2.0]]), np.array([[1, 2]]), "integer"),
+    (np.array([[1, 2, 99]]), np.array([[1, 2]]), r"ids in \[0, 9\)"),
+    (np.array([[1, -1]]), np.array([[1, 2]]), r"ids in \[0, 9\)"),
+    (np.array([[1, 2], [3, 4]]), np.array([[1, 2]]), "same batch size"),
+    ([[1, 2]], np.array([[1, 2]]), "integer array"),
+])
+def test_bad_input_gives_clear_value_errors(src, tgt, message):
+    model = minitf.Transformer(9, 9, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8)
+    with pytest.raises(ValueError, match=message):
+        model(src, tgt)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(d_model=10, num_heads=3), "divisible"),
+    (dict(src_vocab_size=9, tgt_vocab_size=10), "share_embeddings"),
+    (dict(d_model=0), "positive integer"),
+    (dict(pad_id=20), "pad_id"),
+])
+def test_bad_config_gives_clear_value_errors(kwargs, message):
+    config = dict(src_vocab_size=9, tgt_vocab_size=9, d_model=4, num_heads=2, num_encoder_layers=1,
+                  num_decoder_layers=1, d_ff=8) | kwargs
+    with pytest.raises(ValueError, match=message):
+        minitf.Transformer(**config)
