@@ -1,0 +1,213 @@
+"""Joint source/target BPE tokenizer: a thin wrapper around sentencepiece.
+
+One vocabulary serves both languages (so embeddings can be shared). The special
+ids are fixed: ``PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3``. The serialized model
+is small enough to store inside checkpoints (:meth:`Tokenizer.model_bytes`,
+:meth:`Tokenizer.from_bytes`), so a checkpoint always decodes with the exact
+vocabulary it was trained with (:attr:`Tokenizer.sha256` identifies it).
+"""
+import hashlib
+import io
+import os
+import pathlib
+import re
+import tempfile
+
+from minitf.data import DataError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+_SPECIALS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
+
+
+def _spm():
+    """Import sentencepiece lazily, with an actionable error if it is missing."""
+    try:
+        import sentencepiece
+    except ImportError:
+        raise DataError("the tokenizer needs sentencepiece, which is not installed; "
+                        "run: pip install sentencepiece") from None
+    return sentencepiece
+
+
+def train_tokenizer(texts, model_path, vocab_size, seed=None):
+    """Train a joint BPE model on ``texts`` and write it to ``model_path``.
+
+    Parameters
+    ----------
+    texts : iterable of str
+        Training sentences (source and target together), one per item.
+    model_path : str or path-like
+        Where the ``.model`` file goes; written atomically.
+    vocab_size : int
+        Size of the vocabulary, the four special tokens included.
+    seed : int or None
+        Seed of sentencepiece's global random generator (BPE training itself
+        is deterministic; this pins any sampling).
+
+    Returns
+    -------
+    Tokenizer
+        The trained tokenizer.
+
+    Raises
+    ------
+    DataError
+        No text, a vocabulary too small for the specials, or too large for the data.
+    """
+    spm = _spm()
+    texts = [text for text in texts if text and text.strip()]
+    if not texts:
+        raise DataError("cannot train a tokenizer on no text; expected a non-empty "
+                        "training corpus")
+    vocab_size = int(vocab_size)
+    if vocab_size <= len(_SPECIALS):
+        raise DataError(f"vocab size must exceed the {len(_SPECIALS)} special tokens, got "
+                        f"{vocab_size}; raise --vocab-size")
+    if seed is not None:
+        spm.set_random_generator_seed(int(seed))
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=model, model_type="bpe",
+            vocab_size=vocab_size, character_coverage=1.0, num_threads=2,
+            max_sentence_length=1 << 16,  # bytes; default 4192 would silently skip long lines
+            minloglevel=2, **_SPECIALS)
+    except RuntimeError as error:
+        raise _vocab_error(error, vocab_size) from None
+    _write_atomic(pathlib.Path(model_path), model.getvalue())
+    return Tokenizer.from_bytes(model.getvalue())
+
+
+def _vocab_error(error, vocab_size):
+    """Turn sentencepiece's "Vocabulary size too high" into a DataError."""
+    message = str(error)
+    match = re.search(r"value\s*<=\s*(\d+)", message)
+    if "Vocabulary size" in message and match:
+        return DataError(f"vocab size {vocab_size} is too large for this training text, "
+                         f"which supports at most {match.group(1)}; lower --vocab-size")
+    if "Vocabulary size" in message:
+        return DataError(f"vocab size {vocab_size} does not fit this training text "
+                         f"({message.strip().splitlines()[-1]}); lower --vocab-size")
+    return DataError(f"sentencepiece failed to train the tokenizer: "
+                     f"{message.strip().splitlines()[-1] if message.strip() else error!r}")
+
+
+def _write_atomic(path, data):
+    """Write bytes to a temp file beside ``path`` and rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class Tokenizer:
+    """A trained sentencepiece BPE model with minitf's fixed special ids.
+
+    Parameters
+    ----------
+    model_path : str or path-like
+        A ``.model`` file written by :func:`train_tokenizer`.
+
+    Attributes
+    ----------
+    pad_id, unk_id, bos_id, eos_id : int
+        Always 0, 1, 2, 3.
+    vocab_size : int
+    sha256 : str
+        Hex digest of the serialized model; equal digests mean equal vocabularies.
+    """
+
+    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+
+    def __init__(self, model_path):
+        path = pathlib.Path(model_path)
+        if not path.is_file():
+            kind = "is a directory" if path.is_dir() else "does not exist"
+            raise DataError(f"tokenizer model {str(path)!r} {kind}; expected a .model file "
+                            "written by train_tokenizer, train one or fix the path")
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise DataError(f"cannot read tokenizer model {str(path)!r} "
+                            f"({error.strerror or error}); check its permissions") from None
+        self._load(data, str(path))
+
+    @classmethod
+    def from_bytes(cls, model_bytes):
+        """Rebuild a tokenizer from :meth:`model_bytes` (e.g. stored in a checkpoint)."""
+        tokenizer = cls.__new__(cls)
+        tokenizer._load(bytes(model_bytes), "from bytes")
+        return tokenizer
+
+    def _load(self, data, origin):
+        spm = _spm()
+        hint = "expected a sentencepiece model written by train_tokenizer; retrain it"
+        if not data:
+            raise DataError(f"tokenizer model ({origin}) is empty; {hint}")
+        try:
+            processor = spm.SentencePieceProcessor(model_proto=data)
+        except (RuntimeError, OSError, TypeError) as error:
+            raise DataError(f"tokenizer model ({origin}) is corrupt or not a sentencepiece "
+                            f"model ({str(error).strip() or type(error).__name__}); {hint}") from None
+        ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise DataError(f"tokenizer model ({origin}) has special ids pad/unk/bos/eos = "
+                            f"{ids}, minitf needs {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; {hint}")
+        self._processor, self._bytes = processor, data
+        self.sha256 = hashlib.sha256(data).hexdigest()
+
+    @property
+    def vocab_size(self):
+        """Number of ids, special tokens included."""
+        return self._processor.get_piece_size()
+
+    def model_bytes(self):
+        """The serialized model, to save alongside the weights."""
+        return self._bytes
+
+    def encode(self, texts):
+        """Token ids of each text (no BOS/EOS added; :func:`minitf.data.pad_batch` adds them).
+
+        Parameters
+        ----------
+        texts : list of str
+
+        Returns
+        -------
+        list of list of int
+        """
+        if isinstance(texts, str):
+            raise TypeError("Tokenizer.encode takes a list of strings; wrap one text as [text]")
+        return self._processor.encode(list(texts), out_type=int)
+
+    def decode(self, id_lists):
+        """Text of each id sequence: cut at the first EOS, PAD and BOS ignored.
+
+        Parameters
+        ----------
+        id_lists : iterable of sequence of int
+            Lists or 1-D integer arrays (e.g. rows of a padded batch).
+
+        Returns
+        -------
+        list of str
+        """
+        texts = []
+        for ids in id_lists:
+            ids = [int(i) for i in ids]
+            if EOS_ID in ids:
+                ids = ids[:ids.index(EOS_ID)]
+            texts.append(self._processor.decode([i for i in ids if i not in (PAD_ID, BOS_ID)]))
+        return texts
+
+    def __reduce__(self):
+        # Pickle as the model bytes: the sentencepiece processor itself is not picklable.
+        return (Tokenizer.from_bytes, (self._bytes,))
+
+    def __repr__(self):
+        return f"Tokenizer(vocab_size={self.vocab_size}, sha256={self.sha256[:12]}...)"

@@ -1,0 +1,333 @@
+"""Tests of the host-side data pipeline: Ding parsing, reading, splitting, batching,
+padding and the sentencepiece tokenizer. All data is made here (no network, no apt)."""
+import pickle
+import random
+import subprocess
+
+import pytest
+from hypothesis import given, strategies as st
+
+from minitf import data, tokenizer
+from minitf.backend import host as np
+from minitf.data import DataError
+
+# --------------------------------------------------------------------------- parse_ding
+
+DING_SAMPLE = """\
+# Version :: devel 2023-01-30
+# Comment line :: must be ignored. Totally ignored here.
+Freiberufler {m}; Freischaffender {m}; freier Mitarbeiter (als Beruf) | freiberuflich tätig sein | Er entschloss sich, freiberuflich tätig zu sein. :: freelance worker; freelancer; freelance | to work as a freelance | He decided to go freelance.
+Hund {m} | Der Hund bellt laut. [ugs.] :: dog | The dog barks loudly. [coll.]
+Katze {f} | Die Katze schläft. | Sie mag die Katze. :: cat | The cat is sleeping.
+jdm. etw. geben | Er gab ihm etw. zurück. :: to give sb. sth. | He gave sth. back to him.
+Ding | Das ist ein Ding. :: thing | That is sb's thing.
+Warten | Wir warten noch … :: waiting | We are still waiting …
+Rat | Hör auf meinen Rat! :: advice | Listen to my advice!
+Frage | Kommst du morgen (am Dienstag) mit? :: question | Are you coming along tomorrow (on Tuesday)?
+Sätze | Das ist gut.; Das ist schön. :: sentences | That is good.; That is nice.
+Mehr | Das ist toll.; Das ist prima. :: more | That is great.
+Klein | der kleine Hund bellt. :: small | the little dog barks.
+Kurz | Gut gemacht. :: short | Well done.
+Ohne Punkt | Das ist ohne Punkt :: no full stop | That has no full stop
+Hund {m} | Der Hund bellt laut. [ugs.] :: dog | The dog barks loudly. [coll.]
+Tier | Der Hund bellt laut. :: animal | The dog barks very loudly.
+kein Trenner hier
+"""
+
+
+@pytest.fixture
+def ding_pairs(tmp_path):
+    path = tmp_path / "de-en"
+    path.write_text(DING_SAMPLE, encoding="utf-8")
+    return data.parse_ding(path)
+
+
+def test_parse_ding_keeps_whole_sentences_in_order(ding_pairs):
+    assert ding_pairs == [
+        ("Er entschloss sich, freiberuflich tätig zu sein.", "He decided to go freelance."),
+        ("Der Hund bellt laut.", "The dog barks loudly."),
+        ("Hör auf meinen Rat!", "Listen to my advice!"),
+        ("Kommst du morgen mit?", "Are you coming along tomorrow?"),
+        ("Das ist gut.", "That is good."),
+        ("Das ist schön.", "That is nice."),
+        ("Der Hund bellt laut.", "The dog barks very loudly."),
+    ]
+
+
+@pytest.mark.parametrize("fragment", [
+    "Die Katze schläft",      # line with different sub-entry counts on each side
+    "Er gab ihm",             # placeholders etw./sth.
+    "Das ist ein Ding",       # sb's
+    "Wir warten noch",        # ellipsis
+    "Das ist toll",           # synonym counts differ (2 vs 1)
+    "der kleine Hund",        # lowercase start
+    "Gut gemacht",            # fewer than 3 words
+    "ohne Punkt",             # no final punctuation
+    "Version",                # comment
+])
+def test_parse_ding_rejects(ding_pairs, fragment):
+    assert not any(fragment in de for de, _ in ding_pairs)
+
+
+def test_parse_ding_strips_annotations_and_deduplicates(ding_pairs):
+    text = " ".join(de + " " + en for de, en in ding_pairs)
+    for marker in ("{", "[", "(", "  "):
+        assert marker not in text
+    assert ding_pairs.count(("Der Hund bellt laut.", "The dog barks loudly.")) == 1
+
+
+def test_parse_ding_bad_file_is_data_error(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        data.parse_ding(tmp_path / "missing")
+
+
+# --------------------------------------------------------------------------- split
+
+def test_split_is_deterministic_and_disjoint():
+    pairs = [(f"s{i}", f"t{i}") for i in range(100)]
+    train, valid, test = data.split_pairs(pairs, seed=7, n_valid=10, n_test=15)
+    assert (len(train), len(valid), len(test)) == (75, 10, 15)
+    assert sorted(train + valid + test) == sorted(pairs)
+    assert (train, valid, test) == data.split_pairs(pairs, seed=7, n_valid=10, n_test=15)
+    assert data.split_pairs(pairs, seed=8, n_valid=10, n_test=15)[1] != valid
+    assert pairs == [(f"s{i}", f"t{i}") for i in range(100)]  # input untouched
+
+
+def test_split_too_small_corpus():
+    with pytest.raises(DataError, match="cannot hold out"):
+        data.split_pairs([("a", "b")] * 5, n_valid=3, n_test=3)
+
+
+# --------------------------------------------------------------------------- read / write
+
+def _write(path, content):
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return path
+
+
+def test_read_parallel_ok_drops_empty_sides(tmp_path):
+    src = _write(tmp_path / "src", "\ufeffein Satz\r\n\nzwei  \ndrei\n")
+    tgt = _write(tmp_path / "tgt", "one sentence\nnone\n\nthree")
+    pairs = data.read_parallel(src, tgt)
+    assert list(pairs) == [("ein Satz", "one sentence"), ("drei", "three")]
+    assert pairs.n_dropped == 2
+
+
+def test_read_lines_splits_on_newline_only(tmp_path):
+    # \u2028 and \x0c are line breaks for str.splitlines but not for wc -l.
+    path = _write(tmp_path / "f", "a\u2028b\nc\x0cd\n")
+    assert data.read_lines(path, "source") == ["a\u2028b", "c\x0cd"]
+
+
+@pytest.mark.parametrize("case, pattern", [
+    ("missing", "does not exist"),
+    ("directory", "is a directory"),
+    ("empty", "is empty"),
+    ("blank", "only empty lines"),
+    ("latin1", "not valid UTF-8 at line 2"),
+    ("long", "line 3 has 11 characters"),
+    ("mismatch", "has 3 lines but target .* has 2"),
+])
+def test_read_parallel_errors(tmp_path, case, pattern):
+    src = _write(tmp_path / "src", "a\nb\nc\n")
+    tgt = tmp_path / "tgt"
+    if case == "missing":
+        pass
+    elif case == "directory":
+        tgt.mkdir()
+    elif case == "empty":
+        _write(tgt, b"")
+    elif case == "blank":
+        _write(tgt, "\n  \n\n")
+    elif case == "latin1":
+        _write(tgt, "x\nSch\xf6n\n".encode("latin-1"))
+    elif case == "long":
+        _write(tgt, "x\ny\n" + "z" * 11 + "\n")
+    elif case == "mismatch":
+        _write(tgt, "x\ny\n")
+    with pytest.raises(DataError, match=pattern) as info:
+        data.read_parallel(src, tgt, max_chars=10)
+    message = str(info.value)
+    assert "\n" not in message and "target" in message
+
+
+def test_write_lines_round_trip_and_atomic(tmp_path):
+    path = tmp_path / "sub" / "out.txt"
+    data.write_lines(path, ["eins", "zwei ü"])
+    assert data.read_lines(path, "x") == ["eins", "zwei ü"]
+    with pytest.raises(DataError, match="newline"):
+        data.write_lines(path, ["ok", "bad\nline"])
+    assert data.read_lines(path, "x") == ["eins", "zwei ü"]  # old content kept
+    assert sorted(p.name for p in path.parent.iterdir()) == ["out.txt"]  # no temp left
+
+
+# --------------------------------------------------------------------------- fetch (no apt run)
+
+def test_fetch_uses_cache(tmp_path, monkeypatch):
+    corpus = tmp_path / "trans-de-en" / "usr/share/trans/de-en"
+    corpus.parent.mkdir(parents=True)
+    corpus.write_text("x :: y\n", encoding="utf-8")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("ran a command"))
+    assert data.fetch_default_corpus(tmp_path) == corpus
+
+
+def test_fetch_without_apt(tmp_path, monkeypatch):
+    monkeypatch.setattr(data.shutil, "which", lambda name: None)
+    with pytest.raises(DataError, match="apt is unavailable.*--train-src"):
+        data.fetch_default_corpus(tmp_path)
+
+
+def test_fetch_unknown_package(tmp_path, monkeypatch):
+    monkeypatch.setattr(data.shutil, "which", lambda name: "/usr/bin/" + name)
+    failed = subprocess.CompletedProcess([], 100, "", "E: Unable to locate package trans-de-en\n")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(DataError, match="apt-get update"):
+        data.fetch_default_corpus(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # the temp folder is cleaned up
+
+
+# --------------------------------------------------------------------------- batching
+
+def _check_batches(src, tgt, max_tokens, max_len, batches, n_skipped):
+    allowed = [i for i in range(len(src)) if max_len is None or max(src[i], tgt[i]) <= max_len]
+    seen = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+    assert sorted(seen.tolist()) == allowed
+    assert n_skipped == len(src) - len(allowed)
+    for batch in batches:
+        assert batch.dtype == np.int64
+        if len(batch) > 1:
+            assert max(src[i] for i in batch) * len(batch) <= max_tokens
+            assert max(tgt[i] for i in batch) * len(batch) <= max_tokens
+
+
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), max_size=60),
+       st.integers(1, 200), st.one_of(st.none(), st.integers(1, 40)), st.integers(0, 99))
+def test_token_batches_properties(lengths, max_tokens, max_len, seed):
+    src = [s for s, _ in lengths]
+    tgt = [t for _, t in lengths]
+    batches, n_skipped = data.token_batches(src, tgt, max_tokens, seed, 0, max_len=max_len)
+    _check_batches(src, tgt, max_tokens, max_len, batches, n_skipped)
+
+
+def test_token_batches_deterministic_and_epoch_dependent():
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 50, 2000), rng.integers(1, 50, 2000)
+    first, _ = data.token_batches(src, tgt, 500, seed=3, epoch=1, max_len=45)
+    again, _ = data.token_batches(src, tgt, 500, seed=3, epoch=1, max_len=45)
+    other, _ = data.token_batches(src, tgt, 500, seed=3, epoch=2, max_len=45)
+    assert [b.tolist() for b in first] == [b.tolist() for b in again]
+    assert [b.tolist() for b in first] != [b.tolist() for b in other]
+    _, n_skipped = data.token_batches(src, tgt, 500, seed=3, epoch=1, max_len=45)
+    _check_batches(src.tolist(), tgt.tolist(), 500, 45, first, n_skipped)
+    # batches are length-homogeneous: sorted by source length before cutting
+    spans = [src[b].max() - src[b].min() for b in first]
+    assert np.mean(spans) <= 2
+
+
+def test_token_batches_oversize_sentence_alone():
+    # 100 tokens > budget 7: alone; 3 and 4 together would pad to 2 * 4 = 8 > 7
+    batches, skipped = data.token_batches([3, 100, 4], [3, 5, 4], max_tokens=7, seed=0, epoch=0)
+    assert skipped == 0
+    assert sorted(b.tolist() for b in batches) == [[0], [1], [2]]
+    batches, _ = data.token_batches([3, 100, 3], [3, 5, 3], max_tokens=7, seed=0, epoch=0)
+    assert sorted(sorted(b.tolist()) for b in batches) == [[0, 2], [1]]
+
+
+def test_token_batches_fast():
+    import time
+    rng = np.random.default_rng(1)
+    src, tgt = rng.integers(3, 60, 20_000), rng.integers(3, 60, 20_000)
+    start = time.perf_counter()
+    data.token_batches(src, tgt, 4096, seed=0, epoch=0, max_len=100)
+    assert time.perf_counter() - start < 0.5  # target < 0.1 s; slack for a busy CI box
+
+
+def test_token_batches_bad_budget():
+    with pytest.raises(DataError, match="max_tokens"):
+        data.token_batches([1], [1], 0, 0, 0)
+
+
+# --------------------------------------------------------------------------- padding
+
+def test_pad_batch():
+    out = data.pad_batch([[5, 6, 7], [8]], pad_id=0, bos_id=2, eos_id=3)
+    assert out.dtype == np.int64 and out.shape == (2, 5)
+    assert out.tolist() == [[2, 5, 6, 7, 3], [2, 8, 3, 0, 0]]
+    assert data.pad_batch([np.array([4, 4]), [9]], pad_id=0).tolist() == [[4, 4], [9, 0]]
+
+
+def test_make_target_io():
+    tgt_in, tgt_out = data.make_target_io([[5, 6, 7], [8]], pad_id=0, bos_id=2, eos_id=3)
+    assert tgt_in.shape == tgt_out.shape == (2, 4)
+    assert tgt_in.tolist() == [[2, 5, 6, 7], [2, 8, 0, 0]]
+    assert tgt_out.tolist() == [[5, 6, 7, 3], [8, 3, 0, 0]]
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+def _synthetic_corpus(n=300):
+    rnd = random.Random(0)
+    de = "der die das Hund Katze sitzt auf dem Tisch schläft gern und läuft schnell".split()
+    en = "the dog cat sits on table sleeps likes to and runs fast happily".split()
+    return [" ".join(rnd.choice(words) for _ in range(rnd.randint(3, 8))).capitalize() + "."
+            for words in (de, en) for _ in range(n // 2)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok") / "bpe.model"
+    return tokenizer.train_tokenizer(_synthetic_corpus(), path, vocab_size=100, seed=0), path
+
+
+def test_tokenizer_ids_and_round_trip(trained):
+    tok, path = trained
+    assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3)
+    assert (tokenizer.PAD_ID, tokenizer.UNK_ID, tokenizer.BOS_ID, tokenizer.EOS_ID) == (0, 1, 2, 3)
+    assert tok.vocab_size == 100
+    texts = ["Der Hund schläft gern.", "The cat runs fast."]
+    ids = tok.encode(texts)
+    assert all(isinstance(i, int) and 4 <= i < 100 for seq in ids for i in seq)
+    assert tok.decode(ids) == texts
+    loaded = tokenizer.Tokenizer(path)
+    assert loaded.encode(texts) == ids and loaded.sha256 == tok.sha256
+    assert tok.encode(["Zebra"])[0].count(tokenizer.UNK_ID) >= 1  # 'Z' never seen
+
+
+def test_tokenizer_decode_cuts_at_eos_and_skips_pad_bos(trained):
+    tok, _ = trained
+    ids = tok.encode(["Der Hund sitzt."])[0]
+    garbage = tok.encode(["Katze"])[0]
+    rows = [[tok.bos_id] + ids + [tok.eos_id] + garbage,  # text after EOS is ignored
+            [tok.bos_id] + ids[:2] + [tok.pad_id] * 3,     # no EOS: padding is dropped
+            [tok.eos_id] + ids]                              # EOS first: empty text
+    assert tok.decode(rows) == ["Der Hund sitzt.", tok.decode([ids[:2]])[0], ""]
+    assert tok.decode(np.array(rows[1:2])) == tok.decode([ids[:2]])
+
+
+def test_tokenizer_from_bytes_and_pickle(trained):
+    tok, _ = trained
+    copy = tokenizer.Tokenizer.from_bytes(tok.model_bytes())
+    assert copy.sha256 == tok.sha256 and copy.vocab_size == tok.vocab_size
+    assert copy.encode(["Die Katze läuft."]) == tok.encode(["Die Katze läuft."])
+    assert pickle.loads(pickle.dumps(tok)).sha256 == tok.sha256
+
+
+def test_tokenizer_vocab_too_large(tmp_path):
+    with pytest.raises(DataError, match=r"at most \d+; lower --vocab-size"):
+        tokenizer.train_tokenizer(_synthetic_corpus(40), tmp_path / "big.model", vocab_size=5000)
+    assert not (tmp_path / "big.model").exists()
+
+
+@pytest.mark.parametrize("content, pattern", [
+    (None, "does not exist"), (b"", "empty"), (b"garbage\x00\x01", "corrupt")])
+def test_tokenizer_bad_model_file(tmp_path, content, pattern):
+    path = tmp_path / "m.model"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(DataError, match=pattern):
+        tokenizer.Tokenizer(path)
+
+
+def test_tokenizer_no_text(tmp_path):
+    with pytest.raises(DataError, match="no text"):
+        tokenizer.train_tokenizer(["", "  "], tmp_path / "m.model", vocab_size=50)
