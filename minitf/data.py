@@ -170,7 +170,10 @@ def _line_pairs(line):
     for de_entry, en_entry in zip(de_entries, en_entries):
         de_syns, en_syns = de_entry.split("; "), en_entry.split("; ")
         if len(de_syns) != len(en_syns):
-            continue
+            if len(de_syns) != 1 and len(en_syns) != 1:
+                continue
+            # one sentence against several synonym translations: pair it with the first
+            de_syns, en_syns = de_syns[:1], en_syns[:1]
         for de, en in zip(de_syns, en_syns):
             if _PLACEHOLDER.search(de) or _PLACEHOLDER.search(en):
                 continue  # checked before cleaning too: "(etw.)" marks a pattern
@@ -185,8 +188,8 @@ def parse_ding(path):
 
     Lines look like ``de1 | de2 :: en1 | en2`` (``#`` starts a comment). Sub-entries
     pair up by position (a line whose sides have different counts is skipped);
-    inside a sub-entry ``; `` separates synonyms, paired by position only when both
-    sides have as many. A pair is kept when both sides are whole sentences: an
+    inside a sub-entry ``; `` separates synonyms, paired by position when both
+    sides have as many, and a single entry against several is paired with the first. A pair is kept when both sides are whole sentences: an
     uppercase first letter, at least 3 words, a final ``.``, ``!`` or ``?``, and no
     placeholder (``etw.``, ``jdm.``, ``sth.``, ``sb.``, ``...``). Annotations
     (``{f}``, ``[ugs.]``, ``(...)``) are stripped and whitespace collapsed.

@@ -26,6 +26,7 @@ Rat | Hör auf meinen Rat! :: advice | Listen to my advice!
 Frage | Kommst du morgen (am Dienstag) mit? :: question | Are you coming along tomorrow (on Tuesday)?
 Sätze | Das ist gut.; Das ist schön. :: sentences | That is good.; That is nice.
 Mehr | Das ist toll.; Das ist prima. :: more | That is great.
+Zwei | Sie kam gestern.; Sie kam heute. :: two | She came yesterday.; She came today.; She came now.
 Klein | der kleine Hund bellt. :: small | the little dog barks.
 Kurz | Gut gemacht. :: short | Well done.
 Ohne Punkt | Das ist ohne Punkt :: no full stop | That has no full stop
@@ -50,6 +51,7 @@ def test_parse_ding_keeps_whole_sentences_in_order(ding_pairs):
         ("Kommst du morgen mit?", "Are you coming along tomorrow?"),
         ("Das ist gut.", "That is good."),
         ("Das ist schön.", "That is nice."),
+        ("Das ist toll.", "That is great."),    # several synonyms against one: the first
         ("Der Hund bellt laut.", "The dog barks very loudly."),
     ]
 
@@ -59,7 +61,8 @@ def test_parse_ding_keeps_whole_sentences_in_order(ding_pairs):
     "Er gab ihm",             # placeholders etw./sth.
     "Das ist ein Ding",       # sb's
     "Wir warten noch",        # ellipsis
-    "Das ist toll",           # synonym counts differ (2 vs 1)
+    "Das ist prima",          # only the first synonym pairs with a single translation
+    "Sie kam",                # synonym counts differ (2 vs 3): ambiguous, skipped
     "der kleine Hund",        # lowercase start
     "Gut gemacht",            # fewer than 3 words
     "ohne Punkt",             # no final punctuation
