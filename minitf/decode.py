@@ -1,0 +1,376 @@
+"""Greedy decoding and beam search for the Transformer (paper 6.1: beam size 4,
+length penalty alpha = 0.6, maximum output length = input length + 50).
+
+Both decoders are batched: every step runs the decoder once on all live rows
+(B sentences, or B * K sentence-beams), with the key/value cache of
+:class:`minitf.attention.MultiHeadAttention` so that a step costs one position,
+not the whole prefix. Sentences that are done leave the batch (their rows are
+dropped from the memory and the cache), so the last long sentence does not drag
+the finished ones along. The only Python loop is over decoding steps; each step
+copies a few flags to the host to learn which sentences are done.
+
+Conventions shared by both decoders:
+
+* ``src_ids`` is a host (NumPy) or device integer array (B, S), padded with
+  ``pad_id`` after the real tokens, or a list of token-id lists (padded here).
+* A hypothesis is the generated tokens without bos and without the final eos.
+  Its length ``|Y|`` for the length penalty counts the eos when there is one.
+* ``max_len`` caps the tokens a hypothesis may have counting its eos; the default
+  is each sentence's own number of non-pad source tokens + ``max_len_offset``
+  (50, the paper). A hypothesis that reaches it without eos is kept as is.
+* The pad token is never generated (its log-probability is set to -inf after
+  the log-softmax over the whole vocabulary, so the other scores are exactly the
+  model's log-probabilities).
+* The model runs in eval mode under :func:`minitf.no_grad`; the training flag of
+  every module is restored afterwards.
+
+Shapes: B batch, S source length, T target length, K beam size, V vocabulary,
+D d_model, L cached positions.
+"""
+import contextlib
+
+from minitf import backend
+from minitf.backend import xp
+from minitf.module import no_grad
+
+__all__ = ["greedy_decode", "beam_search", "beam_search_nbest", "reorder_cache", "length_penalty"]
+
+
+# --------------------------------------------------------------------------- #
+# Helpers
+# --------------------------------------------------------------------------- #
+def length_penalty(length, alpha):
+    """GNMT length penalty (Wu et al. 2016), used by the paper:
+    ``lp(Y) = ((5 + |Y|) / 6) ** alpha``. A hypothesis scores ``log P(Y) / lp(Y)``.
+
+    Parameters
+    ----------
+    length : int or array of int
+        ``|Y|``, the number of tokens counting the final eos.
+    alpha : float
+        0 gives plain log-probabilities; larger favours longer outputs.
+    """
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def reorder_cache(cache, index, names=None):
+    """Select rows of every array of a decoder key/value cache, in place.
+
+    Parameters
+    ----------
+    cache : dict
+        ``{layer: {"self": {"k": (N, L, D), "v": ...}, "cross": {"k": (N, S, D), "v": ...}}}``
+        as filled by ``model.decode(..., cache=cache)``; every array has the rows as axis 0.
+    index : device int array (M,)
+        Rows to keep, in their new order (repeats allowed: a beam may have several children).
+    names : tuple of str or None
+        Only the sub-caches with these names (e.g. ``("self",)``); None = all of them.
+
+    Returns
+    -------
+    dict
+        The same ``cache`` object, now with M rows.
+    """
+    for key, value in cache.items():
+        if isinstance(value, dict):
+            if isinstance(key, str) and names is not None and key not in names:
+                continue  # a sub-cache that was not asked for
+            # layer indices pass the filter down; below "self"/"cross" take everything
+            reorder_cache(value, index, None if isinstance(key, str) else names)
+        else:
+            cache[key] = value[index]
+    return cache
+
+
+def _log_softmax(x):
+    """log softmax over the last axis, shifted by the max for stability."""
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+@contextlib.contextmanager
+def _eval_mode(model):
+    """Eval mode (no dropout) and no_grad for the duration; every module's own
+    training flag is put back afterwards, even if modes were mixed."""
+    previous = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with no_grad():
+            yield
+    finally:
+        for module, training in previous:
+            module.training = training
+
+
+def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
+    """Validate and move the source to the device; per-sentence length caps on the host.
+
+    Returns
+    -------
+    src : device int array (B, S)
+    max_lens : host int array (B,)
+        The most tokens (counting eos) each sentence's output may have.
+    """
+    if isinstance(src_ids, (list, tuple)):  # ragged token lists: pad them here
+        rows = [list(map(int, row)) for row in src_ids]
+        width = max([len(row) for row in rows] + [1])
+        padded = backend.host.full((len(rows), width), pad_id, dtype=backend.host.int64)
+        for i, row in enumerate(rows):
+            padded[i, :len(row)] = row
+        src_ids = padded
+    src = model._check_ids(src_ids, "src_ids", model.config["src_vocab_size"])
+    B = src.shape[0]
+    if max_len is None:
+        # one small copy to the host: the caps drive the host-side loop
+        src_len = backend.to_numpy((src != pad_id).sum(axis=1)).astype(backend.host.int64)
+        max_lens = src_len + int(max_len_offset)
+    else:
+        max_lens = backend.host.broadcast_to(backend.host.asarray(max_len, dtype=backend.host.int64), (B,)).copy()
+    if (max_lens < 1).any():
+        raise ValueError(f"max_len must be at least 1 for every sentence, got {max_lens.tolist()}")
+    return src, max_lens
+
+
+def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id):
+    """Log-probabilities (N, V) of the next token for each of the N rows.
+
+    With ``cache`` only the new tokens (N, 1) at position ``t`` run; without it
+    the whole ``prefix`` (N, t + 1) is decoded again and its last position taken.
+    """
+    if cache is not None:
+        logits = model.decode(tokens, memory, src_mask, cache=cache, start=t)[:, -1]
+    else:
+        logits = model.decode(prefix, memory, src_mask)[:, -1]
+    logp = _log_softmax(logits)
+    logp[:, pad_id] = -xp.inf  # never generate padding (fresh array: safe to write)
+    return logp
+
+
+# --------------------------------------------------------------------------- #
+# Greedy decoding
+# --------------------------------------------------------------------------- #
+def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=2, eos_id=3, pad_id=0,
+                  use_cache=True):
+    """Translate a batch by taking the most probable token at every step.
+
+    Parameters
+    ----------
+    model : minitf.Transformer
+    src_ids : host or device int array (B, S), or list of B token-id lists
+        Source ids, real tokens first, then ``pad_id``.
+    max_len : int, int array (B,) or None
+        Most output tokens per sentence counting the eos; None = real source
+        length + ``max_len_offset``.
+    max_len_offset : int
+        Added to each source length when ``max_len`` is None (50, paper 6.1).
+    bos_id, eos_id, pad_id : int
+    use_cache : bool
+        True: one position per step with the key/value cache. False: re-run the
+        decoder on the whole prefix (B, t) each step (reference and benchmark).
+
+    Returns
+    -------
+    list of B lists of int
+        The tokens of each sentence, without bos and eos.
+    """
+    with _eval_mode(model):
+        src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
+        B, steps = src.shape[0], int(max_lens.max())
+        memory, src_mask = model.encode(src)                     # (B, S, D), (B, S)
+        cache = {} if use_cache else None
+        out = backend.host.full((B, steps), eos_id, dtype=backend.host.int64)
+        lengths = backend.host.zeros(B, dtype=backend.host.int64)
+        active = backend.host.arange(B)                          # sentence of each live row
+        tokens = xp.full((B, 1), bos_id, dtype=src.dtype)        # (n, 1) input at position t
+        prefix = tokens                                          # (n, t + 1) for use_cache=False
+        for t in range(steps):
+            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id)
+            next_tokens = logp.argmax(axis=-1)                   # (n,)
+            chosen = backend.to_numpy(next_tokens)               # host copy: who is done
+            out[active, t] = chosen
+            ended = chosen == eos_id
+            finished = ended | (t + 1 >= max_lens[active])
+            lengths[active[finished]] = t + 1 - ended[finished]  # the eos is not output
+            if finished.all():
+                break
+            tokens = next_tokens[:, None].astype(src.dtype)
+            if finished.any():
+                # drop finished sentences from every row-indexed array
+                keep = backend.asarray(backend.host.flatnonzero(~finished))
+                active = active[~finished]
+                memory, src_mask, tokens, prefix = memory[keep], src_mask[keep], tokens[keep], prefix[keep]
+                if cache is not None:
+                    reorder_cache(cache, keep)
+            if cache is None:
+                prefix = xp.concatenate([prefix, tokens], axis=1)
+        return [out[b, :lengths[b]].tolist() for b in range(B)]
+
+
+# --------------------------------------------------------------------------- #
+# Beam search
+# --------------------------------------------------------------------------- #
+def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_len_offset=50, max_len=None,
+                      bos_id=2, eos_id=3, pad_id=0, use_cache=True):
+    """Beam search with the GNMT length penalty; the ``n_best`` best hypotheses per sentence.
+
+    Each step, for each sentence, the K live beams are extended by every token
+    and the top 2K candidates over K * V are taken. Those among the top K that
+    end in eos become finished hypotheses, scored ``log P / lp(|Y|)``; the best
+    K candidates that do not end in eos become the next live beams. At step 0
+    only beam 0 is live (the others start at log-probability -inf), so the K
+    beams are not copies. At a sentence's last allowed step, the top K
+    candidates are all finished as they are.
+
+    Each sentence keeps its ``n_best`` best finished hypotheses, by normalised
+    score, so a better hypothesis is never dropped for a worse one. It stops
+    when its ``n_best``-th best cannot be beaten by any continuation of a live
+    beam: a continuation of a beam with log-probability ``s <= 0`` ends with a
+    log-probability ``<= s`` and a length in ``(t + 1, max_len]``, so it scores
+    at most ``s / max(lp(t + 2), lp(max_len))`` (for alpha >= 0: ``s / lp(max_len)``).
+    The stop is therefore exact: stopping never loses a better hypothesis.
+
+    Parameters
+    ----------
+    model : minitf.Transformer
+    src_ids : host or device int array (B, S), or list of B token-id lists
+    beam_size : int
+        K, the live beams per sentence.
+    n_best : int or None
+        Hypotheses returned per sentence, 1 <= n_best <= K; None = K.
+    alpha : float
+        Length-penalty exponent (0.6 in the paper; 0 = plain log-probability).
+    max_len_offset, max_len, bos_id, eos_id, pad_id, use_cache
+        As in :func:`greedy_decode`.
+
+    Returns
+    -------
+    list of B lists of (tokens, score)
+        Best first. ``tokens`` has no bos/eos; ``score`` is ``log P(Y | X) / lp(|Y|)``
+        (a Python float). A list may be shorter than ``n_best`` only when fewer
+        distinct hypotheses exist within ``max_len``.
+    """
+    K = int(beam_size)
+    nb = K if n_best is None else int(n_best)
+    if K < 1 or not 1 <= nb <= K:
+        raise ValueError(f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {beam_size} and {n_best}")
+    with _eval_mode(model):
+        src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
+        B, steps = src.shape[0], int(max_lens.max())
+        memory, src_mask = model.encode(src)
+        dtype = memory.dtype
+        memory, src_mask = xp.repeat(memory, K, axis=0), xp.repeat(src_mask, K, axis=0)  # (B*K, S, ...)
+        cache = {} if use_cache else None
+        width = steps + 1                                        # bos + up to max_len tokens
+        # live state of the n active sentences (device)
+        seqs = xp.full((B, K, width), pad_id, dtype=src.dtype)   # bos, tokens so far, then pad
+        seqs[:, :, 0] = bos_id
+        live = xp.full((B, K), -xp.inf, dtype=dtype)             # log P of each live beam
+        live[:, 0] = 0                                           # only beam 0 at step 0: no K copies
+        tokens = seqs[:, :, :1].reshape(B * K, 1)
+        # finished hypotheses of all B sentences, best first (device)
+        fin_score = xp.full((B, nb), -xp.inf, dtype=dtype)
+        fin_len = xp.zeros((B, nb), dtype=xp.int64)
+        fin_seqs = xp.full((B, nb, width), pad_id, dtype=src.dtype)
+        active = backend.host.arange(B)
+        rank = xp.arange(2 * K)[None, :]                         # (1, 2K)
+        for t in range(steps):
+            n = len(active)
+            prefix = None if cache is not None else seqs[:, :, :t + 1].reshape(n * K, t + 1)
+            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id)
+            V = logp.shape[-1]
+            cand = (live[:, :, None] + logp.reshape(n, K, V)).reshape(n, K * V)
+            # top 2K of K*V per sentence: at most K end in eos, so >= K remain to go on
+            top = xp.argpartition(-cand, 2 * K - 1, axis=1)[:, :2 * K]
+            top_score = xp.take_along_axis(cand, top, axis=1)
+            order = xp.argsort(-top_score, axis=1)
+            top, top_score = xp.take_along_axis(top, order, axis=1), xp.take_along_axis(top_score, order, axis=1)
+            beam, token = top // V, top % V                      # (n, 2K) each
+            # candidate sequences: the parent's tokens plus the new one
+            sent = xp.arange(n)[:, None]                         # (n, 1) row of each sentence
+            cand_seqs = seqs[sent, beam]                         # (n, 2K, width)
+            cand_seqs[:, :, t + 1] = token
+            is_eos = token == eos_id
+            last = backend.asarray(t + 1 >= max_lens[active])    # (n,) this is the final step
+            # finish: eos among the top K, or anything of the top K at the final step
+            finish = (rank < K) & (is_eos | last[:, None]) & (top_score > -xp.inf)
+            score = xp.where(finish, top_score / length_penalty(t + 1, alpha), -xp.inf)
+            # merge into the n-best so far: keep the nb best normalised scores
+            act = backend.asarray(active)
+            all_score = xp.concatenate([fin_score[act], score], axis=1)
+            keep = xp.argsort(-all_score, axis=1)[:, :nb]
+            all_len = xp.concatenate([fin_len[act], xp.full((n, 2 * K), t + 1, dtype=fin_len.dtype)], axis=1)
+            all_seqs = xp.concatenate([fin_seqs[act], cand_seqs], axis=1)
+            fin_score[act] = xp.take_along_axis(all_score, keep, axis=1)
+            fin_len[act] = xp.take_along_axis(all_len, keep, axis=1)
+            fin_seqs[act] = all_seqs[sent, keep]
+            # next live beams: the K best candidates not ending in eos (ranks sorted, eos last)
+            pick = xp.argsort(rank + 2 * K * is_eos, axis=1)[:, :K]
+            live = xp.take_along_axis(top_score, pick, axis=1)
+            parent = xp.take_along_axis(beam, pick, axis=1)
+            seqs = cand_seqs[sent, pick]
+            # exact stop: the nb-th finished beats every possible continuation
+            bound_lp = backend.host.maximum(length_penalty(max_lens[active].astype(float), alpha),
+                                            length_penalty(t + 2.0, alpha))
+            bound = live.max(axis=1) / backend.asarray(bound_lp, dtype=dtype)
+            done = backend.to_numpy(last | (fin_score[act][:, nb - 1] >= bound))  # host copy per step
+            if done.all():
+                break
+            go_on = ~done
+            rows = sent * K + parent                             # (n, K) parent row of each new beam
+            if go_on.all():
+                # beams of one sentence share the memory: only the self-attention cache moves
+                if cache is not None:
+                    reorder_cache(cache, rows.reshape(-1), names=("self",))
+            else:
+                # some sentences are done: drop their rows everywhere
+                keep_sent = backend.asarray(backend.host.flatnonzero(go_on))
+                rows = rows[keep_sent].reshape(-1)
+                memory, src_mask = memory[rows], src_mask[rows]
+                if cache is not None:
+                    reorder_cache(cache, rows)
+                live, seqs = live[keep_sent], seqs[keep_sent]
+                active = active[go_on]
+            tokens = seqs[:, :, t + 1].reshape(-1, 1)
+        scores, lens, hyps = (backend.to_numpy(a) for a in (fin_score, fin_len, fin_seqs))
+    results = []
+    for b in range(B):  # host-side: turn the arrays into Python lists
+        entries = []
+        for j in range(nb):
+            if scores[b, j] == -backend.host.inf:
+                break
+            toks = hyps[b, j, 1:1 + lens[b, j]].tolist()
+            if toks and toks[-1] == eos_id:
+                toks = toks[:-1]
+            entries.append((toks, float(scores[b, j])))
+        results.append(entries)
+    return results
+
+
+def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_len=None, bos_id=2, eos_id=3,
+                pad_id=0, use_cache=True, return_scores=False):
+    """The best beam-search hypothesis per sentence (see :func:`beam_search_nbest`).
+
+    Parameters
+    ----------
+    model : minitf.Transformer
+    src_ids : host or device int array (B, S), or list of B token-id lists
+    beam_size : int
+        K (4 in the paper).
+    alpha : float
+        Length-penalty exponent (0.6 in the paper).
+    max_len_offset, max_len, bos_id, eos_id, pad_id, use_cache
+        As in :func:`greedy_decode`.
+    return_scores : bool
+        Also return each hypothesis's ``log P(Y | X) / lp(|Y|)``.
+
+    Returns
+    -------
+    list of B lists of int, or (that list, list of B floats) with ``return_scores``
+    """
+    nbest = beam_search_nbest(model, src_ids, beam_size=beam_size, n_best=1, alpha=alpha,
+                              max_len_offset=max_len_offset, max_len=max_len, bos_id=bos_id, eos_id=eos_id,
+                              pad_id=pad_id, use_cache=use_cache)
+    hyps = [entries[0][0] if entries else [] for entries in nbest]
+    if return_scores:
+        return hyps, [entries[0][1] if entries else float("-inf") for entries in nbest]
+    return hyps

@@ -1,0 +1,543 @@
+"""Training a translation model end to end: ``python train.py`` (see ``--help``).
+
+The recipe is the paper's (section 5): a joint BPE vocabulary, shared
+embeddings, token-count batches, Adam (0.9, 0.98, 1e-9) with the warmup
+schedule, label smoothing 0.1, dropout, checkpoints averaged at the end,
+beam search (4, alpha 0.6) for the final BLEU.
+
+Resuming is exact: the dropout generator is re-seeded from (seed, step) before
+every step and the batch order depends only on (seed, epoch), so a checkpoint
+needs only the parameters, Adam's moments and the position in the data.
+"""
+import argparse
+import json
+import math
+import os
+import pathlib
+import signal
+import sys
+import time
+
+from minitf import backend, checkpoint as ckpt
+from minitf.backend import DeviceError
+from minitf.data import DataError, fetch_default_corpus, make_target_io, pad_batch, parse_ding, read_parallel, \
+    split_pairs, token_batches, write_lines
+from minitf.loss import LabelSmoothedCrossEntropy
+from minitf.module import no_grad
+from minitf.optim import Adam, WarmupSchedule, clip_grad_norm
+from minitf.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
+from minitf.transformer import Transformer
+
+# Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement
+# (see README: more updates of a small, fast model win a 15-minute budget).
+PRESETS = {
+    "tiny": dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=512, dropout=0.1,
+                 vocab_size=4000, warmup=800, lr_scale=2.0, max_tokens=1500, max_minutes=11.0),
+    "base": dict(d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, d_ff=2048, dropout=0.1,
+                 vocab_size=8000, warmup=4000, lr_scale=1.0, max_tokens=25000, max_minutes=None),
+    "big": dict(d_model=1024, num_heads=16, num_encoder_layers=6, num_decoder_layers=6, d_ff=4096, dropout=0.3,
+                vocab_size=8000, warmup=4000, lr_scale=1.0, max_tokens=25000, max_minutes=None),
+}
+MODEL_KEYS = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout", "pre_norm")
+DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "minitf"
+
+
+class UsageError(ValueError):
+    """An impossible flag combination or value."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit status 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+    return parse
+
+
+def build_parser():
+    p = OneLineParser(prog="train.py", description="Train a Transformer translation model (German to English "
+                      "on the Ding dictionary's example sentences by default).")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                   help="model size and recipe: tiny (CPU default), base and big (paper, Table 3)")
+    g = p.add_argument_group("model (override the preset)")
+    g.add_argument("--d-model", type=positive(int))
+    g.add_argument("--num-heads", type=positive(int))
+    g.add_argument("--num-layers", type=positive(int), help="encoder and decoder layers")
+    g.add_argument("--num-encoder-layers", type=positive(int))
+    g.add_argument("--num-decoder-layers", type=positive(int))
+    g.add_argument("--d-ff", type=positive(int))
+    g.add_argument("--dropout", type=float)
+    g.add_argument("--pre-norm", action="store_true", help="pre-LN blocks instead of the paper's post-LN")
+    g = p.add_argument_group("recipe")
+    g.add_argument("--vocab-size", type=positive(int), help="joint BPE vocabulary size")
+    g.add_argument("--max-tokens", type=positive(int), help="padded tokens per batch and side (paper: ~25000)")
+    g.add_argument("--max-len", type=positive(int), default=100, help="skip longer sentences (in BPE tokens)")
+    g.add_argument("--warmup", type=positive(int), help="warmup steps of the learning-rate schedule")
+    g.add_argument("--lr-scale", type=positive(float), help="factor on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
+    g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--clip-norm", type=float, default=0.0, help="global gradient-norm clipping (0 = off)")
+    g.add_argument("--skip-nonfinite", action="store_true",
+                   help="skip (and count) a step whose loss is not finite instead of stopping")
+    g = p.add_argument_group("run")
+    g.add_argument("--device", choices=["cpu", "gpu"], default=os.environ.get("MINITF_DEVICE", "cpu"))
+    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--max-steps", type=positive(int))
+    g.add_argument("--epochs", type=positive(int))
+    g.add_argument("--max-minutes", type=positive(float), help="stop training after this much wall time")
+    g.add_argument("--out", type=pathlib.Path, help="run folder (default runs/<preset>)")
+    g.add_argument("--resume", type=pathlib.Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
+    g.add_argument("--eval-every", type=positive(int), default=500, help="steps between validations")
+    g.add_argument("--save-every", type=positive(int), default=500, help="steps between checkpoints")
+    g.add_argument("--keep", type=positive(int), default=5, help="checkpoints kept")
+    g.add_argument("--average", type=int, default=5, help="average the last N checkpoints at the end (0/1 = off)")
+    g.add_argument("--bleu-sentences", type=int, default=200, help="validation sentences decoded for BLEU")
+    g.add_argument("--beam", type=positive(int), default=4)
+    g.add_argument("--alpha", type=float, default=0.6)
+    g.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    g = p.add_argument_group("data (default: the Ding de-en example sentences, fetched with apt)")
+    for split in ("train", "valid", "test"):
+        g.add_argument(f"--{split}-src", type=pathlib.Path)
+        g.add_argument(f"--{split}-tgt", type=pathlib.Path)
+    g.add_argument("--src-lang", default="de")
+    g.add_argument("--tgt-lang", default="en")
+    g.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE)
+    return p
+
+
+# --------------------------------------------------------------------------- #
+# configuration
+# --------------------------------------------------------------------------- #
+def resolve_config(args):
+    """Preset values overridden by explicit flags; checks that they fit together."""
+    config = dict(PRESETS[args.preset], preset=args.preset, pre_norm=args.pre_norm)
+    overrides = dict(d_model=args.d_model, num_heads=args.num_heads, num_encoder_layers=args.num_encoder_layers,
+                     num_decoder_layers=args.num_decoder_layers, d_ff=args.d_ff, dropout=args.dropout,
+                     vocab_size=args.vocab_size, warmup=args.warmup, lr_scale=args.lr_scale,
+                     max_tokens=args.max_tokens, max_minutes=args.max_minutes)
+    if args.num_layers is not None:
+        overrides["num_encoder_layers"] = overrides["num_encoder_layers"] or args.num_layers
+        overrides["num_decoder_layers"] = overrides["num_decoder_layers"] or args.num_layers
+    config.update({k: v for k, v in overrides.items() if v is not None})
+    if args.max_steps is not None or args.epochs is not None:
+        config["max_minutes"] = args.max_minutes  # an explicit length replaces the preset's time budget
+    config.update(max_steps=args.max_steps, epochs=args.epochs, max_len=args.max_len, seed=args.seed,
+                  label_smoothing=args.label_smoothing, clip_norm=args.clip_norm, src_lang=args.src_lang,
+                  tgt_lang=args.tgt_lang, skip_nonfinite=args.skip_nonfinite)
+    if config["d_model"] % config["num_heads"]:
+        raise UsageError(f"--d-model must be divisible by --num-heads, got {config['d_model']} and {config['num_heads']}")
+    if not 0.0 <= config["dropout"] < 1.0:
+        raise UsageError(f"--dropout must be in [0, 1), got {config['dropout']}")
+    if not 0.0 <= config["label_smoothing"] < 1.0:
+        raise UsageError(f"--label-smoothing must be in [0, 1), got {config['label_smoothing']}")
+    if config["clip_norm"] < 0:
+        raise UsageError(f"--clip-norm must be >= 0, got {config['clip_norm']}")
+    if config["vocab_size"] < 8:
+        raise UsageError(f"--vocab-size must be at least 8, got {config['vocab_size']}")
+    if config["max_steps"] is None and config["epochs"] is None and config["max_minutes"] is None:
+        config["epochs"] = 10
+    return config
+
+
+def data_paths(args):
+    """The six corpus files, from the flags or from the default corpus (fetched once)."""
+    given = {f"{s}_{side}": getattr(args, f"{s}_{side}") for s in ("train", "valid", "test") for side in ("src", "tgt")}
+    if any(v is not None for v in given.values()):
+        for split in ("train", "valid"):
+            if given[f"{split}_src"] is None or given[f"{split}_tgt"] is None:
+                raise UsageError(f"a custom corpus needs --{split}-src and --{split}-tgt "
+                                 "(and optionally --test-src/--test-tgt)")
+        if (given["test_src"] is None) != (given["test_tgt"] is None):
+            raise UsageError("--test-src and --test-tgt go together")
+        return {k: (str(v) if v is not None else None) for k, v in given.items()}
+    if {args.src_lang, args.tgt_lang} != {"de", "en"}:
+        raise UsageError(f"the default corpus is German-English: --src-lang/--tgt-lang must be de/en, "
+                         f"got {args.src_lang}/{args.tgt_lang}; pass --train-src etc. for another corpus")
+    return default_corpus_splits(args.cache_dir, args.src_lang, args.tgt_lang)
+
+
+def default_corpus_splits(cache_dir, src_lang, tgt_lang):
+    """Fetch the Ding dictionary, extract sentence pairs, split 500/500 (seed 1234), cache as text."""
+    folder = pathlib.Path(cache_dir) / "ding-de-en"
+    names = {f"{s}_{side}": folder / f"{s}.{lang}" for s in ("train", "valid", "test")
+             for side, lang in (("src", src_lang), ("tgt", tgt_lang))}
+    if not all(p.is_file() for p in names.values()):
+        pairs = parse_ding(fetch_default_corpus(cache_dir))
+        for split, part in zip(("train", "valid", "test"), split_pairs(pairs, seed=1234)):
+            write_lines(folder / f"{split}.de", [de for de, _ in part])
+            write_lines(folder / f"{split}.en", [en for _, en in part])
+    return {k: str(v) for k, v in names.items()}
+
+
+def check_output_folder(out, resume):
+    """Refuse to overwrite another run, and fail early on a folder we cannot write."""
+    out = pathlib.Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    if not resume and (out / "config.json").exists():
+        raise UsageError(f"--out {out} already holds a run; continue it with --resume {out} or choose another --out")
+    probe = out if out.exists() else next((p for p in out.parents if p.exists()), pathlib.Path("."))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to {probe} (for --out {out}); choose a writable --out")
+
+
+def write_json_atomic(path, value):
+    path = pathlib.Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- #
+# data
+# --------------------------------------------------------------------------- #
+class Corpus:
+    """Encoded splits: lists of token-id lists per side."""
+
+    def __init__(self, tokenizer, paths, log):
+        self.text = {}
+        self.ids = {}
+        for split in ("train", "valid", "test"):
+            if paths.get(f"{split}_src") is None:
+                continue
+            pairs = read_parallel(paths[f"{split}_src"], paths[f"{split}_tgt"])
+            if pairs.n_dropped:
+                log(f"{split}: dropped {pairs.n_dropped} line pairs with an empty side")
+            self.text[split] = ([s for s, _ in pairs], [t for _, t in pairs])
+            self.ids[split] = (tokenizer.encode(self.text[split][0]), tokenizer.encode(self.text[split][1]))
+
+    def lengths(self, split):
+        src, tgt = self.ids[split]
+        host = backend.host
+        return host.array([len(s) + 1 for s in src]), host.array([len(t) + 1 for t in tgt])  # + EOS / BOS
+
+    def batch(self, split, index):
+        """Host int arrays (src (B, S), tgt_in (B, T), tgt_out (B, T)) for sentence indices."""
+        src, tgt = self.ids[split]
+        tgt_in, tgt_out = make_target_io([tgt[i] for i in index], PAD_ID, BOS_ID, EOS_ID)
+        return pad_batch([src[i] for i in index], PAD_ID, eos_id=EOS_ID), tgt_in, tgt_out
+
+
+def prepare_tokenizer(run_dir, train_texts, vocab_size, log):
+    path = pathlib.Path(run_dir) / "tokenizer.model"
+    if path.is_file():
+        return Tokenizer(path)
+    start = time.perf_counter()
+    tokenizer = train_tokenizer(train_texts, path, vocab_size)
+    log(f"trained a joint BPE vocabulary of {tokenizer.vocab_size} on {len(train_texts)} sentences "
+        f"in {time.perf_counter() - start:.1f} s")
+    return tokenizer
+
+
+# --------------------------------------------------------------------------- #
+# training and evaluation
+# --------------------------------------------------------------------------- #
+def step_seed(seed, step):
+    """The dropout generator's seed for one step: resuming at a step redraws its masks."""
+    return (int(seed) * 1_000_003 + int(step)) % (2 ** 63)
+
+
+def build_model(config, vocab_size):
+    return Transformer(vocab_size, vocab_size, **{k: config[k] for k in MODEL_KEYS},
+                       share_embeddings=True, pad_id=PAD_ID)
+
+
+def evaluate_loss(model, loss_fn, corpus, split, max_tokens):
+    """Mean per-token loss and perplexity (from the unsmoothed NLL) over a split."""
+    batches, _ = token_batches(*corpus.lengths(split), max_tokens, seed=0, epoch=0)
+    total_loss = total_nll = total_tokens = 0.0
+    was_training = model.training
+    model.eval()
+    with no_grad():
+        for index in batches:
+            src, tgt_in, tgt_out = corpus.batch(split, index)
+            loss = loss_fn(model(src, tgt_in), tgt_out)
+            total_loss += loss * loss_fn.num_tokens
+            total_nll += loss_fn.nll_sum
+            total_tokens += loss_fn.num_tokens
+    model.train(was_training)
+    tokens = max(total_tokens, 1.0)
+    return total_loss / tokens, math.exp(min(total_nll / tokens, 50.0))
+
+
+def bleu_score(model, tokenizer, sources, references, beam, alpha):
+    """Corpus BLEU (sacrebleu, detokenized text) and the hypotheses."""
+    import sacrebleu
+
+    from minitf.translate import translate_texts
+    hypotheses = translate_texts(model, tokenizer, sources, beam_size=beam, alpha=alpha)
+    return sacrebleu.corpus_bleu(hypotheses, [references]).score, hypotheses
+
+
+class MetricsLog:
+    """One JSON object per line: {"kind": "train" | "valid" | "test" | ..., "step": ..., ...}."""
+
+    def __init__(self, path):
+        self.path = pathlib.Path(path)
+
+    def write(self, **record):
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+class Trainer:
+    def __init__(self, config, run_dir, tokenizer, corpus, log, progress=True):
+        self.config, self.run_dir, self.tokenizer, self.corpus, self.log = config, pathlib.Path(run_dir), tokenizer, corpus, log
+        self.progress = progress
+        backend.manual_seed(config["seed"])
+        self.model = build_model(config, tokenizer.vocab_size)
+        self.loss_fn = LabelSmoothedCrossEntropy(config["label_smoothing"], ignore_index=PAD_ID)
+        self.schedule = WarmupSchedule(config["d_model"], config["warmup"], config["lr_scale"])
+        self.optimizer = Adam(self.model.parameters(), lr=self.schedule, betas=(0.9, 0.98), eps=1e-9)
+        self.step, self.epoch, self.batch_in_epoch, self.elapsed = 0, 0, 0, 0.0
+        self.skipped_nonfinite = 0
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.last_checkpoint = None
+        self.stop_requested = False
+
+    # -- checkpoints -----------------------------------------------------------
+    def save(self):
+        meta = dict(config=self.config, model=self.model.config, step=self.step, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch,
+                    elapsed_seconds=self.elapsed, vocab_size=self.tokenizer.vocab_size,
+                    tokenizer_sha256=self.tokenizer.sha256, skipped_nonfinite=self.skipped_nonfinite,
+                    rng={"scheme": "dropout re-seeded from (seed, step); batch order from (seed, epoch)",
+                         "seed": self.config["seed"]})
+        optimizer = {k: backend.to_numpy(v) for k, v in (("m", self.optimizer.m), ("v", self.optimizer.v))}
+        path = ckpt.write_checkpoint(ckpt.checkpoint_path(self.run_dir, self.step), self.model.state_dict(), meta,
+                                     self.tokenizer.model_bytes(), optimizer)
+        ckpt.prune_checkpoints(self.run_dir, self.config.get("keep", 5))
+        self.last_checkpoint = path
+        return path
+
+    def restore(self, state):
+        meta = state["meta"]
+        if meta.get("tokenizer_sha256") != self.tokenizer.sha256:
+            raise ckpt.CheckpointError("the checkpoint was trained with another tokenizer than this run's "
+                                       "tokenizer.model; resume from its own run folder")
+        try:
+            self.model.load_state_dict(state["params"])
+            if state["optimizer"] is None:
+                raise ckpt.CheckpointError("the checkpoint has no optimizer state (an averaged one?); cannot resume")
+            self.optimizer.load_state_dict(dict(state["optimizer"], step=meta["step"]))
+        except ValueError as error:
+            raise ckpt.CheckpointError(f"the checkpoint does not fit this model: {error}") from None
+        self.step, self.epoch, self.batch_in_epoch = meta["step"], meta["epoch"], meta["batch_in_epoch"]
+        self.elapsed, self.skipped_nonfinite = meta.get("elapsed_seconds", 0.0), meta.get("skipped_nonfinite", 0)
+
+    # -- one update -------------------------------------------------------------
+    def train_step(self, src, tgt_in, tgt_out):
+        """Forward, loss, backward, (clip), Adam. Returns the loss (a logged scalar)."""
+        backend.manual_seed(step_seed(self.config["seed"], self.step))
+        self.optimizer.zero_grad()
+        logits = self.model(src, tgt_in)
+        loss = self.loss_fn(logits, tgt_out)
+        if not math.isfinite(loss):
+            self.model.clear_saved()
+            return loss
+        self.model.backward(self.loss_fn.backward())
+        if self.config["clip_norm"] > 0:
+            clip_grad_norm(self.model.parameters(), self.config["clip_norm"])
+        self.optimizer.step()
+        return loss
+
+    def finished(self):
+        c = self.config
+        return ((c["max_steps"] is not None and self.step >= c["max_steps"])
+                or (c["epochs"] is not None and self.epoch >= c["epochs"])
+                or (c["max_minutes"] is not None and self.elapsed >= 60 * c["max_minutes"])
+                or self.stop_requested)
+
+    def run(self, eval_every, save_every, bleu_sentences, beam, alpha):
+        c = self.config
+        lengths = self.corpus.lengths("train")
+        total = c["max_steps"]
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+            bar = tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True, file=sys.stderr)
+        window_tokens, window_start = 0, time.perf_counter()
+        while not self.finished():
+            batches, skipped = token_batches(*lengths, c["max_tokens"], c["seed"], self.epoch, c["max_len"])
+            if self.batch_in_epoch == 0 and skipped:
+                self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c['max_len']}")
+            while self.batch_in_epoch < len(batches) and not self.finished():
+                started = time.perf_counter()
+                src, tgt_in, tgt_out = self.corpus.batch("train", batches[self.batch_in_epoch])
+                lr = self.optimizer.current_lr(self.step + 1)
+                loss = self.train_step(src, tgt_in, tgt_out)
+                if not math.isfinite(loss):
+                    if not c.get("skip_nonfinite"):
+                        where = self.last_checkpoint or "none yet"
+                        raise FloatingPointError(f"the loss became {loss} at step {self.step + 1}; "
+                                                 f"last good checkpoint: {where} (try a smaller --lr-scale, "
+                                                 "--clip-norm 1, or --skip-nonfinite)")
+                    self.skipped_nonfinite += 1
+                    self.batch_in_epoch += 1
+                    continue
+                self.step += 1
+                self.batch_in_epoch += 1
+                tokens = int((tgt_out != PAD_ID).sum())
+                window_tokens += tokens
+                self.elapsed += time.perf_counter() - started
+                now = time.perf_counter()
+                tokens_per_s = window_tokens / max(now - window_start, 1e-9)
+                nll = self.loss_fn.nll_sum / max(self.loss_fn.num_tokens, 1)
+                self.metrics.write(kind="train", step=self.step, epoch=self.epoch + 1, loss=round(loss, 5),
+                                   ppl=round(math.exp(min(nll, 50)), 3), lr=lr, tokens=tokens,
+                                   tokens_per_s=round(tokens_per_s, 1), elapsed=round(self.elapsed, 2))
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(f"ep {self.epoch + 1} loss {loss:.3f} ppl {math.exp(min(nll, 50)):.1f} "
+                                        f"lr {lr:.2e} {tokens_per_s:.0f} tok/s")
+                if now - window_start > 30:
+                    window_tokens, window_start = 0, now
+                if self.step % eval_every == 0:
+                    self.validate(bleu_sentences, beam=1, alpha=alpha, bar=bar)
+                if self.step % save_every == 0:
+                    self.save()
+            if self.batch_in_epoch >= len(batches):
+                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        if bar is not None:
+            bar.close()
+
+    def validate(self, bleu_sentences, beam, alpha, bar=None, split="valid", samples=3):
+        loss, ppl = evaluate_loss(self.model, self.loss_fn, self.corpus, split, self.config["max_tokens"])
+        record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3))
+        if bleu_sentences > 0:
+            sources, references = (t[:bleu_sentences] for t in self.corpus.text[split])
+            bleu, hypotheses = bleu_score(self.model, self.tokenizer, sources, references, beam, alpha)
+            record.update(bleu=round(bleu, 2), bleu_sentences=len(sources), beam=beam)
+        self.metrics.write(**record)
+        message = f"step {self.step} {split}: loss {loss:.3f}  ppl {ppl:.2f}" + (
+            f"  BLEU {record['bleu']:.2f} ({record['bleu_sentences']} sentences, beam {beam})" if "bleu" in record else "")
+        for i in range(min(samples, len(sources)) if bleu_sentences > 0 else 0):
+            message += f"\n  src: {sources[i]}\n  ref: {references[i]}\n  out: {hypotheses[i]}"
+        (bar.write if bar is not None else self.log)(message)
+        return record
+
+
+# --------------------------------------------------------------------------- #
+# the command
+# --------------------------------------------------------------------------- #
+def run(argv=None):
+    args = build_parser().parse_args(argv)
+    log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    if args.resume is not None:
+        return resume_run(args, log)
+    config = resolve_config(args)
+    config.update(keep=args.keep)
+    run_dir = args.out or pathlib.Path("runs") / args.preset
+    check_output_folder(run_dir, resume=False)
+    backend.set_device(args.device)
+    paths = data_paths(args)
+    train_pairs = read_parallel(paths["train_src"], paths["train_tgt"])  # fail on bad data before writing
+    read_parallel(paths["valid_src"], paths["valid_tgt"])
+    if paths.get("test_src"):
+        read_parallel(paths["test_src"], paths["test_tgt"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config["data"] = paths
+    tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
+                                  config["vocab_size"], log)
+    write_json_atomic(run_dir / "config.json", config)
+    corpus = Corpus(tokenizer, paths, log)
+    trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    log(f"{config['preset']} model: {trainer.model.num_parameters():,} parameters, d_model {config['d_model']}, "
+        f"{config['num_encoder_layers']}+{config['num_decoder_layers']} layers, on {args.device}; "
+        f"{len(corpus.ids['train'][0])} training pairs; run folder {run_dir}")
+    return train_and_report(trainer, args, log)
+
+
+def resume_run(args, log):
+    run_dir = args.resume
+    if not (run_dir / "config.json").is_file():
+        raise UsageError(f"--resume {run_dir}: no config.json there; pass the run folder of an earlier train.py")
+    config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    for key in ("max_steps", "epochs", "max_minutes"):  # a resumed run may be given a new length
+        if getattr(args, key) is not None:
+            config[key] = getattr(args, key)
+    config["skip_nonfinite"] = args.skip_nonfinite
+    backend.set_device(args.device)
+    state, path, errors = ckpt.latest_valid_checkpoint(run_dir)
+    for error in errors:
+        log(f"warning: skipping a bad checkpoint: {error}")
+    tokenizer = Tokenizer(run_dir / "tokenizer.model")
+    corpus = Corpus(tokenizer, config["data"], log)
+    trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    if state is not None:
+        trainer.restore(state)
+        trainer.last_checkpoint = path
+        log(f"resumed from {path} at step {trainer.step} (epoch {trainer.epoch + 1})")
+    else:
+        log(f"no checkpoint in {run_dir} yet: starting from step 0")
+    return train_and_report(trainer, args, log)
+
+
+def train_and_report(trainer, args, log):
+    config, run_dir = trainer.config, trainer.run_dir
+
+    def request_stop(signum, frame):
+        trainer.stop_requested = True
+        log("interrupt: saving a checkpoint after this step (Ctrl-C again to abort)")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = signal.signal(signal.SIGINT, request_stop)
+    try:
+        trainer.run(args.eval_every, args.save_every, args.bleu_sentences, args.beam, args.alpha)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    final = trainer.save()
+    if trainer.stop_requested:
+        log(f"stopped at step {trainer.step}; checkpoint {final}; continue with: python train.py --resume {run_dir}")
+        return 130
+    summary = dict(step=trainer.step, train_minutes=round(trainer.elapsed / 60, 2))
+    trainer.metrics.write(kind="done", **summary)
+    log(f"trained {trainer.step} steps in {trainer.elapsed / 60:.1f} min; checkpoint {final}")
+    checkpoints = ckpt.list_checkpoints(run_dir)[-args.average:] if args.average > 1 else []
+    candidates = [("last", trainer.model.state_dict())]
+    if len(checkpoints) > 1:
+        averaged = ckpt.average_checkpoints(checkpoints, run_dir / "checkpoints" / "averaged")
+        candidates.append((f"average of last {len(checkpoints)}", ckpt.read_checkpoint(averaged)["params"]))
+    trainer.model.eval()
+    best = None
+    for name, params in candidates:  # pick on validation BLEU (greedy, quick), report test with beam
+        trainer.model.load_state_dict(params)
+        record = trainer.validate(args.bleu_sentences or 200, beam=1, alpha=args.alpha, samples=0)
+        log(f"  ({name})")
+        if best is None or record.get("bleu", 0) > best[1].get("bleu", 0):
+            best = (name, record, params)
+    trainer.model.load_state_dict(best[2])
+    write_json_atomic(run_dir / "best.json", {"model": best[0], "checkpoint": str(
+        run_dir / "checkpoints" / ("averaged" if best[0].startswith("average") else final.name))})
+    if "test" in trainer.corpus.text:
+        start = time.perf_counter()
+        record = trainer.validate(len(trainer.corpus.text["test"][0]), beam=args.beam, alpha=args.alpha,
+                                  split="test", samples=5)
+        log(f"test BLEU {record['bleu']:.2f} with the {best[0]} model (beam {args.beam}, alpha {args.alpha}, "
+            f"{time.perf_counter() - start:.0f} s to translate {record['bleu_sentences']} sentences)")
+    log(f"translate with: python -m minitf.translate --checkpoint {run_dir}")
+    return 0
+
+
+def main(argv=None):
+    """Entry point: runs training; bad input gives one error line and a non-zero exit."""
+    try:
+        return run(argv)
+    except (UsageError, DataError, ckpt.CheckpointError, DeviceError, FloatingPointError) as error:
+        print(f"train.py: error: {error}", file=sys.stderr)
+        return 2 if isinstance(error, UsageError) else 1
+    except MemoryError:
+        print("train.py: error: out of memory for this batch; use a smaller --max-tokens", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"train.py: error: {error.strerror or error}: {error.filename or ''}", file=sys.stderr)
+        return 1

@@ -1,0 +1,131 @@
+"""Translate with a trained checkpoint: ``python -m minitf.translate --checkpoint RUN_OR_CHECKPOINT``.
+
+Reads source sentences from stdin (or ``--src FILE``), one per line, and writes
+one translation per line on stdout. With ``--ref FILE`` it also prints the
+corpus BLEU (sacrebleu) on stderr. Beam search by default (paper: beam 4,
+length penalty alpha 0.6, at most input length + 50 tokens); ``--beam 1`` is greedy.
+"""
+import argparse
+import json
+import pathlib
+import sys
+
+from minitf import backend, checkpoint as ckpt
+from minitf.backend import DeviceError
+from minitf.data import DataError, pad_batch, read_lines
+from minitf.decode import beam_search, greedy_decode
+from minitf.module import no_grad
+from minitf.tokenizer import EOS_ID, PAD_ID, Tokenizer
+
+
+def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=64):
+    """Translate a list of sentences; batches of similar length, output in input order."""
+    ids = tokenizer.encode(list(texts))
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # little padding per batch
+    outputs = [None] * len(ids)
+    was_training = model.training
+    model.eval()
+    with no_grad():
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            src = pad_batch([ids[i] for i in chunk], PAD_ID, eos_id=EOS_ID)
+            if beam_size == 1:
+                tokens = greedy_decode(model, src)
+            else:
+                tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha)
+            for i, t in zip(chunk, tokens):
+                outputs[i] = t
+    model.train(was_training)
+    return tokenizer.decode(outputs)
+
+
+def resolve_checkpoint(path):
+    """A checkpoint folder, or a run folder (its best.json choice, else its newest checkpoint)."""
+    path = pathlib.Path(path)
+    if (path / "meta.json").is_file():
+        return path
+    best = path / "best.json"
+    if best.is_file():
+        chosen = pathlib.Path(json.loads(best.read_text(encoding="utf-8"))["checkpoint"])
+        if (chosen / "meta.json").is_file():
+            return chosen
+    checkpoints = ckpt.list_checkpoints(path)
+    if checkpoints:
+        return checkpoints[-1]
+    raise ckpt.CheckpointError(f"{path} is neither a checkpoint folder (with meta.json) nor a run folder "
+                               "with checkpoints/; pass the --out folder of train.py or one of its checkpoints")
+
+
+def load_model(path):
+    """(model in eval mode, tokenizer, meta) from a checkpoint or run folder."""
+    from minitf.trainer import build_model
+    state = ckpt.read_checkpoint(resolve_checkpoint(path), load_optimizer=False)
+    tokenizer = Tokenizer.from_bytes(state["tokenizer_bytes"])
+    meta = state["meta"]
+    if meta.get("tokenizer_sha256") not in (None, tokenizer.sha256):
+        raise ckpt.CheckpointError(f"{path}: the tokenizer does not match the one the model was trained with")
+    model = build_model(meta["config"], tokenizer.vocab_size)
+    try:
+        model.load_state_dict(state["params"])
+    except ValueError as error:
+        raise ckpt.CheckpointError(f"{path}: the parameters do not fit the saved config: {error}") from None
+    return model.eval(), tokenizer, meta
+
+
+def build_parser():
+    from minitf.trainer import OneLineParser, positive
+    p = OneLineParser(prog="python -m minitf.translate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, type=pathlib.Path, help="run folder or checkpoint folder")
+    p.add_argument("--beam", type=positive(int), default=4, help="beam size (1 = greedy)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+    p.add_argument("--batch-size", type=positive(int), default=64)
+    p.add_argument("--src", type=pathlib.Path, help="source file (default: stdin)")
+    p.add_argument("--ref", type=pathlib.Path, help="reference translations: print BLEU on stderr")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=None)
+    return p
+
+
+def run(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.device:
+        backend.set_device(args.device)
+    if args.src is not None:
+        sources = read_lines(args.src, "--src")
+    else:
+        try:
+            sources = [line.strip() for line in sys.stdin.buffer.read().decode("utf-8").splitlines()]
+        except UnicodeDecodeError as error:
+            raise DataError(f"standard input is not valid UTF-8 (byte {error.start}); give UTF-8 text") from None
+    references = read_lines(args.ref, "--ref") if args.ref is not None else None
+    if references is not None and len(references) != len(sources):
+        raise DataError(f"--ref has {len(references)} lines but the source has {len(sources)}; "
+                        "they must match line by line")
+    model, tokenizer, _ = load_model(args.checkpoint)
+    nonempty = [i for i, s in enumerate(sources) if s]
+    translated = translate_texts(model, tokenizer, [sources[i] for i in nonempty], args.beam, args.alpha,
+                                 args.batch_size)
+    hypotheses = [""] * len(sources)
+    for i, text in zip(nonempty, translated):
+        hypotheses[i] = text
+    sys.stdout.write("".join(h + "\n" for h in hypotheses))
+    sys.stdout.flush()
+    if references is not None:
+        import sacrebleu
+        bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+        print(f"BLEU {bleu.score:.2f} ({bleu})", file=sys.stderr)
+    return 0
+
+
+def main(argv=None):
+    try:
+        return run(argv)
+    except (DataError, ckpt.CheckpointError, DeviceError, ValueError) as error:
+        print(f"minitf.translate: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"minitf.translate: error: {error.strerror or error}: {error.filename or ''}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

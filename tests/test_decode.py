@@ -1,0 +1,336 @@
+"""Greedy decoding and beam search: the key/value cache against re-running the
+whole prefix, beam size 1 against greedy, beam search against exhaustive
+enumeration and against a plain one-sentence reference, the length caps, early
+stopping, padding invariance and the restored training mode.
+
+Exact comparisons run in float64 (logits allclose at 1e-10)."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import minitf
+from minitf import backend
+from minitf.backend import xp
+from minitf.decode import beam_search, beam_search_nbest, greedy_decode, length_penalty, reorder_cache
+from tests.helpers import np, seeds
+
+pytestmark = pytest.mark.usefixtures("float64")
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+# --------------------------------------------------------------------------- #
+# Helpers
+# --------------------------------------------------------------------------- #
+def tiny_model(V, seed, logit_bias=0.0):
+    """A small random Transformer. ``logit_bias`` adds a fixed random vector (V,)
+    to every output's logits (random inits are nearly deterministic repeaters;
+    the bias spreads the choices). The wrapper is on ``decode``, which
+    ``forward`` also calls, so teacher forcing sees the very same model."""
+    backend.manual_seed(seed)
+    model = minitf.Transformer(V, V, d_model=8, num_heads=2, num_encoder_layers=2, num_decoder_layers=2,
+                               d_ff=16, dropout=0.1)
+    if logit_bias:
+        bias = backend.asarray(np.random.default_rng(seed).normal(0.0, logit_bias, V))
+        add_to_logits(model, bias)
+    return model
+
+
+def add_to_logits(model, bias):
+    """Wrap ``model.decode`` to add ``bias`` (V,) to its logits; returns a list
+    that gets one entry per decode call."""
+    original, calls = model.decode, []
+
+    def decode(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs) + bias
+
+    model.decode = decode
+    return calls
+
+
+def set_logits_by_position(model, table):
+    """Replace the model's logits by ``table[position]`` (P, V): a model whose
+    every distribution is chosen by hand, the same with and without the cache."""
+    original = model.decode
+
+    def decode(tgt_ids, memory, mask, cache=None, start=0):
+        logits = original(tgt_ids, memory, mask, cache=cache, start=start)
+        return 0 * logits + table[start:start + tgt_ids.shape[1]]
+
+    model.decode = decode
+
+
+def eos_bias(V, amount):
+    bias = np.zeros(V)
+    bias[EOS] = amount
+    return backend.asarray(bias)
+
+
+@st.composite
+def sources(draw, V, max_batch=3, max_len=5):
+    """(B, S) host ids, real tokens (never pad) first, then padding; every row has one real token or more."""
+    B, S = draw(st.integers(1, max_batch)), draw(st.integers(1, max_len))
+    rng = np.random.default_rng(draw(seeds))
+    src = rng.integers(1, V, (B, S))
+    for row in range(B):
+        src[row, draw(st.integers(1, S)):] = PAD
+    return src
+
+
+def log_softmax(x):
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def full_tokens(hyp, max_len):
+    """The scored sequence |Y|: the tokens plus eos, unless cut at ``max_len``."""
+    return list(hyp) if len(hyp) >= max_len else list(hyp) + [EOS]
+
+
+def teacher_forced_scores(model, src_row, sequences, alpha):
+    """log P(Y | X) / lp(|Y|) of each full sequence Y (with its eos, if any), by one
+    teacher-forced forward pass; the pad token is banned as in decoding."""
+    T = max(len(y) for y in sequences)
+    tgt_in = np.full((len(sequences), T), PAD)
+    for i, y in enumerate(sequences):
+        tgt_in[i, :len(y)] = [BOS] + y[:-1]
+    src = np.repeat(src_row[None], len(sequences), axis=0)
+    model.eval()
+    with minitf.no_grad():
+        logp = log_softmax(backend.to_numpy(model(src, tgt_in)))
+    return np.array([logp[i, np.arange(len(y)), y].sum() / length_penalty(len(y), alpha)
+                     for i, y in enumerate(sequences)])
+
+
+def reference_beam_search(model, src_row, K, alpha, max_len):
+    """One sentence, Python lists, no cache: the same rules as ``beam_search_nbest``
+    written plainly. Returns (best tokens, best score, every finished (tokens, score))."""
+    model.eval()
+    with minitf.no_grad():
+        memory, mask = model.encode(backend.asarray(src_row[None]))
+        live, finished = [([], 0.0)], []
+        for t in range(max_len):
+            candidates = []
+            for tokens, score in live:
+                logits = model.decode(backend.asarray(np.array([[BOS] + tokens])), memory, mask)
+                logp = log_softmax(backend.to_numpy(logits)[0, -1])
+                logp[PAD] = -np.inf
+                candidates += [(score + logp[v], tokens + [v]) for v in range(len(logp))]
+            candidates.sort(key=lambda c: -c[0])
+            top, last = candidates[:2 * K], t + 1 == max_len
+            finished += [(tokens, score / length_penalty(t + 1, alpha)) for score, tokens in top[:K]
+                         if (tokens[-1] == EOS or last) and score > -np.inf]
+            live = [(tokens, score) for score, tokens in top if tokens[-1] != EOS][:K]
+            if last:
+                break
+            best = max([s for _, s in finished], default=-np.inf)
+            bound = max(s for _, s in live) / max(length_penalty(t + 2, alpha), length_penalty(max_len, alpha))
+            if best >= bound:
+                break
+    tokens, score = max(finished, key=lambda f: f[1])
+    return [v for v in tokens if v != EOS], score, finished
+
+
+# --------------------------------------------------------------------------- #
+# The cache
+# --------------------------------------------------------------------------- #
+@given(V=st.integers(5, 9), seed=seeds, data=st.data(), T=st.integers(1, 6))
+def test_cached_step_logits_equal_full_prefix_logits_also_after_reordering(V, seed, data, T):
+    model = tiny_model(V, seed).eval()
+    src = data.draw(sources(V))
+    B = src.shape[0]
+    rng = np.random.default_rng(seed)
+    tgt = np.concatenate([np.full((B, 1), BOS), rng.integers(1, V, (B, T))], axis=1)  # no pad inside
+    order = rng.integers(0, B, B)  # a reordering with repeats, as beams do
+    split = int(rng.integers(1, T + 1))
+    with minitf.no_grad():
+        memory, mask = model.encode(backend.asarray(src))
+        cache, steps = {}, []
+        for t in range(T + 1):
+            if t == split:  # reorder mid-way: rows follow order from now on
+                reorder_cache(cache, backend.asarray(order))
+                memory, mask, tgt = memory[backend.asarray(order)], mask[backend.asarray(order)], tgt[order]
+                steps = [s[order] for s in steps]
+            steps.append(backend.to_numpy(model.decode(backend.asarray(tgt[:, t:t + 1]), memory, mask,
+                                                       cache=cache, start=t))[:, 0])
+        full = backend.to_numpy(model.decode(backend.asarray(tgt), memory, mask))
+    np.testing.assert_allclose(np.stack(steps, axis=1), full, rtol=0, atol=1e-10)
+    assert cache[0]["self"]["k"].shape == (B, T + 1, 8) and cache[1]["cross"]["k"].shape == (B, src.shape[1], 8)
+
+
+def test_reorder_cache_names_only_touch_those_sub_caches():
+    a = xp.arange(6).reshape(3, 2)
+    cache = {0: {"self": {"k": a, "v": a + 10}, "cross": {"k": a, "v": a}}}
+    index = backend.asarray(np.array([2, 2, 0]))
+    assert reorder_cache(cache, index, names=("self",)) is cache
+    assert backend.to_numpy(cache[0]["self"]["v"]).tolist() == [[14, 15], [14, 15], [10, 11]]
+    assert cache[0]["cross"]["k"] is a
+    reorder_cache(cache, index)
+    assert backend.to_numpy(cache[0]["cross"]["k"]).tolist() == [[4, 5], [4, 5], [0, 1]]
+
+
+@given(V=st.integers(5, 9), seed=seeds, data=st.data(), K=st.integers(1, 3), alpha=st.sampled_from([0.0, 0.6]),
+       max_len=st.integers(1, 7))
+def test_cached_and_uncached_decoding_give_the_same_results(V, seed, data, K, alpha, max_len):
+    model = tiny_model(V, seed, logit_bias=1.0)
+    src = data.draw(sources(V))
+    assert greedy_decode(model, src, max_len=max_len) == greedy_decode(model, src, max_len=max_len, use_cache=False)
+    cached = beam_search_nbest(model, src, beam_size=K, alpha=alpha, max_len=max_len)
+    uncached = beam_search_nbest(model, src, beam_size=K, alpha=alpha, max_len=max_len, use_cache=False)
+    assert [[h for h, _ in e] for e in cached] == [[h for h, _ in e] for e in uncached]
+    np.testing.assert_allclose([[s for _, s in e] for e in cached], [[s for _, s in e] for e in uncached],
+                               rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- #
+# Beam search against greedy, brute force and the reference
+# --------------------------------------------------------------------------- #
+@given(V=st.integers(5, 9), seed=seeds, data=st.data(), max_len=st.integers(1, 8))
+def test_beam_size_one_without_length_penalty_is_greedy(V, seed, data, max_len):
+    # with alpha > 0 a beam of 1 may legitimately keep going for a longer, better-normalised hypothesis
+    model = tiny_model(V, seed, logit_bias=1.0)
+    src = data.draw(sources(V))
+    beam = beam_search(model, src, beam_size=1, alpha=0.0, max_len=max_len)
+    assert beam == greedy_decode(model, src, max_len=max_len)
+
+
+@given(seed=seeds, data=st.data(), alpha=st.sampled_from([0.0, 0.6, 1.5, -0.5]), bias=st.sampled_from([0.0, 2.0]))
+def test_a_large_beam_finds_the_brute_force_best_on_a_tiny_vocabulary(seed, data, alpha, bias):
+    """V = 5 (pad banned: 4 choices a step), max_len 3: 1 + 3 + 9 + 27 = 40 sequences.
+    K = 36 >= the finite candidates of any step, so the search is exhaustive."""
+    V, max_len, K = 5, 3, 36
+    model = tiny_model(V, seed, logit_bias=bias)
+    src = data.draw(sources(V, max_batch=2, max_len=4))
+    continuing = [v for v in range(1, V) if v != EOS]
+    sequences = [[EOS]] + [[a, EOS] for a in continuing] + [[a, b, EOS] for a in continuing for b in continuing] \
+        + [[a, b, c] for a in continuing for b in continuing for c in continuing]
+    best_hyps, best_scores = beam_search(model, src, beam_size=K, alpha=alpha, max_len=max_len, return_scores=True)
+    nbest = beam_search_nbest(model, src, beam_size=K, alpha=alpha, max_len=max_len)
+    for row in range(src.shape[0]):
+        exact = teacher_forced_scores(model, src[row], sequences, alpha)
+        order = np.argsort(-exact, kind="stable")
+        assert best_hyps[row] == [v for v in sequences[order[0]] if v != EOS]
+        assert best_scores[row] == pytest.approx(exact[order[0]], rel=1e-10)
+        # the n-best list is the exact top K, best first
+        np.testing.assert_allclose([s for _, s in nbest[row]], exact[order[:K]], rtol=1e-10)
+        assert [full_tokens(h, max_len) for h, _ in nbest[row]][:3] == [sequences[i] for i in order[:3]]
+
+
+@given(V=st.integers(5, 8), seed=seeds, data=st.data(), K=st.integers(1, 3),
+       alpha=st.sampled_from([0.0, 0.6, 1.0]), max_len=st.integers(1, 5), bias=st.sampled_from([1.0, 3.0]))
+def test_batched_beam_search_matches_the_reference_and_never_drops_a_better_hypothesis(V, seed, data, K, alpha,
+                                                                                       max_len, bias):
+    model = tiny_model(V, seed, logit_bias=bias)
+    src = data.draw(sources(V))
+    hyps, scores = beam_search(model, src, beam_size=K, alpha=alpha, max_len=max_len, return_scores=True)
+    nbest = beam_search_nbest(model, src, beam_size=K, alpha=alpha, max_len=max_len)
+    for row in range(src.shape[0]):
+        expected, expected_score, finished = reference_beam_search(model, src[row], K, alpha, max_len)
+        assert hyps[row] == expected
+        assert scores[row] == pytest.approx(expected_score, rel=1e-10)
+        # never dropped: the returned score is the best of every hypothesis the search finished
+        assert scores[row] >= max(s for _, s in finished) - 1e-12
+        # the n-best list is sorted and its scores are the model's own (teacher-forced) ones
+        listed = [s for _, s in nbest[row]]
+        assert listed == sorted(listed, reverse=True) and len(listed) <= K
+        assert nbest[row][0][0] == hyps[row]
+        exact = teacher_forced_scores(model, src[row], [full_tokens(h, max_len) for h, _ in nbest[row]], alpha)
+        np.testing.assert_allclose(listed, exact, rtol=1e-10)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("K", [1, 2])
+def test_the_stop_is_exact_a_longer_better_normalised_hypothesis_is_not_lost(K, use_cache):
+    """Step 0: eos (log p -0.51) against token 4 (-0.91); afterwards 4 is almost
+    certain. With alpha = 1.5, [4] * 6 (cut at max_len 6) scores -0.91 / lp(6) = -0.37,
+    better than [] at -0.51; a stop that bounds the live beam by lp(t + 2) instead of
+    lp(max_len) (-0.91 / lp(2) = -0.72 < -0.51) would quit at step 0 and return []."""
+    V, max_len = 6, 6
+    table = np.full((max_len, V), -50.0)
+    table[0, [EOS, 4]] = 0.4, 0.0
+    table[1:, [EOS, 4]] = -10.0, 0.0
+    model = tiny_model(V, 0)
+    set_logits_by_position(model, backend.asarray(table))
+    src = np.array([[4, 5]])
+    log_p4 = log_softmax(table[0])[4] + log_softmax(table[1])[4] * (max_len - 1)
+    hyps, scores = beam_search(model, src, beam_size=K, alpha=1.5, max_len=max_len, use_cache=use_cache,
+                               return_scores=True)
+    assert hyps == [[4] * max_len] and scores[0] == pytest.approx(log_p4 / length_penalty(max_len, 1.5), rel=1e-12)
+    assert greedy_decode(model, src, max_len=max_len, use_cache=use_cache) == [[]]
+    assert beam_search(model, src, beam_size=K, alpha=0.0, max_len=max_len, use_cache=use_cache) == [[]]
+
+
+# --------------------------------------------------------------------------- #
+# Lengths, stopping, padding, modes, inputs
+# --------------------------------------------------------------------------- #
+@settings(max_examples=8)  # each runs ~55 steps
+@given(V=st.integers(5, 9), seed=seeds, data=st.data())
+def test_outputs_never_exceed_source_length_plus_50(V, seed, data):
+    model = tiny_model(V, seed)
+    add_to_logits(model, eos_bias(V, -1e9))  # eos never wins: every output runs to its cap
+    src = data.draw(sources(V))
+    caps = (src != PAD).sum(axis=1) + 50
+    assert [len(h) for h in greedy_decode(model, src)] == caps.tolist()
+    assert [len(h) for h in beam_search(model, src, beam_size=2)] == caps.tolist()
+    assert [len(h) for h in greedy_decode(model, src, max_len=3)] == [3] * len(src)
+    assert [len(h) for h in beam_search(model, src, max_len=[2] * len(src))] == [2] * len(src)
+    assert [len(h) for h in greedy_decode(model, src, max_len_offset=1)] == (caps - 49).tolist()
+
+
+@given(V=st.integers(5, 9), seed=seeds, data=st.data(), max_len=st.integers(1, 10))
+def test_decoding_stops_as_soon_as_every_sentence_is_done(V, seed, data, max_len):
+    model = tiny_model(V, seed)
+    calls = add_to_logits(model, eos_bias(V, data.draw(st.sampled_from([0.0, 1.0, 3.0]))))
+    src = data.draw(sources(V))
+    hyps = greedy_decode(model, src, max_len=max_len)
+    # a sentence takes len + 1 steps (its eos), or max_len when cut
+    assert len(calls) == max(min(len(h) + 1, max_len) for h in hyps)
+    forced = tiny_model(V, seed)
+    calls = add_to_logits(forced, eos_bias(V, 1e9))  # eos always wins: one step, empty outputs
+    assert greedy_decode(forced, src) == [[]] * len(src) and len(calls) == 1
+    assert beam_search(forced, src) == [[]] * len(src) and len(calls) == 2
+
+
+@given(V=st.integers(5, 9), seed=seeds, data=st.data(), K=st.integers(1, 3), extra=st.integers(1, 3))
+def test_padding_and_batch_company_do_not_change_a_sentence_output(V, seed, data, K, extra):
+    model = tiny_model(V, seed, logit_bias=1.0)
+    src = data.draw(sources(V))
+    padded = np.concatenate([src, np.zeros((len(src), extra), dtype=src.dtype)], axis=1)
+    alone = [[int(v) for v in row if v != PAD] for row in src]
+    for decode in (greedy_decode, lambda m, s: beam_search(m, s, beam_size=K)):
+        batched = decode(model, padded)
+        assert batched == decode(model, backend.asarray(src)) == decode(model, alone)  # device array, ragged lists
+        assert batched == [decode(model, np.array([row]))[0] for row in alone]      # each on its own, unpadded
+
+
+def test_one_sentence_of_one_token():
+    model = tiny_model(7, 3)
+    for decode in (greedy_decode, beam_search):
+        out = decode(model, np.array([[5]]))
+        assert len(out) == 1 and len(out[0]) <= 51
+
+
+def test_training_mode_is_restored_and_dropout_is_off_while_decoding():
+    model = tiny_model(8, 1)
+    src = np.array([[4, 5, 6], [7, 0, 0]])
+    model.eval()
+    reference = greedy_decode(model, src, max_len=6), beam_search(model, src, max_len=6)
+    assert not any(m.training for m in model.modules())
+    model.train()
+    model.encoder.training = False  # a mixed state is put back as it was
+    assert (greedy_decode(model, src, max_len=6), beam_search(model, src, max_len=6)) == reference
+    assert all(m.training for m in model.modules() if m is not model.encoder) and not model.encoder.training
+
+
+def test_bad_arguments_are_refused():
+    model = tiny_model(6, 0)
+    src = np.array([[4, 5]])
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(model, src, beam_size=0)
+    with pytest.raises(ValueError, match="n_best"):
+        beam_search_nbest(model, src, beam_size=2, n_best=3)
+    with pytest.raises(ValueError, match="max_len"):
+        greedy_decode(model, src, max_len=0)
+    with pytest.raises(ValueError, match="rank 2"):
+        greedy_decode(model, np.array([4, 5]))
+    with pytest.raises(ValueError, match=r"ids in \[0, 6\)"):
+        beam_search(model, np.array([[4, 9]]))
