@@ -40,6 +40,18 @@ def relative_error(analytic, numeric):
     return float(abs(a - n).max(initial=0)) / scale
 
 
+def gradients_match(analytic, numeric, rtol=1e-6, atol=1e-7):
+    """The pass criterion of every gradient check:
+    max |a - n| <= rtol * max(|a|, |n|) + atol.
+
+    ``atol`` covers the rounding noise of the differences themselves, about
+    machine-eps * |L| / h = 1e-16 * |L| / 1e-6, which dominates when a gradient
+    is tiny (a saturated softmax, the lower layers of a post-LN stack)."""
+    a, n = backend.to_numpy(analytic), backend.to_numpy(numeric)
+    scale = max(float(abs(a).max(initial=0)), float(abs(n).max(initial=0)))
+    return float(abs(a - n).max(initial=0)) <= rtol * scale + atol
+
+
 def _as_tuple(value):
     return value if isinstance(value, tuple) else (value,)
 
@@ -85,3 +97,133 @@ def compare_gradients(forward, backward, inputs, params=(), seed=0, h=1e-6, rese
         numeric = numerical_gradient(loss, p.data, h)
         report.append((name, analytic, numeric, relative_error(analytic, numeric)))
     return report
+
+
+# --------------------------------------------------------------------------- #
+# python -m minitf.gradcheck LAYER [--seed N] [--wrong]
+# --------------------------------------------------------------------------- #
+def _build(name, rng):
+    """A small random instance of one layer: (forward, backward, inputs, params)."""
+    import minitf
+    from minitf.attention import attention_keep_mask
+
+    def arr(*shape, scale=1.0):
+        return backend.asarray(rng.normal(0.0, scale, shape))
+
+    def randomize(module):
+        for p in module.parameters():  # random biases/gains too: every gradient term matters
+            p.data[...] = arr(*p.shape, scale=0.5)
+        return module
+
+    B, S, T, D, H, F, V = 2, 4, 3, 4, 2, 6, 7
+    src_pad = backend.asarray(backend.host.arange(S)[None, :] >= backend.host.array([[S], [S - 1]]))
+    if name == "linear":
+        m = randomize(minitf.Linear(D, F))
+        return m.forward, m.backward, {"x": arr(B, T, D)}, m
+    if name == "embedding":
+        m = minitf.Embedding(V, D)
+        ids = backend.asarray(rng.integers(0, V, (B, T)))
+        return (lambda: m.forward(ids)), m.backward, {}, m
+    if name == "positional":
+        m = minitf.PositionalEncoding(D)
+        return m.forward, m.backward, {"x": arr(B, T, D)}, None
+    if name == "dropout":
+        m = minitf.Dropout(0.3)
+        return m.forward, m.backward, {"x": arr(B, T, D)}, None
+    if name == "layernorm":
+        m = randomize(minitf.LayerNorm(D))
+        return m.forward, m.backward, {"x": arr(B, T, D)}, m
+    if name == "relu":
+        m = minitf.ReLU()
+        return m.forward, m.backward, {"x": arr(B, T, D)}, None
+    if name == "softmax":
+        m = minitf.Softmax()
+        return m.forward, m.backward, {"x": arr(B, T, D, scale=3.0)}, None
+    if name == "attention":
+        Q, K, V_ = arr(B, H, T, D), arr(B, H, S, D), arr(B, H, S, D)
+        keep = attention_keep_mask(src_pad, False, T, S)
+        saved = {}
+
+        def forward(Q, K, V_):
+            O, saved["P"] = minitf.scaled_dot_product_attention(Q, K, V_, keep)
+            return O
+        return forward, (lambda dO: minitf.scaled_dot_product_attention_backward(dO, Q, K, V_, saved["P"])), \
+            {"Q": Q, "K": K, "V": V_}, None
+    if name == "mha":
+        m = randomize(minitf.MultiHeadAttention(D, H))
+        return (lambda x: m.forward(x, causal=True)), (lambda dy: m.backward(dy)[0]), {"x": arr(B, T, D)}, m
+    if name == "cross":
+        m = randomize(minitf.MultiHeadAttention(D, H))
+        return (lambda x, mem: m.forward(x, mem, key_padding_mask=src_pad)), m.backward, \
+            {"x": arr(B, T, D), "memory": arr(B, S, D)}, m
+    if name == "feedforward":
+        m = randomize(minitf.FeedForward(D, F))
+        return m.forward, m.backward, {"x": arr(B, T, D)}, m
+    if name in ("encoder_layer", "encoder"):
+        m = randomize(minitf.EncoderLayer(D, H, F, dropout=0.0) if name == "encoder_layer"
+                      else minitf.Encoder(2, D, H, F, dropout=0.0))
+        return (lambda x: m.forward(x, src_pad)), m.backward, {"x": arr(B, S, D)}, m
+    if name in ("decoder_layer", "decoder"):
+        m = randomize(minitf.DecoderLayer(D, H, F, dropout=0.0) if name == "decoder_layer"
+                      else minitf.Decoder(2, D, H, F, dropout=0.0))
+        return (lambda y, mem: m.forward(y, mem, src_pad)), m.backward, {"y": arr(B, T, D), "memory": arr(B, S, D)}, m
+    if name == "loss":
+        m = minitf.LabelSmoothedCrossEntropy(0.1, ignore_index=0)
+        target = backend.asarray(rng.integers(0, V, (B, T)))
+        return (lambda z: backend.asarray(m.forward(z, target))), (lambda g: m.backward(float(g))), \
+            {"logits": arr(B, T, V, scale=2.0)}, None
+    if name == "model":
+        m = randomize(minitf.Transformer(V, V, d_model=D, num_heads=H, num_encoder_layers=2, num_decoder_layers=2,
+                                         d_ff=F, dropout=0.0))
+        loss = minitf.LabelSmoothedCrossEntropy(0.1, ignore_index=0)
+        src, tgt = rng.integers(1, V, (B, S)), rng.integers(1, V, (B, T + 1))
+        src[1, -1] = 0
+        return (lambda: backend.asarray(loss(m(src, tgt[:, :-1]), tgt[:, 1:]))), \
+            (lambda g: m.backward(loss.backward(float(g)))), {}, m
+    raise ValueError(f"unknown layer {name!r}")
+
+
+LAYERS = ["linear", "embedding", "positional", "dropout", "layernorm", "relu", "softmax", "attention", "mha",
+          "cross", "feedforward", "encoder_layer", "decoder_layer", "encoder", "decoder", "loss", "model"]
+
+
+def main(argv=None):
+    """Print analytical vs numerical gradients of one layer, side by side."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m minitf.gradcheck", description=main.__doc__)
+    parser.add_argument("layer", choices=LAYERS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--wrong", action="store_true",
+                        help="compare against a deliberately wrong gradient (one entry's sign flipped), "
+                             "to see what a failing check looks like")
+    parser.add_argument("--entries", type=int, default=4, help="entries shown per array")
+    args = parser.parse_args(argv)
+    rng = backend.host_rng(args.seed)
+    with backend.default_dtype("float64"):
+        backend.manual_seed(args.seed)
+        forward, backward, inputs, module = _build(args.layer, rng)
+        params = dict(module.named_parameters()) if module is not None else {}
+        report = compare_gradients(forward, backward, inputs, params, seed=args.seed, reseed=args.seed)
+    print(f"{args.layer}: float64, central differences h=1e-6, L = sum(forward(x) * G) for a random G")
+    print(f"{'array':42s} {'shape':>12s}  {'analytic':>12s} {'numeric':>12s}  rel. error")
+    failed = 0
+    for name, analytic, numeric, _ in report:
+        analytic = backend.to_numpy(analytic).copy()
+        numeric = backend.to_numpy(numeric)
+        if args.wrong:
+            analytic.reshape(-1)[0] *= -1  # the kind of slip a sign error in one term makes
+        error = relative_error(analytic, numeric)
+        status = "ok" if gradients_match(analytic, numeric) else "FAIL"
+        failed += status == "FAIL"
+        a, n = analytic.reshape(-1), numeric.reshape(-1)
+        for i in range(min(args.entries, a.size)):
+            label = name if i == 0 else ""
+            shape = str(tuple(analytic.shape)) if i == 0 else ""
+            tail = f"{error:.1e}  {status}" if i == 0 else ""
+            print(f"{label:42s} {shape:>12s}  {a[i]:12.8f} {n[i]:12.8f}  {tail}")
+    print(f"{len(report) - failed} of {len(report)} arrays match (max |a - n| <= 1e-6 max(|a|, |n|) + 1e-7)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
