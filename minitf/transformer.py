@@ -192,7 +192,7 @@ class Transformer(Module):
                             ("d_model", d_model), ("num_heads", num_heads), ("d_ff", d_ff),
                             ("num_encoder_layers", num_encoder_layers),
                             ("num_decoder_layers", num_decoder_layers)]:
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if "layers" in name else 1):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if d_model % num_heads != 0:
             raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")

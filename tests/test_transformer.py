@@ -212,6 +212,7 @@ def test_bad_input_gives_clear_value_errors(src, tgt, message):
     (dict(src_vocab_size=9, tgt_vocab_size=10), "share_embeddings"),
     (dict(d_model=0), "positive integer"),
     (dict(pad_id=20), "pad_id"),
+    (dict(num_decoder_layers=0), "positive integer"),
 ])
 def test_bad_config_gives_clear_value_errors(kwargs, message):
     config = dict(src_vocab_size=9, tgt_vocab_size=9, d_model=4, num_heads=2, num_encoder_layers=1,
