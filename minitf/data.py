@@ -274,11 +274,34 @@ def read_lines(path, what="input", max_chars=MAX_CHARS):
     if not data:
         raise DataError(f"{what} file {str(path)!r} is empty (0 bytes); "
                         "expected plain text with one sentence per line")
+    lines = decode_lines(data, f"{what} file {str(path)!r}", max_chars)
+    if not any(lines):
+        raise DataError(f"{what} file {str(path)!r} has only empty lines; "
+                        "expected plain text with one sentence per line")
+    return lines
+
+
+def decode_lines(data, origin, max_chars=MAX_CHARS):
+    """Split UTF-8 bytes into stripped lines as :func:`read_lines` does (for stdin, say).
+
+    Parameters
+    ----------
+    data : bytes
+    origin : str
+        What the bytes are, for error messages, e.g. ``"standard input"``.
+    max_chars : int or None
+        Longest accepted line; None for no limit.
+
+    Raises
+    ------
+    DataError
+        Invalid UTF-8 or a too-long line. Empty input gives ``[]``.
+    """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         line_no = data.count(b"\n", 0, error.start) + 1
-        raise DataError(f"{what} file {str(path)!r} is not valid UTF-8 at line {line_no} "
+        raise DataError(f"{origin} is not valid UTF-8 at line {line_no} "
                         f"(byte {error.object[error.start:error.start + 1]!r}); "
                         "re-encode it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
     lines = text.removeprefix("\ufeff").split("\n")
@@ -288,12 +311,9 @@ def read_lines(path, what="input", max_chars=MAX_CHARS):
     if max_chars is not None:
         for number, line in enumerate(lines, start=1):
             if len(line) > max_chars:
-                raise DataError(f"{what} file {str(path)!r}: line {number} has {len(line)} "
+                raise DataError(f"{origin}: line {number} has {len(line)} "
                                 f"characters, more than the limit {max_chars}; expected one "
                                 "sentence per line, split or drop that line")
-    if not any(lines):
-        raise DataError(f"{what} file {str(path)!r} has only empty lines; "
-                        "expected plain text with one sentence per line")
     return lines
 
 

@@ -8,8 +8,14 @@ beam search (4, alpha 0.6) for the final BLEU.
 Resuming is exact: the dropout generator is re-seeded from (seed, step) before
 every step and the batch order depends only on (seed, epoch), so a checkpoint
 needs only the parameters, Adam's moments and the position in the data.
+
+What a kill costs (README, "Resuming and what is guaranteed"): the steps since the
+last checkpoint. ``--resume`` takes the newest checkpoint that passes its checks
+(checksums, model shape, tokenizer), moves newer bad ones aside with a warning,
+and cuts metrics.jsonl back to that checkpoint's step.
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -19,7 +25,7 @@ import sys
 import time
 
 from minitf import backend, checkpoint as ckpt
-from minitf.backend import DeviceError
+from minitf.backend import DeviceError, xp
 from minitf.data import DataError, fetch_default_corpus, make_target_io, pad_batch, parse_ding, read_parallel, \
     split_pairs, token_batches, write_lines
 from minitf.loss import LabelSmoothedCrossEntropy
@@ -159,7 +165,8 @@ def data_paths(args):
                                  "(and optionally --test-src/--test-tgt)")
         if (given["test_src"] is None) != (given["test_tgt"] is None):
             raise UsageError("--test-src and --test-tgt go together")
-        return {k: (str(v) if v is not None else None) for k, v in given.items()}
+        # absolute, so that --resume works from any working directory
+        return {k: (os.path.abspath(v) if v is not None else None) for k, v in given.items()}
     if {args.src_lang, args.tgt_lang} != {"de", "en"}:
         raise UsageError(f"the default corpus is German-English: --src-lang/--tgt-lang must be de/en, "
                          f"got {args.src_lang}/{args.tgt_lang}; pass --train-src etc. for another corpus")
@@ -176,26 +183,40 @@ def default_corpus_splits(cache_dir, src_lang, tgt_lang):
         for split, part in zip(("train", "valid", "test"), split_pairs(pairs, seed=1234)):
             write_lines(folder / f"{split}.de", [de for de, _ in part])
             write_lines(folder / f"{split}.en", [en for _, en in part])
-    return {k: str(v) for k, v in names.items()}
+    return {k: os.path.abspath(v) for k, v in names.items()}
 
 
 def check_output_folder(out, resume):
     """Refuse to overwrite another run, and fail early on a folder we cannot write."""
     out = pathlib.Path(out)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
+        raise UsageError(f"--out {out} exists and is not a folder; expected a run folder, choose another --out")
     if not resume and (out / "config.json").exists():
         raise UsageError(f"--out {out} already holds a run; continue it with --resume {out} or choose another --out")
     probe = out if out.exists() else next((p for p in out.parents if p.exists()), pathlib.Path("."))
+    if not probe.is_dir():
+        raise UsageError(f"--out {out} lies below {probe}, which is a file, not a folder; choose another --out")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write to {probe} (for --out {out}); choose a writable --out")
 
 
 def write_json_atomic(path, value):
+    """Write JSON to a temp file beside ``path``, flush it to disk, rename it into place."""
     path = pathlib.Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=1, sort_keys=True), encoding="utf-8")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(value, indent=1, sort_keys=True))
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------- #
@@ -229,9 +250,10 @@ class Corpus:
 
 
 def prepare_tokenizer(run_dir, train_texts, vocab_size, log):
+    """Train the run's tokenizer. A new run always trains it, also over a
+    tokenizer.model left by a run killed before it wrote config.json (it may
+    come from other flags); a resumed run reads its own instead."""
     path = pathlib.Path(run_dir) / "tokenizer.model"
-    if path.is_file():
-        return Tokenizer(path)
     start = time.perf_counter()
     tokenizer = train_tokenizer(train_texts, path, vocab_size)
     log(f"trained a joint BPE vocabulary of {tokenizer.vocab_size} on {len(train_texts)} sentences "
@@ -289,6 +311,35 @@ class MetricsLog:
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
 
+    def truncate(self, step):
+        """Keep the records a run had written when it saved its checkpoint at ``step``
+        (the longest prefix with step <= ``step`` and no end-of-run report), atomically.
+        A resumed run then appends exactly what an uninterrupted run would have.
+        Returns the number of records dropped (a torn last line counts as one)."""
+        if not self.path.is_file():
+            return 0
+        data = self.path.read_bytes()
+        lines = data.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
+        kept = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line torn by a kill
+                break
+            if not isinstance(record, dict) or record.get("kind") == "done" or not record.get("step", 0) <= step:
+                break
+            kept.append(line)
+        if len(kept) < len(lines) or (data and not data.endswith(b"\n")):
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            with open(tmp, "wb") as handle:
+                handle.write(b"".join(line + b"\n" for line in kept))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        return len(lines) - len(kept)
+
 
 class Trainer:
     def __init__(self, config, run_dir, tokenizer, corpus, log, progress=True):
@@ -304,30 +355,65 @@ class Trainer:
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
         self.last_checkpoint = None
         self.stop_requested = False
+        self.nonfinite = None  # what the last train_step found not finite: None, "loss" or "gradients"
 
     # -- checkpoints -----------------------------------------------------------
     def save(self):
+        """Write the checkpoint of the current step (once: a step already saved is not rewritten)."""
+        path = ckpt.checkpoint_path(self.run_dir, self.step)
+        if self.last_checkpoint is not None and pathlib.Path(self.last_checkpoint) == path and path.is_dir():
+            return path
+        if not bool(xp.isfinite(self.model.flat.data).all()):
+            raise FloatingPointError(f"the parameters are not finite at step {self.step}; not saving them; "
+                                     f"last good checkpoint: {self.last_checkpoint or 'none yet'} "
+                                     "(try a smaller --lr-scale or --clip-norm 1)")
         meta = dict(config=self.config, model=self.model.config, step=self.step, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch,
                     elapsed_seconds=self.elapsed, vocab_size=self.tokenizer.vocab_size,
                     tokenizer_sha256=self.tokenizer.sha256, skipped_nonfinite=self.skipped_nonfinite,
                     rng={"scheme": "dropout re-seeded from (seed, step); batch order from (seed, epoch)",
                          "seed": self.config["seed"]})
         optimizer = {k: backend.to_numpy(v) for k, v in (("m", self.optimizer.m), ("v", self.optimizer.v))}
-        path = ckpt.write_checkpoint(ckpt.checkpoint_path(self.run_dir, self.step), self.model.state_dict(), meta,
-                                     self.tokenizer.model_bytes(), optimizer)
+        try:
+            path = ckpt.write_checkpoint(path, self.model.state_dict(), meta, self.tokenizer.model_bytes(), optimizer)
+        except ckpt.CheckpointError as error:
+            raise ckpt.CheckpointError(f"{error}; last good checkpoint: {self.last_checkpoint or 'none yet'}") from None
         ckpt.prune_checkpoints(self.run_dir, self.config.get("keep", 5))
         self.last_checkpoint = path
         return path
 
-    def restore(self, state):
+    def check_fits(self, state, path="the checkpoint"):
+        """Raise CheckpointError unless ``state`` can continue this run: same tokenizer,
+        same model shapes, Adam's moments present, a position in the data."""
         meta = state["meta"]
         if meta.get("tokenizer_sha256") != self.tokenizer.sha256:
-            raise ckpt.CheckpointError("the checkpoint was trained with another tokenizer than this run's "
-                                       "tokenizer.model; resume from its own run folder")
+            raise ckpt.CheckpointError(f"{path} was trained with another tokenizer than this run's tokenizer.model "
+                                       f"(vocabulary {meta.get('vocab_size')} vs {self.tokenizer.vocab_size}); "
+                                       "resume it from its own run folder")
+        theirs = {k: meta["config"].get(k) for k in MODEL_KEYS if k != "dropout"}
+        ours = {k: self.config.get(k) for k in MODEL_KEYS if k != "dropout"}
+        if theirs != ours:
+            diff = ", ".join(f"{k} {theirs[k]} (run: {ours[k]})" for k in ours if theirs[k] != ours[k])
+            raise ckpt.CheckpointError(f"{path} belongs to another model ({diff}); resume it from its own run folder")
+        shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+        saved = {name: tuple(a.shape) for name, a in state["params"].items()}
+        if saved != shapes:
+            wrong = sorted(n for n in set(shapes) | set(saved) if shapes.get(n) != saved.get(n))
+            raise ckpt.CheckpointError(f"{path} does not fit this model: parameters {wrong[:3]} have shapes "
+                                       f"{[saved.get(n) for n in wrong[:3]]}, "
+                                       f"expected {[shapes.get(n) for n in wrong[:3]]}")
+        if state["optimizer"] is None or set(state["optimizer"]) != {"m", "v"}:
+            raise ckpt.CheckpointError(f"{path} has no optimizer state (an averaged checkpoint?); "
+                                       "resume needs a step-NNNNNNNN checkpoint of the run")
+        for key in ("step", "epoch", "batch_in_epoch"):
+            if not isinstance(meta.get(key), int) or meta[key] < 0:
+                raise ckpt.CheckpointError(f"{path}: meta.json has no valid {key!r} (got {meta.get(key)!r}); "
+                                           "use another checkpoint")
+
+    def restore(self, state):
+        self.check_fits(state)
+        meta = state["meta"]
         try:
             self.model.load_state_dict(state["params"])
-            if state["optimizer"] is None:
-                raise ckpt.CheckpointError("the checkpoint has no optimizer state (an averaged one?); cannot resume")
             self.optimizer.load_state_dict(dict(state["optimizer"], step=meta["step"]))
         except ValueError as error:
             raise ckpt.CheckpointError(f"the checkpoint does not fit this model: {error}") from None
@@ -336,17 +422,33 @@ class Trainer:
 
     # -- one update -------------------------------------------------------------
     def train_step(self, src, tgt_in, tgt_out):
-        """Forward, loss, backward, (clip), Adam. Returns the loss (a logged scalar)."""
+        """Forward, loss, backward, (clip), Adam. Returns the loss (a logged scalar).
+
+        A non-finite loss stops before backward, non-finite gradients before Adam:
+        either way parameters and Adam's moments are untouched, and ``self.nonfinite``
+        says which ("loss" or "gradients"; None after a good step)."""
+        # overflow is checked below and reported once, not as numpy warnings
+        with backend.host.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._train_step(src, tgt_in, tgt_out)
+
+    def _train_step(self, src, tgt_in, tgt_out):
         backend.manual_seed(step_seed(self.config["seed"], self.step))
         self.optimizer.zero_grad()
+        self.nonfinite = None
         logits = self.model(src, tgt_in)
         loss = self.loss_fn(logits, tgt_out)
         if not math.isfinite(loss):
             self.model.clear_saved()
+            self.nonfinite = "loss"
             return loss
         self.model.backward(self.loss_fn.backward())
         if self.config["clip_norm"] > 0:
-            clip_grad_norm(self.model.parameters(), self.config["clip_norm"])
+            finite = math.isfinite(float(clip_grad_norm(self.model.parameters(), self.config["clip_norm"])))
+        else:
+            finite = bool(xp.isfinite(self.model.flat.grad).all())
+        if not finite:
+            self.nonfinite = "gradients"
+            return loss
         self.optimizer.step()
         return loss
 
@@ -374,15 +476,27 @@ class Trainer:
                 started = time.perf_counter()
                 src, tgt_in, tgt_out = self.corpus.batch("train", batches[self.batch_in_epoch])
                 lr = self.optimizer.current_lr(self.step + 1)
-                loss = self.train_step(src, tgt_in, tgt_out)
-                if not math.isfinite(loss):
+                try:
+                    loss = self.train_step(src, tgt_in, tgt_out)
+                except MemoryError:
+                    self.model.clear_saved()
+                    raise MemoryError(f"out of memory at step {self.step + 1} on a batch of {src.shape[0]} sentences "
+                                      f"padded to {src.shape[1]} source and {tgt_in.shape[1]} target tokens; use a "
+                                      f"smaller --max-tokens (this run: {c['max_tokens']}), e.g. --resume "
+                                      f"{self.run_dir} --max-tokens {max(1, c['max_tokens'] // 2)}; last good "
+                                      f"checkpoint: {self.last_checkpoint or 'none yet'}") from None
+                if self.nonfinite:
+                    what = f"the loss became {loss}" if self.nonfinite == "loss" else \
+                        f"the gradients became non-finite (loss {loss:.4g})"
                     if not c.get("skip_nonfinite"):
                         where = self.last_checkpoint or "none yet"
-                        raise FloatingPointError(f"the loss became {loss} at step {self.step + 1}; "
-                                                 f"last good checkpoint: {where} (try a smaller --lr-scale, "
-                                                 "--clip-norm 1, or --skip-nonfinite)")
+                        raise FloatingPointError(f"{what} at step {self.step + 1}; last good checkpoint: {where}; "
+                                                 f"continue from it with --resume {self.run_dir} and a smaller "
+                                                 "--lr-scale, --clip-norm 1 or --skip-nonfinite")
                     self.skipped_nonfinite += 1
                     self.batch_in_epoch += 1
+                    self.log(f"warning: {what} at step {self.step + 1}: skipped this batch "
+                             f"({self.skipped_nonfinite} skipped so far)")
                     continue
                 self.step += 1
                 self.batch_in_epoch += 1
@@ -429,13 +543,22 @@ class Trainer:
 # --------------------------------------------------------------------------- #
 # the command
 # --------------------------------------------------------------------------- #
+def given_options(argv):
+    """The dests of the options written on the command line (abbreviations and
+    ``--flag=value`` included), told apart from defaults by parsing twice."""
+    parser = build_parser()
+    unset = object()
+    parser.set_defaults(**{name: unset for name in vars(parser.parse_args(argv))})
+    return {name for name, value in vars(parser.parse_args(argv)).items() if value is not unset}
+
+
 def run(argv=None):
     args = build_parser().parse_args(argv)
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     if args.resume is not None:
-        return resume_run(args, log)
+        return resume_run(args, log, given_options(argv))
     config = resolve_config(args)
-    config.update(keep=args.keep)
+    config.update({name: getattr(args, name) for name in RUN_OPTIONS})
     run_dir = args.out or pathlib.Path("runs") / args.preset
     check_output_folder(run_dir, resume=False)
     backend.set_device(args.device)
@@ -444,10 +567,17 @@ def run(argv=None):
     read_parallel(paths["valid_src"], paths["valid_tgt"])
     if paths.get("test_src"):
         read_parallel(paths["test_src"], paths["test_tgt"])
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     config["data"] = paths
-    tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
-                                  config["vocab_size"], log)
+    try:
+        tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
+                                      config["vocab_size"], log)
+    except DataError:  # e.g. --vocab-size too large for the text: leave no empty run folder behind
+        if created and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise
+    config["data_sha256"] = {key: file_sha256(path) for key, path in paths.items() if path is not None}
     write_json_atomic(run_dir / "config.json", config)
     corpus = Corpus(tokenizer, paths, log)
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
@@ -457,28 +587,104 @@ def run(argv=None):
     return train_and_report(trainer, args, log)
 
 
-def resume_run(args, log):
-    run_dir = args.resume
+# flags that --resume may change (they are written into config.json); every other
+# recipe or model flag belongs to the run and is refused with --resume
+RESUME_CHANGEABLE = ("max_steps", "epochs", "max_minutes", "max_tokens", "lr_scale", "clip_norm")
+# how often to evaluate and save, and what to report: kept in config.json, so that a
+# resumed run saves as often as the original did, unless given again
+RUN_OPTIONS = ("eval_every", "save_every", "keep", "average", "bleu_sentences", "beam", "alpha")
+RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
+                "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "seed", "src_lang", "tgt_lang",
+                "preset", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
+CONFIG_REQUIRED = ("data", "seed", "vocab_size", "warmup", "lr_scale", "max_tokens", "max_len", "label_smoothing",
+                   "clip_norm", "max_steps", "epochs", "max_minutes") + MODEL_KEYS
+
+
+def read_run_config(run_dir):
+    """config.json of a run folder, with a one-line UsageError for anything that is not one."""
+    run_dir = pathlib.Path(run_dir)
+    if not run_dir.exists():
+        raise UsageError(f"--resume {run_dir}: no such folder; pass the --out folder of an earlier train.py run")
+    if not run_dir.is_dir():
+        raise UsageError(f"--resume {run_dir} is a file; pass the --out folder of an earlier train.py run")
     if not (run_dir / "config.json").is_file():
-        raise UsageError(f"--resume {run_dir}: no config.json there; pass the run folder of an earlier train.py")
-    config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-    for key in ("max_steps", "epochs", "max_minutes"):  # a resumed run may be given a new length
-        if getattr(args, key) is not None:
-            config[key] = getattr(args, key)
-    config["skip_nonfinite"] = args.skip_nonfinite
+        if (run_dir / "tokenizer.model").is_file():
+            raise UsageError(f"--resume {run_dir}: the run was stopped before it wrote config.json, so there is "
+                             "nothing to resume; start it again with the original command (same --out)")
+        raise UsageError(f"--resume {run_dir}: no config.json there, so it is not a run folder; "
+                         "pass the --out folder of an earlier train.py run")
+    try:
+        config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise UsageError(f"--resume {run_dir}: config.json is not valid JSON ({error}); "
+                         "restore it from a checkpoint's meta.json (its \"config\") or start a new run") from None
+    missing = [k for k in CONFIG_REQUIRED if not isinstance(config, dict) or k not in config]
+    if missing:
+        raise UsageError(f"--resume {run_dir}: config.json lacks {missing}; it was not written by this train.py, "
+                         "pass the --out folder of a train.py run")
+    return config
+
+
+def resume_run(args, log, given):
+    run_dir = args.resume
+    fixed = [k for k in RESUME_FIXED if k in given]
+    if args.out is not None and pathlib.Path(args.out).resolve() != pathlib.Path(run_dir).resolve():
+        fixed.append("out")
+    if fixed:
+        flags = ", ".join("--" + k.replace("_", "-") for k in fixed)
+        raise UsageError(f"--resume continues a run with its own settings, so {flags} cannot be given; allowed with "
+                         "--resume: " + ", ".join("--" + k.replace("_", "-") for k in RESUME_CHANGEABLE + RUN_OPTIONS)
+                         + ", --device, --skip-nonfinite, --no-progress")
+    config = read_run_config(run_dir)
+    changed = {k: getattr(args, k) for k in RESUME_CHANGEABLE + RUN_OPTIONS
+               if k in given and getattr(args, k) != config.get(k)}
+    for name in RUN_OPTIONS:  # the run's own values unless given again
+        if name not in given and name in config:
+            setattr(args, name, config[name])
+    if changed:
+        if any(k in changed for k in ("max_steps", "epochs", "max_minutes")):
+            for key in ("max_steps", "epochs", "max_minutes"):  # a new length replaces the old one
+                config[key] = getattr(args, key)
+        config.update(changed)
+    saved_config = dict(config)
+    config["skip_nonfinite"] = args.skip_nonfinite  # for this invocation only
     backend.set_device(args.device)
-    state, path, errors = ckpt.latest_valid_checkpoint(run_dir)
-    for error in errors:
-        log(f"warning: skipping a bad checkpoint: {error}")
+    for key, digest in config.get("data_sha256", {}).items():
+        data_file = config["data"].get(key)
+        if data_file and pathlib.Path(data_file).is_file() and file_sha256(data_file) != digest:
+            log(f"warning: {data_file} changed since the run started: the resumed run will not repeat an "
+                "uninterrupted one (restore the original file for an exact resume)")
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
     corpus = Corpus(tokenizer, config["data"], log)
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    for stale in ckpt.recover_checkpoints(run_dir):
+        log(f"removed {stale.name}, left by an interrupted checkpoint write")
+    state, path, errors = ckpt.latest_valid_checkpoint(run_dir, check=trainer.check_fits)
+    if state is None and errors:
+        raise ckpt.CheckpointError(f"--resume {run_dir}: none of its {len(errors)} checkpoints is usable, the newest "
+                                   f"because: {errors[0][1]}; restore a good checkpoint or start a new run")
+    if changed:  # written only now: a refused --resume changes nothing
+        write_json_atomic(run_dir / "config.json", saved_config)
+        recipe = sorted(set(changed) & {"max_tokens", "lr_scale", "clip_norm"})
+        if recipe:
+            log("warning: changed " + ", ".join(f"--{k.replace('_', '-')} to {changed[k]}" for k in recipe)
+                + ": from here on the run departs from an uninterrupted one (config.json now holds the new values)")
+    for bad, error in errors:
+        aside = bad.with_name(bad.name + ".bad")
+        n = 1
+        while aside.exists():
+            n, aside = n + 1, bad.with_name(f"{bad.name}.bad{n}")
+        os.rename(bad, aside)
+        log(f"warning: skipping a bad checkpoint, moved aside to {aside.name}: {error}")
     if state is not None:
         trainer.restore(state)
         trainer.last_checkpoint = path
         log(f"resumed from {path} at step {trainer.step} (epoch {trainer.epoch + 1})")
     else:
         log(f"no checkpoint in {run_dir} yet: starting from step 0")
+    dropped = trainer.metrics.truncate(trainer.step)
+    if dropped:
+        log(f"metrics.jsonl: dropped {dropped} records written after step {trainer.step} (they are redone)")
     return train_and_report(trainer, args, log)
 
 
@@ -486,19 +692,21 @@ def train_and_report(trainer, args, log):
     config, run_dir = trainer.config, trainer.run_dir
 
     def request_stop(signum, frame):
-        trainer.stop_requested = True
-        log("interrupt: saving a checkpoint after this step (Ctrl-C again to abort)")
+        trainer.stop_requested = signum
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        log(f"{name}: saving a checkpoint after this step (Ctrl-C again to abort without saving)")
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    previous = signal.signal(signal.SIGINT, request_stop)
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         trainer.run(args.eval_every, args.save_every, args.bleu_sentences, args.beam, args.alpha)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     final = trainer.save()
     if trainer.stop_requested:
         log(f"stopped at step {trainer.step}; checkpoint {final}; continue with: python train.py --resume {run_dir}")
-        return 130
+        return 128 + int(trainer.stop_requested)  # 130 after Ctrl-C, 143 after SIGTERM
     summary = dict(step=trainer.step, train_minutes=round(trainer.elapsed / 60, 2))
     trainer.metrics.write(kind="done", **summary)
     log(f"trained {trainer.step} steps in {trainer.elapsed / 60:.1f} min; checkpoint {final}")
@@ -516,8 +724,9 @@ def train_and_report(trainer, args, log):
         if best is None or record.get("bleu", 0) > best[1].get("bleu", 0):
             best = (name, record, params)
     trainer.model.load_state_dict(best[2])
+    # relative to the run folder, so that the run can be moved or used from another working directory
     write_json_atomic(run_dir / "best.json", {"model": best[0], "checkpoint": str(
-        run_dir / "checkpoints" / ("averaged" if best[0].startswith("average") else final.name))})
+        pathlib.Path("checkpoints") / ("averaged" if best[0].startswith("average") else final.name))})
     if "test" in trainer.corpus.text:
         start = time.perf_counter()
         record = trainer.validate(len(trainer.corpus.text["test"][0]), beam=args.beam, alpha=args.alpha,
@@ -535,9 +744,15 @@ def main(argv=None):
     except (UsageError, DataError, ckpt.CheckpointError, DeviceError, FloatingPointError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, UsageError) else 1
-    except MemoryError:
-        print("train.py: error: out of memory for this batch; use a smaller --max-tokens", file=sys.stderr)
+    except MemoryError as error:
+        detail = str(error) if str(error).startswith("out of memory at step") else \
+            f"out of memory ({error or 'MemoryError'}); use a smaller --max-tokens"
+        print(f"train.py: error: {detail}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("train.py: error: interrupted; nothing after the last checkpoint was saved "
+              "(continue with --resume RUN_DIR if the run had written config.json)", file=sys.stderr)
+        return 130
     except OSError as error:
         print(f"train.py: error: {error.strerror or error}: {error.filename or ''}", file=sys.stderr)
         return 1

@@ -12,7 +12,7 @@ import sys
 
 from minitf import backend, checkpoint as ckpt
 from minitf.backend import DeviceError
-from minitf.data import DataError, pad_batch, read_lines
+from minitf.data import DataError, decode_lines, pad_batch, read_lines
 from minitf.decode import beam_search, greedy_decode
 from minitf.module import no_grad
 from minitf.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -46,30 +46,78 @@ def resolve_checkpoint(path):
         return path
     best = path / "best.json"
     if best.is_file():
-        chosen = pathlib.Path(json.loads(best.read_text(encoding="utf-8"))["checkpoint"])
-        if (chosen / "meta.json").is_file():
+        try:
+            chosen = pathlib.Path(json.loads(best.read_text(encoding="utf-8"))["checkpoint"])
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+            chosen = None
+        if chosen is not None and not chosen.is_absolute():
+            chosen = path / chosen   # written relative to the run folder
+        if chosen is not None and (chosen / "meta.json").is_file():
             return chosen
     checkpoints = ckpt.list_checkpoints(path)
     if checkpoints:
         return checkpoints[-1]
+    if not path.exists():
+        raise ckpt.CheckpointError(f"--checkpoint {path} does not exist; pass the --out folder of train.py "
+                                   "or one of its checkpoints/step-NNNNNNNN folders")
     raise ckpt.CheckpointError(f"{path} is neither a checkpoint folder (with meta.json) nor a run folder "
                                "with checkpoints/; pass the --out folder of train.py or one of its checkpoints")
 
 
-def load_model(path):
-    """(model in eval mode, tokenizer, meta) from a checkpoint or run folder."""
-    from minitf.trainer import build_model
-    state = ckpt.read_checkpoint(resolve_checkpoint(path), load_optimizer=False)
+def _candidates(path):
+    """Checkpoints to try for ``path``: the one it names; for a run folder, its
+    chosen one first, then every other checkpoint, newest first."""
+    first = resolve_checkpoint(path)
+    path = pathlib.Path(path)
+    if first == path:  # an explicit checkpoint folder: that one or nothing
+        return [first]
+    others = [p for p in reversed(ckpt.list_checkpoints(path)) if p != first]
+    return [first] + others
+
+
+def load_checkpoint_model(folder):
+    """(model in eval mode, tokenizer, meta) from one checkpoint folder; a CheckpointError
+    if it is damaged or its parts do not fit together."""
+    from minitf.trainer import MODEL_KEYS, build_model
+    state = ckpt.read_checkpoint(folder, load_optimizer=False)
     tokenizer = Tokenizer.from_bytes(state["tokenizer_bytes"])
     meta = state["meta"]
     if meta.get("tokenizer_sha256") not in (None, tokenizer.sha256):
-        raise ckpt.CheckpointError(f"{path}: the tokenizer does not match the one the model was trained with")
-    model = build_model(meta["config"], tokenizer.vocab_size)
+        raise ckpt.CheckpointError(f"{folder}: its tokenizer.model is not the one the model was trained with "
+                                   "(tokenizer_sha256 in meta.json differs); use another checkpoint of the run")
+    if meta.get("vocab_size") not in (None, tokenizer.vocab_size):
+        raise ckpt.CheckpointError(f"{folder}: the model was trained for a vocabulary of {meta['vocab_size']} but its "
+                                   f"tokenizer has {tokenizer.vocab_size}; use another checkpoint of the run")
+    missing = [k for k in MODEL_KEYS if k not in meta["config"]]
+    if missing:
+        raise ckpt.CheckpointError(f"{folder}: meta.json's config lacks {missing}; "
+                                   "use a checkpoint written by train.py")
     try:
+        model = build_model(meta["config"], tokenizer.vocab_size)
         model.load_state_dict(state["params"])
-    except ValueError as error:
-        raise ckpt.CheckpointError(f"{path}: the parameters do not fit the saved config: {error}") from None
+    except (ValueError, TypeError) as error:
+        raise ckpt.CheckpointError(f"{folder}: the parameters do not fit the saved config: {error}") from None
     return model.eval(), tokenizer, meta
+
+
+def load_model(path, warn=None):
+    """(model in eval mode, tokenizer, meta) from a checkpoint or run folder.
+
+    An explicit checkpoint folder must pass every check. For a run folder, a
+    damaged checkpoint is skipped for the next newest, with ``warn(message)``."""
+    errors = []
+    for folder in _candidates(path):
+        try:
+            result = load_checkpoint_model(folder)
+        except (ckpt.CheckpointError, DataError) as error:
+            errors.append(str(error))
+            continue
+        for error in errors:
+            (warn or (lambda m: None))(f"warning: skipping a bad checkpoint: {error}; using {folder}")
+        return result
+    if len(errors) == 1:
+        raise ckpt.CheckpointError(errors[0])
+    raise ckpt.CheckpointError(f"none of the {len(errors)} checkpoints in {path} is usable; the newest: {errors[0]}")
 
 
 def build_parser():
@@ -92,15 +140,12 @@ def run(argv=None):
     if args.src is not None:
         sources = read_lines(args.src, "--src")
     else:
-        try:
-            sources = [line.strip() for line in sys.stdin.buffer.read().decode("utf-8").splitlines()]
-        except UnicodeDecodeError as error:
-            raise DataError(f"standard input is not valid UTF-8 (byte {error.start}); give UTF-8 text") from None
+        sources = decode_lines(sys.stdin.buffer.read(), "standard input")
     references = read_lines(args.ref, "--ref") if args.ref is not None else None
     if references is not None and len(references) != len(sources):
         raise DataError(f"--ref has {len(references)} lines but the source has {len(sources)}; "
                         "they must match line by line")
-    model, tokenizer, _ = load_model(args.checkpoint)
+    model, tokenizer, _ = load_model(args.checkpoint, warn=lambda message: print(message, file=sys.stderr))
     nonempty = [i for i, s in enumerate(sources) if s]
     translated = translate_texts(model, tokenizer, [sources[i] for i in nonempty], args.beam, args.alpha,
                                  args.batch_size)
@@ -122,6 +167,12 @@ def main(argv=None):
     except (DataError, ckpt.CheckpointError, DeviceError, ValueError) as error:
         print(f"minitf.translate: error: {error}", file=sys.stderr)
         return 1
+    except MemoryError:
+        print("minitf.translate: error: out of memory; use a smaller --batch-size or --beam", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("minitf.translate: error: interrupted", file=sys.stderr)
+        return 130
     except OSError as error:
         print(f"minitf.translate: error: {error.strerror or error}: {error.filename or ''}", file=sys.stderr)
         return 1

@@ -125,6 +125,15 @@ BAD_TRAIN_INPUTS = {
     "heads do not divide": lambda d, c: c + ["--d-model", "10", "--num-heads", "3"],
     "only train given": lambda d, c: ["--train-src", c[1], "--train-tgt", c[3]],
     "resume nothing": lambda d, c: ["--resume", str(d / "nothing")],
+    "line of 100000 characters": lambda d, c: c + ["--train-src", str(_write(d / "long.txt", b"a" * 100_000 + b"\n"))],
+    "only empty lines": lambda d, c: c + ["--valid-tgt", str(_write(d / "blank.txt", b"\n  \n\n"))],
+    "out below a regular file": lambda d, c: c + ["--out", str(d / "out" / "precious.txt" / "run")],
+    "resume a folder that is not a run": lambda d, c: ["--resume", str(d / "out")],
+    "resume a file": lambda d, c: ["--resume", str(d / "out" / "precious.txt")],
+    "resume with a model flag": lambda d, c: ["--resume", str(d / "out"), "--d-model", "32"],
+    "dropout out of range": lambda d, c: c + ["--dropout", "1.5"],
+    "vocabulary too small": lambda d, c: c + ["--vocab-size", "4"],
+    "vocabulary too large for the text": lambda d, c: c + ["--vocab-size", "100000"],
 }
 
 
