@@ -38,7 +38,7 @@ from minitf.transformer import Transformer
 # (see README: more updates of a small, fast model win a 15-minute budget).
 PRESETS = {
     "tiny": dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=512, dropout=0.1,
-                 vocab_size=4000, warmup=800, lr_scale=2.0, max_tokens=1500, max_minutes=11.0),
+                 vocab_size=4000, warmup=800, lr_scale=1.0, max_tokens=1500, max_minutes=11.0),
     "base": dict(d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, d_ff=2048, dropout=0.1,
                  vocab_size=8000, warmup=4000, lr_scale=1.0, max_tokens=25000, max_minutes=None),
     "big": dict(d_model=1024, num_heads=16, num_encoder_layers=6, num_decoder_layers=6, d_ff=4096, dropout=0.3,
@@ -103,7 +103,7 @@ def build_parser():
     g.add_argument("--max-minutes", type=positive(float), help="stop training after this much wall time")
     g.add_argument("--out", type=pathlib.Path, help="run folder (default runs/<preset>)")
     g.add_argument("--resume", type=pathlib.Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
-    g.add_argument("--eval-every", type=positive(int), default=500, help="steps between validations")
+    g.add_argument("--eval-every", type=positive(int), default=1000, help="steps between validations")
     g.add_argument("--save-every", type=positive(int), default=500, help="steps between checkpoints")
     g.add_argument("--keep", type=positive(int), default=5, help="checkpoints kept")
     g.add_argument("--average", type=int, default=5, help="average the last N checkpoints at the end (0/1 = off)")
