@@ -10,7 +10,7 @@ import math
 
 from minitf import backend
 from minitf.backend import xp
-from minitf.layers import _init
+from minitf.layers import _init, matmul_rows
 from minitf.module import Module, Parameter
 
 
@@ -111,7 +111,7 @@ class MultiHeadAttention(Module):
         D = self.d_model
         W, b = self.w_qkv.data, self.b_qkv.data
         if memory is None:
-            qkv = x @ W + b                                      # [q k v] = x [W^Q W^K W^V] + b
+            qkv = matmul_rows(x, W) + b                          # [q k v] = x [W^Q W^K W^V] + b
             q, k, v = qkv[..., :D], qkv[..., D:2 * D], qkv[..., 2 * D:]
             if cache is not None:                                # append this step's keys/values
                 if "k" in cache:
@@ -119,11 +119,11 @@ class MultiHeadAttention(Module):
                     v = xp.concatenate([cache["v"], v], axis=1)
                 cache["k"], cache["v"] = k, v
         else:
-            q = x @ W[:, :D] + b[:D]                             # q = x W^Q + b^Q
+            q = matmul_rows(x, W[:, :D]) + b[:D]                 # q = x W^Q + b^Q
             if cache is not None and "k" in cache:               # memory projected at step 0
                 k, v = cache["k"], cache["v"]
             else:
-                kv = memory @ W[:, D:] + b[D:]                   # [k v] = memory [W^K W^V] + b
+                kv = matmul_rows(memory, W[:, D:]) + b[D:]       # [k v] = memory [W^K W^V] + b
                 k, v = kv[..., :D], kv[..., D:]
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
@@ -131,7 +131,7 @@ class MultiHeadAttention(Module):
         keep = attention_keep_mask(key_padding_mask, causal, Q.shape[2], K.shape[2])
         O, P = scaled_dot_product_attention(Q, K, V, keep)       # each head attends
         o = self.merge_heads(O)                                  # Concat(head_1..head_H)
-        y = o @ self.w_o.data + self.b_o.data                    # y = o W^O + b^O
+        y = matmul_rows(o, self.w_o.data) + self.b_o.data        # y = o W^O + b^O
         self.save_for_backward(x, memory, Q, K, V, P, o)
         return y
 
@@ -143,7 +143,7 @@ class MultiHeadAttention(Module):
         # y = o W^O + b^O  =>  dW^O = o^T dy,  db^O = sum dy,  do = dy W^O^T
         self.w_o.grad += o.reshape(-1, D).T @ dy.reshape(-1, D)
         self.b_o.grad += dy.reshape(-1, D).sum(axis=0)
-        do = dy @ self.w_o.data.T
+        do = matmul_rows(dy, self.w_o.data.T)
         # o = merge_heads(O)  =>  dO = split_heads(do)
         dQ, dK, dV = scaled_dot_product_attention_backward(self.split_heads(do), Q, K, V, P)
         # Q = split_heads(q) ... => dq = merge_heads(dQ) ...
@@ -154,15 +154,15 @@ class MultiHeadAttention(Module):
             dqkv = xp.concatenate([dq, dk, dv], axis=-1).reshape(-1, 3 * D)
             self.w_qkv.grad += x.reshape(-1, D).T @ dqkv
             self.b_qkv.grad += dqkv.sum(axis=0)
-            return dqkv.reshape(x.shape[:-1] + (3 * D,)) @ W.T, None
+            return (dqkv @ W.T).reshape(x.shape), None
         # q = x W^Q + b^Q  =>  dW^Q = x^T dq,  dx = dq W^Q^T
         dq2 = dq.reshape(-1, D)
         self.w_qkv.grad[:, :D] += x.reshape(-1, D).T @ dq2
         self.b_qkv.grad[:D] += dq2.sum(axis=0)
-        dx = dq @ W[:, :D].T
+        dx = matmul_rows(dq, W[:, :D].T)
         # [k v] = memory [W^K W^V] + b  =>  dW^KV = memory^T [dk dv],  dmemory = [dk dv] W^KV^T
         dkv = xp.concatenate([dk, dv], axis=-1)
         self.w_qkv.grad[:, D:] += memory.reshape(-1, D).T @ dkv.reshape(-1, 2 * D)
         self.b_qkv.grad[D:] += dkv.reshape(-1, 2 * D).sum(axis=0)
-        dmemory = dkv @ W[:, D:].T
+        dmemory = matmul_rows(dkv, W[:, D:].T)
         return dx, dmemory

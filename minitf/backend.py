@@ -72,6 +72,20 @@ def set_device(name):
     manual_seed(0)
 
 
+@contextlib.contextmanager
+def array_module(module, device_name):
+    """Run with another NumPy-compatible array module as ``xp`` for the duration (test
+    infrastructure: the strict CuPy stand-in of ``tests/strict_xp.py`` uses it).
+    Arrays and models made inside belong to that module; the seed is reset to 0."""
+    previous = dict(_state)
+    _state["module"], _state["device"] = module, device_name
+    manual_seed(0)
+    try:
+        yield
+    finally:
+        _state.update(previous)
+
+
 def get_device():
     """The active device name, ``'cpu'`` or ``'gpu'``."""
     return _state["device"]

@@ -17,6 +17,13 @@ def _init(array):
     return backend.asarray(array, dtype=backend.get_default_dtype())
 
 
+def matmul_rows(x, w):
+    """``x @ w`` for x (..., n) and a matrix w (n, m) -> (..., m), as one 2-D product
+    over all the rows of x. (NumPy runs a stacked (B, L, n) @ (n, m) as B small
+    products: several times slower, and over ten times when w is a transposed view.)"""
+    return (x.reshape(-1, x.shape[-1]) @ w).reshape(x.shape[:-1] + (w.shape[-1],))
+
+
 # --------------------------------------------------------------------------- #
 # Linear: y = x W + b
 # --------------------------------------------------------------------------- #
@@ -33,7 +40,7 @@ class Linear(Module):
         self.bias = Parameter(_init(backend.host.zeros(d_out))) if bias else None
 
     def forward(self, x):
-        y = x @ self.weight.data
+        y = matmul_rows(x, self.weight.data)                     # y = x W
         if self.bias is not None:
             y += self.bias.data
         self.save_for_backward(x)
@@ -49,7 +56,7 @@ class Linear(Module):
             # y += b  (broadcast over leading dims)  =>  db = sum of dy over them
             self.bias.grad += dy.reshape(-1, d_out).sum(axis=0)
         # y = x @ W  =>  dx = dy W^T
-        return dy @ self.weight.data.T
+        return matmul_rows(dy, self.weight.data.T)
 
 
 # --------------------------------------------------------------------------- #
@@ -94,7 +101,7 @@ class TiedOutputProjection(Module):
 
     def forward(self, h):
         self.save_for_backward(h)
-        return h @ self.weight.data.T
+        return matmul_rows(h, self.weight.data.T)                # logits = h W^T
 
     def backward(self, dlogits):
         """dlogits (B, T, V) -> dh (B, T, D); adds dW (on top of the embedding's use)."""
@@ -103,7 +110,7 @@ class TiedOutputProjection(Module):
         # logits = h @ W^T  =>  dW = dlogits^T h
         self.weight.grad += dlogits.reshape(-1, V).T @ h.reshape(-1, D)
         # logits = h @ W^T  =>  dh = dlogits W
-        return dlogits @ self.weight.data
+        return matmul_rows(dlogits, self.weight.data)
 
 
 # --------------------------------------------------------------------------- #

@@ -4,6 +4,7 @@ The target distribution puts ``1 - eps`` on the right token and spreads ``eps``
 uniformly over all V tokens:  q = (1 - eps) * onehot(y) + eps / V.
 The loss is  -sum_v q_v log p_v, averaged over the non-pad target tokens.
 """
+from minitf import backend
 from minitf.backend import xp
 from minitf.module import Module
 
@@ -25,28 +26,35 @@ class LabelSmoothedCrossEntropy(Module):
         if logits.ndim != 3 or target.shape != logits.shape[:2]:
             raise ValueError(f"expected logits (B, T, V) and target (B, T), got {tuple(logits.shape)} "
                              f"and {tuple(target.shape)}")
-        target = xp.asarray(target)
+        target = backend.asarray(target)                              # host ids -> device, once
         V, eps = logits.shape[-1], self.smoothing
-        # log p = z - max z - log sum exp(z - max z)   (stable log-softmax)
-        shifted = logits - logits.max(axis=-1, keepdims=True)
-        log_p = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
         keep = (target != self.ignore_index).astype(logits.dtype)     # 1 for real tokens, 0 for pad
         num_tokens = keep.sum()
         safe_target = xp.where(target == self.ignore_index, 0, target)
-        nll = -xp.take_along_axis(log_p, safe_target[..., None], axis=-1)[..., 0]   # -log p_y
-        uniform = -log_p.mean(axis=-1)                                # -(1/V) sum_v log p_v
+        # log p_v = z_v - max z - log sum exp(z - max z)   (stable log-softmax); with s = z - max z
+        # only two things of log p are needed: log p_y = s_y - lse and mean_v log p_v = mean(s) - lse
+        s = logits - logits.max(axis=-1, keepdims=True)               # s = z - max z (a fresh array)
+        s_y = xp.take_along_axis(s, safe_target[..., None], axis=-1)[..., 0]
+        s_mean = s.mean(axis=-1)
+        p = xp.exp(s, out=s)                                          # exp in place: s is not needed again
+        total = p.sum(axis=-1, keepdims=True)
+        lse = xp.log(total[..., 0])                                   # log sum exp(s)
+        nll = lse - s_y                                               # -log p_y
+        uniform = lse - s_mean                                        # -(1/V) sum_v log p_v
         per_token = (1.0 - eps) * nll + eps * uniform                 # -sum_v q_v log p_v
         denominator = xp.maximum(num_tokens, 1)                       # an all-pad batch gives 0, not NaN
-        self.save_for_backward(log_p, safe_target, keep, denominator)
-        loss, self.nll_sum, self.num_tokens = (
-            float(v) for v in ((per_token * keep).sum() / denominator, (nll * keep).sum(), num_tokens))
+        p /= total                                                    # p = softmax(z), kept for backward
+        self.save_for_backward(p, safe_target, keep, denominator)
+        # the three logged numbers come to the host in one copy (one device sync per call)
+        stats = xp.stack([(per_token * keep).sum() / denominator, (nll * keep).sum(), num_tokens])
+        loss, self.nll_sum, self.num_tokens = backend.to_numpy(stats).tolist()
         return loss
 
     def backward(self, dloss=1.0):
         """-> dL/dlogits (B, T, V) = (softmax(z) - q) * keep / N."""
-        log_p, safe_target, keep, denominator = self.saved_tensors()
-        V, eps = log_p.shape[-1], self.smoothing
-        dlogits = xp.exp(log_p)                                       # p = softmax(z)
+        p, safe_target, keep, denominator = self.saved_tensors()
+        V, eps = p.shape[-1], self.smoothing
+        dlogits = p                                                   # p = softmax(z); reused in place
         dlogits -= eps / V                                            # p - eps/V ...
         rows = dlogits.reshape(-1, V)
         rows[xp.arange(rows.shape[0]), safe_target.reshape(-1)] -= 1.0 - eps   # ... - (1-eps) at y

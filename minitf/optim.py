@@ -1,6 +1,8 @@
 """Adam (Kingma & Ba 2015) with the paper's warmup schedule (paper 5.3), and
 global gradient-norm clipping. All of them work on the flat parameter and
-gradient buffers: a handful of whole-buffer operations per step."""
+gradient buffers: a handful of whole-buffer operations per step (on the GPU,
+Adam is one fused kernel)."""
+from minitf import backend
 from minitf.backend import xp
 from minitf.module import FlatBuffers
 
@@ -39,14 +41,16 @@ class Adam:
     Defaults are the paper's: beta1 0.9, beta2 0.98, eps 1e-9.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, fused=True):
         params = list(params)
         if not params:
             raise ValueError("Adam got an empty parameter list")
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.fused = fused                                 # GPU only: one CuPy kernel (see _fused_adam)
         self.flat = FlatBuffers.flatten(params)          # every p.data / p.grad becomes a view
         self.m = xp.zeros_like(self.flat.data)
         self.v = xp.zeros_like(self.flat.data)
+        self._scratch = None                               # one reused buffer (made at the first step)
         self.step_count = 0
 
     def current_lr(self, step=None):
@@ -61,15 +65,28 @@ class Adam:
         t, (b1, b2) = self.step_count, self.betas
         lr = self.current_lr(t)
         g, m, v = self.flat.grad, self.m, self.v
-        m *= b1
-        m += (1 - b1) * g                                  # first moment
-        v *= b2
-        v += (1 - b2) * (g * g)                            # second moment
         # bias corrections folded into the step size and eps (one fewer pass over the buffer)
         step_size = lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
-        denom = xp.sqrt(v)
-        denom += self.eps * (1 - b2 ** t) ** 0.5
-        self.flat.data -= step_size * (m / denom)
+        eps_hat = self.eps * (1 - b2 ** t) ** 0.5
+        if self.fused and backend.get_device() == "gpu":
+            # the very same update as the lines below, in one pass: see _fused_adam
+            _fused_adam()(g, b1, b2, 1 - b1, 1 - b2, step_size, eps_hat, self.flat.data, m, v)
+            return
+        if self._scratch is None:
+            self._scratch = xp.empty_like(self.flat.data)
+        tmp = self._scratch                                # no new buffer in any step
+        # every line below is one in-place pass over the whole flat buffer
+        m *= b1
+        m += xp.multiply(g, 1 - b1, out=tmp)               # m = b1 m + (1-b1) g       first moment
+        v *= b2
+        g2 = xp.multiply(g, g, out=tmp)
+        g2 *= 1 - b2
+        v += g2                                            # v = b2 v + (1-b2) g^2     second moment
+        denom = xp.sqrt(v, out=tmp)
+        denom += eps_hat                                   # sqrt(v) + eps, in the scratch buffer
+        update = xp.divide(m, denom, out=tmp)
+        update *= step_size
+        self.flat.data -= update                           # p -= step_size * m / (sqrt(v) + eps)
 
     def state_dict(self):
         return {"m": self.m, "v": self.v, "step": self.step_count}
@@ -81,3 +98,32 @@ class Adam:
                                  f"expected {tuple(self.m.shape)}")
             getattr(self, key)[...] = xp.asarray(state[key])
         self.step_count = int(state["step"])
+
+
+# --------------------------------------------------------------------------- #
+# GPU only: Adam as one fused CuPy kernel
+# --------------------------------------------------------------------------- #
+_kernels = {}
+
+
+def _fused_adam():
+    """One CUDA kernel doing Adam.step's update for every element of the flat buffers:
+    one read of g, p, m, v and one write of p, m, v, instead of about ten whole-buffer
+    passes. The NumPy lines in :meth:`Adam.step` are the reference.
+
+    Written for CuPy (``xp.ElementwiseKernel``; ``T`` is the buffers' float type, the
+    Python floats are cast to it) and used only when the device is 'gpu'. It has NOT
+    been run on this repository's CPU-only development machine: ``tests/test_gpu.py``
+    (run by ``scripts/gpu_check.sh`` on a GPU machine) compares it with the NumPy path.
+    """
+    if "adam" not in _kernels:
+        _kernels["adam"] = xp.ElementwiseKernel(
+            "T g, T b1, T b2, T one_minus_b1, T one_minus_b2, T step_size, T eps_hat",   # read
+            "T p, T m, T v",                                                             # read and written
+            """
+            m = b1 * m + one_minus_b1 * g;                     // first moment
+            v = b2 * v + one_minus_b2 * g * g;                 // second moment
+            p -= step_size * m / (sqrt(v) + eps_hat);
+            """,
+            "minitf_fused_adam")
+    return _kernels["adam"]
