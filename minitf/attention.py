@@ -81,6 +81,8 @@ class MultiHeadAttention(Module):
     (one matmul for self-attention), ``b_qkv`` (3D,), ``w_o`` (D, D), ``b_o`` (D,).
     """
 
+    record_weights = False  # set True to keep the last attention weights P in ``self.weights``
+
     def __init__(self, d_model, num_heads):
         if d_model % num_heads != 0:
             raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
@@ -130,6 +132,8 @@ class MultiHeadAttention(Module):
         Q, K, V = self.split_heads(q), self.split_heads(k), self.split_heads(v)
         keep = attention_keep_mask(key_padding_mask, causal, Q.shape[2], K.shape[2])
         O, P = scaled_dot_product_attention(Q, K, V, keep)       # each head attends
+        if self.record_weights:                                  # for pictures (docs/figures)
+            self.weights = P
         o = self.merge_heads(O)                                  # Concat(head_1..head_H)
         y = matmul_rows(o, self.w_o.data) + self.b_o.data        # y = o W^O + b^O
         self.save_for_backward(x, memory, Q, K, V, P, o)

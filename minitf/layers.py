@@ -65,7 +65,7 @@ class Linear(Module):
 class Embedding(Module):
     """``y = W[ids] * sqrt(D)`` (paper section 3.4).
 
-    Parameter ``weight`` (V, D), drawn from N(0, D^-1/2) so that the scaled
+    Parameter ``weight`` (V, D), normal with standard deviation D^-1/2, so that the scaled
     embedding has unit variance and the tied output projection gives unit-scale logits.
     Input ``ids`` (B, L) integers, output (B, L, D).
     """

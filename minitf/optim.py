@@ -23,12 +23,20 @@ class WarmupSchedule:
         return self.scale * self.d_model ** -0.5 * min(step ** -0.5, step * self.warmup ** -1.5)
 
 
+def grad_norm(params):
+    """The global L2 norm of all gradients, one reduction over the flat buffer.
+
+    Returns a 0-d device array (no host sync); inf or NaN if any gradient is."""
+    g = FlatBuffers.flatten(params).grad
+    return xp.sqrt(xp.dot(g, g))
+
+
 def clip_grad_norm(params, max_norm):
     """Scale all gradients so that their global L2 norm is at most ``max_norm``.
 
     Returns the norm before clipping as a 0-d device array (no host sync)."""
     flat = FlatBuffers.flatten(params)
-    norm = xp.sqrt((flat.grad * flat.grad).sum())
+    norm = grad_norm(params)
     flat.grad *= xp.minimum(1.0, max_norm / (norm + 1e-6)).astype(flat.grad.dtype)
     return norm
 

@@ -30,7 +30,7 @@ from minitf.data import DataError, fetch_default_corpus, make_target_io, pad_bat
     split_pairs, token_batches, write_lines
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import no_grad
-from minitf.optim import Adam, WarmupSchedule, clip_grad_norm
+from minitf.optim import Adam, WarmupSchedule, clip_grad_norm, grad_norm
 from minitf.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from minitf.transformer import Transformer
 
@@ -38,7 +38,7 @@ from minitf.transformer import Transformer
 # (see README: more updates of a small, fast model win a 15-minute budget).
 PRESETS = {
     "tiny": dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=512, dropout=0.1,
-                 vocab_size=4000, warmup=800, lr_scale=1.0, max_tokens=1500, max_minutes=11.0),
+                 vocab_size=4000, warmup=800, lr_scale=1.0, max_tokens=1500, max_minutes=13.0),
     "base": dict(d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, d_ff=2048, dropout=0.1,
                  vocab_size=8000, warmup=4000, lr_scale=1.0, max_tokens=25000, max_minutes=None),
     "big": dict(d_model=1024, num_heads=16, num_encoder_layers=6, num_decoder_layers=6, d_ff=4096, dropout=0.3,
@@ -356,6 +356,7 @@ class Trainer:
         self.last_checkpoint = None
         self.stop_requested = False
         self.nonfinite = None  # what the last train_step found not finite: None, "loss" or "gradients"
+        self.grad_norm = float("nan")  # global gradient norm of the last step (before clipping)
 
     # -- checkpoints -----------------------------------------------------------
     def save(self):
@@ -443,14 +444,22 @@ class Trainer:
             return loss
         self.model.backward(self.loss_fn.backward())
         if self.config["clip_norm"] > 0:
-            finite = math.isfinite(float(clip_grad_norm(self.model.parameters(), self.config["clip_norm"])))
+            norm = clip_grad_norm(self.model.parameters(), self.config["clip_norm"])
         else:
-            finite = bool(xp.isfinite(self.model.flat.grad).all())
-        if not finite:
+            norm = grad_norm(self.model.parameters())
+        self.grad_norm = float(norm)  # a logged scalar, and the finiteness check of every gradient
+        if not math.isfinite(self.grad_norm):
             self.nonfinite = "gradients"
             return loss
         self.optimizer.step()
         return loss
+
+    def eta(self):
+        """' ETA m:ss' of a time budget (tqdm shows its own ETA when --max-steps sets a total)."""
+        if self.config["max_minutes"] is None or self.config["max_steps"] is not None:
+            return ""
+        left = max(0, int(60 * self.config["max_minutes"] - self.elapsed))
+        return f" ETA {left // 60}:{left % 60:02d}"
 
     def finished(self):
         c = self.config
@@ -508,11 +517,12 @@ class Trainer:
                 nll = self.loss_fn.nll_sum / max(self.loss_fn.num_tokens, 1)
                 self.metrics.write(kind="train", step=self.step, epoch=self.epoch + 1, loss=round(loss, 5),
                                    ppl=round(math.exp(min(nll, 50)), 3), lr=lr, tokens=tokens,
-                                   tokens_per_s=round(tokens_per_s, 1), elapsed=round(self.elapsed, 2))
+                                   tokens_per_s=round(tokens_per_s, 1), elapsed=round(self.elapsed, 2),
+                                   grad_norm=round(self.grad_norm, 4))
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix_str(f"ep {self.epoch + 1} loss {loss:.3f} ppl {math.exp(min(nll, 50)):.1f} "
-                                        f"lr {lr:.2e} {tokens_per_s:.0f} tok/s")
+                                        f"lr {lr:.2e} {tokens_per_s:.0f} tok/s{self.eta()}")
                 if now - window_start > 30:
                     window_tokens, window_start = 0, now
                 if self.step % eval_every == 0:
@@ -524,9 +534,11 @@ class Trainer:
         if bar is not None:
             bar.close()
 
-    def validate(self, bleu_sentences, beam, alpha, bar=None, split="valid", samples=3):
+    def validate(self, bleu_sentences, beam, alpha, bar=None, split="valid", samples=3, model_name=None):
         loss, ppl = evaluate_loss(self.model, self.loss_fn, self.corpus, split, self.config["max_tokens"])
         record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3))
+        if model_name is not None:  # the end-of-run candidates: "last", "average of last N"
+            record["model"] = model_name
         if bleu_sentences > 0:
             sources, references = (t[:bleu_sentences] for t in self.corpus.text[split])
             bleu, hypotheses = bleu_score(self.model, self.tokenizer, sources, references, beam, alpha)
@@ -719,7 +731,7 @@ def train_and_report(trainer, args, log):
     best = None
     for name, params in candidates:  # pick on validation BLEU (greedy, quick), report test with beam
         trainer.model.load_state_dict(params)
-        record = trainer.validate(args.bleu_sentences or 200, beam=1, alpha=args.alpha, samples=0)
+        record = trainer.validate(args.bleu_sentences or 200, beam=1, alpha=args.alpha, samples=0, model_name=name)
         log(f"  ({name})")
         if best is None or record.get("bleu", 0) > best[1].get("bleu", 0):
             best = (name, record, params)
