@@ -131,7 +131,7 @@ def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
     return src, max_lens
 
 
-def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id):
+def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id=None, min_len=0):
     """Log-probabilities (N, V) of the next token for each of the N rows.
 
     With ``cache`` only the new tokens (N, 1) at position ``t`` run; without it
@@ -143,6 +143,8 @@ def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id):
         logits = model.decode(prefix, memory, src_mask)[:, -1]
     logp = _log_softmax(logits)
     logp[:, pad_id] = -xp.inf  # never generate padding (fresh array: safe to write)
+    if t < min_len:
+        logp[:, eos_id] = -xp.inf  # no eos before min_len tokens (a weak model likes the empty output)
     return logp
 
 
@@ -150,7 +152,7 @@ def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id):
 # Greedy decoding
 # --------------------------------------------------------------------------- #
 def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=2, eos_id=3, pad_id=0,
-                  use_cache=True):
+                  use_cache=True, min_len=0):
     """Translate a batch by taking the most probable token at every step.
 
     Parameters
@@ -167,6 +169,9 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=2, eos
     use_cache : bool
         True: one position per step with the key/value cache. False: re-run the
         decoder on the whole prefix (B, t) each step (reference and benchmark).
+    min_len : int
+        Fewest tokens before eos may be chosen (``minitf.translate`` uses 1: no
+        empty translations).
 
     Returns
     -------
@@ -184,7 +189,7 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=2, eos
         tokens = xp.full((B, 1), bos_id, dtype=src.dtype)        # (n, 1) input at position t
         prefix = tokens                                          # (n, t + 1) for use_cache=False
         for t in range(steps):
-            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id)
+            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id, min_len)
             next_tokens = logp.argmax(axis=-1)                   # (n,)
             chosen = backend.to_numpy(next_tokens)               # host copy: who is done
             out[active, t] = chosen
@@ -210,7 +215,7 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=2, eos
 # Beam search
 # --------------------------------------------------------------------------- #
 def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_len_offset=50, max_len=None,
-                      bos_id=2, eos_id=3, pad_id=0, use_cache=True):
+                      bos_id=2, eos_id=3, pad_id=0, use_cache=True, min_len=0):
     """Beam search with the GNMT length penalty; the ``n_best`` best hypotheses per sentence.
 
     Each step, for each sentence, the K live beams are extended by every token
@@ -239,7 +244,7 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
         Hypotheses returned per sentence, 1 <= n_best <= K; None = K.
     alpha : float
         Length-penalty exponent (0.6 in the paper; 0 = plain log-probability).
-    max_len_offset, max_len, bos_id, eos_id, pad_id, use_cache
+    max_len_offset, max_len, bos_id, eos_id, pad_id, use_cache, min_len
         As in :func:`greedy_decode`.
 
     Returns
@@ -276,7 +281,7 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
         for t in range(steps):
             n = len(active)
             prefix = None if cache is not None else seqs[:, :, :t + 1].reshape(n * K, t + 1)
-            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id)
+            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id, min_len)
             V = logp.shape[-1]
             cand = (live[:, :, None] + logp.reshape(n, K, V)).reshape(n, K * V)
             # top 2K of K*V per sentence: at most K end in eos, so >= K remain to go on
@@ -347,7 +352,7 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
 
 
 def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_len=None, bos_id=2, eos_id=3,
-                pad_id=0, use_cache=True, return_scores=False):
+                pad_id=0, use_cache=True, return_scores=False, min_len=0):
     """The best beam-search hypothesis per sentence (see :func:`beam_search_nbest`).
 
     Parameters
@@ -358,7 +363,7 @@ def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_l
         K (4 in the paper).
     alpha : float
         Length-penalty exponent (0.6 in the paper).
-    max_len_offset, max_len, bos_id, eos_id, pad_id, use_cache
+    max_len_offset, max_len, bos_id, eos_id, pad_id, use_cache, min_len
         As in :func:`greedy_decode`.
     return_scores : bool
         Also return each hypothesis's ``log P(Y | X) / lp(|Y|)``.
@@ -369,7 +374,7 @@ def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_l
     """
     nbest = beam_search_nbest(model, src_ids, beam_size=beam_size, n_best=1, alpha=alpha,
                               max_len_offset=max_len_offset, max_len=max_len, bos_id=bos_id, eos_id=eos_id,
-                              pad_id=pad_id, use_cache=use_cache)
+                              pad_id=pad_id, use_cache=use_cache, min_len=min_len)
     hyps = [entries[0][0] if entries else [] for entries in nbest]
     if return_scores:
         return hyps, [entries[0][1] if entries else float("-inf") for entries in nbest]

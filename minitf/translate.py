@@ -29,10 +29,11 @@ def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             src = pad_batch([ids[i] for i in chunk], PAD_ID, eos_id=EOS_ID)
+            # min_len=1: a weak model may rank the empty output first, never a translation of a sentence
             if beam_size == 1:
-                tokens = greedy_decode(model, src)
+                tokens = greedy_decode(model, src, min_len=1)
             else:
-                tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha)
+                tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha, min_len=1)
             for i, t in zip(chunk, tokens):
                 outputs[i] = t
     model.train(was_training)

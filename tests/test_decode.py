@@ -334,3 +334,24 @@ def test_bad_arguments_are_refused():
         greedy_decode(model, np.array([4, 5]))
     with pytest.raises(ValueError, match=r"ids in \[0, 6\)"):
         beam_search(model, np.array([[4, 9]]))
+
+
+@pytest.mark.usefixtures("float64")
+@given(seed=seeds, B=st.integers(1, 3))
+def test_min_len_forbids_the_empty_translation(seed, B):
+    """A model that always prefers eos: min_len=0 gives empty outputs, min_len=1 exactly one token."""
+    backend.manual_seed(seed)
+    model = minitf.Transformer(7, 7, d_model=8, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=16)
+    decode = model.decode
+
+    def eos_loving_decode(*args, **kwargs):
+        logits = decode(*args, **kwargs)
+        logits[..., 3] += 100.0
+        return logits
+
+    model.decode = eos_loving_decode
+    src = np.random.default_rng(seed).integers(4, 7, (B, 4))
+    assert greedy_decode(model, src) == [[]] * B
+    assert all(len(tokens) == 1 for tokens in greedy_decode(model, src, min_len=1))
+    for entries in beam_search_nbest(model, src, beam_size=3, min_len=1):
+        assert entries and all(len(tokens) == 1 for tokens, _ in entries)
