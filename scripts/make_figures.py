@@ -71,7 +71,7 @@ def attention_maps(run, out, sentences=2, heads=(0, 1)):
     test_src = read_lines(meta["config"]["data"]["test_src"], "test source")
     sources = sorted((s for s in test_src if 5 <= len(s.split()) <= 9), key=len)[:sentences]
     src_ids = tokenizer.encode(sources)
-    outputs = beam_search(model, pad_batch(src_ids, PAD_ID, eos_id=EOS_ID), beam_size=4, alpha=0.6)
+    outputs = beam_search(model, pad_batch(src_ids, PAD_ID, eos_id=EOS_ID), beam_size=4, alpha=0.6, min_len=1)
     for module in model.modules():
         if isinstance(module, minitf.MultiHeadAttention):
             module.record_weights = True
