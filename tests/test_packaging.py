@@ -1,0 +1,46 @@
+"""The README's promises: CI runs exactly the README's test command, the README's
+library example runs as written, and the packaging declares what the code imports."""
+import configparser
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def readme_commands():
+    block = re.search(r"```bash\n(.*?)```", README, re.S).group(1)
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_readme_opens_with_the_two_commands():
+    train, test = readme_commands()[:2]
+    assert "pip install -e ." in train and train.endswith("python train.py")
+    assert 'pip install -e ".[test]"' in test
+
+
+def test_ci_runs_the_readmes_test_command():
+    test_command = readme_commands()[1].split("&&")[-1].strip()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert test_command == "python -m pytest -q"
+    assert any(line.strip() == test_command for line in ci.splitlines()), ci
+    assert 'pip install --quiet -e ".[test]"' in ci and "python3 -m venv" in ci
+
+
+def test_readme_library_example_runs():
+    example = re.search(r"## Using the library\n\n```python\n(.*?)```", README, re.S).group(1)
+    namespace = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    assert namespace["logits"].shape == (1, 3, 1000) and isinstance(namespace["loss"], float)
+
+
+def test_setup_cfg_declares_the_extras():
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    requires = config["options"]["install_requires"]
+    for package in ("numpy", "sentencepiece", "sacrebleu", "tqdm"):
+        assert package in requires
+    extras = config["options.extras_require"]
+    assert "cupy-cuda12x" in extras["gpu"] and "hypothesis" in extras["test"] and "pytest" in extras["test"]
+    assert "matplotlib" in extras["plot"] and "torch" in extras["bench"]
+    assert ">=3.10" in config["options"]["python_requires"]
