@@ -38,7 +38,8 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, corrupted or does not fit."""
 
 
-def _sha256(path):
+def file_sha256(path):
+    """The sha256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -96,7 +97,7 @@ def write_checkpoint(path, params, meta, tokenizer_bytes, optimizer=None):
             os.fsync(handle.fileno())
         _slow_for_tests()
         meta = dict(meta, format_version=FORMAT_VERSION,
-                    sha256={name: _sha256(tmp / name) for name in files})
+                    sha256={name: file_sha256(tmp / name) for name in files})
         with open(tmp / "meta.json", "w", encoding="utf-8") as handle:
             json.dump(meta, handle, indent=1, sort_keys=True)
             handle.flush()
@@ -152,7 +153,7 @@ def read_checkpoint(path, load_optimizer=True):
         if not file.is_file():
             raise CheckpointError(f"checkpoint {path} is missing {name} (deleted or copied incompletely); "
                                   "use another checkpoint of the run")
-        if _sha256(file) != expected:
+        if file_sha256(file) != expected:
             raise CheckpointError(f"checkpoint {path}: {name} does not match its checksum (sha256 in meta.json): "
                                   "corrupted, truncated or replaced; use another checkpoint of the run")
     result = {"meta": meta, "params": _read_npz(path / "model.npz"),

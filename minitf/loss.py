@@ -12,7 +12,8 @@ from minitf.module import Module
 class LabelSmoothedCrossEntropy(Module):
     """``loss = loss_fn(logits, target)``: logits (B, T, V), target (B, T) ints.
 
-    Returns a Python float; ``backward()`` returns dL/dlogits (B, T, V).
+    Returns a Python float; ``backward()`` returns dL/dlogits (B, T, V). Float16 logits
+    (mixed precision) are cast to float32 for the log-softmax and the sums.
     After a call, ``num_tokens`` and ``nll_sum`` (the unsmoothed negative
     log-likelihood, for perplexity) describe the batch.
     """
@@ -27,6 +28,9 @@ class LabelSmoothedCrossEntropy(Module):
             raise ValueError(f"expected logits (B, T, V) and target (B, T), got {tuple(logits.shape)} "
                              f"and {tuple(target.shape)}")
         target = backend.asarray(target)                              # host ids -> device, once
+        out_dtype = logits.dtype                                      # dlogits come back in this dtype
+        if logits.dtype == xp.float16:                                # mixed precision: softmax and loss in float32
+            logits = logits.astype(xp.float32)
         V, eps = logits.shape[-1], self.smoothing
         keep = (target != self.ignore_index).astype(logits.dtype)     # 1 for real tokens, 0 for pad
         num_tokens = keep.sum()
@@ -44,19 +48,22 @@ class LabelSmoothedCrossEntropy(Module):
         per_token = (1.0 - eps) * nll + eps * uniform                 # -sum_v q_v log p_v
         denominator = xp.maximum(num_tokens, 1)                       # an all-pad batch gives 0, not NaN
         p /= total                                                    # p = softmax(z), kept for backward
-        self.save_for_backward(p, safe_target, keep, denominator)
+        self.save_for_backward(p, safe_target, keep, denominator, out_dtype)
         # the three logged numbers come to the host in one copy (one device sync per call)
         stats = xp.stack([(per_token * keep).sum() / denominator, (nll * keep).sum(), num_tokens])
         loss, self.nll_sum, self.num_tokens = backend.to_numpy(stats).tolist()
         return loss
 
     def backward(self, dloss=1.0):
-        """-> dL/dlogits (B, T, V) = (softmax(z) - q) * keep / N."""
-        p, safe_target, keep, denominator = self.saved_tensors()
+        """-> dL/dlogits (B, T, V) = dloss * (softmax(z) - q) * keep / N, in the logits' dtype.
+
+        Float16 logits are handled in float32 and only the result is cast back, so a loss
+        scale given as ``dloss`` is applied before the rounding to float16."""
+        p, safe_target, keep, denominator, out_dtype = self.saved_tensors()
         V, eps = p.shape[-1], self.smoothing
         dlogits = p                                                   # p = softmax(z); reused in place
         dlogits -= eps / V                                            # p - eps/V ...
         rows = dlogits.reshape(-1, V)
         rows[xp.arange(rows.shape[0]), safe_target.reshape(-1)] -= 1.0 - eps   # ... - (1-eps) at y
         dlogits *= (keep * (dloss / denominator))[..., None]         # pads get 0; mean over tokens
-        return dlogits
+        return dlogits if dlogits.dtype == out_dtype else dlogits.astype(out_dtype)

@@ -1,7 +1,8 @@
 """Adam (Kingma & Ba 2015) with the paper's warmup schedule (paper 5.3), and
 global gradient-norm clipping. All of them work on the flat parameter and
 gradient buffers: a handful of whole-buffer operations per step (on the GPU,
-Adam is one fused kernel)."""
+Adam is one fused kernel). :class:`MixedPrecisionAdam` trains a float16 model
+with float32 master weights and dynamic loss scaling (Micikevicius et al. 2018)."""
 from minitf import backend
 from minitf.backend import xp
 from minitf.module import FlatBuffers
@@ -23,22 +24,31 @@ class WarmupSchedule:
         return self.scale * self.d_model ** -0.5 * min(step ** -0.5, step * self.warmup ** -1.5)
 
 
+def buffer_norm(g):
+    """The L2 norm of one flat gradient buffer: a 0-d device array (no host sync)."""
+    return xp.sqrt(xp.dot(g, g))
+
+
+def clip_buffer_norm(g, max_norm):
+    """Scale the flat gradient buffer ``g`` in place so that its L2 norm is at most
+    ``max_norm``. Returns the norm before clipping as a 0-d device array."""
+    norm = buffer_norm(g)
+    g *= xp.minimum(1.0, max_norm / (norm + 1e-6)).astype(g.dtype)
+    return norm
+
+
 def grad_norm(params):
     """The global L2 norm of all gradients, one reduction over the flat buffer.
 
     Returns a 0-d device array (no host sync); inf or NaN if any gradient is."""
-    g = FlatBuffers.flatten(params).grad
-    return xp.sqrt(xp.dot(g, g))
+    return buffer_norm(FlatBuffers.flatten(params).grad)
 
 
 def clip_grad_norm(params, max_norm):
     """Scale all gradients so that their global L2 norm is at most ``max_norm``.
 
     Returns the norm before clipping as a 0-d device array (no host sync)."""
-    flat = FlatBuffers.flatten(params)
-    norm = grad_norm(params)
-    flat.grad *= xp.minimum(1.0, max_norm / (norm + 1e-6)).astype(flat.grad.dtype)
-    return norm
+    return clip_buffer_norm(FlatBuffers.flatten(params).grad, max_norm)
 
 
 class Adam:
@@ -106,6 +116,118 @@ class Adam:
                                  f"expected {tuple(self.m.shape)}")
             getattr(self, key)[...] = xp.asarray(state[key])
         self.step_count = int(state["step"])
+
+
+class MixedPrecisionAdam(Adam):
+    """Adam for a float16 model, with float32 master weights and dynamic loss scaling
+    (Micikevicius et al. 2018, "Mixed Precision Training").
+
+    The model's parameters and gradients are float16 (build it under
+    ``backend.default_dtype("float16")``); this optimizer keeps a float32 copy of the
+    whole flat parameter buffer (the *master* weights) and float32 Adam moments. One step:
+
+    1. the caller back-propagates ``loss * scale`` in float16 (``loss_fn.backward(opt.scale)``),
+       so that small gradients do not flush to zero;
+    2. :meth:`unscale_grads` converts the float16 gradient buffer to float32 and divides
+       it by ``scale`` (in ``self.flat.grad``, which clipping and norms then work on);
+    3. :meth:`update` with the finiteness of those gradients: if finite, Adam updates the
+       master weights and the float16 parameters are refreshed from them (one cast over the
+       flat buffer); after ``growth_interval`` finite steps in a row ``scale`` doubles. If not
+       finite (the scaled float16 gradients overflowed), nothing is updated, ``scale`` halves
+       (never below 1) and ``overflows`` counts the skipped step.
+
+    Parameters
+    ----------
+    params : list of Parameter
+        float16 parameters (they are moved into one flat buffer, as with :class:`Adam`).
+    lr, betas, eps, fused
+        as for :class:`Adam`; the update runs on the float32 master buffer.
+    init_scale : float
+        the first loss scale, 2**16 by default (a power of two, so unscaling is exact).
+    growth_interval : int
+        finite steps in a row after which the scale doubles, 2000 by default.
+
+    Attributes
+    ----------
+    flat : FlatBuffers
+        float32 ``data`` (the master weights) and ``grad`` (unscaled gradients).
+    model_flat : FlatBuffers
+        the model's float16 parameter and gradient buffers.
+    scale : float
+        the current loss scale.
+    good_steps : int
+        finite steps since the last change of the scale.
+    overflows : int
+        steps skipped because the gradients were not finite.
+    """
+
+    INIT_SCALE = 2.0 ** 16
+    GROWTH_INTERVAL = 2000
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, fused=True,
+                 init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL):
+        super().__init__(params, lr, betas, eps, fused)
+        if init_scale < 1 or growth_interval < 1:
+            raise ValueError(f"init_scale and growth_interval must be >= 1, got {init_scale} and {growth_interval}")
+        self.model_flat = self.flat                                    # float16 parameters and gradients
+        master = self.model_flat.data.astype(xp.float32)               # float32 master weights
+        self.flat = FlatBuffers(self.params, master, xp.zeros_like(master))   # what Adam.step updates
+        self.m, self.v = xp.zeros_like(master), xp.zeros_like(master)  # float32 moments
+        self.scale, self.growth_interval = float(init_scale), int(growth_interval)
+        self.good_steps, self.overflows = 0, 0
+
+    def zero_grad(self):
+        self.model_flat.grad.fill(0)
+
+    def unscale_grads(self):
+        """float16 gradients / scale -> ``self.flat.grad`` (float32, returned); inf or
+        NaN stay inf or NaN, so the norm of the result is the finiteness check."""
+        g = self.flat.grad
+        g[...] = self.model_flat.grad                                  # one cast, float16 -> float32
+        g *= 1.0 / self.scale
+        return g
+
+    def update(self, finite):
+        """Step (``finite`` True) or skip and back off (False). Returns ``finite``."""
+        if not finite:
+            self.scale = max(self.scale / 2, 1.0)
+            self.good_steps = 0
+            self.overflows += 1
+            return False
+        self.step()
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale *= 2
+            self.good_steps = 0
+        return True
+
+    def step(self):
+        """Adam on the float32 master weights, then the float16 parameters from them."""
+        super().step()
+        self.model_flat.data[...] = self.flat.data                     # one cast, float32 -> float16
+
+    def master_params(self):
+        """float32 views of the master weights shaped like ``params`` (same order)."""
+        views, offset = [], 0
+        for p in self.params:
+            n = int(p.size)
+            views.append(self.flat.data[offset:offset + n].reshape(p.shape))
+            offset += n
+        return views
+
+    def load_master(self, arrays):
+        """Set the master weights (and so the float16 parameters) from float32 arrays,
+        one per parameter in the order of ``params``; exact, no rounding to float16 first."""
+        self.flat.data[...] = xp.concatenate([backend.asarray(a, dtype=xp.float32).ravel() for a in arrays])
+        self.model_flat.data[...] = self.flat.data
+
+    def scaler_state(self):
+        """The loss scaler's state, JSON-serialisable (for a checkpoint's meta)."""
+        return {"scale": self.scale, "good_steps": self.good_steps, "overflows": self.overflows}
+
+    def load_scaler_state(self, state):
+        self.scale, self.good_steps, self.overflows = float(state["scale"]), int(state["good_steps"]), \
+            int(state["overflows"])
 
 
 # --------------------------------------------------------------------------- #

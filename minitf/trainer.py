@@ -15,7 +15,6 @@ last checkpoint. ``--resume`` takes the newest checkpoint that passes its checks
 and cuts metrics.jsonl back to that checkpoint's step.
 """
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -30,7 +29,7 @@ from minitf.data import DataError, fetch_default_corpus, make_target_io, pad_bat
     split_pairs, token_batches, write_lines
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import no_grad
-from minitf.optim import Adam, WarmupSchedule, clip_grad_norm, grad_norm
+from minitf.optim import Adam, MixedPrecisionAdam, WarmupSchedule, buffer_norm, clip_buffer_norm
 from minitf.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
 from minitf.transformer import Transformer
 
@@ -45,6 +44,7 @@ PRESETS = {
                 vocab_size=8000, warmup=4000, lr_scale=1.0, max_tokens=25000, max_minutes=None),
 }
 MODEL_KEYS = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout", "pre_norm")
+PRECISIONS = ("fp32", "tf32", "fp16")
 DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "minitf"
 
 
@@ -97,6 +97,9 @@ def build_parser():
                    help="skip (and count) a step whose loss is not finite instead of stopping")
     g = p.add_argument_group("run")
     g.add_argument("--device", choices=["cpu", "gpu"], default=os.environ.get("MINITF_DEVICE", "cpu"))
+    g.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32; tf32 (GPU: TF32 tensor-core matmuls via CUPY_TF32=1); fp16 (float16 model, "
+                   "float32 master weights and Adam moments, dynamic loss scaling)")
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--max-steps", type=positive(int))
     g.add_argument("--epochs", type=positive(int))
@@ -139,7 +142,7 @@ def resolve_config(args):
         config["max_minutes"] = args.max_minutes  # an explicit length replaces the preset's time budget
     config.update(max_steps=args.max_steps, epochs=args.epochs, max_len=args.max_len, seed=args.seed,
                   label_smoothing=args.label_smoothing, clip_norm=args.clip_norm, src_lang=args.src_lang,
-                  tgt_lang=args.tgt_lang, skip_nonfinite=args.skip_nonfinite)
+                  tgt_lang=args.tgt_lang, skip_nonfinite=args.skip_nonfinite, precision=args.precision)
     if config["d_model"] % config["num_heads"]:
         raise UsageError(f"--d-model must be divisible by --num-heads, got {config['d_model']} and {config['num_heads']}")
     if not 0.0 <= config["dropout"] < 1.0:
@@ -153,6 +156,15 @@ def resolve_config(args):
     if config["max_steps"] is None and config["epochs"] is None and config["max_minutes"] is None:
         config["epochs"] = 10
     return config
+
+
+def setup_precision(precision, device):
+    """Before ``backend.set_device``: TF32 is switched on through CuPy's environment
+    variable CUPY_TF32, which CuPy reads when it first picks a float32 matmul mode."""
+    if precision == "tf32":
+        if device != "gpu":
+            raise UsageError("--precision tf32 needs --device gpu (TF32 is a tensor-core mode of NVIDIA GPUs)")
+        os.environ["CUPY_TF32"] = "1"
 
 
 def data_paths(args):
@@ -209,14 +221,6 @@ def write_json_atomic(path, value):
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-
-
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------- #
@@ -346,10 +350,14 @@ class Trainer:
         self.config, self.run_dir, self.tokenizer, self.corpus, self.log = config, pathlib.Path(run_dir), tokenizer, corpus, log
         self.progress = progress
         backend.manual_seed(config["seed"])
-        self.model = build_model(config, tokenizer.vocab_size)
+        # fp16: a float16 model (parameters, activations, gradients) with float32 master weights in the optimizer
+        self.mixed = config.get("precision", "fp32") == "fp16"
+        with backend.default_dtype("float16" if self.mixed else backend.get_default_dtype()):
+            self.model = build_model(config, tokenizer.vocab_size)
         self.loss_fn = LabelSmoothedCrossEntropy(config["label_smoothing"], ignore_index=PAD_ID)
         self.schedule = WarmupSchedule(config["d_model"], config["warmup"], config["lr_scale"])
-        self.optimizer = Adam(self.model.parameters(), lr=self.schedule, betas=(0.9, 0.98), eps=1e-9)
+        self.optimizer = (MixedPrecisionAdam if self.mixed else Adam)(
+            self.model.parameters(), lr=self.schedule, betas=(0.9, 0.98), eps=1e-9)
         self.step, self.epoch, self.batch_in_epoch, self.elapsed = 0, 0, 0, 0.0
         self.skipped_nonfinite = 0
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
@@ -364,7 +372,7 @@ class Trainer:
         path = ckpt.checkpoint_path(self.run_dir, self.step)
         if self.last_checkpoint is not None and pathlib.Path(self.last_checkpoint) == path and path.is_dir():
             return path
-        if not bool(xp.isfinite(self.model.flat.data).all()):
+        if not bool(xp.isfinite(self.optimizer.flat.data).all()):  # the model's, or the float32 master weights
             raise FloatingPointError(f"the parameters are not finite at step {self.step}; not saving them; "
                                      f"last good checkpoint: {self.last_checkpoint or 'none yet'} "
                                      "(try a smaller --lr-scale or --clip-norm 1)")
@@ -374,8 +382,13 @@ class Trainer:
                     rng={"scheme": "dropout re-seeded from (seed, step); batch order from (seed, epoch)",
                          "seed": self.config["seed"]})
         optimizer = {k: backend.to_numpy(v) for k, v in (("m", self.optimizer.m), ("v", self.optimizer.v))}
+        params = self.model.state_dict()
+        if self.mixed:  # the float32 master weights are the parameters: translate loads a float32 model
+            names = [name for name, _ in self.model.named_parameters()]
+            params = {name: backend.to_numpy(a).copy() for name, a in zip(names, self.optimizer.master_params())}
+            meta["loss_scale"] = self.optimizer.scaler_state()
         try:
-            path = ckpt.write_checkpoint(path, self.model.state_dict(), meta, self.tokenizer.model_bytes(), optimizer)
+            path = ckpt.write_checkpoint(path, params, meta, self.tokenizer.model_bytes(), optimizer)
         except ckpt.CheckpointError as error:
             raise ckpt.CheckpointError(f"{error}; last good checkpoint: {self.last_checkpoint or 'none yet'}") from None
         ckpt.prune_checkpoints(self.run_dir, self.config.get("keep", 5))
@@ -405,6 +418,12 @@ class Trainer:
         if state["optimizer"] is None or set(state["optimizer"]) != {"m", "v"}:
             raise ckpt.CheckpointError(f"{path} has no optimizer state (an averaged checkpoint?); "
                                        "resume needs a step-NNNNNNNN checkpoint of the run")
+        theirs, ours = meta["config"].get("precision", "fp32"), self.config.get("precision", "fp32")
+        if theirs != ours:
+            raise ckpt.CheckpointError(f"{path} was trained with --precision {theirs}, the run with {ours}; "
+                                       "resume it from its own run folder")
+        if self.mixed and not isinstance(meta.get("loss_scale"), dict):
+            raise ckpt.CheckpointError(f"{path}: meta.json has no loss scale for this fp16 run; use another checkpoint")
         for key in ("step", "epoch", "batch_in_epoch"):
             if not isinstance(meta.get(key), int) or meta[key] < 0:
                 raise ckpt.CheckpointError(f"{path}: meta.json has no valid {key!r} (got {meta.get(key)!r}); "
@@ -416,7 +435,10 @@ class Trainer:
         try:
             self.model.load_state_dict(state["params"])
             self.optimizer.load_state_dict(dict(state["optimizer"], step=meta["step"]))
-        except ValueError as error:
+            if self.mixed:  # the saved float32 parameters are the master weights, exactly
+                self.optimizer.load_master([state["params"][name] for name, _ in self.model.named_parameters()])
+                self.optimizer.load_scaler_state(meta["loss_scale"])
+        except (ValueError, KeyError, TypeError) as error:
             raise ckpt.CheckpointError(f"the checkpoint does not fit this model: {error}") from None
         self.step, self.epoch, self.batch_in_epoch = meta["step"], meta["epoch"], meta["batch_in_epoch"]
         self.elapsed, self.skipped_nonfinite = meta.get("elapsed_seconds", 0.0), meta.get("skipped_nonfinite", 0)
@@ -427,7 +449,9 @@ class Trainer:
 
         A non-finite loss stops before backward, non-finite gradients before Adam:
         either way parameters and Adam's moments are untouched, and ``self.nonfinite``
-        says which ("loss" or "gradients"; None after a good step)."""
+        says which ("loss" or "gradients"; None after a good step). With fp16, non-finite
+        gradients are a loss-scale overflow: the optimizer halves the scale and skips the
+        update, and ``self.nonfinite`` is "overflow" (the run goes on)."""
         # overflow is checked below and reported once, not as numpy warnings
         with backend.host.errstate(over="ignore", invalid="ignore", divide="ignore"):
             return self._train_step(src, tgt_in, tgt_out)
@@ -442,12 +466,21 @@ class Trainer:
             self.model.clear_saved()
             self.nonfinite = "loss"
             return loss
-        self.model.backward(self.loss_fn.backward())
-        if self.config["clip_norm"] > 0:
-            norm = clip_grad_norm(self.model.parameters(), self.config["clip_norm"])
+        if self.mixed:  # float16 backward of loss * scale, then float32 gradients / scale
+            self.model.backward(self.loss_fn.backward(self.optimizer.scale))
+            grads = self.optimizer.unscale_grads()
         else:
-            norm = grad_norm(self.model.parameters())
+            self.model.backward(self.loss_fn.backward())
+            grads = self.optimizer.flat.grad  # the model's flat gradient buffer
+        if self.config["clip_norm"] > 0:
+            norm = clip_buffer_norm(grads, self.config["clip_norm"])
+        else:
+            norm = buffer_norm(grads)
         self.grad_norm = float(norm)  # a logged scalar, and the finiteness check of every gradient
+        if self.mixed:
+            if not self.optimizer.update(math.isfinite(self.grad_norm)):
+                self.nonfinite = "overflow"
+            return loss
         if not math.isfinite(self.grad_norm):
             self.nonfinite = "gradients"
             return loss
@@ -494,6 +527,9 @@ class Trainer:
                                       f"smaller --max-tokens (this run: {c['max_tokens']}), e.g. --resume "
                                       f"{self.run_dir} --max-tokens {max(1, c['max_tokens'] // 2)}; last good "
                                       f"checkpoint: {self.last_checkpoint or 'none yet'}") from None
+                if self.nonfinite == "overflow":  # fp16: scale halved, update skipped; the batch is used up
+                    self.batch_in_epoch += 1
+                    continue
                 if self.nonfinite:
                     what = f"the loss became {loss}" if self.nonfinite == "loss" else \
                         f"the gradients became non-finite (loss {loss:.4g})"
@@ -518,7 +554,9 @@ class Trainer:
                 self.metrics.write(kind="train", step=self.step, epoch=self.epoch + 1, loss=round(loss, 5),
                                    ppl=round(math.exp(min(nll, 50)), 3), lr=lr, tokens=tokens,
                                    tokens_per_s=round(tokens_per_s, 1), elapsed=round(self.elapsed, 2),
-                                   grad_norm=round(self.grad_norm, 4))
+                                   grad_norm=round(self.grad_norm, 4),
+                                   **(dict(loss_scale=self.optimizer.scale, overflows=self.optimizer.overflows)
+                                      if self.mixed else {}))
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix_str(f"ep {self.epoch + 1} loss {loss:.3f} ppl {math.exp(min(nll, 50)):.1f} "
@@ -573,6 +611,7 @@ def run(argv=None):
     config.update({name: getattr(args, name) for name in RUN_OPTIONS})
     run_dir = args.out or pathlib.Path("runs") / args.preset
     check_output_folder(run_dir, resume=False)
+    setup_precision(config["precision"], args.device)
     backend.set_device(args.device)
     paths = data_paths(args)
     train_pairs = read_parallel(paths["train_src"], paths["train_tgt"])  # fail on bad data before writing
@@ -589,7 +628,7 @@ def run(argv=None):
         if created and not any(run_dir.iterdir()):
             run_dir.rmdir()
         raise
-    config["data_sha256"] = {key: file_sha256(path) for key, path in paths.items() if path is not None}
+    config["data_sha256"] = {key: ckpt.file_sha256(path) for key, path in paths.items() if path is not None}
     write_json_atomic(run_dir / "config.json", config)
     corpus = Corpus(tokenizer, paths, log)
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
@@ -607,7 +646,7 @@ RESUME_CHANGEABLE = ("max_steps", "epochs", "max_minutes", "max_tokens", "lr_sca
 RUN_OPTIONS = ("eval_every", "save_every", "keep", "average", "bleu_sentences", "beam", "alpha")
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
                 "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "seed", "src_lang", "tgt_lang",
-                "preset", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
+                "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
 CONFIG_REQUIRED = ("data", "seed", "vocab_size", "warmup", "lr_scale", "max_tokens", "max_len", "label_smoothing",
                    "clip_norm", "max_steps", "epochs", "max_minutes") + MODEL_KEYS
 
@@ -660,10 +699,12 @@ def resume_run(args, log, given):
         config.update(changed)
     saved_config = dict(config)
     config["skip_nonfinite"] = args.skip_nonfinite  # for this invocation only
+    config.setdefault("precision", "fp32")  # runs from before --precision existed
+    setup_precision(config["precision"], args.device)
     backend.set_device(args.device)
     for key, digest in config.get("data_sha256", {}).items():
         data_file = config["data"].get(key)
-        if data_file and pathlib.Path(data_file).is_file() and file_sha256(data_file) != digest:
+        if data_file and pathlib.Path(data_file).is_file() and ckpt.file_sha256(data_file) != digest:
             log(f"warning: {data_file} changed since the run started: the resumed run will not repeat an "
                 "uninterrupted one (restore the original file for an exact resume)")
     tokenizer = Tokenizer(run_dir / "tokenizer.model")

@@ -607,7 +607,7 @@ def _resign(folder, **meta_changes):
             meta["config"]["d_model"] = value
         else:
             meta[key] = value
-    meta["sha256"] = {name: ckpt._sha256(folder / name) for name in meta["sha256"]}
+    meta["sha256"] = {name: ckpt.file_sha256(folder / name) for name in meta["sha256"]}
     (folder / "meta.json").write_text(json.dumps(meta))
 
 

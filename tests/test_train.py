@@ -188,7 +188,7 @@ def test_pickled_checkpoint_is_refused(tmp_path):
     with open(folder / "model.npz", "wb") as handle:
         np.savez(handle, **params)   # numpy pickles the object array inside
     (folder / "tokenizer.model").write_bytes(b"x")
-    meta = {"config": {}, "sha256": {n: ckpt._sha256(folder / n) for n in ("model.npz", "tokenizer.model")}}
+    meta = {"config": {}, "sha256": {n: ckpt.file_sha256(folder / n) for n in ("model.npz", "tokenizer.model")}}
     (folder / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ckpt.CheckpointError, match="pickle"):
         ckpt.read_checkpoint(folder)
