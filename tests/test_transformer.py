@@ -1,7 +1,13 @@
 """Feed-forward, residual blocks, encoder/decoder layers and stacks, and the whole
 Transformer: gradients against float64 central differences, plus causality,
-padding and determinism properties. Tolerance: rtol 1e-6, atol 1e-7 per entry
-for layers; the whole model is checked along random directions (rtol 1e-6)."""
+padding and determinism properties.
+
+Tolerances: rtol 1e-6, atol 1e-7 per entry for the feed-forward network; rtol 1e-5
+(LN_RTOL) wherever a LayerNorm is inside. With d_model as small as 2, a LayerNorm row
+whose two entries are nearly equal is very steep (its third derivative grows like
+eps^-1.5 = 3e7 for eps 1e-5), and the O(h^2) truncation error of the central
+difference reaches a few 1e-7: seen once in CI at d_model 2. A wrong backward is
+off by O(1), far above either tolerance."""
 import pytest
 from hypothesis import given, strategies as st
 
@@ -13,6 +19,7 @@ from tests.helpers import assert_gradients_match, randomize, np, padding_masks, 
 
 pytestmark = pytest.mark.usefixtures("float64")
 heads_and_dk = st.tuples(st.integers(1, 2), st.integers(1, 3))
+LN_RTOL = 1e-5
 
 
 @given(B=small, L=small, D=small, F=small, seed=seeds)
@@ -30,7 +37,7 @@ def test_encoder_layer_gradients(data, B, S, hd, F, seed, pre_norm, p):
     pad = data.draw(padding_masks(B, S))
     assert_gradients_match(lambda x: layer.forward(x, pad), layer.backward,
                            {"x": random_array(seed, (B, S, H * dk))}, dict(layer.named_parameters()),
-                           seed=seed, reseed=seed)
+                           seed=seed, reseed=seed, tol=LN_RTOL)
 
 
 @given(data=st.data(), B=small, S=small, T=small, hd=heads_and_dk, F=small, seed=seeds,
@@ -41,7 +48,7 @@ def test_decoder_layer_gradients(data, B, S, T, hd, F, seed, pre_norm, p):
     src_pad, tgt_pad = data.draw(padding_masks(B, S)), data.draw(padding_masks(B, T))
     assert_gradients_match(lambda x, m: layer.forward(x, m, src_pad, tgt_pad), layer.backward,
                            {"x": random_array(seed, (B, T, H * dk)), "memory": random_array(seed + 1, (B, S, H * dk))},
-                           dict(layer.named_parameters()), seed=seed, reseed=seed)
+                           dict(layer.named_parameters()), seed=seed, reseed=seed, tol=LN_RTOL)
 
 
 @given(data=st.data(), B=st.integers(1, 2), S=small, T=small, N=st.integers(1, 2), seed=seeds,
@@ -52,11 +59,12 @@ def test_encoder_and_decoder_stack_gradients(data, B, S, T, N, seed, pre_norm):
     decoder = randomize(Decoder(N, D, H, F, 0.0, pre_norm), seed + 1)
     src_pad, tgt_pad = data.draw(padding_masks(B, S)), data.draw(padding_masks(B, T))
     assert_gradients_match(lambda x: encoder.forward(x, src_pad), encoder.backward,
-                           {"x": random_array(seed, (B, S, D))}, dict(encoder.named_parameters()), seed=seed)
+                           {"x": random_array(seed, (B, S, D))}, dict(encoder.named_parameters()), seed=seed,
+                           tol=LN_RTOL)
     # the decoder stack sums the memory gradient of every layer
     assert_gradients_match(lambda y, m: decoder.forward(y, m, src_pad, tgt_pad), decoder.backward,
                            {"y": random_array(seed, (B, T, D)), "memory": random_array(seed + 1, (B, S, D))},
-                           dict(decoder.named_parameters()), seed=seed)
+                           dict(decoder.named_parameters()), seed=seed, tol=LN_RTOL)
 
 
 @st.composite
@@ -112,7 +120,7 @@ def test_whole_model_gradient_along_random_directions(case, smoothing):
         minus = loss_value()
         theta[...] = original
         numeric, analytic = (plus - minus) / (2 * h), float((grad * u).sum())
-        assert abs(numeric - analytic) <= 1e-6 * max(abs(numeric), abs(analytic)) + 1e-8, (numeric, analytic)
+        assert abs(numeric - analytic) <= LN_RTOL * max(abs(numeric), abs(analytic)) + 1e-8, (numeric, analytic)
 
 
 @given(case=model_and_batch())
