@@ -37,13 +37,6 @@ def clip_buffer_norm(g, max_norm):
     return norm
 
 
-def grad_norm(params):
-    """The global L2 norm of all gradients, one reduction over the flat buffer.
-
-    Returns a 0-d device array (no host sync); inf or NaN if any gradient is."""
-    return buffer_norm(FlatBuffers.flatten(params).grad)
-
-
 def clip_grad_norm(params, max_norm):
     """Scale all gradients so that their global L2 norm is at most ``max_norm``.
 

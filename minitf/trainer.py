@@ -527,6 +527,7 @@ class Trainer:
                                       f"smaller --max-tokens (this run: {c['max_tokens']}), e.g. --resume "
                                       f"{self.run_dir} --max-tokens {max(1, c['max_tokens'] // 2)}; last good "
                                       f"checkpoint: {self.last_checkpoint or 'none yet'}") from None
+                self.elapsed += time.perf_counter() - started  # skipped batches spend the time budget too
                 if self.nonfinite == "overflow":  # fp16: scale halved, update skipped; the batch is used up
                     self.batch_in_epoch += 1
                     continue
@@ -545,9 +546,8 @@ class Trainer:
                     continue
                 self.step += 1
                 self.batch_in_epoch += 1
-                tokens = int((tgt_out != PAD_ID).sum())
+                tokens = int(self.loss_fn.num_tokens)  # non-pad target tokens, counted by the loss
                 window_tokens += tokens
-                self.elapsed += time.perf_counter() - started
                 now = time.perf_counter()
                 tokens_per_s = window_tokens / max(now - window_start, 1e-9)
                 nll = self.loss_fn.nll_sum / max(self.loss_fn.num_tokens, 1)
