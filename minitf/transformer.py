@@ -4,6 +4,8 @@ encoder and decoder layers and stacks, and the whole encoder-decoder model.
 Shapes: B batch, S source length, T target length, D d_model, H heads,
 F d_ff, V vocabulary size.
 """
+import dataclasses
+
 from minitf import backend
 from minitf.attention import MultiHeadAttention
 from minitf.layers import Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, ReLU, TiedOutputProjection
@@ -176,6 +178,23 @@ class Decoder(Module):
 # --------------------------------------------------------------------------- #
 # The whole model (paper section 3, figure 1)
 # --------------------------------------------------------------------------- #
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """The model's shape: what ``Transformer.from_config`` needs (defaults: the
+    paper's base model, Table 3)."""
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 512
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1
+    share_embeddings: bool = True
+    pad_id: int = 0
+    pre_norm: bool = False
+
+
 class Transformer(Module):
     """Encoder-decoder Transformer.
 
@@ -218,6 +237,11 @@ class Transformer(Module):
             self.tgt_embed.weight if share_embeddings else Embedding(tgt_vocab_size, d_model).weight)
         # all parameters and gradients as views of two flat buffers (fast Adam, zero_grad, norms)
         self.flat = FlatBuffers.flatten(self.parameters())
+
+    @classmethod
+    def from_config(cls, config):
+        """Build the model a :class:`TransformerConfig` describes."""
+        return cls(**dataclasses.asdict(config))
 
     # -- input checks at the boundary -----------------------------------------
     def _check_ids(self, ids, name, vocab_size):
