@@ -7,7 +7,7 @@ validation and test BLEU, and leaves a checkpoint for ``python -m minitf.transla
 """
 import sys
 
-from minitf.trainer import main
+from minitf.nmt.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -69,7 +69,7 @@ optimizer state. Neither uses TF32 matmuls by default (CuPy: unless CUPY_TF32=1)
 
 Decoding (--decode)
 -------------------
-Greedy and beam-4 search with ``minitf.decode`` on a batch of 64 source sentences,
+Greedy and beam-4 search with ``minitf.nmt.decode`` on a batch of 64 source sentences,
 32 new tokens each, with the key/value cache (``use_cache=True``) and by re-running
 the decoder on the whole prefix (``use_cache=False``). To force exactly 32 steps for
 every sentence, the decoders are called with ``max_len=32`` and ``eos_id=pad_id``:
@@ -93,7 +93,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
-from minitf.decode import beam_search, greedy_decode  # noqa: E402
+from minitf.nmt.decode import beam_search, greedy_decode  # noqa: E402
 
 np = backend.host
 

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
-from minitf.decode import beam_search, greedy_decode  # noqa: E402
+from minitf.nmt.decode import beam_search, greedy_decode  # noqa: E402
 
 np = backend.host
 PAD, BOS, EOS = 0, 2, 3

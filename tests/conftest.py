@@ -51,3 +51,10 @@ if os.environ.get("MINITF_STRICT") == "1":
                         "tests/test_strict_backend.py covers the training step")
         with strict_xp.active():
             yield
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A tiny word-by-word German-English corpus in tmp_path, as train.py flags."""
+    from tests.runs import make_corpus
+    return make_corpus(tmp_path)

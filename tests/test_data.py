@@ -7,9 +7,9 @@ import subprocess
 import pytest
 from hypothesis import given, strategies as st
 
-from minitf import data, tokenizer
+from minitf.nmt import corpus as ding, data, tokenizer
 from minitf.backend import host as np
-from minitf.data import DataError
+from minitf.nmt.errors import DataError
 
 # --------------------------------------------------------------------------- parse_ding
 
@@ -40,7 +40,7 @@ kein Trenner hier
 def ding_pairs(tmp_path):
     path = tmp_path / "de-en"
     path.write_text(DING_SAMPLE, encoding="utf-8")
-    return data.parse_ding(path)
+    return ding.parse_ding(path)
 
 
 def test_parse_ding_keeps_whole_sentences_in_order(ding_pairs):
@@ -81,24 +81,24 @@ def test_parse_ding_strips_annotations_and_deduplicates(ding_pairs):
 
 def test_parse_ding_bad_file_is_data_error(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
-        data.parse_ding(tmp_path / "missing")
+        ding.parse_ding(tmp_path / "missing")
 
 
 # --------------------------------------------------------------------------- split
 
 def test_split_is_deterministic_and_disjoint():
     pairs = [(f"s{i}", f"t{i}") for i in range(100)]
-    train, valid, test = data.split_pairs(pairs, seed=7, n_valid=10, n_test=15)
+    train, valid, test = ding.split_pairs(pairs, seed=7, n_valid=10, n_test=15)
     assert (len(train), len(valid), len(test)) == (75, 10, 15)
     assert sorted(train + valid + test) == sorted(pairs)
-    assert (train, valid, test) == data.split_pairs(pairs, seed=7, n_valid=10, n_test=15)
-    assert data.split_pairs(pairs, seed=8, n_valid=10, n_test=15)[1] != valid
+    assert (train, valid, test) == ding.split_pairs(pairs, seed=7, n_valid=10, n_test=15)
+    assert ding.split_pairs(pairs, seed=8, n_valid=10, n_test=15)[1] != valid
     assert pairs == [(f"s{i}", f"t{i}") for i in range(100)]  # input untouched
 
 
 def test_split_too_small_corpus():
     with pytest.raises(DataError, match="cannot hold out"):
-        data.split_pairs([("a", "b")] * 5, n_valid=3, n_test=3)
+        ding.split_pairs([("a", "b")] * 5, n_valid=3, n_test=3)
 
 
 # --------------------------------------------------------------------------- read / write
@@ -171,21 +171,21 @@ def test_fetch_uses_cache(tmp_path, monkeypatch):
     corpus.parent.mkdir(parents=True)
     corpus.write_text("x :: y\n", encoding="utf-8")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("ran a command"))
-    assert data.fetch_default_corpus(tmp_path) == corpus
+    assert ding.fetch_default_corpus(tmp_path) == corpus
 
 
 def test_fetch_without_apt(tmp_path, monkeypatch):
-    monkeypatch.setattr(data.shutil, "which", lambda name: None)
+    monkeypatch.setattr(ding.shutil, "which", lambda name: None)
     with pytest.raises(DataError, match="apt is unavailable.*--train-src"):
-        data.fetch_default_corpus(tmp_path)
+        ding.fetch_default_corpus(tmp_path)
 
 
 def test_fetch_unknown_package(tmp_path, monkeypatch):
-    monkeypatch.setattr(data.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(ding.shutil, "which", lambda name: "/usr/bin/" + name)
     failed = subprocess.CompletedProcess([], 100, "", "E: Unable to locate package trans-de-en\n")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)
     with pytest.raises(DataError, match="apt-get update"):
-        data.fetch_default_corpus(tmp_path)
+        ding.fetch_default_corpus(tmp_path)
     assert list(tmp_path.iterdir()) == []  # the temp folder is cleaned up
 
 
@@ -236,13 +236,12 @@ def test_token_batches_oversize_sentence_alone():
     assert sorted(sorted(b.tolist()) for b in batches) == [[0, 2], [1]]
 
 
-def test_token_batches_fast():
-    import time
+def test_token_batches_on_a_large_corpus_cover_every_sentence_once():
+    # (how fast it is belongs in benchmarks/, not in a test that a busy machine makes flaky)
     rng = np.random.default_rng(1)
     src, tgt = rng.integers(3, 60, 20_000), rng.integers(3, 60, 20_000)
-    start = time.perf_counter()
-    data.token_batches(src, tgt, 4096, seed=0, epoch=0, max_len=100)
-    assert time.perf_counter() - start < 0.5  # target < 0.1 s; slack for a busy CI box
+    batches, skipped = data.token_batches(src, tgt, 4096, seed=0, epoch=0, max_len=100)
+    _check_batches(src.tolist(), tgt.tolist(), 4096, 100, batches, skipped)
 
 
 def test_token_batches_bad_budget():

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import minitf
 from minitf import backend
 from minitf.backend import xp
-from minitf.decode import beam_search, beam_search_nbest, greedy_decode, length_penalty, reorder_cache
+from minitf.nmt.decode import beam_search, beam_search_nbest, greedy_decode, length_penalty, reorder_cache
 from tests.helpers import np, seeds
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -302,11 +302,24 @@ def test_padding_and_batch_company_do_not_change_a_sentence_output(V, seed, data
         assert batched == [decode(model, np.array([row]))[0] for row in alone]      # each on its own, unpadded
 
 
-def test_one_sentence_of_one_token():
-    model = tiny_model(7, 3)
-    for decode in (greedy_decode, beam_search):
-        out = decode(model, np.array([[5]]))
-        assert len(out) == 1 and len(out[0]) <= 51
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_one_sentence_of_one_token_matches_a_plain_argmax_loop(seed):
+    """The smallest input, against a reference that re-runs the whole prefix with
+    teacher forcing and takes the argmax (pad excluded) until eos or 1 + 50 tokens."""
+    model = tiny_model(7, seed, logit_bias=2.0)
+    src = np.array([[5]])
+    expected = []
+    with minitf.no_grad():
+        model.eval()
+        while len(expected) < 51:
+            logits = backend.to_numpy(model(src, np.array([[BOS] + expected])))[0, -1]
+            logits[PAD] = -np.inf
+            token = int(logits.argmax())
+            if token == EOS:
+                break
+            expected.append(token)
+    assert greedy_decode(model, src) == [expected]
+    assert beam_search(model, src, beam_size=1, alpha=0.0) == [expected]
 
 
 def test_training_mode_is_restored_and_dropout_is_off_while_decoding():

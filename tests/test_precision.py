@@ -7,12 +7,16 @@ import json
 import pytest
 
 import minitf
-from minitf import backend, checkpoint as ckpt, trainer as trainer_module
+from minitf import backend
+from minitf.nmt import checkpoint as ckpt, trainer as trainer_module
 from minitf.backend import host as np
 from minitf.backend import to_numpy
 from minitf.optim import MixedPrecisionAdam, buffer_norm
-from minitf.trainer import main as train_main
-from tests.test_train import TINY, make_corpus, metrics
+from minitf.nmt.config import RunConfig
+from minitf.nmt.data import Corpus
+from minitf.nmt.tokenizer import Tokenizer
+from minitf.nmt.train import main as train_main
+from tests.runs import TINY, make_corpus, metrics
 
 
 @pytest.fixture
@@ -114,10 +118,10 @@ def test_fp16_resume_restores_scale_and_master_weights_and_keeps_precision(tmp_p
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--precision cannot be given" in err
     # the resumed trainer holds the checkpoint's master weights and scaler state exactly
-    config = json.loads((split / "config.json").read_text())
+    config = RunConfig.read(split)
     state = ckpt.read_checkpoint(ckpt.checkpoint_path(split, 3))
-    tokenizer = trainer_module.Tokenizer(split / "tokenizer.model")
-    t = trainer_module.Trainer(config, split, tokenizer, trainer_module.Corpus(tokenizer, config["data"], print),
+    tokenizer = Tokenizer(split / "tokenizer.model")
+    t = trainer_module.Trainer(config, split, tokenizer, Corpus(tokenizer, config.data, print),
                                print, progress=False)
     t.optimizer.load_scaler_state({"scale": 1.0, "good_steps": 0, "overflows": 0})
     t.restore(state)

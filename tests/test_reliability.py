@@ -25,6 +25,7 @@ import os
 import pathlib
 import pickle
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -33,15 +34,17 @@ import time
 
 import pytest
 
-from minitf import backend, checkpoint as ckpt, trainer as trainer_module
+from minitf import backend
+from minitf.nmt import checkpoint as ckpt, train as train_module, trainer as trainer_module
 from minitf.attention import MultiHeadAttention
 from minitf.backend import host as np
 from minitf.loss import LabelSmoothedCrossEntropy
-from minitf.trainer import main as train_main
+from minitf.nmt.metrics import MetricsLog
+from minitf.nmt.train import main as train_main
 from minitf.transformer import Transformer
-from minitf.translate import main as translate_main
+from minitf.nmt.translate import main as translate_main
 
-from tests.test_train import BAD_TRAIN_INPUTS, TINY, make_corpus, metrics
+from tests.runs import TINY, make_corpus, metrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 QUIET = ["--eval-every", "1000", "--average", "0", "--bleu-sentences", "2"]
@@ -233,7 +236,7 @@ def test_ctrl_c_and_sigterm_save_a_checkpoint_and_exit_cleanly(tmp_path, sig, st
 def test_interrupt_before_training_is_one_line_and_status_130(tmp_path, capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(trainer_module, "Corpus", interrupted)
+    monkeypatch.setattr(train_module, "Corpus", interrupted)
     code, err = train(make_corpus(tmp_path) + TINY + ["--out", tmp_path / "run"], capsys)
     assert code == 130 and "interrupted" in one_error_line(err)
 
@@ -269,7 +272,7 @@ def test_resume_without_checkpoint_starts_at_step_zero_and_resets_metrics(tmp_pa
 
 
 def test_metrics_are_cut_back_to_the_checkpoint_step(tmp_path):
-    log = trainer_module.MetricsLog(tmp_path / "metrics.jsonl")
+    log = MetricsLog(tmp_path / "metrics.jsonl")
     for step in (1, 2, 3):
         log.write(kind="train", step=step, loss=1.0)
     log.write(kind="valid", step=3, loss=2.0)
@@ -584,7 +587,8 @@ def test_diverging_run_cli_exits_1_with_one_line(tmp_path):
     line = one_error_line(err)
     assert result.returncode == 1 and line == err[-1]
     assert not any("Warning" in other for other in err), err  # no numpy overflow warnings on top
-    assert "non" in line or "nan" in line or "inf" in line
+    assert re.search(r"loss became (nan|inf|-inf) at step|gradients became non-finite|parameters are not finite",
+                     line), line
     assert "last good checkpoint" in line and "at step" in line
     good = line.split("last good checkpoint: ")[1].split(";")[0]
     if good != "none yet":
@@ -696,13 +700,6 @@ def test_unwritable_output_folder(world, tmp_path, capsys):
     assert sorted(p.name for p in parent.iterdir()) == ["keep.txt"]
 
 
-def test_at_least_15_distinct_bad_inputs_are_covered():
-    from tests.test_train import test_bad_translate_input
-    existing_translate = test_bad_translate_input.pytestmark[0].args[1]
-    names = set(BAD_TRAIN_INPUTS) | set(BAD_TRANSLATE_INPUTS) | set(existing_translate)
-    assert len(names) >= 15 + 10, sorted(names)
-
-
 CLI_CASES = [  # (program, argv builder, stdin, expected exit status, expected words)
     ("train.py", lambda w, d, c: w["corpus"] + ["--train-src", d / "missing.txt", "--out", d / "o"], None, 1,
      "does not exist"),
@@ -740,7 +737,7 @@ def test_same_seed_same_losses_and_parameters_on_the_cpu(tmp_path):
 
 # --------------------------------------------------------------------------- 6. disk full, out of memory
 def _fail_on_second_file(monkeypatch, step):
-    """open() inside minitf.checkpoint fails with ENOSPC on the second file written
+    """open() inside minitf.nmt.checkpoint fails with ENOSPC on the second file written
     into the temporary folder of the checkpoint of ``step``."""
     import builtins
     calls = []

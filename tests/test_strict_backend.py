@@ -14,7 +14,7 @@ import pytest
 
 import minitf
 from minitf import backend
-from minitf.decode import beam_search, greedy_decode
+from minitf.nmt.decode import beam_search, greedy_decode
 from minitf.layers import Dropout, Embedding, LayerNorm, Linear
 from minitf.attention import MultiHeadAttention
 from tests import strict_xp

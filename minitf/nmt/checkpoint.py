@@ -17,7 +17,6 @@ checks every checksum and never unpickles: a file that would need pickle is refu
 For tests only: ``MINITF_TEST_SLOW_CHECKPOINT=SECONDS`` sleeps that long after each
 file written into the temporary folder, so a test can kill a process mid-write.
 """
-import hashlib
 import json
 import os
 import pathlib
@@ -28,36 +27,12 @@ import time
 import zipfile
 
 from minitf.backend import host as np
+from minitf.nmt.errors import CheckpointError
+from minitf.nmt.files import file_sha256, fsync_dir
 
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
 FORMAT_VERSION = 1
 FILES = ("model.npz", "optimizer.npz", "tokenizer.model")  # what meta.json may list (no other path is read)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, incomplete, corrupted or does not fit."""
-
-
-def file_sha256(path):
-    """The sha256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _slow_for_tests():
@@ -102,7 +77,7 @@ def write_checkpoint(path, params, meta, tokenizer_bytes, optimizer=None):
             json.dump(meta, handle, indent=1, sort_keys=True)
             handle.flush()
             os.fsync(handle.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if path.exists():  # re-saving the same step: move the old one aside first
             old = path.with_name(f".{path.name}.old")  # restored by recover_checkpoints() after a kill
             shutil.rmtree(old, ignore_errors=True)
@@ -111,7 +86,7 @@ def write_checkpoint(path, params, meta, tokenizer_bytes, optimizer=None):
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"could not write checkpoint {path}: {error.strerror or error}; "
@@ -177,22 +152,17 @@ def _read_npz(path):
         raise CheckpointError(f"{path} is not a readable .npz archive ({error}); use another checkpoint") from None
 
 
-def step_folders(run_dir):
-    """Every ``step-NNNNNNNN`` folder of a run, complete or not, oldest first."""
+def list_checkpoints(run_dir, complete_only=True):
+    """The ``<run>/checkpoints/step-NNNNNNNN`` folders of a run, oldest first.
+
+    ``complete_only`` keeps those with a meta.json (written last, so a folder
+    without one is not a checkpoint); False lists every step folder, for
+    ``--resume`` to check and set aside the damaged ones."""
     folder = pathlib.Path(run_dir) / "checkpoints"
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := CHECKPOINT_PATTERN.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found)]
-
-
-def list_checkpoints(run_dir):
-    """Complete checkpoint folders of a run (``<run>/checkpoints/step-*``), oldest first."""
-    folder = pathlib.Path(run_dir) / "checkpoints"
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir()
-             if (m := CHECKPOINT_PATTERN.match(p.name)) and (p / "meta.json").is_file()]
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := CHECKPOINT_PATTERN.match(p.name))
+             and p.is_dir() and (not complete_only or (p / "meta.json").is_file())]
     return [p for _, p in sorted(found)]
 
 
@@ -205,7 +175,7 @@ def latest_valid_checkpoint(run_dir, check=None):
     Returns ``(state, path, [(path, message), ...])``; state and path are None
     when no checkpoint passes."""
     errors = []
-    for path in reversed(step_folders(run_dir)):
+    for path in reversed(list_checkpoints(run_dir, complete_only=False)):
         try:
             state = read_checkpoint(path)
             if check is not None:

@@ -1,32 +1,20 @@
-"""Host-side data pipeline: corpus fetch, Ding parsing, reading, splitting, batching.
+"""Host-side data pipeline: reading text safely, token-count batching, padding,
+and the encoded splits of a run.
 
 Everything here runs on the CPU with plain NumPy (``minitf.backend.host``); the
 training loop copies finished batches to the device. Every bad-input error that
-crosses this boundary is a :class:`DataError` with a one-line message saying what
-was expected, what came and what to do.
+crosses this boundary is a :class:`~minitf.nmt.errors.DataError` with a one-line
+message saying what was expected, what came and what to do.
 """
-import os
 import pathlib
-import re
-import shutil
-import subprocess
-import tempfile
 
 from minitf.backend import host as np
-
-#: Where the Ding dictionary lives inside the Debian package ``trans-de-en``.
-DING_PACKAGE = "trans-de-en"
-DING_MEMBER = pathlib.Path("usr/share/trans/de-en")
+from minitf.nmt.errors import DataError
+from minitf.nmt.files import write_atomic
+from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 #: Longest line (in characters) accepted by :func:`read_lines` by default.
 MAX_CHARS = 10_000
-
-_CORPUS_HINT = ("pass your own corpus with --train-src/--train-tgt --valid-src/--valid-tgt "
-                "(plain UTF-8 text, one sentence per line)")
-
-
-class DataError(ValueError):
-    """Bad input at the data boundary (missing file, bad encoding, misaligned corpus...)."""
 
 
 class Pairs(list):
@@ -43,204 +31,8 @@ class Pairs(list):
         self.n_dropped = int(n_dropped)
 
 
-# --------------------------------------------------------------------------- fetch
+# --------------------------------------------------------------------------- reading text
 
-def fetch_default_corpus(cache_dir):
-    """Return the path of the Ding de-en dictionary, fetching it with apt if needed.
-
-    Parameters
-    ----------
-    cache_dir : str or path-like
-        Folder that holds ``trans-de-en/usr/share/trans/de-en`` once fetched.
-
-    Returns
-    -------
-    pathlib.Path
-        The dictionary file (UTF-8 text in Ding format, see :func:`parse_ding`).
-
-    Raises
-    ------
-    DataError
-        apt-get or dpkg-deb is unavailable, the package is unknown, or the fetch fails.
-    """
-    cache_dir = pathlib.Path(cache_dir)
-    final_dir = cache_dir / DING_PACKAGE
-    corpus = final_dir / DING_MEMBER
-    if corpus.is_file():
-        return corpus
-    for tool in ("apt-get", "dpkg-deb"):
-        if shutil.which(tool) is None:
-            raise DataError(f"the default corpus needs {tool} (Debian package {DING_PACKAGE}), "
-                            f"but apt is unavailable on this machine; {_CORPUS_HINT}")
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise DataError(f"cannot create the corpus cache folder {str(cache_dir)!r} ({error}); "
-                        "pass a writable --cache-dir") from None
-    # Work in a private temp folder and rename the finished tree into place, so an
-    # interrupted fetch never leaves a half-extracted corpus behind.
-    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{DING_PACKAGE}-", dir=cache_dir))
-    try:
-        deb = _apt_download(work)
-        extracted = work / "root"
-        _run(["dpkg-deb", "-x", str(deb), str(extracted)], cwd=work, what="dpkg-deb -x")
-        if not (extracted / DING_MEMBER).is_file():
-            raise DataError(f"package {DING_PACKAGE} has no {DING_MEMBER}; the package layout "
-                            f"changed, so {_CORPUS_HINT}")
-        if final_dir.exists() and not corpus.is_file():
-            shutil.rmtree(final_dir)  # a stale tree without the corpus: ours to replace
-        try:
-            os.rename(extracted, final_dir)
-        except OSError:
-            if not corpus.is_file():  # not a concurrent fetch that won the race
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return corpus
-
-
-def _apt_download(work):
-    """Run ``apt-get download`` in ``work`` and return the path of the .deb."""
-    try:
-        _run(["apt-get", "download", DING_PACKAGE], cwd=work, what="apt-get download")
-    except DataError as error:
-        detail = str(error).split("; ")[0].removeprefix("apt-get download failed: ")
-        if "Unable to locate package" in detail or detail.startswith("E:"):
-            raise DataError(f"apt-get cannot get package {DING_PACKAGE} ({detail}): run "
-                            f"`apt-get update` first (as root), or {_CORPUS_HINT}") from None
-        raise
-    debs = sorted(work.glob(f"{DING_PACKAGE}_*.deb"))
-    if not debs:
-        raise DataError(f"apt-get download {DING_PACKAGE} reported success but wrote no .deb; "
-                        f"{_CORPUS_HINT}")
-    return debs[0]
-
-
-def _run(command, cwd, what):
-    """Run a command quietly; any failure becomes a one-line DataError."""
-    try:
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
-                                timeout=600, check=False)
-    except FileNotFoundError:
-        raise DataError(f"{command[0]} is not installed, so apt is unavailable; "
-                        f"{_CORPUS_HINT}") from None
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise DataError(f"{what} failed ({error}); {_CORPUS_HINT}") from None
-    if result.returncode != 0:
-        lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
-        errors = [line for line in lines if line.startswith("E:")]
-        detail = (errors or lines or [f"exit status {result.returncode}"])[-1].strip()
-        raise DataError(f"{what} failed: {detail}; {_CORPUS_HINT}")
-    return result
-
-
-# --------------------------------------------------------------------------- parse Ding
-
-# Annotations Ding puts around words: {f}, {m}, {vt}, [ugs.], [Br.], (explanations).
-_ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|\([^()]*\)")
-# Placeholders mark a phrase pattern, not a sentence ("jdm. etw. geben", "to give sb. sth.").
-_PLACEHOLDER = re.compile(r"(?<!\w)(?:etw|jdn|jdm|jds|sth|sb|so)\.|(?<!\w)sb['’]s(?!\w)|\.\.\.|…")
-_SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])")
-
-
-def _clean(text):
-    """Strip Ding annotations and collapse whitespace."""
-    previous = None
-    while previous != text:  # nested brackets, e.g. "(a (b) c)"
-        previous, text = text, _ANNOTATION.sub(" ", text)
-    text = " ".join(text.split())
-    return _SPACE_BEFORE_PUNCT.sub(r"\1", text)
-
-
-def _is_sentence(text):
-    """True for a whole sentence: capitalised, >= 3 words, final . ! ?, no placeholders."""
-    return (len(text) > 0 and text[0].isupper() and text[-1] in ".!?"
-            and len(text.split()) >= 3 and not _PLACEHOLDER.search(text))
-
-
-def _line_pairs(line):
-    """The sentence pairs of one Ding line (``de | de :: en | en``), in order."""
-    if " :: " not in line:
-        return []
-    german, english = line.split(" :: ", 1)
-    de_entries, en_entries = german.split(" | "), english.split(" | ")
-    if len(de_entries) != len(en_entries):
-        return []
-    pairs = []
-    for de_entry, en_entry in zip(de_entries, en_entries):
-        de_syns, en_syns = de_entry.split("; "), en_entry.split("; ")
-        if len(de_syns) != len(en_syns):
-            if len(de_syns) != 1 and len(en_syns) != 1:
-                continue
-            # one sentence against several synonym translations: pair it with the first
-            de_syns, en_syns = de_syns[:1], en_syns[:1]
-        for de, en in zip(de_syns, en_syns):
-            if _PLACEHOLDER.search(de) or _PLACEHOLDER.search(en):
-                continue  # checked before cleaning too: "(etw.)" marks a pattern
-            de, en = _clean(de), _clean(en)
-            if _is_sentence(de) and _is_sentence(en):
-                pairs.append((de, en))
-    return pairs
-
-
-def parse_ding(path):
-    """Extract whole-sentence German-English pairs from a Ding dictionary file.
-
-    Lines look like ``de1 | de2 :: en1 | en2`` (``#`` starts a comment). Sub-entries
-    pair up by position (a line whose sides have different counts is skipped);
-    inside a sub-entry ``; `` separates synonyms, paired by position when both
-    sides have as many, and a single entry against several is paired with the first. A pair is kept when both sides are whole sentences: an
-    uppercase first letter, at least 3 words, a final ``.``, ``!`` or ``?``, and no
-    placeholder (``etw.``, ``jdm.``, ``sth.``, ``sb.``, ``...``). Annotations
-    (``{f}``, ``[ugs.]``, ``(...)``) are stripped and whitespace collapsed.
-
-    Parameters
-    ----------
-    path : str or path-like
-        The dictionary (UTF-8), e.g. from :func:`fetch_default_corpus`.
-
-    Returns
-    -------
-    list of (str, str)
-        Unique ``(german, english)`` pairs in order of first occurrence.
-    """
-    seen, pairs = set(), []
-    for line in read_lines(path, "Ding dictionary", max_chars=None):
-        if not line or line.startswith("#"):
-            continue
-        for pair in _line_pairs(line):
-            if pair not in seen:
-                seen.add(pair)
-                pairs.append(pair)
-    return pairs
-
-
-def split_pairs(pairs, seed=1234, n_valid=500, n_test=500):
-    """Shuffle a copy of ``pairs`` and cut it into train, valid and test.
-
-    Parameters
-    ----------
-    pairs : sequence
-        The items to split (left untouched).
-    seed : int
-        Seed of the shuffle; the same seed always gives the same split.
-    n_valid, n_test : int
-        Sizes of the validation and test sets; train gets the rest.
-
-    Returns
-    -------
-    train, valid, test : list
-    """
-    n_valid, n_test = int(n_valid), int(n_test)
-    if n_valid < 0 or n_test < 0:
-        raise DataError(f"split sizes must be >= 0, got n_valid={n_valid}, n_test={n_test}")
-    if n_valid + n_test >= len(pairs):
-        raise DataError(f"cannot hold out {n_valid} valid + {n_test} test pairs from only "
-                        f"{len(pairs)} pairs; use a bigger corpus or smaller held-out sets")
-    order = np.random.default_rng(seed).permutation(len(pairs))
-    shuffled = [pairs[i] for i in order.tolist()]
-    valid, test = shuffled[:n_valid], shuffled[n_valid:n_valid + n_test]
-    return shuffled[n_valid + n_test:], valid, test
 
 
 # --------------------------------------------------------------------------- read / write
@@ -380,15 +172,7 @@ def write_lines(path, lines):
         if "\n" in line or "\r" in line:
             raise DataError(f"line {number} for {str(path)!r} contains a newline; "
                             "expected one sentence per item, remove the line break")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.writelines(line + "\n" for line in lines)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, "".join(line + "\n" for line in lines))
 
 
 # --------------------------------------------------------------------------- batching
@@ -493,3 +277,42 @@ def make_target_io(seqs, pad_id, bos_id, eos_id):
         reading ``tgt_in[:, :t + 1]``.
     """
     return pad_batch(seqs, pad_id, bos_id=bos_id), pad_batch(seqs, pad_id, eos_id=eos_id)
+
+
+# --------------------------------------------------------------------------- a run's corpus
+
+class Corpus:
+    """The encoded splits of a run: lists of token-id lists per side.
+
+    Parameters
+    ----------
+    tokenizer : minitf.nmt.tokenizer.Tokenizer
+    paths : dict
+        ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``;
+        a split whose source path is None is left out.
+    log : callable
+        Takes one message (how many empty line pairs were dropped).
+    """
+
+    def __init__(self, tokenizer, paths, log):
+        self.text = {}
+        self.ids = {}
+        for split in ("train", "valid", "test"):
+            if paths.get(f"{split}_src") is None:
+                continue
+            pairs = read_parallel(paths[f"{split}_src"], paths[f"{split}_tgt"])
+            if pairs.n_dropped:
+                log(f"{split}: dropped {pairs.n_dropped} line pairs with an empty side")
+            self.text[split] = ([s for s, _ in pairs], [t for _, t in pairs])
+            self.ids[split] = (tokenizer.encode(self.text[split][0]), tokenizer.encode(self.text[split][1]))
+
+    def lengths(self, split):
+        """Host int arrays (N,), (N,): tokens per sentence with EOS (source) and BOS (target) added."""
+        src, tgt = self.ids[split]
+        return np.array([len(s) + 1 for s in src]), np.array([len(t) + 1 for t in tgt])
+
+    def batch(self, split, index):
+        """Host int arrays (src (B, S), tgt_in (B, T), tgt_out (B, T)) for sentence indices."""
+        src, tgt = self.ids[split]
+        tgt_in, tgt_out = make_target_io([tgt[i] for i in index], PAD_ID, BOS_ID, EOS_ID)
+        return pad_batch([src[i] for i in index], PAD_ID, eos_id=EOS_ID), tgt_in, tgt_out

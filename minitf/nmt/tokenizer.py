@@ -8,12 +8,11 @@ vocabulary it was trained with (:attr:`Tokenizer.sha256` identifies it).
 """
 import hashlib
 import io
-import os
 import pathlib
 import re
-import tempfile
 
-from minitf.data import DataError
+from minitf.nmt.errors import DataError
+from minitf.nmt.files import write_atomic
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _SPECIALS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
@@ -74,7 +73,7 @@ def train_tokenizer(texts, model_path, vocab_size, seed=None):
             minloglevel=2, **_SPECIALS)
     except RuntimeError as error:
         raise _vocab_error(error, vocab_size) from None
-    _write_atomic(pathlib.Path(model_path), model.getvalue())
+    write_atomic(model_path, model.getvalue())
     return Tokenizer.from_bytes(model.getvalue())
 
 
@@ -90,19 +89,6 @@ def _vocab_error(error, vocab_size):
                          f"({message.strip().splitlines()[-1]}); lower --vocab-size")
     return DataError(f"sentencepiece failed to train the tokenizer: "
                      f"{message.strip().splitlines()[-1] if message.strip() else error!r}")
-
-
-def _write_atomic(path, data):
-    """Write bytes to a temp file beside ``path`` and rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class Tokenizer:
@@ -171,7 +157,7 @@ class Tokenizer:
         return self._bytes
 
     def encode(self, texts):
-        """Token ids of each text (no BOS/EOS added; :func:`minitf.data.pad_batch` adds them).
+        """Token ids of each text (no BOS/EOS added; :func:`minitf.nmt.data.pad_batch` adds them).
 
         Parameters
         ----------

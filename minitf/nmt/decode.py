@@ -32,8 +32,9 @@ import contextlib
 from minitf import backend
 from minitf.backend import xp
 from minitf.module import no_grad
+from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["greedy_decode", "beam_search", "beam_search_nbest", "reorder_cache", "length_penalty"]
+__all__ = ["greedy_decode", "beam_search", "beam_search_nbest", "reorder_cache", "length_penalty", "inference_mode"]
 
 
 # --------------------------------------------------------------------------- #
@@ -89,7 +90,7 @@ def _log_softmax(x):
 
 
 @contextlib.contextmanager
-def _eval_mode(model):
+def inference_mode(model):
     """Eval mode (no dropout) and no_grad for the duration; every module's own
     training flag is put back afterwards, even if modes were mixed."""
     previous = [(module, module.training) for module in model.modules()]
@@ -151,7 +152,7 @@ def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eo
 # --------------------------------------------------------------------------- #
 # Greedy decoding
 # --------------------------------------------------------------------------- #
-def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=2, eos_id=3, pad_id=0,
+def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID,
                   use_cache=True, min_len=0):
     """Translate a batch by taking the most probable token at every step.
 
@@ -178,7 +179,7 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=2, eos
     list of B lists of int
         The tokens of each sentence, without bos and eos.
     """
-    with _eval_mode(model):
+    with inference_mode(model):
         src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
         B, steps = src.shape[0], int(max_lens.max())
         memory, src_mask = model.encode(src)                     # (B, S, D), (B, S)
@@ -215,7 +216,7 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=2, eos
 # Beam search
 # --------------------------------------------------------------------------- #
 def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_len_offset=50, max_len=None,
-                      bos_id=2, eos_id=3, pad_id=0, use_cache=True, min_len=0):
+                      bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, use_cache=True, min_len=0):
     """Beam search with the GNMT length penalty; the ``n_best`` best hypotheses per sentence.
 
     Each step, for each sentence, the K live beams are extended by every token
@@ -258,7 +259,7 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
     nb = K if n_best is None else int(n_best)
     if K < 1 or not 1 <= nb <= K:
         raise ValueError(f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {beam_size} and {n_best}")
-    with _eval_mode(model):
+    with inference_mode(model):
         src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
         B, steps = src.shape[0], int(max_lens.max())
         memory, src_mask = model.encode(src)
@@ -351,8 +352,8 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
     return results
 
 
-def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_len=None, bos_id=2, eos_id=3,
-                pad_id=0, use_cache=True, return_scores=False, min_len=0):
+def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_len=None, bos_id=BOS_ID, eos_id=EOS_ID,
+                pad_id=PAD_ID, use_cache=True, return_scores=False, min_len=0):
     """The best beam-search hypothesis per sentence (see :func:`beam_search_nbest`).
 
     Parameters

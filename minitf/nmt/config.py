@@ -1,0 +1,193 @@
+"""One typed run config: the preset values, the flag overrides and their
+validation in one place, written to and read from a run folder's config.json.
+
+``train.py``, ``--resume``, the trainer and ``minitf.translate`` all read the same
+:class:`RunConfig`; the model is built from its :meth:`RunConfig.model_config`.
+"""
+import dataclasses
+import json
+import math
+import pathlib
+
+from minitf.nmt.errors import UsageError
+from minitf.nmt.files import write_json_atomic
+from minitf.nmt.tokenizer import PAD_ID
+from minitf.transformer import TransformerConfig
+
+#: Bumped whenever a field changes meaning; config.json records it.
+SCHEMA_VERSION = 2
+
+# Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement
+# (see README: more updates of a small, fast model win a 15-minute budget).
+PRESETS = {
+    "tiny": dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=512, dropout=0.1,
+                 vocab_size=4000, warmup=800, lr_scale=1.0, max_tokens=1500, max_minutes=13.0),
+    "base": dict(d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, d_ff=2048, dropout=0.1,
+                 vocab_size=8000, warmup=4000, lr_scale=1.0, max_tokens=25000, max_minutes=None),
+    "big": dict(d_model=1024, num_heads=16, num_encoder_layers=6, num_decoder_layers=6, d_ff=4096, dropout=0.3,
+                vocab_size=8000, warmup=4000, lr_scale=1.0, max_tokens=25000, max_minutes=None),
+}
+PRECISIONS = ("fp32", "tf32", "fp16")
+#: The fields that shape the model (a checkpoint fits a run only if these agree, dropout aside).
+MODEL_FIELDS = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout", "pre_norm")
+#: What ``--resume`` may change: the run's length and a few recipe knobs.
+RESUME_CHANGEABLE = ("max_steps", "epochs", "max_minutes", "max_tokens", "lr_scale", "clip_norm")
+#: How often to evaluate and save, and what to report: a resumed run keeps them unless given again.
+RUN_OPTIONS = ("eval_every", "save_every", "keep", "average", "bleu_sentences", "beam", "alpha")
+#: Flags that only steer this invocation (never refused with --resume).
+INVOCATION_OPTIONS = ("skip_nonfinite",)
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """Everything that defines a training run. Field names are the flags' names
+    (``--d-model`` is ``d_model``)."""
+    # the model (paper Table 3)
+    preset: str = "tiny"
+    d_model: int = 128
+    num_heads: int = 4
+    num_encoder_layers: int = 2
+    num_decoder_layers: int = 2
+    d_ff: int = 512
+    dropout: float = 0.1
+    pre_norm: bool = False
+    # the recipe
+    vocab_size: int = 4000
+    warmup: int = 800
+    lr_scale: float = 1.0
+    max_tokens: int = 1500
+    max_len: int = 100
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0
+    precision: str = "fp32"
+    seed: int = 1
+    skip_nonfinite: bool = False
+    # how long: whichever comes first; all None means 10 epochs
+    max_steps: int | None = None
+    epochs: int | None = None
+    max_minutes: float | None = 13.0
+    # evaluation, checkpoints, reporting
+    eval_every: int = 1000
+    save_every: int = 500
+    keep: int = 5
+    average: int = 5
+    bleu_sentences: int = 200
+    beam: int = 4
+    alpha: float = 0.6
+    # the data: six paths (test may be None) and their sha256 when the run started
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    data: dict = dataclasses.field(default_factory=dict)
+    data_sha256: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_preset(cls, preset, **overrides):
+        """The preset's values, then every override that is not None, validated.
+        An explicit ``max_steps`` or ``epochs`` replaces the preset's time budget."""
+        if preset not in PRESETS:
+            raise UsageError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+        values = dict(PRESETS[preset], preset=preset)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "max_steps" in given or "epochs" in given:
+            values["max_minutes"] = None
+        values.update(given)
+        config = cls(**values)
+        if config.max_steps is None and config.epochs is None and config.max_minutes is None:
+            config.epochs = 10
+        config.validate()
+        return config
+
+    def validate(self):
+        """Raise UsageError (one line, naming the flag) unless the values fit together."""
+        def flag(name):
+            return "--" + name.replace("_", "-")
+
+        for name in ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "vocab_size",
+                     "warmup", "max_tokens", "max_len", "eval_every", "save_every", "keep", "beam"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UsageError(f"{flag(name)} must be a positive integer, got {value!r}")
+        for name in ("max_steps", "epochs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise UsageError(f"{flag(name)} must be a positive integer, got {value!r}")
+        for name in ("dropout", "label_smoothing"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise UsageError(f"{flag(name)} must be in [0, 1), got {getattr(self, name)}")
+        if self.d_model % self.num_heads:
+            raise UsageError(f"--d-model must be divisible by --num-heads, got {self.d_model} and {self.num_heads}")
+        if not self.clip_norm >= 0:
+            raise UsageError(f"--clip-norm must be >= 0, got {self.clip_norm}")
+        if not (self.lr_scale > 0 and math.isfinite(self.lr_scale)):
+            raise UsageError(f"--lr-scale must be a positive number, got {self.lr_scale}")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise UsageError(f"--max-minutes must be positive, got {self.max_minutes}")
+        if self.vocab_size < 8:
+            raise UsageError(f"--vocab-size must be at least 8, got {self.vocab_size}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha) and self.alpha >= 0):
+            raise UsageError(f"--alpha must be a finite number >= 0, got {self.alpha}")
+        if self.average < 0 or self.bleu_sentences < 0:
+            raise UsageError(f"--average and --bleu-sentences must be >= 0, got {self.average} and "
+                             f"{self.bleu_sentences}")
+        return self
+
+    # -- the model ------------------------------------------------------------------
+    def model_config(self, vocab_size):
+        """The :class:`~minitf.transformer.TransformerConfig` of this run: one shared
+        vocabulary and tied embeddings (paper 3.4), padding id from the tokenizer."""
+        return TransformerConfig(src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
+                                 **{k: getattr(self, k) for k in MODEL_FIELDS},
+                                 share_embeddings=True, pad_id=PAD_ID)
+
+    def model_fields(self, with_dropout=False):
+        return {k: getattr(self, k) for k in MODEL_FIELDS if with_dropout or k != "dropout"}
+
+    # -- config.json ----------------------------------------------------------------
+    def to_dict(self):
+        return dict(dataclasses.asdict(self), schema_version=SCHEMA_VERSION)
+
+    @classmethod
+    def from_dict(cls, values, where="config.json"):
+        """Read back what :meth:`to_dict` wrote; UsageError for anything else."""
+        if not isinstance(values, dict):
+            raise UsageError(f"{where} holds {type(values).__name__}, expected a JSON object written by train.py")
+        version = values.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise UsageError(f"{where} has schema version {version!r}, this minitf reads version {SCHEMA_VERSION} "
+                             "(the run was written by another minitf version); start a new run")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names - {"schema_version"})
+        missing = sorted(names - set(values))
+        if unknown or missing:
+            raise UsageError(f"{where} does not match this minitf's run config (unknown {unknown}, missing "
+                             f"{missing}); start a new run")
+        try:
+            return cls(**{k: v for k, v in values.items() if k in names}).validate()
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"{where}: {error}") from None
+
+    def write(self, run_dir):
+        write_json_atomic(pathlib.Path(run_dir) / "config.json", self.to_dict())
+
+    @classmethod
+    def read(cls, run_dir):
+        """config.json of a run folder, with a one-line UsageError for anything that is not one."""
+        run_dir = pathlib.Path(run_dir)
+        if not run_dir.exists():
+            raise UsageError(f"--resume {run_dir}: no such folder; pass the --out folder of an earlier train.py run")
+        if not run_dir.is_dir():
+            raise UsageError(f"--resume {run_dir} is a file; pass the --out folder of an earlier train.py run")
+        if not (run_dir / "config.json").is_file():
+            if (run_dir / "tokenizer.model").is_file():
+                raise UsageError(f"--resume {run_dir}: the run was stopped before it wrote config.json, so there "
+                                 "is nothing to resume; start it again with the original command (same --out)")
+            raise UsageError(f"--resume {run_dir}: no config.json there, so it is not a run folder; "
+                             "pass the --out folder of an earlier train.py run")
+        try:
+            values = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise UsageError(f"--resume {run_dir}: config.json is not valid JSON ({error}); restore it from a "
+                             "checkpoint's meta.json (its \"config\") or start a new run") from None
+        return cls.from_dict(values, where=f"--resume {run_dir}: config.json")

@@ -1,0 +1,240 @@
+"""The default corpus: the example sentences of the Ding German-English dictionary.
+
+Fetched once from Debian's package ``trans-de-en`` (with apt), parsed into
+sentence pairs, shuffled with a fixed seed, split into train / valid / test and
+cached as plain text files that ``train.py`` then reads like any other corpus.
+"""
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+
+from minitf.backend import host as np
+from minitf.nmt.data import read_lines, write_lines
+from minitf.nmt.errors import CommandFailed, DataError
+
+#: Where the Ding dictionary lives inside the Debian package ``trans-de-en``.
+DING_PACKAGE = "trans-de-en"
+DING_MEMBER = pathlib.Path("usr/share/trans/de-en")
+
+_CORPUS_HINT = ("pass your own corpus with --train-src/--train-tgt --valid-src/--valid-tgt "
+                "(plain UTF-8 text, one sentence per line)")
+
+
+def fetch_default_corpus(cache_dir):
+    """Return the path of the Ding de-en dictionary, fetching it with apt if needed.
+
+    Parameters
+    ----------
+    cache_dir : str or path-like
+        Folder that holds ``trans-de-en/usr/share/trans/de-en`` once fetched.
+
+    Returns
+    -------
+    pathlib.Path
+        The dictionary file (UTF-8 text in Ding format, see :func:`parse_ding`).
+
+    Raises
+    ------
+    DataError
+        apt-get or dpkg-deb is unavailable, the package is unknown, or the fetch fails.
+    """
+    cache_dir = pathlib.Path(cache_dir)
+    final_dir = cache_dir / DING_PACKAGE
+    corpus = final_dir / DING_MEMBER
+    if corpus.is_file():
+        return corpus
+    for tool in ("apt-get", "dpkg-deb"):
+        if shutil.which(tool) is None:
+            raise DataError(f"the default corpus needs {tool} (Debian package {DING_PACKAGE}), "
+                            f"but apt is unavailable on this machine; {_CORPUS_HINT}")
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"cannot create the corpus cache folder {str(cache_dir)!r} ({error}); "
+                        "pass a writable --cache-dir") from None
+    # Work in a private temp folder and rename the finished tree into place, so an
+    # interrupted fetch never leaves a half-extracted corpus behind.
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{DING_PACKAGE}-", dir=cache_dir))
+    try:
+        deb = _apt_download(work)
+        extracted = work / "root"
+        _run(["dpkg-deb", "-x", str(deb), str(extracted)], cwd=work, what="dpkg-deb -x")
+        if not (extracted / DING_MEMBER).is_file():
+            raise DataError(f"package {DING_PACKAGE} has no {DING_MEMBER}; the package layout "
+                            f"changed, so {_CORPUS_HINT}")
+        if final_dir.exists() and not corpus.is_file():
+            shutil.rmtree(final_dir)  # a stale tree without the corpus: ours to replace
+        try:
+            os.rename(extracted, final_dir)
+        except OSError:
+            if not corpus.is_file():  # not a concurrent fetch that won the race
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return corpus
+
+
+def _apt_download(work):
+    """Run ``apt-get download`` in ``work`` and return the path of the .deb."""
+    try:
+        _run(["apt-get", "download", DING_PACKAGE], cwd=work, what="apt-get download")
+    except CommandFailed as error:
+        if "Unable to locate package" in error.detail or error.detail.startswith("E:"):
+            raise DataError(f"apt-get cannot get package {DING_PACKAGE} ({error.detail}): run "
+                            f"`apt-get update` first (as root), or {_CORPUS_HINT}") from None
+        raise
+    debs = sorted(work.glob(f"{DING_PACKAGE}_*.deb"))
+    if not debs:
+        raise DataError(f"apt-get download {DING_PACKAGE} reported success but wrote no .deb; "
+                        f"{_CORPUS_HINT}")
+    return debs[0]
+
+
+def _run(command, cwd, what):
+    """Run a command quietly; any failure becomes a one-line DataError."""
+    try:
+        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
+                                timeout=600, check=False)
+    except FileNotFoundError:
+        raise DataError(f"{command[0]} is not installed, so apt is unavailable; "
+                        f"{_CORPUS_HINT}") from None
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise DataError(f"{what} failed ({error}); {_CORPUS_HINT}") from None
+    if result.returncode != 0:
+        lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith("E:")]
+        detail = (errors or lines or [f"exit status {result.returncode}"])[-1].strip()
+        raise CommandFailed(what, detail, _CORPUS_HINT)
+    return result
+
+
+# --------------------------------------------------------------------------- parse Ding
+
+# Annotations Ding puts around words: {f}, {m}, {vt}, [ugs.], [Br.], (explanations).
+_ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|\([^()]*\)")
+# Placeholders mark a phrase pattern, not a sentence ("jdm. etw. geben", "to give sb. sth.").
+_PLACEHOLDER = re.compile(r"(?<!\w)(?:etw|jdn|jdm|jds|sth|sb|so)\.|(?<!\w)sb['’]s(?!\w)|\.\.\.|…")
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])")
+
+
+def _clean(text):
+    """Strip Ding annotations and collapse whitespace."""
+    previous = None
+    while previous != text:  # nested brackets, e.g. "(a (b) c)"
+        previous, text = text, _ANNOTATION.sub(" ", text)
+    text = " ".join(text.split())
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", text)
+
+
+def _is_sentence(text):
+    """True for a whole sentence: capitalised, >= 3 words, final . ! ?, no placeholders."""
+    return (len(text) > 0 and text[0].isupper() and text[-1] in ".!?"
+            and len(text.split()) >= 3 and not _PLACEHOLDER.search(text))
+
+
+def _line_pairs(line):
+    """The sentence pairs of one Ding line (``de | de :: en | en``), in order."""
+    if " :: " not in line:
+        return []
+    german, english = line.split(" :: ", 1)
+    de_entries, en_entries = german.split(" | "), english.split(" | ")
+    if len(de_entries) != len(en_entries):
+        return []
+    pairs = []
+    for de_entry, en_entry in zip(de_entries, en_entries):
+        de_syns, en_syns = de_entry.split("; "), en_entry.split("; ")
+        if len(de_syns) != len(en_syns):
+            if len(de_syns) != 1 and len(en_syns) != 1:
+                continue
+            # one sentence against several synonym translations: pair it with the first
+            de_syns, en_syns = de_syns[:1], en_syns[:1]
+        for de, en in zip(de_syns, en_syns):
+            if _PLACEHOLDER.search(de) or _PLACEHOLDER.search(en):
+                continue  # checked before cleaning too: "(etw.)" marks a pattern
+            de, en = _clean(de), _clean(en)
+            if _is_sentence(de) and _is_sentence(en):
+                pairs.append((de, en))
+    return pairs
+
+
+def parse_ding(path):
+    """Extract whole-sentence German-English pairs from a Ding dictionary file.
+
+    Lines look like ``de1 | de2 :: en1 | en2`` (``#`` starts a comment). Sub-entries
+    pair up by position (a line whose sides have different counts is skipped);
+    inside a sub-entry ``; `` separates synonyms, paired by position when both
+    sides have as many, and a single entry against several is paired with the first. A pair is kept when both sides are whole sentences: an
+    uppercase first letter, at least 3 words, a final ``.``, ``!`` or ``?``, and no
+    placeholder (``etw.``, ``jdm.``, ``sth.``, ``sb.``, ``...``). Annotations
+    (``{f}``, ``[ugs.]``, ``(...)``) are stripped and whitespace collapsed.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The dictionary (UTF-8), e.g. from :func:`fetch_default_corpus`.
+
+    Returns
+    -------
+    list of (str, str)
+        Unique ``(german, english)`` pairs in order of first occurrence.
+    """
+    seen, pairs = set(), []
+    for line in read_lines(path, "Ding dictionary", max_chars=None):
+        if not line or line.startswith("#"):
+            continue
+        for pair in _line_pairs(line):
+            if pair not in seen:
+                seen.add(pair)
+                pairs.append(pair)
+    return pairs
+
+
+def split_pairs(pairs, seed=1234, n_valid=500, n_test=500):
+    """Shuffle a copy of ``pairs`` and cut it into train, valid and test.
+
+    Parameters
+    ----------
+    pairs : sequence
+        The items to split (left untouched).
+    seed : int
+        Seed of the shuffle; the same seed always gives the same split.
+    n_valid, n_test : int
+        Sizes of the validation and test sets; train gets the rest.
+
+    Returns
+    -------
+    train, valid, test : list
+    """
+    n_valid, n_test = int(n_valid), int(n_test)
+    if n_valid < 0 or n_test < 0:
+        raise DataError(f"split sizes must be >= 0, got n_valid={n_valid}, n_test={n_test}")
+    if n_valid + n_test >= len(pairs):
+        raise DataError(f"cannot hold out {n_valid} valid + {n_test} test pairs from only "
+                        f"{len(pairs)} pairs; use a bigger corpus or smaller held-out sets")
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    shuffled = [pairs[i] for i in order.tolist()]
+    valid, test = shuffled[:n_valid], shuffled[n_valid:n_valid + n_test]
+    return shuffled[n_valid + n_test:], valid, test
+
+
+def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en"):
+    """Fetch the Ding dictionary, extract sentence pairs, split 500/500 (seed 1234), cache as text.
+
+    Returns
+    -------
+    dict
+        ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``,
+        absolute paths of the cached split files.
+    """
+    folder = pathlib.Path(cache_dir) / "ding-de-en"
+    names = {f"{s}_{side}": folder / f"{s}.{lang}" for s in ("train", "valid", "test")
+             for side, lang in (("src", src_lang), ("tgt", tgt_lang))}
+    if not all(p.is_file() for p in names.values()):
+        pairs = parse_ding(fetch_default_corpus(cache_dir))
+        for split, part in zip(("train", "valid", "test"), split_pairs(pairs, seed=1234)):
+            write_lines(folder / f"{split}.de", [de for de, _ in part])
+            write_lines(folder / f"{split}.en", [en for _, en in part])
+    return {k: os.path.abspath(v) for k, v in names.items()}

@@ -1,0 +1,43 @@
+"""The end of a run: average the last checkpoints (paper 6.1: the last 5), keep
+whichever of "last" and "averaged" has the better validation BLEU (best.json),
+and report test BLEU with beam search."""
+import pathlib
+import time
+
+from minitf.nmt import checkpoint as ckpt
+from minitf.nmt.files import write_json_atomic
+
+
+def finish_run(trainer, final, log):
+    """Choose the model the run hands to ``minitf.translate`` and report test BLEU.
+
+    Parameters
+    ----------
+    trainer : minitf.nmt.trainer.Trainer
+        After its last step; ``final`` is the checkpoint it just saved.
+    """
+    config, run_dir = trainer.config, trainer.run_dir
+    checkpoints = ckpt.list_checkpoints(run_dir)[-config.average:] if config.average > 1 else []
+    candidates = [("last", trainer.model.state_dict())]
+    if len(checkpoints) > 1:
+        averaged = ckpt.average_checkpoints(checkpoints, run_dir / "checkpoints" / "averaged")
+        candidates.append((f"average of last {len(checkpoints)}", ckpt.read_checkpoint(averaged)["params"]))
+    best = None
+    for name, params in candidates:  # pick on validation BLEU (greedy, quick), report test with beam
+        trainer.model.load_state_dict(params)
+        record = trainer.validate(config.bleu_sentences or 200, beam=1, alpha=config.alpha, samples=0,
+                                  model_name=name)
+        log(f"  ({name})")
+        if best is None or record.get("bleu", 0) > best[1].get("bleu", 0):
+            best = (name, record, params)
+    trainer.model.load_state_dict(best[2])
+    # relative to the run folder, so that the run can be moved or used from another working directory
+    write_json_atomic(run_dir / "best.json", {"model": best[0], "checkpoint": str(
+        pathlib.Path("checkpoints") / ("averaged" if best[0].startswith("average") else final.name))})
+    if "test" in trainer.corpus.text:
+        start = time.perf_counter()
+        record = trainer.validate(len(trainer.corpus.text["test"][0]), beam=config.beam, alpha=config.alpha,
+                                  split="test", samples=5)
+        log(f"test BLEU {record['bleu']:.2f} with the {best[0]} model (beam {config.beam}, alpha {config.alpha}, "
+            f"{time.perf_counter() - start:.0f} s to translate {record['bleu_sentences']} sentences)")
+    log(f"translate with: python -m minitf.translate --checkpoint {run_dir}")

@@ -1,0 +1,300 @@
+"""The ``train.py`` command: a new run, or ``--resume`` of an earlier one.
+
+What a kill costs (README, "Resuming and what is guaranteed"): the steps since the
+last checkpoint. ``--resume`` takes the newest checkpoint that passes its checks
+(checksums, model shape, tokenizer), moves newer bad ones aside with a warning,
+and cuts metrics.jsonl back to that checkpoint's step.
+"""
+import os
+import pathlib
+import signal
+import sys
+import time
+
+from minitf import backend
+from minitf.nmt import checkpoint as ckpt
+from minitf.nmt.cli import OneLineParser, non_negative, positive, report_errors
+from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
+from minitf.nmt.corpus import default_corpus_splits
+from minitf.nmt.data import Corpus, read_parallel
+from minitf.nmt.errors import CheckpointError, DataError, UsageError
+from minitf.nmt.files import file_sha256
+from minitf.nmt.finish import finish_run
+from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
+from minitf.nmt.trainer import Trainer
+
+DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "minitf"
+#: The flags that name the model, recipe or data of a run: refused with --resume.
+RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
+                "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "seed", "src_lang", "tgt_lang",
+                "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
+
+
+def build_parser():
+    p = OneLineParser(prog="train.py", description="Train a Transformer translation model (German to English "
+                      "on the Ding dictionary's example sentences by default).")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                   help="model size and recipe: tiny (CPU default), base and big (paper, Table 3)")
+    g = p.add_argument_group("model (override the preset)")
+    g.add_argument("--d-model", type=positive(int))
+    g.add_argument("--num-heads", type=positive(int))
+    g.add_argument("--num-layers", type=positive(int), help="encoder and decoder layers")
+    g.add_argument("--num-encoder-layers", type=positive(int))
+    g.add_argument("--num-decoder-layers", type=positive(int))
+    g.add_argument("--d-ff", type=positive(int))
+    g.add_argument("--dropout", type=float)
+    g.add_argument("--pre-norm", action="store_true", help="pre-LN blocks instead of the paper's post-LN")
+    g = p.add_argument_group("recipe")
+    g.add_argument("--vocab-size", type=positive(int), help="joint BPE vocabulary size")
+    g.add_argument("--max-tokens", type=positive(int), help="padded tokens per batch and side (paper: ~25000)")
+    g.add_argument("--max-len", type=positive(int), default=100, help="skip longer sentences (in BPE tokens)")
+    g.add_argument("--warmup", type=positive(int), help="warmup steps of the learning-rate schedule")
+    g.add_argument("--lr-scale", type=positive(float), help="factor on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
+    g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--clip-norm", type=float, default=0.0, help="global gradient-norm clipping (0 = off)")
+    g.add_argument("--skip-nonfinite", action="store_true",
+                   help="skip (and count) a step whose loss is not finite instead of stopping")
+    g = p.add_argument_group("run")
+    g.add_argument("--device", choices=["cpu", "gpu"], default=os.environ.get("MINITF_DEVICE", "cpu"))
+    g.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32; tf32 (GPU: TF32 tensor-core matmuls via CUPY_TF32=1); fp16 (float16 model, "
+                   "float32 master weights and Adam moments, dynamic loss scaling)")
+    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--max-steps", type=positive(int))
+    g.add_argument("--epochs", type=positive(int))
+    g.add_argument("--max-minutes", type=positive(float),
+                   help="stop after this many minutes spent in training steps (validation and checkpoints "
+                   "not counted)")
+    g.add_argument("--out", type=pathlib.Path, help="run folder (default runs/<preset>)")
+    g.add_argument("--resume", type=pathlib.Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
+    g.add_argument("--eval-every", type=positive(int), default=1000, help="steps between validations")
+    g.add_argument("--save-every", type=positive(int), default=500, help="steps between checkpoints")
+    g.add_argument("--keep", type=positive(int), default=5, help="checkpoints kept")
+    g.add_argument("--average", type=int, default=5, help="average the last N checkpoints at the end (0/1 = off)")
+    g.add_argument("--bleu-sentences", type=int, default=200, help="validation sentences decoded for BLEU")
+    g.add_argument("--beam", type=positive(int), default=4)
+    g.add_argument("--alpha", type=non_negative, default=0.6, help="length penalty exponent (a finite number >= 0)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    g = p.add_argument_group("data (default: the Ding de-en example sentences, fetched with apt)")
+    for split in ("train", "valid", "test"):
+        g.add_argument(f"--{split}-src", type=pathlib.Path)
+        g.add_argument(f"--{split}-tgt", type=pathlib.Path)
+    g.add_argument("--src-lang", default="de")
+    g.add_argument("--tgt-lang", default="en")
+    g.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE)
+    return p
+
+
+def given_options(argv):
+    """The dests of the options written on the command line (abbreviations and
+    ``--flag=value`` included), told apart from defaults by parsing twice."""
+    parser = build_parser()
+    unset = object()
+    parser.set_defaults(**{name: unset for name in vars(parser.parse_args(argv))})
+    return {name for name, value in vars(parser.parse_args(argv)).items() if value is not unset}
+
+
+def config_from_args(args):
+    """The run config of a new run: the preset, overridden by the flags given."""
+    layers = dict(num_encoder_layers=args.num_encoder_layers or args.num_layers,
+                  num_decoder_layers=args.num_decoder_layers or args.num_layers)
+    return RunConfig.from_preset(
+        args.preset, d_model=args.d_model, num_heads=args.num_heads, d_ff=args.d_ff, dropout=args.dropout,
+        pre_norm=args.pre_norm, vocab_size=args.vocab_size, warmup=args.warmup, lr_scale=args.lr_scale,
+        max_tokens=args.max_tokens, max_minutes=args.max_minutes, max_steps=args.max_steps, epochs=args.epochs,
+        max_len=args.max_len, seed=args.seed, label_smoothing=args.label_smoothing, clip_norm=args.clip_norm,
+        src_lang=args.src_lang, tgt_lang=args.tgt_lang, skip_nonfinite=args.skip_nonfinite,
+        precision=args.precision, **layers, **{name: getattr(args, name) for name in RUN_OPTIONS})
+
+
+def setup_device(precision, device):
+    """TF32 is switched on through CuPy's environment variable CUPY_TF32, which CuPy
+    reads when it first picks a float32 matmul mode: so before ``backend.set_device``."""
+    if precision == "tf32":
+        if device != "gpu":
+            raise UsageError("--precision tf32 needs --device gpu (TF32 is a tensor-core mode of NVIDIA GPUs)")
+        os.environ["CUPY_TF32"] = "1"
+    backend.set_device(device)
+
+
+def data_paths(args):
+    """The six corpus files, from the flags or from the default corpus (fetched once)."""
+    given = {f"{s}_{side}": getattr(args, f"{s}_{side}") for s in ("train", "valid", "test") for side in ("src", "tgt")}
+    if any(v is not None for v in given.values()):
+        for split in ("train", "valid"):
+            if given[f"{split}_src"] is None or given[f"{split}_tgt"] is None:
+                raise UsageError(f"a custom corpus needs --{split}-src and --{split}-tgt "
+                                 "(and optionally --test-src/--test-tgt)")
+        if (given["test_src"] is None) != (given["test_tgt"] is None):
+            raise UsageError("--test-src and --test-tgt go together")
+        # absolute, so that --resume works from any working directory
+        return {k: (os.path.abspath(v) if v is not None else None) for k, v in given.items()}
+    if {args.src_lang, args.tgt_lang} != {"de", "en"}:
+        raise UsageError(f"the default corpus is German-English: --src-lang/--tgt-lang must be de/en, "
+                         f"got {args.src_lang}/{args.tgt_lang}; pass --train-src etc. for another corpus")
+    return default_corpus_splits(args.cache_dir, args.src_lang, args.tgt_lang)
+
+
+def check_output_folder(out):
+    """Refuse to overwrite another run, and fail early on a folder we cannot write."""
+    out = pathlib.Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder; expected a run folder, choose another --out")
+    if (out / "config.json").exists():
+        raise UsageError(f"--out {out} already holds a run; continue it with --resume {out} or choose another --out")
+    probe = out if out.exists() else next((p for p in out.parents if p.exists()), pathlib.Path("."))
+    if not probe.is_dir():
+        raise UsageError(f"--out {out} lies below {probe}, which is a file, not a folder; choose another --out")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to {probe} (for --out {out}); choose a writable --out")
+
+
+def prepare_tokenizer(run_dir, train_texts, vocab_size, log):
+    """Train the run's tokenizer. A new run always trains it, also over a
+    tokenizer.model left by a run killed before it wrote config.json (it may
+    come from other flags); a resumed run reads its own instead."""
+    path = pathlib.Path(run_dir) / "tokenizer.model"
+    start = time.perf_counter()
+    tokenizer = train_tokenizer(train_texts, path, vocab_size)
+    log(f"trained a joint BPE vocabulary of {tokenizer.vocab_size} on {len(train_texts)} sentences "
+        f"in {time.perf_counter() - start:.1f} s")
+    return tokenizer
+
+
+def log(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- #
+# a new run
+# --------------------------------------------------------------------------- #
+def run(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.resume is not None:
+        return resume_run(args, given_options(argv))
+    config = config_from_args(args)
+    run_dir = args.out or pathlib.Path("runs") / args.preset
+    check_output_folder(run_dir)
+    setup_device(config.precision, args.device)
+    paths = data_paths(args)
+    train_pairs = read_parallel(paths["train_src"], paths["train_tgt"])  # fail on bad data before writing
+    read_parallel(paths["valid_src"], paths["valid_tgt"])
+    if paths.get("test_src"):
+        read_parallel(paths["test_src"], paths["test_tgt"])
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config.data = paths
+    try:
+        tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
+                                      config.vocab_size, log)
+    except DataError:  # e.g. --vocab-size too large for the text: leave no empty run folder behind
+        if created and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise
+    config.data_sha256 = {key: file_sha256(path) for key, path in paths.items() if path is not None}
+    config.write(run_dir)
+    corpus = Corpus(tokenizer, paths, log)
+    trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    log(f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
+        f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, on {args.device}; "
+        f"{len(corpus.ids['train'][0])} training pairs; run folder {run_dir}")
+    return train_and_report(trainer, args)
+
+
+# --------------------------------------------------------------------------- #
+# --resume
+# --------------------------------------------------------------------------- #
+def resume_run(args, given):
+    run_dir = args.resume
+    fixed = [k for k in RESUME_FIXED if k in given]
+    if args.out is not None and pathlib.Path(args.out).resolve() != pathlib.Path(run_dir).resolve():
+        fixed.append("out")
+    if fixed:
+        flags = ", ".join("--" + k.replace("_", "-") for k in fixed)
+        raise UsageError(f"--resume continues a run with its own settings, so {flags} cannot be given; allowed with "
+                         "--resume: " + ", ".join("--" + k.replace("_", "-") for k in RESUME_CHANGEABLE + RUN_OPTIONS)
+                         + ", --device, --skip-nonfinite, --no-progress")
+    config = RunConfig.read(run_dir)
+    changed = {k: getattr(args, k) for k in RESUME_CHANGEABLE + RUN_OPTIONS
+               if k in given and getattr(args, k) != getattr(config, k)}
+    if any(k in changed for k in ("max_steps", "epochs", "max_minutes")):
+        for key in ("max_steps", "epochs", "max_minutes"):  # a new length replaces the old one
+            changed[key] = getattr(args, key)
+    for name, value in changed.items():
+        setattr(config, name, value)
+    config.validate()
+    for name in INVOCATION_OPTIONS:  # for this invocation only
+        setattr(config, name, getattr(args, name))
+    setup_device(config.precision, args.device)
+    for key, digest in config.data_sha256.items():
+        data_file = config.data.get(key)
+        if data_file and pathlib.Path(data_file).is_file() and file_sha256(data_file) != digest:
+            log(f"warning: {data_file} changed since the run started: the resumed run will not repeat an "
+                "uninterrupted one (restore the original file for an exact resume)")
+    tokenizer = Tokenizer(run_dir / "tokenizer.model")
+    corpus = Corpus(tokenizer, config.data, log)
+    trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    for stale in ckpt.recover_checkpoints(run_dir):
+        log(f"removed {stale.name}, left by an interrupted checkpoint write")
+    state, path, errors = ckpt.latest_valid_checkpoint(run_dir, check=trainer.check_fits)
+    if state is None and errors:
+        raise CheckpointError(f"--resume {run_dir}: none of its {len(errors)} checkpoints is usable, the newest "
+                              f"because: {errors[0][1]}; restore a good checkpoint or start a new run")
+    if changed:  # written only now: a refused --resume changes nothing
+        config.write(run_dir)
+        recipe = sorted(set(changed) & {"max_tokens", "lr_scale", "clip_norm"})
+        if recipe:
+            log("warning: changed " + ", ".join(f"--{k.replace('_', '-')} to {changed[k]}" for k in recipe)
+                + ": from here on the run departs from an uninterrupted one (config.json now holds the new values)")
+    for bad, error in errors:
+        aside = bad.with_name(bad.name + ".bad")
+        n = 1
+        while aside.exists():
+            n, aside = n + 1, bad.with_name(f"{bad.name}.bad{n}")
+        os.rename(bad, aside)
+        log(f"warning: skipping a bad checkpoint, moved aside to {aside.name}: {error}")
+    if state is not None:
+        trainer.restore(state)
+        trainer.last_checkpoint = path
+        log(f"resumed from {path} at step {trainer.step} (epoch {trainer.epoch + 1})")
+    else:
+        log(f"no checkpoint in {run_dir} yet: starting from step 0")
+    dropped = trainer.metrics.truncate(trainer.step)
+    if dropped:
+        log(f"metrics.jsonl: dropped {dropped} records written after step {trainer.step} (they are redone)")
+    return train_and_report(trainer, args)
+
+
+# --------------------------------------------------------------------------- #
+# training, then the end-of-run report
+# --------------------------------------------------------------------------- #
+def train_and_report(trainer, args):
+    config, run_dir = trainer.config, trainer.run_dir
+
+    def request_stop(signum, frame):
+        trainer.stop_requested = signum
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        log(f"{name}: saving a checkpoint after this step (Ctrl-C again to abort without saving)")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        trainer.run(config.eval_every, config.save_every, config.bleu_sentences, config.beam, config.alpha)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    final = trainer.save()
+    if trainer.stop_requested:
+        log(f"stopped at step {trainer.step}; checkpoint {final}; continue with: python train.py --resume {run_dir}")
+        return 128 + int(trainer.stop_requested)  # 130 after Ctrl-C, 143 after SIGTERM
+    trainer.metrics.write(kind="done", step=trainer.step, train_minutes=round(trainer.elapsed / 60, 2))
+    log(f"trained {trainer.step} steps in {trainer.elapsed / 60:.1f} min; checkpoint {final}")
+    finish_run(trainer, final, log)
+    return 0
+
+
+def main(argv=None):
+    """Entry point: runs training; bad input gives one error line and a non-zero exit."""
+    return report_errors("train.py", run, argv, memory_hint="use a smaller --max-tokens",
+                         interrupt_message="interrupted; nothing after the last checkpoint was saved "
+                         "(continue with --resume RUN_DIR if the run had written config.json)")

@@ -1,0 +1,278 @@
+"""The training loop: one update (forward, loss, backward, clipping, Adam), the
+loop over token-count batches with validation and checkpoints, and saving and
+restoring a run's state.
+
+The recipe is the paper's (section 5): Adam (0.9, 0.98, 1e-9) with the warmup
+schedule, label smoothing, dropout. Resuming is exact: the dropout generator is
+re-seeded from (seed, step) before every step and the batch order depends only
+on (seed, epoch), so a checkpoint needs only the parameters, Adam's moments and
+the position in the data.
+"""
+import math
+import pathlib
+import sys
+import time
+
+from minitf import backend
+from minitf.backend import xp
+from minitf.loss import LabelSmoothedCrossEntropy
+from minitf.optim import Adam, MixedPrecisionAdam, WarmupSchedule, buffer_norm, clip_buffer_norm
+from minitf.transformer import Transformer
+from minitf.nmt import checkpoint as ckpt
+from minitf.nmt.data import token_batches
+from minitf.nmt.errors import CheckpointError, StepOutOfMemory
+from minitf.nmt.evaluate import bleu_score, evaluate_loss
+from minitf.nmt.metrics import MetricsLog, perplexity
+from minitf.nmt.tokenizer import PAD_ID
+
+
+def step_seed(seed, step):
+    """The dropout generator's seed for one step: resuming at a step redraws its masks."""
+    return (int(seed) * 1_000_003 + int(step)) % (2 ** 63)
+
+
+
+class Trainer:
+    def __init__(self, config, run_dir, tokenizer, corpus, log, progress=True):
+        self.config, self.run_dir, self.tokenizer, self.corpus, self.log = config, pathlib.Path(run_dir), tokenizer, corpus, log
+        self.progress = progress
+        backend.manual_seed(config.seed)
+        # fp16: a float16 model (parameters, activations, gradients) with float32 master weights in the optimizer
+        self.mixed = config.precision == "fp16"
+        with backend.default_dtype("float16" if self.mixed else backend.get_default_dtype()):
+            self.model = Transformer.from_config(config.model_config(tokenizer.vocab_size))
+        self.loss_fn = LabelSmoothedCrossEntropy(config.label_smoothing, ignore_index=PAD_ID)
+        self.schedule = WarmupSchedule(config.d_model, config.warmup, config.lr_scale)
+        self.optimizer = (MixedPrecisionAdam if self.mixed else Adam)(
+            self.model.parameters(), lr=self.schedule, betas=(0.9, 0.98), eps=1e-9)
+        self.step, self.epoch, self.batch_in_epoch, self.elapsed = 0, 0, 0, 0.0
+        self.skipped_nonfinite = 0
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.last_checkpoint = None
+        self.stop_requested = False
+        self.nonfinite = None  # what the last train_step found not finite: None, "loss" or "gradients"
+        self.grad_norm = float("nan")  # global gradient norm of the last step (before clipping)
+
+    # -- checkpoints -----------------------------------------------------------
+    def save(self):
+        """Write the checkpoint of the current step (once: a step already saved is not rewritten)."""
+        path = ckpt.checkpoint_path(self.run_dir, self.step)
+        if self.last_checkpoint is not None and pathlib.Path(self.last_checkpoint) == path and path.is_dir():
+            return path
+        if not bool(xp.isfinite(self.optimizer.flat.data).all()):  # the model's, or the float32 master weights
+            raise FloatingPointError(f"the parameters are not finite at step {self.step}; not saving them; "
+                                     f"last good checkpoint: {self.last_checkpoint or 'none yet'} "
+                                     "(try a smaller --lr-scale or --clip-norm 1)")
+        meta = dict(config=self.config.to_dict(), model=self.model.config, step=self.step, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch,
+                    elapsed_seconds=self.elapsed, vocab_size=self.tokenizer.vocab_size,
+                    tokenizer_sha256=self.tokenizer.sha256, skipped_nonfinite=self.skipped_nonfinite,
+                    rng={"scheme": "dropout re-seeded from (seed, step); batch order from (seed, epoch)",
+                         "seed": self.config.seed})
+        optimizer = {k: backend.to_numpy(v) for k, v in (("m", self.optimizer.m), ("v", self.optimizer.v))}
+        params = self.model.state_dict()
+        if self.mixed:  # the float32 master weights are the parameters: translate loads a float32 model
+            names = [name for name, _ in self.model.named_parameters()]
+            params = {name: backend.to_numpy(a).copy() for name, a in zip(names, self.optimizer.master_params())}
+            meta["loss_scale"] = self.optimizer.scaler_state()
+        try:
+            path = ckpt.write_checkpoint(path, params, meta, self.tokenizer.model_bytes(), optimizer)
+        except CheckpointError as error:
+            raise CheckpointError(f"{error}; last good checkpoint: {self.last_checkpoint or 'none yet'}") from None
+        ckpt.prune_checkpoints(self.run_dir, self.config.keep)
+        self.last_checkpoint = path
+        return path
+
+    def check_fits(self, state, path="the checkpoint"):
+        """Raise CheckpointError unless ``state`` can continue this run: same tokenizer,
+        same model shapes, Adam's moments present, a position in the data."""
+        meta = state["meta"]
+        if meta.get("tokenizer_sha256") != self.tokenizer.sha256:
+            raise CheckpointError(f"{path} was trained with another tokenizer than this run's tokenizer.model "
+                                       f"(vocabulary {meta.get('vocab_size')} vs {self.tokenizer.vocab_size}); "
+                                       "resume it from its own run folder")
+        ours = self.config.model_fields()
+        theirs = {k: meta["config"].get(k) for k in ours}
+        if theirs != ours:
+            diff = ", ".join(f"{k} {theirs[k]} (run: {ours[k]})" for k in ours if theirs[k] != ours[k])
+            raise CheckpointError(f"{path} belongs to another model ({diff}); resume it from its own run folder")
+        shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+        saved = {name: tuple(a.shape) for name, a in state["params"].items()}
+        if saved != shapes:
+            wrong = sorted(n for n in set(shapes) | set(saved) if shapes.get(n) != saved.get(n))
+            raise CheckpointError(f"{path} does not fit this model: parameters {wrong[:3]} have shapes "
+                                       f"{[saved.get(n) for n in wrong[:3]]}, "
+                                       f"expected {[shapes.get(n) for n in wrong[:3]]}")
+        if state["optimizer"] is None or set(state["optimizer"]) != {"m", "v"}:
+            raise CheckpointError(f"{path} has no optimizer state (an averaged checkpoint?); "
+                                       "resume needs a step-NNNNNNNN checkpoint of the run")
+        theirs, ours = meta["config"].get("precision"), self.config.precision
+        if theirs != ours:
+            raise CheckpointError(f"{path} was trained with --precision {theirs}, the run with {ours}; "
+                                       "resume it from its own run folder")
+        if self.mixed and not isinstance(meta.get("loss_scale"), dict):
+            raise CheckpointError(f"{path}: meta.json has no loss scale for this fp16 run; use another checkpoint")
+        for key in ("step", "epoch", "batch_in_epoch"):
+            if not isinstance(meta.get(key), int) or meta[key] < 0:
+                raise CheckpointError(f"{path}: meta.json has no valid {key!r} (got {meta.get(key)!r}); "
+                                           "use another checkpoint")
+
+    def restore(self, state):
+        self.check_fits(state)
+        meta = state["meta"]
+        try:
+            self.model.load_state_dict(state["params"])
+            self.optimizer.load_state_dict(dict(state["optimizer"], step=meta["step"]))
+            if self.mixed:  # the saved float32 parameters are the master weights, exactly
+                self.optimizer.load_master([state["params"][name] for name, _ in self.model.named_parameters()])
+                self.optimizer.load_scaler_state(meta["loss_scale"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise CheckpointError(f"the checkpoint does not fit this model: {error}") from None
+        self.step, self.epoch, self.batch_in_epoch = meta["step"], meta["epoch"], meta["batch_in_epoch"]
+        self.elapsed, self.skipped_nonfinite = meta.get("elapsed_seconds", 0.0), meta.get("skipped_nonfinite", 0)
+
+    # -- one update -------------------------------------------------------------
+    def train_step(self, src, tgt_in, tgt_out):
+        """Forward, loss, backward, (clip), Adam. Returns the loss (a logged scalar).
+
+        A non-finite loss stops before backward, non-finite gradients before Adam:
+        either way parameters and Adam's moments are untouched, and ``self.nonfinite``
+        says which ("loss" or "gradients"; None after a good step). With fp16, non-finite
+        gradients are a loss-scale overflow: the optimizer halves the scale and skips the
+        update, and ``self.nonfinite`` is "overflow" (the run goes on)."""
+        # overflow is checked below and reported once, not as numpy warnings
+        with backend.host.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._train_step(src, tgt_in, tgt_out)
+
+    def _train_step(self, src, tgt_in, tgt_out):
+        backend.manual_seed(step_seed(self.config.seed, self.step))
+        self.optimizer.zero_grad()
+        self.nonfinite = None
+        logits = self.model(src, tgt_in)
+        loss = self.loss_fn(logits, tgt_out)
+        if not math.isfinite(loss):
+            self.model.clear_saved()
+            self.nonfinite = "loss"
+            return loss
+        if self.mixed:  # float16 backward of loss * scale, then float32 gradients / scale
+            self.model.backward(self.loss_fn.backward(self.optimizer.scale))
+            grads = self.optimizer.unscale_grads()
+        else:
+            self.model.backward(self.loss_fn.backward())
+            grads = self.optimizer.flat.grad  # the model's flat gradient buffer
+        if self.config.clip_norm > 0:
+            norm = clip_buffer_norm(grads, self.config.clip_norm)
+        else:
+            norm = buffer_norm(grads)
+        self.grad_norm = float(norm)  # a logged scalar, and the finiteness check of every gradient
+        if self.mixed:
+            if not self.optimizer.update(math.isfinite(self.grad_norm)):
+                self.nonfinite = "overflow"
+            return loss
+        if not math.isfinite(self.grad_norm):
+            self.nonfinite = "gradients"
+            return loss
+        self.optimizer.step()
+        return loss
+
+    def eta(self):
+        """' ETA m:ss' of a time budget (tqdm shows its own ETA when --max-steps sets a total)."""
+        if self.config.max_minutes is None or self.config.max_steps is not None:
+            return ""
+        left = max(0, int(60 * self.config.max_minutes - self.elapsed))
+        return f" ETA {left // 60}:{left % 60:02d}"
+
+    def finished(self):
+        c = self.config
+        return ((c.max_steps is not None and self.step >= c.max_steps)
+                or (c.epochs is not None and self.epoch >= c.epochs)
+                or (c.max_minutes is not None and self.elapsed >= 60 * c.max_minutes)
+                or self.stop_requested)
+
+    def run(self, eval_every, save_every, bleu_sentences, beam, alpha):
+        c = self.config
+        lengths = self.corpus.lengths("train")
+        total = c.max_steps
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+            bar = tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True, file=sys.stderr)
+        window_tokens, window_start = 0, time.perf_counter()
+        while not self.finished():
+            batches, skipped = token_batches(*lengths, c.max_tokens, c.seed, self.epoch, c.max_len)
+            if self.batch_in_epoch == 0 and skipped:
+                self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c['max_len']}")
+            while self.batch_in_epoch < len(batches) and not self.finished():
+                started = time.perf_counter()
+                src, tgt_in, tgt_out = self.corpus.batch("train", batches[self.batch_in_epoch])
+                lr = self.optimizer.current_lr(self.step + 1)
+                try:
+                    loss = self.train_step(src, tgt_in, tgt_out)
+                except MemoryError:
+                    self.model.clear_saved()
+                    raise StepOutOfMemory(
+                        f"out of memory at step {self.step + 1} on a batch of {src.shape[0]} sentences padded to "
+                        f"{src.shape[1]} source and {tgt_in.shape[1]} target tokens; use a smaller --max-tokens "
+                        f"(this run: {c.max_tokens}), e.g. --resume {self.run_dir} --max-tokens "
+                        f"{max(1, c.max_tokens // 2)}; last good checkpoint: {self.last_checkpoint or 'none yet'}",
+                        step=self.step + 1) from None
+                self.elapsed += time.perf_counter() - started  # skipped batches spend the time budget too
+                if self.nonfinite == "overflow":  # fp16: scale halved, update skipped; the batch is used up
+                    self.batch_in_epoch += 1
+                    continue
+                if self.nonfinite:
+                    what = f"the loss became {loss}" if self.nonfinite == "loss" else \
+                        f"the gradients became non-finite (loss {loss:.4g})"
+                    if not c.skip_nonfinite:
+                        where = self.last_checkpoint or "none yet"
+                        raise FloatingPointError(f"{what} at step {self.step + 1}; last good checkpoint: {where}; "
+                                                 f"continue from it with --resume {self.run_dir} and a smaller "
+                                                 "--lr-scale, --clip-norm 1 or --skip-nonfinite")
+                    self.skipped_nonfinite += 1
+                    self.batch_in_epoch += 1
+                    self.log(f"warning: {what} at step {self.step + 1}: skipped this batch "
+                             f"({self.skipped_nonfinite} skipped so far)")
+                    continue
+                self.step += 1
+                self.batch_in_epoch += 1
+                tokens = int(self.loss_fn.num_tokens)  # non-pad target tokens, counted by the loss
+                window_tokens += tokens
+                now = time.perf_counter()
+                tokens_per_s = window_tokens / max(now - window_start, 1e-9)
+                nll = self.loss_fn.nll_sum / max(self.loss_fn.num_tokens, 1)
+                self.metrics.write(kind="train", step=self.step, epoch=self.epoch + 1, loss=round(loss, 5),
+                                   ppl=round(perplexity(nll), 3), lr=lr, tokens=tokens,
+                                   tokens_per_s=round(tokens_per_s, 1), elapsed=round(self.elapsed, 2),
+                                   grad_norm=round(self.grad_norm, 4),
+                                   **(dict(loss_scale=self.optimizer.scale, overflows=self.optimizer.overflows)
+                                      if self.mixed else {}))
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(f"ep {self.epoch + 1} loss {loss:.3f} ppl {perplexity(nll):.1f} "
+                                        f"lr {lr:.2e} {tokens_per_s:.0f} tok/s{self.eta()}")
+                if now - window_start > 30:
+                    window_tokens, window_start = 0, now
+                if self.step % eval_every == 0:
+                    self.validate(bleu_sentences, beam=1, alpha=alpha, bar=bar)
+                if self.step % save_every == 0:
+                    self.save()
+            if self.batch_in_epoch >= len(batches):
+                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        if bar is not None:
+            bar.close()
+
+    def validate(self, bleu_sentences, beam, alpha, bar=None, split="valid", samples=3, model_name=None):
+        loss, ppl = evaluate_loss(self.model, self.loss_fn, self.corpus, split, self.config.max_tokens)
+        record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3))
+        if model_name is not None:  # the end-of-run candidates: "last", "average of last N"
+            record["model"] = model_name
+        if bleu_sentences > 0:
+            sources, references = (t[:bleu_sentences] for t in self.corpus.text[split])
+            bleu, hypotheses = bleu_score(self.model, self.tokenizer, sources, references, beam, alpha)
+            record.update(bleu=round(bleu, 2), bleu_sentences=len(sources), beam=beam)
+        self.metrics.write(**record)
+        message = f"step {self.step} {split}: loss {loss:.3f}  ppl {ppl:.2f}" + (
+            f"  BLEU {record['bleu']:.2f} ({record['bleu_sentences']} sentences, beam {beam})" if "bleu" in record else "")
+        for i in range(min(samples, len(sources)) if bleu_sentences > 0 else 0):
+            message += f"\n  src: {sources[i]}\n  ref: {references[i]}\n  out: {hypotheses[i]}"
+        (bar.write if bar is not None else self.log)(message)
+        return record
