@@ -220,10 +220,16 @@ def first_of_class(tracer, class_name):
     raise SystemExit(f"no module of class {class_name!r} ran; classes: {sorted(set(classes.values()))}")
 
 
-def format_record(record, calls=1, base_depth=0):
+def format_record(record, calls=1, base_depth=0, partner=None):
     indent = "  " * (record.depth - base_depth)
     label = record.name or "model"
-    lines = [f"{indent}{record.kind} {label}" + (f"  (call {record.call + 1} of {calls})" if calls > 1 else "")]
+    note = ""
+    if calls > 1:
+        note = f"  (call {record.call + 1} of {calls}"
+        if record.kind == "backward" and partner is not None:
+            note += f", the backward of forward call {partner.call + 1}"
+        note += ")"
+    lines = [f"{indent}{record.kind} {label}{note}"]
     for name, value in record.inputs:
         lines.append(format_array(name, value, indent + "  "))
     for name, value in record.outputs:
@@ -260,7 +266,8 @@ def main(argv=None):
     base_depth = min((r.depth for r in records), default=0)
     for record in records:
         print()
-        print(format_record(record, calls[record.name, record.kind], base_depth))
+        partner = None if record.partner is None else tracer.records[record.partner]
+        print(format_record(record, calls[record.name, record.kind], base_depth, partner))
     if not args.no_params:
         params = [(n, p) for n, p in model.named_parameters() if shown(n)]
         if params:
