@@ -91,10 +91,13 @@ def attention_maps(run, out, sentences=2, heads=(0, 1)):
             weights = backend.to_numpy(module.weights)[0]
             for row, head in enumerate(heads):
                 ax = axes[row, col]
-                ax.imshow(weights[head], cmap="viridis", vmin=0, vmax=1)
+                image = ax.imshow(weights[head], cmap="viridis", vmin=0, vmax=1)
                 ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=8)
                 ax.set_yticks(range(len(rows)), rows, fontsize=8)
+                ax.set_xlabel("key (attended piece)", fontsize=8)       # columns: the keys
+                ax.set_ylabel("query (attending piece)", fontsize=8)    # rows: the queries, each sums to 1
                 ax.set_title(f"{title}, last layer, head {head}", fontsize=9)
+                fig.colorbar(image, ax=ax, fraction=0.046, pad=0.03, label="attention weight")
         fig.suptitle(f"{source}  ->  {tokenizer.decode([output])[0]}", fontsize=10)
         fig.tight_layout()
         fig.savefig(out / f"attention_{n}.png", dpi=100)

@@ -6,15 +6,23 @@
    Adam and WarmupSchedule) is named as `minitf.<module>.<Class>` on a page in docs/layers/;
 4. every ```python block runs (fresh namespace, cwd = repo root);
 5. every ```py block (a quote of the source) still matches the code line for line;
-6. every page has balanced $$ display-math delimiters.
+6. every page has balanced $$ display-math delimiters;
+7. every ```text block in docs/ and in the top-level README says what it is, and the
+   command output it shows is what the command prints now (see OUTPUT LABELS below).
 
     python -m pytest tests/test_docs.py -q -p no:warnings
 """
+import contextlib
 import importlib
 import inspect
+import io
+import os
 import pathlib
 import pkgutil
 import re
+import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -196,3 +204,129 @@ def test_quoted_source_matches_the_code(page, code, line):
 def test_display_math_is_balanced(page):
     lines = [l.strip() for l in prose(read(page)).splitlines()]
     assert sum(l.count("$$") for l in lines) % 2 == 0, f"{rel(page)}: unbalanced $$"
+
+
+# --------------------------------------------------------------------------- #
+# OUTPUT LABELS. Every ```text block carries one label in its info string:
+#
+#   ```text output-of: python -m minitf.gradcheck layernorm --seed 0
+#       the block is what that command prints (stdout), run from the repository root with
+#       this checkout first on PYTHONPATH; only `python -m minitf...` and `python scripts/...`
+#       commands are allowed;
+#   ```text output-of: python block above
+#       the block is what the nearest ```python block above it on the page prints;
+#   ```text recorded: <where it comes from>
+#       output of something too slow to rerun in a test (a 13-minute training run, a
+#       hypothesis search); the label must say what produced it;
+#   ```text diagram
+#       a drawing, not output.
+#
+# Comparison: line by line, trailing spaces ignored; a line that is exactly "..." in the
+# block stands for any number of lines (zero or more) of the real output, so a page may
+# show an excerpt. One normalisation: a number in e-notation at or below 1e-7 (the
+# rounding noise of a gradient check, "3.6e-10") matches any other such number, because
+# its digits depend on the BLAS build and the CPU. Everything else must match to the last
+# digit: the commands print no timings and seed every random draw.
+# --------------------------------------------------------------------------- #
+TEXT_LABEL = re.compile(r"^text (output-of: (?P<command>.+)|recorded: .+|diagram)$")
+TEXT_PAGES = PAGES + [ROOT / "README.md"]
+
+
+def text_blocks():
+    return [(page, info, code, line) for page in TEXT_PAGES
+            for info, code, line in fenced_blocks(read(page)) if info.split(" ")[0] == "text"]
+
+
+def test_every_text_block_is_labelled():
+    unlabelled = [f"{rel(page)}:{line}: ```{info}" for page, info, _, line in text_blocks()
+                  if not TEXT_LABEL.match(info)]
+    assert not unlabelled, ("```text blocks need a label (output-of: COMMAND, output-of: python block above, "
+                            "recorded: SOURCE, or diagram):\n" + "\n".join(unlabelled))
+
+
+ROUNDING_NOISE = re.compile(r"\b\d(?:\.\d+)?e-(?:0?[7-9]|[1-9]\d)\b")
+
+
+def _noise(line):
+    return ROUNDING_NOISE.sub("<noise>", line.rstrip())
+
+
+def output_matches(expected, actual):
+    """True if ``actual`` lines equal ``expected`` lines, where an expected "..." line
+    matches any run of actual lines (trailing whitespace ignored everywhere)."""
+    want = [_noise(l) for l in expected.strip("\n").splitlines()]
+    got = [_noise(l) for l in actual.strip("\n").splitlines()]
+
+    def match(i, j):
+        if i == len(want):
+            return j == len(got)
+        if want[i] == "...":
+            return any(match(i + 1, k) for k in range(j, len(got) + 1))
+        return j < len(got) and want[i] == got[j] and match(i + 1, j + 1)
+
+    return match(0, 0)
+
+
+def test_output_matching_is_strict():
+    """The comparison itself can fail: a changed digit, a missing line or an extra line."""
+    assert output_matches("a\n...\nd\n", "a\nb\nc\nd\n")
+    assert output_matches("a\n...\n", "a\n")
+    assert not output_matches("a 1.0\n", "a 1.5\n")
+    assert not output_matches("a\nb\n", "a\nb\nc\n")
+    assert not output_matches("a\n...\nd\n", "a\nb\nc\n")
+    assert output_matches("x 3.6e-10 ok\n", "x 4.1e-11 ok\n")        # rounding noise
+    assert not output_matches("x 3.6e-10 ok\n", "x 3.6e-02 ok\n")    # a real error is not noise
+    assert not output_matches("x 9.33e-01\n", "x 4.85e-01\n")
+
+
+def run_command(command):
+    argv = shlex.split(command)
+    assert argv[0] == "python" and (argv[1:2] == ["-m"] and argv[2].startswith("minitf")
+                                    or argv[1].startswith("scripts/")), command
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable] + argv[1:], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, f"{command} failed:\n{done.stderr[-2000:]}"
+    return done.stdout
+
+
+def python_block_above(page, line):
+    before = [(code, l) for info, code, l in fenced_blocks(read(page)) if info == "python" and l < line]
+    assert before, f"{rel(page)}:{line}: no ```python block above"
+    code, l = before[-1]
+    out = io.StringIO()
+    dtype = backend.get_default_dtype()
+    import numpy as np
+    printoptions = np.get_printoptions()
+    cwd = os.getcwd()
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, f"{rel(page)}:{l}", "exec"), {"__name__": "__docs__"})
+    finally:
+        os.chdir(cwd)
+        np.set_printoptions(**printoptions)
+        backend.set_default_dtype(dtype)
+        backend.manual_seed(0)
+    return out.getvalue()
+
+
+def output_blocks():
+    found = []
+    for page, info, code, line in text_blocks():
+        match = TEXT_LABEL.match(info)
+        if match and match.group("command"):
+            found.append(pytest.param(page, match.group("command").strip(), code, line, id=f"{rel(page)}:{line}"))
+    return found
+
+
+@pytest.mark.parametrize("page, command, shown, line", output_blocks())
+def test_shown_output_is_what_the_command_prints(page, command, shown, line):
+    if backend.get_device() != "cpu":
+        pytest.skip("the recorded outputs are CPU (NumPy) outputs")
+    if command == "python block above":
+        actual = python_block_above(page, line)
+    else:
+        actual = run_command(command)
+    assert output_matches(shown, actual), (
+        f"{rel(page)}:{line}: the block no longer matches `{command}`; it prints now:\n{actual}")
