@@ -10,7 +10,7 @@ import math
 
 from minitf import backend
 from minitf.backend import xp
-from minitf.layers import _init, matmul_rows
+from minitf.layers import init_array, matmul_rows
 from minitf.module import Module, Parameter
 
 
@@ -88,10 +88,10 @@ class MultiHeadAttention(Module):
             raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
         self.d_model, self.num_heads = d_model, num_heads
         rng, limit = backend.init_rng(), math.sqrt(6.0 / (2 * d_model))  # Xavier per D x D block
-        self.w_qkv = Parameter(_init(rng.uniform(-limit, limit, (d_model, 3 * d_model))))
-        self.b_qkv = Parameter(_init(backend.host.zeros(3 * d_model)))
-        self.w_o = Parameter(_init(rng.uniform(-limit, limit, (d_model, d_model))))
-        self.b_o = Parameter(_init(backend.host.zeros(d_model)))
+        self.w_qkv = Parameter(init_array(rng.uniform(-limit, limit, (d_model, 3 * d_model))))
+        self.b_qkv = Parameter(init_array(backend.host.zeros(3 * d_model)))
+        self.w_o = Parameter(init_array(rng.uniform(-limit, limit, (d_model, d_model))))
+        self.b_o = Parameter(init_array(backend.host.zeros(d_model)))
 
     def split_heads(self, x):
         """(B, L, D) -> (B, H, L, dk)"""

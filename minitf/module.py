@@ -28,10 +28,6 @@ def no_grad():
         _grad_state["enabled"] = previous
 
 
-def grad_enabled():
-    return _grad_state["enabled"]
-
-
 class Parameter:
     """A trainable array ``data`` and its gradient ``grad`` (same shape, same dtype)."""
 

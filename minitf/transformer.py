@@ -241,7 +241,10 @@ class Transformer(Module):
         return cls(**dataclasses.asdict(config))
 
     # -- input checks at the boundary -----------------------------------------
-    def _check_ids(self, ids, name, vocab_size):
+    def check_ids(self, ids, name, vocab_size):
+        """Validate token ids at the model's boundary (a ValueError naming ``name`` when they
+        are not a non-empty (B, L) integer array with ids in [0, vocab_size)); returns them
+        as a device array. Ids on the host are range-checked there, with no device sync."""
         if not (backend.is_array(ids) or isinstance(ids, backend.host.ndarray)):
             raise ValueError(f"{name} must be an integer array of shape (B, L), got {type(ids).__name__}")
         if ids.ndim != 2:
@@ -255,6 +258,8 @@ class Transformer(Module):
             if low < 0 or high >= vocab_size:
                 raise ValueError(f"{name} must hold ids in [0, {vocab_size}), got values from {low} to {high}")
         return backend.asarray(ids)
+
+    _check_ids = check_ids  # the old private name, kept while minitf/decode.py still calls it
 
     # -- forward / backward ---------------------------------------------------------
     def encode(self, src_ids):
@@ -273,8 +278,8 @@ class Transformer(Module):
 
     def forward(self, src_ids, tgt_in_ids):
         """src_ids (B, S), tgt_in_ids (B, T) integer arrays -> logits (B, T, V)."""
-        src_ids = self._check_ids(src_ids, "src_ids", self.config["src_vocab_size"])
-        tgt_in_ids = self._check_ids(tgt_in_ids, "tgt_in_ids", self.config["tgt_vocab_size"])
+        src_ids = self.check_ids(src_ids, "src_ids", self.config["src_vocab_size"])
+        tgt_in_ids = self.check_ids(tgt_in_ids, "tgt_in_ids", self.config["tgt_vocab_size"])
         if src_ids.shape[0] != tgt_in_ids.shape[0]:
             raise ValueError(f"src_ids and tgt_in_ids must have the same batch size, "
                              f"got {src_ids.shape[0]} and {tgt_in_ids.shape[0]}")
