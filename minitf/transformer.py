@@ -9,7 +9,7 @@ import dataclasses
 from minitf import backend
 from minitf.attention import MultiHeadAttention
 from minitf.layers import Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, ReLU, TiedOutputProjection
-from minitf.module import FlatBuffers, Module, ModuleList
+from minitf.module import Module, ModuleList
 
 
 # --------------------------------------------------------------------------- #
@@ -232,8 +232,6 @@ class Transformer(Module):
         self.decoder = Decoder(num_decoder_layers, d_model, num_heads, d_ff, dropout, pre_norm)
         self.generator = TiedOutputProjection(
             self.tgt_embed.weight if share_embeddings else Embedding(tgt_vocab_size, d_model).weight)
-        # all parameters and gradients as views of two flat buffers (fast Adam, zero_grad, norms)
-        self.flat = FlatBuffers.flatten(self.parameters())
 
     @classmethod
     def from_config(cls, config):
