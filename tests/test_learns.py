@@ -1,7 +1,6 @@
 """It learns: a small model learns to reverse random sequences to near-zero
-loss on the CPU through the real forward, backward, Adam and warmup schedule."""
-import time
-
+loss on the CPU through the real forward, backward, Adam and warmup schedule.
+(How fast is for benchmarks/benchmark.py, not for a test.)"""
 import minitf
 from minitf import backend
 
@@ -24,14 +23,13 @@ def test_small_model_learns_to_reverse_sequences():
     loss_fn = minitf.LabelSmoothedCrossEntropy(smoothing=0.0, ignore_index=PAD)
     optimizer = minitf.Adam(model.parameters(), lr=minitf.WarmupSchedule(32, warmup=100, scale=2.0))
     rng = np.random.default_rng(0)
-    start, losses = time.perf_counter(), []
+    losses = []
     for step in range(800):
         src, tgt_in, tgt_out = reversal_batch(rng, 32, 6)
         optimizer.zero_grad()
         losses.append(loss_fn(model(src, tgt_in), tgt_out))
         model.backward(loss_fn.backward())
         optimizer.step()
-    assert time.perf_counter() - start < 60
     assert losses[0] > 2.0, losses[0]                 # starts near log(14) = 2.6
     assert np.mean(losses[-20:]) < 0.05, losses[-20:]
     # and it really reverses unseen sequences (teacher-forced argmax)
