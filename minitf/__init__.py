@@ -10,8 +10,8 @@ from minitf.module import Module, ModuleList, Parameter, no_grad
 from minitf.layers import (Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, ReLU, Softmax,
                            TiedOutputProjection, softmax, softmax_backward)
 from minitf.attention import MultiHeadAttention, scaled_dot_product_attention, scaled_dot_product_attention_backward
-from minitf.transformer import (Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward, Residual, Transformer,
-                                TransformerConfig)
+from minitf.transformer import (Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward, SublayerConnection,
+                                Transformer, TransformerConfig)
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.optim import Adam, WarmupSchedule, clip_grad_norm
 

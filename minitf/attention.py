@@ -10,7 +10,7 @@ import math
 
 from minitf import backend
 from minitf.backend import xp
-from minitf.layers import _init, matmul_rows
+from minitf.layers import init_array, matmul_rows
 from minitf.module import Module, Parameter
 
 
@@ -42,7 +42,7 @@ def scaled_dot_product_attention(Q, K, V, keep=None):
     A query whose keys are all masked gets P = 0 and O = 0, never NaN.
     """
     scale = 1.0 / math.sqrt(Q.shape[-1])
-    scores = (Q @ K.swapaxes(-1, -2)) * scale                    # S = Q K^T / sqrt(dk)
+    scores = (Q @ K.swapaxes(-1, -2)) * scale                    # S = Q K^T / sqrt(dk)  (B, H, Tq, Tk)
     if keep is not None:
         # a very negative (finite) score: exp() makes it 0, and no inf - inf = NaN
         scores = xp.where(keep, scores, backend.finfo(scores.dtype).min / 2)
@@ -51,7 +51,7 @@ def scaled_dot_product_attention(Q, K, V, keep=None):
         e *= keep                                                # exact zeros where masked
     total = e.sum(axis=-1, keepdims=True)
     P = e / xp.where(total > 0, total, 1)                        # P = softmax(S); all-masked row -> 0
-    O = P @ V                                                    # O = P V
+    O = P @ V                                                    # O = P V  (B, H, Tq, dk)
     return O, P
 
 
@@ -59,13 +59,13 @@ def scaled_dot_product_attention_backward(dO, Q, K, V, P):
     """From dL/dO (B, H, Tq, dk) to dQ, dK, dV, given the forward's Q, K, V, P."""
     scale = 1.0 / math.sqrt(Q.shape[-1])
     # O = P V  =>  dP = dO V^T,  dV = P^T dO
-    dP = dO @ V.swapaxes(-1, -2)
-    dV = P.swapaxes(-1, -2) @ dO
+    dP = dO @ V.swapaxes(-1, -2)                                 # (B, H, Tq, Tk)
+    dV = P.swapaxes(-1, -2) @ dO                                 # (B, H, Tk, dk)
     # P = softmax(S) row-wise  =>  dS = P * (dP - sum_j dP_j P_j); masked P = 0 gives dS = 0
-    dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
+    dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))         # (B, H, Tq, Tk)
     # S = Q K^T * scale  =>  dQ = dS K * scale,  dK = dS^T Q * scale
-    dQ = (dS @ K) * scale
-    dK = (dS.swapaxes(-1, -2) @ Q) * scale
+    dQ = (dS @ K) * scale                                        # (B, H, Tq, dk)
+    dK = (dS.swapaxes(-1, -2) @ Q) * scale                       # (B, H, Tk, dk)
     return dQ, dK, dV
 
 
@@ -88,20 +88,20 @@ class MultiHeadAttention(Module):
             raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
         self.d_model, self.num_heads = d_model, num_heads
         rng, limit = backend.init_rng(), math.sqrt(6.0 / (2 * d_model))  # Xavier per D x D block
-        self.w_qkv = Parameter(_init(rng.uniform(-limit, limit, (d_model, 3 * d_model))))
-        self.b_qkv = Parameter(_init(backend.host.zeros(3 * d_model)))
-        self.w_o = Parameter(_init(rng.uniform(-limit, limit, (d_model, d_model))))
-        self.b_o = Parameter(_init(backend.host.zeros(d_model)))
+        self.w_qkv = Parameter(init_array(rng.uniform(-limit, limit, (d_model, 3 * d_model))))
+        self.b_qkv = Parameter(init_array(backend.host.zeros(3 * d_model)))
+        self.w_o = Parameter(init_array(rng.uniform(-limit, limit, (d_model, d_model))))
+        self.b_o = Parameter(init_array(backend.host.zeros(d_model)))
 
     def split_heads(self, x):
         """(B, L, D) -> (B, H, L, dk)"""
         B, L, _ = x.shape
-        return x.reshape(B, L, self.num_heads, -1).transpose(0, 2, 1, 3)
+        return x.reshape(B, L, self.num_heads, -1).transpose(0, 2, 1, 3)  # (B, L, H, dk) -> (B, H, L, dk)
 
     def merge_heads(self, x):
         """(B, H, L, dk) -> (B, L, D)"""
         B, _, L, _ = x.shape
-        return x.transpose(0, 2, 1, 3).reshape(B, L, self.d_model)
+        return x.transpose(0, 2, 1, 3).reshape(B, L, self.d_model)  # (B, L, H, dk) -> (B, L, D)
 
     def forward(self, x, memory=None, key_padding_mask=None, causal=False, cache=None):
         """x (B, Tq, D) queries; memory (B, Tk, D) or None for self-attention;
@@ -113,60 +113,61 @@ class MultiHeadAttention(Module):
         D = self.d_model
         W, b = self.w_qkv.data, self.b_qkv.data
         if memory is None:
-            qkv = matmul_rows(x, W) + b                          # [q k v] = x [W^Q W^K W^V] + b
-            q, k, v = qkv[..., :D], qkv[..., D:2 * D], qkv[..., 2 * D:]
+            qkv = matmul_rows(x, W) + b                          # [q k v] = x [W^Q W^K W^V] + b  (B, Tq, 3D)
+            q, k, v = qkv[..., :D], qkv[..., D:2 * D], qkv[..., 2 * D:]  # each (B, Tq, D)
             if cache is not None:                                # append this step's keys/values
                 if "k" in cache:
-                    k = xp.concatenate([cache["k"], k], axis=1)
+                    k = xp.concatenate([cache["k"], k], axis=1)  # (B, Tk, D): earlier steps, then this one
                     v = xp.concatenate([cache["v"], v], axis=1)
                 cache["k"], cache["v"] = k, v
         else:
-            q = matmul_rows(x, W[:, :D]) + b[:D]                 # q = x W^Q + b^Q
+            q = matmul_rows(x, W[:, :D]) + b[:D]                 # q = x W^Q + b^Q  (B, Tq, D)
             if cache is not None and "k" in cache:               # memory projected at step 0
                 k, v = cache["k"], cache["v"]
             else:
-                kv = matmul_rows(memory, W[:, D:]) + b[D:]       # [k v] = memory [W^K W^V] + b
-                k, v = kv[..., :D], kv[..., D:]
+                kv = matmul_rows(memory, W[:, D:]) + b[D:]       # [k v] = memory [W^K W^V] + b  (B, Tk, 2D)
+                k, v = kv[..., :D], kv[..., D:]                  # each (B, Tk, D)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
-        Q, K, V = self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        Q, K, V = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # (B, H, Tq|Tk, dk)
         keep = attention_keep_mask(key_padding_mask, causal, Q.shape[2], K.shape[2])
         O, P = scaled_dot_product_attention(Q, K, V, keep)       # each head attends
         if self.record_weights:                                  # for pictures (docs/figures)
             self.weights = P
-        o = self.merge_heads(O)                                  # Concat(head_1..head_H)
-        y = matmul_rows(o, self.w_o.data) + self.b_o.data        # y = o W^O + b^O
-        self.save_for_backward(x, memory, Q, K, V, P, o)
+        o = self.merge_heads(O)                                  # Concat(head_1..head_H)  (B, Tq, D)
+        y = matmul_rows(o, self.w_o.data) + self.b_o.data        # y = o W^O + b^O  (B, Tq, D)
+        self.save_for_backward(x=x, memory=memory, Q=Q, K=K, V=V, P=P, o=o)
         return y
 
     def backward(self, dy):
         """dy (B, Tq, D) -> (dx (B, Tq, D), dmemory (B, Tk, D) or None); adds
         the gradients of w_qkv, b_qkv, w_o, b_o."""
-        x, memory, Q, K, V, P, o = self.saved_tensors()
-        D = self.d_model
+        saved = self.saved_tensors()
+        x, memory, D = saved.x, saved.memory, self.d_model
         # y = o W^O + b^O  =>  dW^O = o^T dy,  db^O = sum dy,  do = dy W^O^T
-        self.w_o.grad += o.reshape(-1, D).T @ dy.reshape(-1, D)
-        self.b_o.grad += dy.reshape(-1, D).sum(axis=0)
-        do = matmul_rows(dy, self.w_o.data.T)
+        self.w_o.grad += saved.o.reshape(-1, D).T @ dy.reshape(-1, D)           # (D, D)
+        self.b_o.grad += dy.reshape(-1, D).sum(axis=0)                          # (D,)
+        do = matmul_rows(dy, self.w_o.data.T)                                   # (B, Tq, D)
         # o = merge_heads(O)  =>  dO = split_heads(do)
-        dQ, dK, dV = scaled_dot_product_attention_backward(self.split_heads(do), Q, K, V, P)
+        dQ, dK, dV = scaled_dot_product_attention_backward(
+            self.split_heads(do), saved.Q, saved.K, saved.V, saved.P)           # (B, H, Tq|Tk, dk)
         # Q = split_heads(q) ... => dq = merge_heads(dQ) ...
-        dq, dk, dv = self.merge_heads(dQ), self.merge_heads(dK), self.merge_heads(dV)
+        dq, dk, dv = self.merge_heads(dQ), self.merge_heads(dK), self.merge_heads(dV)  # (B, Tq|Tk, D)
         W = self.w_qkv.data
         if memory is None:
             # [q k v] = x W_qkv + b  =>  dW_qkv = x^T [dq dk dv],  dx = [dq dk dv] W_qkv^T
-            dqkv = xp.concatenate([dq, dk, dv], axis=-1).reshape(-1, 3 * D)
-            self.w_qkv.grad += x.reshape(-1, D).T @ dqkv
-            self.b_qkv.grad += dqkv.sum(axis=0)
-            return (dqkv @ W.T).reshape(x.shape), None
+            dqkv = xp.concatenate([dq, dk, dv], axis=-1).reshape(-1, 3 * D)     # (B*Tq, 3D)
+            self.w_qkv.grad += x.reshape(-1, D).T @ dqkv                        # (D, 3D)
+            self.b_qkv.grad += dqkv.sum(axis=0)                                 # (3D,)
+            return (dqkv @ W.T).reshape(x.shape), None                          # (B*Tq, D) -> (B, Tq, D)
         # q = x W^Q + b^Q  =>  dW^Q = x^T dq,  dx = dq W^Q^T
-        dq2 = dq.reshape(-1, D)
-        self.w_qkv.grad[:, :D] += x.reshape(-1, D).T @ dq2
-        self.b_qkv.grad[:D] += dq2.sum(axis=0)
-        dx = matmul_rows(dq, W[:, :D].T)
+        dq_rows = dq.reshape(-1, D)                                             # (B*Tq, D)
+        self.w_qkv.grad[:, :D] += x.reshape(-1, D).T @ dq_rows                  # (D, D)
+        self.b_qkv.grad[:D] += dq_rows.sum(axis=0)                              # (D,)
+        dx = matmul_rows(dq, W[:, :D].T)                                        # (B, Tq, D)
         # [k v] = memory [W^K W^V] + b  =>  dW^KV = memory^T [dk dv],  dmemory = [dk dv] W^KV^T
-        dkv = xp.concatenate([dk, dv], axis=-1)
-        self.w_qkv.grad[:, D:] += memory.reshape(-1, D).T @ dkv.reshape(-1, 2 * D)
-        self.b_qkv.grad[D:] += dkv.reshape(-1, 2 * D).sum(axis=0)
-        dmemory = matmul_rows(dkv, W[:, D:].T)
+        dkv = xp.concatenate([dk, dv], axis=-1)                                 # (B, Tk, 2D)
+        self.w_qkv.grad[:, D:] += memory.reshape(-1, D).T @ dkv.reshape(-1, 2 * D)  # (D, 2D)
+        self.b_qkv.grad[D:] += dkv.reshape(-1, 2 * D).sum(axis=0)               # (2D,)
+        dmemory = matmul_rows(dkv, W[:, D:].T)                                  # (B, Tk, D)
         return dx, dmemory

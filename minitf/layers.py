@@ -12,8 +12,10 @@ from minitf.backend import xp
 from minitf.module import Module, Parameter
 
 
-def _init(array):
-    """A host array -> a device array of the default float dtype."""
+def init_array(array):
+    """Initial values drawn on the host (from ``backend.init_rng()``, so that CPU and GPU
+    start from the same numbers) -> a device array of the default float dtype, ready for
+    ``Parameter(...)``."""
     return backend.asarray(array, dtype=backend.get_default_dtype())
 
 
@@ -36,8 +38,8 @@ class Linear(Module):
 
     def __init__(self, d_in, d_out, bias=True):
         limit = math.sqrt(6.0 / (d_in + d_out))
-        self.weight = Parameter(_init(backend.init_rng().uniform(-limit, limit, (d_in, d_out))))
-        self.bias = Parameter(_init(backend.host.zeros(d_out))) if bias else None
+        self.weight = Parameter(init_array(backend.init_rng().uniform(-limit, limit, (d_in, d_out))))
+        self.bias = Parameter(init_array(backend.host.zeros(d_out))) if bias else None
 
     def forward(self, x):
         y = matmul_rows(x, self.weight.data)                     # y = x W
@@ -72,7 +74,7 @@ class Embedding(Module):
 
     def __init__(self, vocab_size, d_model, scale=True):
         std = d_model ** -0.5
-        self.weight = Parameter(_init(backend.init_rng().normal(0.0, std, (vocab_size, d_model))))
+        self.weight = Parameter(init_array(backend.init_rng().normal(0.0, std, (vocab_size, d_model))))
         self.scale = math.sqrt(d_model) if scale else 1.0
 
     def forward(self, ids):
@@ -192,8 +194,8 @@ class LayerNorm(Module):
     """
 
     def __init__(self, d_model, eps=1e-5):
-        self.gamma = Parameter(_init(backend.host.ones(d_model)))
-        self.beta = Parameter(_init(backend.host.zeros(d_model)))
+        self.gamma = Parameter(init_array(backend.host.ones(d_model)))
+        self.beta = Parameter(init_array(backend.host.zeros(d_model)))
         self.eps = eps
 
     def forward(self, x):

@@ -7,14 +7,20 @@ and returns dL/d(input).
 
 Saved tensors go on a per-module stack: a module called twice in one forward
 pass (a shared embedding, say) keeps both caches, and backward pops them in
-reverse order. Nothing is ever overwritten silently.
+reverse order. Nothing is ever overwritten silently, and a cache that backward
+never pops is reported (see :meth:`Module.check_saved_consumed`), not kept forever.
 """
+import collections
 import contextlib
+import types
+import weakref
 
 from minitf import backend
 from minitf.backend import xp
 
 _grad_state = {"enabled": True}
+# every module holding a cache that no backward has popped yet (weak: a dropped model leaves)
+_unconsumed = weakref.WeakSet()
 
 
 @contextlib.contextmanager
@@ -26,10 +32,6 @@ def no_grad():
         yield
     finally:
         _grad_state["enabled"] = previous
-
-
-def grad_enabled():
-    return _grad_state["enabled"]
 
 
 class Parameter:
@@ -67,10 +69,15 @@ class Module:
         return self.forward(*args, **kwargs)
 
     # -- the cache stack ---------------------------------------------------
-    def save_for_backward(self, *tensors):
-        """Push what backward will need; nothing is kept under ``no_grad()``."""
+    def save_for_backward(self, *tensors, **named):
+        """Push what backward will need; nothing is kept under ``no_grad()``.
+
+        Positional tensors come back from :meth:`saved_tensors` as a tuple
+        (``(x,) = self.saved_tensors()``); keyword tensors as attributes of one
+        namespace (``saved = self.saved_tensors(); saved.x``), for longer caches."""
         if _grad_state["enabled"]:
-            self.__dict__.setdefault("_saved", []).append(tensors)
+            self.__dict__.setdefault("_saved", []).append(types.SimpleNamespace(**named) if named else tensors)
+            _unconsumed.add(self)
 
     def saved_tensors(self):
         """Pop the cache of the most recent forward that has not been backpropagated."""
@@ -79,12 +86,29 @@ class Module:
             raise RuntimeError(
                 f"{type(self).__name__}.backward called without a matching forward "
                 "(or the forward ran under no_grad()); call forward first.")
+        if len(stack) == 1:
+            _unconsumed.discard(self)
         return stack.pop()
 
     def clear_saved(self):
         """Drop every cache of this module and its children (after an aborted step)."""
         for module in self.modules():
             module.__dict__.pop("_saved", None)
+            _unconsumed.discard(module)
+
+    def check_saved_consumed(self):
+        """Raise RuntimeError naming (by dotted name) every module of this model whose
+        forward ran with gradients on and whose cache no backward has consumed.
+
+        :meth:`zero_grad` calls this: a step that forgot its backward would otherwise
+        grow the cache stacks by a whole set of activations every step."""
+        if not _unconsumed:  # the usual case: one cheap test
+            return
+        pending = [f"{name + ' ' if name else ''}({type(module).__name__}, {len(module._saved)} "
+                   f"cache{'s' if len(module._saved) > 1 else ''})"
+                   for name, module in self.named_modules() if module in _unconsumed]
+        if pending:
+            raise RuntimeError(unconsumed_message(pending))
 
     # -- traversal ---------------------------------------------------------
     def named_children(self):
@@ -92,20 +116,25 @@ class Module:
             if isinstance(value, Module):
                 yield name, value
 
-    def modules(self):
-        """This module and every descendant, each once."""
+    def named_modules(self, prefix=""):
+        """``(dotted_name, module)`` for this module (name ``prefix``, "" at the root) and
+        every descendant, each once, under the first name that reaches it."""
         seen, order = set(), []
 
-        def visit(module):
+        def visit(module, name):
             if id(module) in seen:
                 return
             seen.add(id(module))
-            order.append(module)
-            for _, child in module.named_children():
-                visit(child)
+            order.append((name, module))
+            for child_name, child in module.named_children():
+                visit(child, f"{name}.{child_name}" if name else child_name)
 
-        visit(self)
+        visit(self, prefix)
         return order
+
+    def modules(self):
+        """This module and every descendant, each once."""
+        return [module for _, module in self.named_modules()]
 
     def named_parameters(self, prefix=""):
         """``(dotted_name, Parameter)`` pairs; a shared parameter appears once,
@@ -138,6 +167,9 @@ class Module:
         return self.train(False)
 
     def zero_grad(self):
+        """Set every gradient to 0, after checking that no forward was left without its
+        backward (:meth:`check_saved_consumed`)."""
+        self.check_saved_consumed()
         params = self.parameters()
         flat = FlatBuffers.of(params)
         if flat is not None:
@@ -193,11 +225,23 @@ class FlatBuffers:
 
     After :meth:`flatten`, every ``p.data`` and ``p.grad`` is a view into these,
     so the optimizer, ``zero_grad`` and the gradient norm are a few whole-buffer
-    operations instead of one small kernel per parameter.
+    operations instead of one small kernel per parameter. This is a speed trick
+    only: the optimizer (:class:`minitf.optim.Adam`) flattens the parameters it
+    is given, and a model that is never trained is never flattened.
     """
 
     def __init__(self, params, data, grad):
         self.params, self.data, self.grad = list(params), data, grad
+
+    def views(self, buffer):
+        """``buffer`` (flat, one entry per parameter element) cut into views shaped
+        like ``params``, in order: the one walk over the offsets."""
+        views, offset = [], 0
+        for p in self.params:
+            n = int(p.size)
+            views.append(buffer[offset:offset + n].reshape(p.shape))
+            offset += n
+        return views
 
     @staticmethod
     def of(params):
@@ -219,17 +263,32 @@ class FlatBuffers:
         dtypes = {p.data.dtype for p in params}
         if len(dtypes) != 1:
             raise ValueError(f"cannot flatten parameters of several dtypes: {sorted(map(str, dtypes))}")
-        total = sum(int(p.size) for p in params)
-        data = xp.empty(total, dtype=dtypes.pop())
-        grad = xp.zeros_like(data)
-        flat = cls(params, data, grad)
-        offset = 0
-        for p in params:
-            n = int(p.size)
-            data[offset:offset + n] = p.data.ravel()
-            grad[offset:offset + n] = p.grad.ravel()
-            p.data = data[offset:offset + n].reshape(p.shape)
-            p.grad = grad[offset:offset + n].reshape(p.shape)
-            p._flat = flat
-            offset += n
+        data = xp.empty(sum(int(p.size) for p in params), dtype=dtypes.pop())
+        flat = cls(params, data, xp.zeros_like(data))
+        for p, data_view, grad_view in zip(params, flat.views(flat.data), flat.views(flat.grad)):
+            data_view[...] = p.data                              # copy the values in ...
+            grad_view[...] = p.grad
+            p.data, p.grad, p._flat = data_view, grad_view, flat  # ... and make the parameter a view
         return flat
+
+
+def unconsumed_message(pending):
+    """The error text for modules whose forward cache no backward consumed."""
+    return ("forward ran with gradients on, but backward never consumed the cache of: "
+            + ", ".join(pending) + ". Call backward once per forward, run evaluation under "
+            "no_grad(), or call model.clear_saved() after an aborted step.")
+
+
+def check_parameters_saved_consumed(params):
+    """:meth:`Module.check_saved_consumed` for an optimizer, which knows only its
+    parameters: raise if a module owning one of ``params`` holds an unconsumed cache
+    (named by class here: only the model knows the dotted names)."""
+    if not _unconsumed:  # the usual case: one cheap test
+        return
+    ids = {id(p) for p in params}
+    counts = collections.Counter(
+        type(module).__name__ for module in list(_unconsumed)
+        if any(isinstance(value, Parameter) and id(value) in ids for value in vars(module).values()))
+    if counts:
+        raise RuntimeError(unconsumed_message([f"{name} x{n}" for name, n in sorted(counts.items())])
+                           + " model.check_saved_consumed() names each module.")

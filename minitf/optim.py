@@ -5,7 +5,7 @@ Adam is one fused kernel). :class:`MixedPrecisionAdam` trains a float16 model
 with float32 master weights and dynamic loss scaling (Micikevicius et al. 2018)."""
 from minitf import backend
 from minitf.backend import xp
-from minitf.module import FlatBuffers
+from minitf.module import FlatBuffers, check_parameters_saved_consumed
 
 
 class WarmupSchedule:
@@ -29,11 +29,16 @@ def buffer_norm(g):
     return xp.sqrt(xp.dot(g, g))
 
 
+def clip_factor(norm, max_norm, dtype):
+    """min(1, max_norm / norm): what the gradients are multiplied by (0-d, ``dtype``)."""
+    return xp.minimum(1.0, max_norm / (norm + 1e-6)).astype(dtype)
+
+
 def clip_buffer_norm(g, max_norm):
     """Scale the flat gradient buffer ``g`` in place so that its L2 norm is at most
     ``max_norm``. Returns the norm before clipping as a 0-d device array."""
     norm = buffer_norm(g)
-    g *= xp.minimum(1.0, max_norm / (norm + 1e-6)).astype(g.dtype)
+    g *= clip_factor(norm, max_norm, g.dtype)
     return norm
 
 
@@ -41,7 +46,16 @@ def clip_grad_norm(params, max_norm):
     """Scale all gradients so that their global L2 norm is at most ``max_norm``.
 
     Returns the norm before clipping as a 0-d device array (no host sync)."""
-    return clip_buffer_norm(FlatBuffers.flatten(params).grad, max_norm)
+    params = list(params)
+    flat = FlatBuffers.of(params)
+    if flat is not None:                                   # flattened by the optimizer: one buffer
+        return clip_buffer_norm(flat.grad, max_norm)
+    g = xp.concatenate([p.grad.ravel() for p in params])   # the same norm, from a copy
+    norm = buffer_norm(g)
+    factor = clip_factor(norm, max_norm, g.dtype)
+    for p in params:
+        p.grad *= factor
+    return norm
 
 
 class Adam:
@@ -50,6 +64,11 @@ class Adam:
 
     ``lr`` is a number or a callable ``step -> lr`` (e.g. :class:`WarmupSchedule`).
     Defaults are the paper's: beta1 0.9, beta2 0.98, eps 1e-9.
+
+    Adam first moves ``params`` into two flat buffers (:class:`minitf.module.FlatBuffers`:
+    ``self.flat.data`` and ``self.flat.grad``; every ``p.data`` and ``p.grad`` becomes a
+    view into them), so that a step, ``zero_grad`` and gradient clipping are a few
+    whole-buffer operations. This is the one place where parameters are flattened.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, fused=True):
@@ -58,7 +77,7 @@ class Adam:
             raise ValueError("Adam got an empty parameter list")
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.fused = fused                                 # GPU only: one CuPy kernel (see _fused_adam)
-        self.flat = FlatBuffers.flatten(params)          # every p.data / p.grad becomes a view
+        self.flat = FlatBuffers.flatten(params)            # every p.data / p.grad becomes a view
         self.m = xp.zeros_like(self.flat.data)
         self.v = xp.zeros_like(self.flat.data)
         self._scratch = None                               # one reused buffer (made at the first step)
@@ -69,6 +88,9 @@ class Adam:
         return self.lr(step) if callable(self.lr) else self.lr
 
     def zero_grad(self):
+        """Zero every gradient (one whole-buffer write), after checking that no forward
+        over these parameters was left without its backward."""
+        check_parameters_saved_consumed(self.params)
         self.flat.grad.fill(0)
 
     def step(self):
@@ -170,6 +192,7 @@ class MixedPrecisionAdam(Adam):
         self.good_steps, self.overflows = 0, 0
 
     def zero_grad(self):
+        check_parameters_saved_consumed(self.params)
         self.model_flat.grad.fill(0)
 
     def unscale_grads(self):
@@ -201,12 +224,7 @@ class MixedPrecisionAdam(Adam):
 
     def master_params(self):
         """float32 views of the master weights shaped like ``params`` (same order)."""
-        views, offset = [], 0
-        for p in self.params:
-            n = int(p.size)
-            views.append(self.flat.data[offset:offset + n].reshape(p.shape))
-            offset += n
-        return views
+        return self.flat.views(self.flat.data)
 
     def load_master(self, arrays):
         """Set the master weights (and so the float16 parameters) from float32 arrays,

@@ -28,10 +28,11 @@ import dataclasses
 import inspect
 import sys
 
-import numpy
+
 
 import minitf
 from minitf import backend
+from minitf.backend import host as numpy  # host arrays for printing
 from minitf.module import Module
 
 # the example (see the module docstring); 0 is padding, 1 is BOS, and the target is the

@@ -1,7 +1,7 @@
 """The Transformer of "Attention Is All You Need": feed-forward, residual blocks,
 encoder and decoder layers and stacks, and the whole encoder-decoder model.
 
-Shapes: B batch, S source length, T target length, D d_model, H heads,
+Shapes: B batch, S source length, T target length, L either, D d_model, H heads,
 F d_ff, V vocabulary size.
 """
 import dataclasses
@@ -9,7 +9,7 @@ import dataclasses
 from minitf import backend
 from minitf.attention import MultiHeadAttention
 from minitf.layers import Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, ReLU, TiedOutputProjection
-from minitf.module import FlatBuffers, Module, ModuleList
+from minitf.module import Module, ModuleList
 
 
 # --------------------------------------------------------------------------- #
@@ -31,40 +31,48 @@ class FeedForward(Module):
 
 
 # --------------------------------------------------------------------------- #
-# Residual connection around a sublayer                              (paper 5.4)
+# Residual connection around a sublayer                         (paper 3.1, 5.4)
 #   post-LN (the paper):  y = LayerNorm(x + Dropout(Sublayer(x)))
 #   pre-LN (option):      y = x + Dropout(Sublayer(LayerNorm(x)))
 # --------------------------------------------------------------------------- #
-class Residual(Module):
-    """The norm and dropout around one sublayer. The layer calls
-    ``h = sublayer_input(x)``, runs its sublayer on ``h`` to get ``s``, then
-    ``y = output(x, s)``; backward runs the same three steps in reverse."""
+class SublayerConnection(Module):
+    """The residual connection, LayerNorm and dropout around one sublayer.
+
+    ``block(x, sublayer)`` runs ``sublayer`` (a function (B, L, D) -> (B, L, D), e.g.
+    ``lambda h: self.self_attn(h, key_padding_mask=mask)``) inside the block, and
+    ``block.backward(dy, sublayer_backward)`` mirrors it with the sublayer's backward.
+    """
 
     def __init__(self, d_model, dropout, pre_norm=False):
         self.norm = LayerNorm(d_model)
         self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
-    def sublayer_input(self, x):
-        return self.norm(x) if self.pre_norm else x
-
-    def output(self, x, s):
+    def forward(self, x, sublayer):
+        """x (B, L, D) -> y (B, L, D)."""
         if self.pre_norm:
-            return x + self.dropout(s)
-        return self.norm(x + self.dropout(s))
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
 
-    def output_backward(self, dy):
-        """dL/dy -> (dL/dx through the skip path, dL/ds into the sublayer)."""
+    def backward(self, dy, sublayer_backward):
+        """dy (B, L, D) -> dx (B, L, D).
+
+        ``sublayer_backward`` maps dL/d(sublayer output) to dL/d(sublayer input). A
+        sublayer with a second input (cross-attention's memory) returns the pair
+        (dL/d(input), dL/d(memory)); the block then returns (dx, dmemory)."""
         if self.pre_norm:
-            # y = x + Dropout(s)  =>  dx = dy,  ds = Dropout'(dy)
-            return dy, self.dropout.backward(dy)
-        # y = LayerNorm(z), z = x + Dropout(s)  =>  dz = LayerNorm'(dy); dx = dz, ds = Dropout'(dz)
-        dz = self.norm.backward(dy)
-        return dz, self.dropout.backward(dz)
-
-    def sublayer_input_backward(self, dh):
-        """dL/dh -> dL/dx along the sublayer path."""
-        return self.norm.backward(dh) if self.pre_norm else dh
+            # y = x + Dropout(s)  =>  dx_skip = dy,  ds = Dropout'(dy)
+            dx_skip = dy
+        else:
+            # y = LayerNorm(z), z = x + Dropout(s)  =>  dz = LayerNorm'(dy); dx_skip = dz, ds = Dropout'(dz)
+            dx_skip = self.norm.backward(dy)
+        dsublayer = self.dropout.backward(dx_skip)
+        dsublayer_input = sublayer_backward(dsublayer)
+        is_pair = isinstance(dsublayer_input, tuple)          # attention returns (dh, dmemory)
+        dh, dmemory = dsublayer_input if is_pair else (dsublayer_input, None)
+        # x feeds both the skip path and the sublayer (through LayerNorm when pre-LN): gradients add
+        dx = dx_skip + (self.norm.backward(dh) if self.pre_norm else dh)
+        return (dx, dmemory) if is_pair else dx
 
 
 class EncoderLayer(Module):
@@ -72,22 +80,18 @@ class EncoderLayer(Module):
 
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False):
         self.self_attn = MultiHeadAttention(d_model, num_heads)
-        self.attn_block = Residual(d_model, dropout, pre_norm)
+        self.attn_block = SublayerConnection(d_model, dropout, pre_norm)
         self.feed_forward = FeedForward(d_model, d_ff)
-        self.ff_block = Residual(d_model, dropout, pre_norm)
+        self.ff_block = SublayerConnection(d_model, dropout, pre_norm)
 
     def forward(self, x, key_padding_mask=None):
-        h = self.attn_block.sublayer_input(x)
-        x = self.attn_block.output(x, self.self_attn(h, key_padding_mask=key_padding_mask))
-        h = self.ff_block.sublayer_input(x)
-        return self.ff_block.output(x, self.feed_forward(h))
+        x = self.attn_block(x, lambda h: self.self_attn(h, key_padding_mask=key_padding_mask))
+        return self.ff_block(x, self.feed_forward)
 
     def backward(self, dy):
-        dx, ds = self.ff_block.output_backward(dy)
-        dx = dx + self.ff_block.sublayer_input_backward(self.feed_forward.backward(ds))
-        dx2, ds = self.attn_block.output_backward(dx)
-        dh, _ = self.self_attn.backward(ds)
-        return dx2 + self.attn_block.sublayer_input_backward(dh)
+        dx = self.ff_block.backward(dy, self.feed_forward.backward)
+        dx, _ = self.attn_block.backward(dx, self.self_attn.backward)  # self-attention: no memory
+        return dx
 
 
 class DecoderLayer(Module):
@@ -98,33 +102,26 @@ class DecoderLayer(Module):
 
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False):
         self.self_attn = MultiHeadAttention(d_model, num_heads)
-        self.self_attn_block = Residual(d_model, dropout, pre_norm)
+        self.self_attn_block = SublayerConnection(d_model, dropout, pre_norm)
         self.cross_attn = MultiHeadAttention(d_model, num_heads)
-        self.cross_attn_block = Residual(d_model, dropout, pre_norm)
+        self.cross_attn_block = SublayerConnection(d_model, dropout, pre_norm)
         self.feed_forward = FeedForward(d_model, d_ff)
-        self.ff_block = Residual(d_model, dropout, pre_norm)
+        self.ff_block = SublayerConnection(d_model, dropout, pre_norm)
 
     def forward(self, x, memory, memory_padding_mask=None, tgt_padding_mask=None, cache=None):
-        h = self.self_attn_block.sublayer_input(x)
-        s = self.self_attn(h, key_padding_mask=tgt_padding_mask, causal=True,
-                           cache=None if cache is None else cache.setdefault("self", {}))
-        x = self.self_attn_block.output(x, s)
-        h = self.cross_attn_block.sublayer_input(x)
-        s = self.cross_attn(h, memory, key_padding_mask=memory_padding_mask,
-                            cache=None if cache is None else cache.setdefault("cross", {}))
-        x = self.cross_attn_block.output(x, s)
-        h = self.ff_block.sublayer_input(x)
-        return self.ff_block.output(x, self.feed_forward(h))
+        self_cache = None if cache is None else cache.setdefault("self", {})
+        cross_cache = None if cache is None else cache.setdefault("cross", {})
+        x = self.self_attn_block(x, lambda h: self.self_attn(
+            h, key_padding_mask=tgt_padding_mask, causal=True, cache=self_cache))
+        x = self.cross_attn_block(x, lambda h: self.cross_attn(
+            h, memory, key_padding_mask=memory_padding_mask, cache=cross_cache))
+        return self.ff_block(x, self.feed_forward)
 
     def backward(self, dy):
-        dx, ds = self.ff_block.output_backward(dy)
-        dx = dx + self.ff_block.sublayer_input_backward(self.feed_forward.backward(ds))
-        dx2, ds = self.cross_attn_block.output_backward(dx)
-        dh, dmemory = self.cross_attn.backward(ds)
-        dx = dx2 + self.cross_attn_block.sublayer_input_backward(dh)
-        dx2, ds = self.self_attn_block.output_backward(dx)
-        dh, _ = self.self_attn.backward(ds)
-        return dx2 + self.self_attn_block.sublayer_input_backward(dh), dmemory
+        dx = self.ff_block.backward(dy, self.feed_forward.backward)
+        dx, dmemory = self.cross_attn_block.backward(dx, self.cross_attn.backward)
+        dx, _ = self.self_attn_block.backward(dx, self.self_attn.backward)
+        return dx, dmemory
 
 
 class Encoder(Module):
@@ -141,11 +138,11 @@ class Encoder(Module):
         return self.final_norm(x) if self.final_norm is not None else x
 
     def backward(self, dy):
-        if self.final_norm is not None:
-            dy = self.final_norm.backward(dy)
+        """dy (B, S, D) -> dx (B, S, D)."""
+        dx = self.final_norm.backward(dy) if self.final_norm is not None else dy
         for layer in reversed(list(self.layers)):
-            dy = layer.backward(dy)
-        return dy
+            dx = layer.backward(dx)  # one layer's input gradient is the output gradient of the layer below
+        return dx
 
 
 class Decoder(Module):
@@ -166,13 +163,13 @@ class Decoder(Module):
         return self.final_norm(x) if self.final_norm is not None else x
 
     def backward(self, dy):
-        if self.final_norm is not None:
-            dy = self.final_norm.backward(dy)
+        """dy (B, T, D) -> (dx (B, T, D), dmemory (B, S, D))."""
+        dx = self.final_norm.backward(dy) if self.final_norm is not None else dy
         dmemory = 0
         for layer in reversed(list(self.layers)):
-            dy, dmemory_layer = layer.backward(dy)
+            dx, dmemory_layer = layer.backward(dx)
             dmemory = dmemory + dmemory_layer  # memory feeds every layer: gradients add
-        return dy, dmemory
+        return dx, dmemory
 
 
 # --------------------------------------------------------------------------- #
@@ -235,8 +232,6 @@ class Transformer(Module):
         self.decoder = Decoder(num_decoder_layers, d_model, num_heads, d_ff, dropout, pre_norm)
         self.generator = TiedOutputProjection(
             self.tgt_embed.weight if share_embeddings else Embedding(tgt_vocab_size, d_model).weight)
-        # all parameters and gradients as views of two flat buffers (fast Adam, zero_grad, norms)
-        self.flat = FlatBuffers.flatten(self.parameters())
 
     @classmethod
     def from_config(cls, config):
@@ -244,7 +239,10 @@ class Transformer(Module):
         return cls(**dataclasses.asdict(config))
 
     # -- input checks at the boundary -----------------------------------------
-    def _check_ids(self, ids, name, vocab_size):
+    def check_ids(self, ids, name, vocab_size):
+        """Validate token ids at the model's boundary (a ValueError naming ``name`` when they
+        are not a non-empty (B, L) integer array with ids in [0, vocab_size)); returns them
+        as a device array. Ids on the host are range-checked there, with no device sync."""
         if not (backend.is_array(ids) or isinstance(ids, backend.host.ndarray)):
             raise ValueError(f"{name} must be an integer array of shape (B, L), got {type(ids).__name__}")
         if ids.ndim != 2:
@@ -258,6 +256,7 @@ class Transformer(Module):
             if low < 0 or high >= vocab_size:
                 raise ValueError(f"{name} must hold ids in [0, {vocab_size}), got values from {low} to {high}")
         return backend.asarray(ids)
+
 
     # -- forward / backward ---------------------------------------------------------
     def encode(self, src_ids):
@@ -276,8 +275,8 @@ class Transformer(Module):
 
     def forward(self, src_ids, tgt_in_ids):
         """src_ids (B, S), tgt_in_ids (B, T) integer arrays -> logits (B, T, V)."""
-        src_ids = self._check_ids(src_ids, "src_ids", self.config["src_vocab_size"])
-        tgt_in_ids = self._check_ids(tgt_in_ids, "tgt_in_ids", self.config["tgt_vocab_size"])
+        src_ids = self.check_ids(src_ids, "src_ids", self.config["src_vocab_size"])
+        tgt_in_ids = self.check_ids(tgt_in_ids, "tgt_in_ids", self.config["tgt_vocab_size"])
         if src_ids.shape[0] != tgt_in_ids.shape[0]:
             raise ValueError(f"src_ids and tgt_in_ids must have the same batch size, "
                              f"got {src_ids.shape[0]} and {tgt_in_ids.shape[0]}")
@@ -288,9 +287,9 @@ class Transformer(Module):
         """dlogits (B, T, V) -> fills ``p.grad`` of every parameter (accumulating)."""
         dh = self.generator.backward(dlogits)                 # logits = h W^T
         dy, dmemory = self.decoder.backward(dh)               # through every decoder layer
-        dy = self.positional.backward(self.tgt_dropout.backward(dy))
-        self.tgt_embed.backward(dy)                           # tied: adds into the same dW
+        dtgt_embedded = self.positional.backward(self.tgt_dropout.backward(dy))
+        self.tgt_embed.backward(dtgt_embedded)                # tied: adds into the same dW
         dx = self.encoder.backward(dmemory)                   # memory's gradient from all layers
-        dx = self.positional.backward(self.src_dropout.backward(dx))
-        self.src_embed.backward(dx)
+        dsrc_embedded = self.positional.backward(self.src_dropout.backward(dx))
+        self.src_embed.backward(dsrc_embedded)
 

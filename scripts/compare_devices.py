@@ -56,9 +56,9 @@ def one_step(device, dtype):
         model.backward(loss_fn.backward())
         params = dict(model.named_parameters())
         grads = {name: backend.to_numpy(params[name].grad).copy() for name in NAMES}
-        flat_grad = backend.to_numpy(model.flat.grad).copy()
+        flat_grad = backend.to_numpy(optimizer.flat.grad).copy()
         optimizer.step()
-        flat_data = backend.to_numpy(model.flat.data).copy()
+        flat_data = backend.to_numpy(optimizer.flat.data).copy()
         greedy = greedy_decode(model, src, max_len=10)
         beam = beam_search(model, src, beam_size=4, max_len=10)
     backend.set_device("cpu")

@@ -1,6 +1,6 @@
 """It learns: a small model learns to reverse random sequences to near-zero
-loss on the CPU through the real forward, backward, Adam and warmup schedule."""
-
+loss on the CPU through the real forward, backward, Adam and warmup schedule.
+(How fast is for benchmarks/benchmark.py, not for a test.)"""
 import minitf
 from minitf import backend
 

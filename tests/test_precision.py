@@ -161,4 +161,4 @@ def test_fp16_step_on_the_strict_device_stand_in():
             norm = minitf.optim.clip_buffer_norm(grads, 1.0)
             assert opt.update(bool(np.isfinite(float(norm)))) and np.isfinite(loss)
         opt.load_master([backend.to_numpy(v) for v in opt.master_params()])
-        assert model.flat.data.dtype == np.float16 and opt.flat.data.dtype == np.float32
+        assert opt.model_flat.data.dtype == np.float16 and opt.flat.data.dtype == np.float32

@@ -41,6 +41,7 @@ from minitf.backend import host as np
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.nmt.metrics import MetricsLog
 from minitf.nmt.train import main as train_main
+from minitf.module import FlatBuffers
 from minitf.transformer import Transformer
 from minitf.nmt.translate import main as translate_main
 
@@ -471,7 +472,7 @@ def test_no_nan_or_inf_through_the_whole_model(case):
     loss = loss_fn(logits, tgt_out)
     model.backward(loss_fn.backward())
     assert np.isfinite(backend.to_numpy(logits)).all() and np.isfinite(loss)
-    grad = backend.to_numpy(model.flat.grad)
+    grad = backend.to_numpy(FlatBuffers.flatten(model.parameters()).grad)
     assert np.isfinite(grad).all()
     if (tgt_out == 0).all():
         assert loss == 0.0 and not grad.any()  # nothing to learn from: no update
@@ -518,26 +519,26 @@ def _inject(monkeypatch, at_step, what):
     def train_step(self, *batch):
         if self.step + 1 != at_step or seen:
             return original(self, *batch)
-        before = [backend.to_numpy(a).copy() for a in (self.optimizer.m, self.optimizer.v, self.model.flat.data)]
+        before = [backend.to_numpy(a).copy() for a in (self.optimizer.m, self.optimizer.v, self.optimizer.flat.data)]
         count = self.optimizer.step_count
         if what == "nan parameter":
-            saved = backend.to_numpy(self.model.flat.data[:5]).copy()
-            self.model.flat.data[:5] = np.nan
+            saved = backend.to_numpy(self.optimizer.flat.data[:5]).copy()
+            self.optimizer.flat.data[:5] = np.nan
         else:
             backward = self.model.backward
 
             def poisoned(dlogits):
                 backward(dlogits)
-                self.model.flat.grad[3] = np.inf
+                self.optimizer.flat.grad[3] = np.inf
             self.model.backward = poisoned
         loss = original(self, *batch)
         if what == "nan parameter":
-            after_data = backend.to_numpy(self.model.flat.data).copy()
-            self.model.flat.data[:5] = backend.asarray(saved)
+            after_data = backend.to_numpy(self.optimizer.flat.data).copy()
+            self.optimizer.flat.data[:5] = backend.asarray(saved)
             before[2][:5] = np.nan
         else:
             del self.model.backward
-            after_data = backend.to_numpy(self.model.flat.data).copy()
+            after_data = backend.to_numpy(self.optimizer.flat.data).copy()
         after = [backend.to_numpy(self.optimizer.m), backend.to_numpy(self.optimizer.v), after_data]
         seen.update(unchanged=all(np.array_equal(a, b, equal_nan=True) for a, b in zip(before, after))
                     and self.optimizer.step_count == count, kind=self.nonfinite)

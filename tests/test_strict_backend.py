@@ -100,7 +100,7 @@ def _train(steps, device_batch=False, clip=True, counts=None):
             counts.watch_float64 = False
             last = dict(counts.as_dict(), float64_results=counts.float64_results,
                         float64_where=counts.float64_where)
-    return losses, backend.to_numpy(model.flat.data), last
+    return losses, backend.to_numpy(optimizer.flat.data), last
 
 
 def test_training_step_transfers_exactly_the_logged_scalars(strict):

@@ -17,6 +17,7 @@ import pytest
 
 from minitf import backend, trace
 from minitf.backend import default_dtype
+from minitf.module import FlatBuffers
 
 H = 1e-6
 
@@ -39,8 +40,9 @@ def loss_of(model):
 def test_parameter_gradients_agree_with_finite_differences(traced):
     _, model, _ = traced
     with default_dtype("float64"):
-        theta = model.flat.data                       # every parameter is a view of this buffer
-        analytic = backend.to_numpy(model.flat.grad).copy()
+        flat = FlatBuffers.flatten(model.parameters())  # every parameter becomes a view of this buffer
+        theta = flat.data
+        analytic = backend.to_numpy(flat.grad).copy()
         numeric = np.zeros_like(analytic)
         for i in range(theta.size):
             old = float(theta[i])

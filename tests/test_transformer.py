@@ -14,6 +14,7 @@ from hypothesis import given, strategies as st
 import minitf
 from minitf import backend
 from minitf.backend import xp
+from minitf.module import FlatBuffers
 from minitf.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
 from tests.helpers import assert_gradients_match, randomize, np, padding_masks, random_array, seeds, small
 
@@ -104,11 +105,12 @@ def test_whole_model_gradient_along_random_directions(case, smoothing):
         with minitf.no_grad():
             return loss_fn(model(src, tgt_in), tgt_out)
 
+    flat = FlatBuffers.flatten(model.parameters())  # theta: every parameter as one vector
     backend.manual_seed(seed)
     model.zero_grad()
     loss_fn(model(src, tgt_in), tgt_out)
     model.backward(loss_fn.backward())
-    theta, grad = model.flat.data, model.flat.grad.copy()
+    theta, grad = flat.data, flat.grad.copy()
     rng, h = np.random.default_rng(seed), 1e-6
     for _ in range(3):
         u = rng.standard_normal(theta.shape)
@@ -185,18 +187,20 @@ def test_shared_embedding_is_one_parameter():
 def test_parameters_live_in_flat_buffers_and_state_dict_round_trips():
     model = minitf.Transformer(9, 9, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8)
     total = sum(p.size for p in model.parameters())
-    assert model.flat.data.size == total
+    assert FlatBuffers.of(model.parameters()) is None  # the model alone is not flattened ...
+    flat = minitf.Adam(model.parameters()).flat         # ... its optimizer flattens it
+    assert flat.data.size == total and FlatBuffers.of(model.parameters()) is flat
     # every p.data is a view of the flat buffer, in order: write the buffer, read the parameters
     # (checked on the device: to_numpy copies on a GPU, so host copies cannot show sharing)
     state = model.state_dict()
-    model.flat.data[...] = xp.arange(total, dtype=model.flat.data.dtype)
+    flat.data[...] = xp.arange(total, dtype=flat.data.dtype)
     seen = xp.concatenate([p.data.ravel() for p in model.parameters()])
     assert np.array_equal(backend.to_numpy(seen), np.arange(total))
     model.load_state_dict(state)
     state = model.state_dict()
     other = minitf.Transformer(9, 9, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8)
     other.load_state_dict(state)
-    assert np.array_equal(backend.to_numpy(other.flat.data), backend.to_numpy(model.flat.data))
+    assert np.array_equal(backend.to_numpy(minitf.Adam(other.parameters()).flat.data), backend.to_numpy(flat.data))
     bad = dict(state)
     bad["src_embed.weight"] = np.zeros((10, 4))
     with pytest.raises(ValueError, match="src_embed.weight: expected \\(9, 4\\), got \\(10, 4\\)"):
@@ -232,3 +236,43 @@ def test_bad_config_gives_clear_value_errors(kwargs, message):
                   num_decoder_layers=1, d_ff=8) | kwargs
     with pytest.raises(ValueError, match=message):
         minitf.Transformer(**config)
+
+
+def _tiny_model_and_batch():
+    model = minitf.Transformer(12, 12, d_model=8, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=16)
+    src, tgt = np.array([[4, 5, 6, 0]]), np.array([[2, 7, 8]])
+    return model, src, tgt
+
+
+def test_a_forward_left_without_its_backward_is_reported_by_name_at_zero_grad():
+    model, src, tgt = _tiny_model_and_batch()
+    optimizer = minitf.Adam(model.parameters())
+    model(src, tgt)                                          # gradients on, and no backward
+    with pytest.raises(RuntimeError, match=r"encoder\.layers\.0\.self_attn \(MultiHeadAttention, 1 cache\)"):
+        model.zero_grad()
+    with pytest.raises(RuntimeError, match="MultiHeadAttention x3"):
+        optimizer.zero_grad()
+    model(src, tgt)                                          # a second one: the stacks would grow
+    with pytest.raises(RuntimeError, match=r"decoder\.layers\.0\.ff_block\.norm \(LayerNorm, 2 caches\)"):
+        model.zero_grad()
+    model.clear_saved()                                      # after an aborted step: legal again
+    model.zero_grad()
+    optimizer.zero_grad()
+
+
+def test_consumed_or_unsaved_caches_pass_zero_grad():
+    model, src, tgt = _tiny_model_and_batch()
+    optimizer = minitf.Adam(model.parameters())
+    loss_fn = minitf.LabelSmoothedCrossEntropy(0.1)
+    with minitf.no_grad():                                   # evaluation saves nothing
+        model(src, tgt)
+    model.zero_grad()
+    loss_fn(model(src, tgt), tgt)
+    model.backward(loss_fn.backward())                       # every cache consumed
+    optimizer.zero_grad()
+    model.zero_grad()
+    loss_fn(model(src, tgt), tgt)                            # an aborted step: the loss's cache stays,
+    model.clear_saved()                                      # but it is no part of the model
+    model.zero_grad()
+    optimizer.zero_grad()
+    loss_fn.clear_saved()

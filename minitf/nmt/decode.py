@@ -119,7 +119,7 @@ def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
         for i, row in enumerate(rows):
             padded[i, :len(row)] = row
         src_ids = padded
-    src = model._check_ids(src_ids, "src_ids", model.config["src_vocab_size"])
+    src = model.check_ids(src_ids, "src_ids", model.config["src_vocab_size"])
     B = src.shape[0]
     if max_len is None:
         # one small copy to the host: the caps drive the host-side loop

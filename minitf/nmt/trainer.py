@@ -151,6 +151,7 @@ class Trainer:
         loss = self.loss_fn(logits, tgt_out)
         if not math.isfinite(loss):
             self.model.clear_saved()
+            self.loss_fn.clear_saved()  # its (B, T, V) cache too
             self.nonfinite = "loss"
             return loss
         if self.mixed:  # float16 backward of loss * scale, then float32 gradients / scale
@@ -209,6 +210,7 @@ class Trainer:
                     loss = self.train_step(src, tgt_in, tgt_out)
                 except MemoryError:
                     self.model.clear_saved()
+                    self.loss_fn.clear_saved()  # its (B, T, V) cache too
                     raise StepOutOfMemory(
                         f"out of memory at step {self.step + 1} on a batch of {src.shape[0]} sentences padded to "
                         f"{src.shape[1]} source and {tgt_in.shape[1]} target tokens; use a smaller --max-tokens "
