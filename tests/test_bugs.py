@@ -122,3 +122,25 @@ def test_tied_overwrite_zeroes_the_rows_of_unused_ids():
 def test_reshape_heads_leaves_the_output_projection_right():
     report, _ = report_of("reshape-heads", 0)
     assert failing(report) == {"x", "w_qkv", "b_qkv"}
+
+
+def test_the_outputs_quoted_in_docs_bugs_md_are_current(capsys):
+    """Every ```text block of docs/bugs.md that starts with a gradcheck command holds that
+    command's output. Compared: the lines that carry the finding (FAIL rows, 'furthest off',
+    'hint'); the 'ok' rows' errors (~1e-10) are rounding noise that varies between BLAS builds."""
+    import pathlib
+    import re
+    import shlex
+    if backend.get_device() != "cpu":
+        pytest.skip("the quoted output is from the CPU backend")
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "bugs.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```text\n\$ python -m minitf.gradcheck ([^\n]*)\n(.*?)^```", page, re.M | re.S)
+    assert len(blocks) == len(bugs.BUGS)
+
+    def findings(text):
+        return [line.rstrip() for line in text.splitlines()
+                if "FAIL" in line or line.lstrip().startswith(("furthest off", "hint:"))]
+
+    for command, quoted in blocks:
+        gradcheck.main(shlex.split(command))
+        assert findings(capsys.readouterr().out) == findings(quoted), command
