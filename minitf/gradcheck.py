@@ -102,7 +102,7 @@ def compare_gradients(forward, backward, inputs, params=(), seed=0, h=1e-6, rese
 
 
 # --------------------------------------------------------------------------- #
-# python -m minitf.gradcheck LAYER [--seed N] [--wrong]
+# python -m minitf.gradcheck LAYER [--seed N] [--wrong] [--bug NAME [--fixed]]
 # --------------------------------------------------------------------------- #
 def _build(name, rng):
     """A small random instance of one layer: (forward, backward, inputs, params)."""
@@ -189,26 +189,76 @@ LAYERS = ["linear", "embedding", "positional", "dropout", "layernorm", "relu", "
           "cross", "feedforward", "encoder_layer", "decoder_layer", "encoder", "decoder", "loss", "model"]
 
 
+def worst_entry(analytic, numeric, rtol=1e-6, atol=1e-7):
+    """Where two gradients differ most: ``(index tuple, analytic value, numeric value,
+    number of entries off, number of entries)``, an entry being off when
+    |a - n| > rtol * max(|a|, |n|) + atol (the scale of the whole array)."""
+    a, n = backend.to_numpy(analytic), backend.to_numpy(numeric)
+    diff = abs(a - n)
+    index = tuple(int(i) for i in backend.host.unravel_index(int(diff.argmax()), a.shape))
+    scale = max(float(abs(a).max(initial=0)), float(abs(n).max(initial=0)))
+    return index, float(a[index]), float(n[index]), int((diff > rtol * scale + atol).sum()), int(a.size)
+
+
+def describe_worst(name, analytic, numeric):
+    """One line: which entry is furthest off, both values, their ratio, how many entries are off."""
+    index, a, n, off, size = worst_entry(analytic, numeric)
+    ratio = f"{a / n:.4g}" if n != 0 else "inf" if a != 0 else "nan"
+    where = f"{name}[{', '.join(map(str, index))}]"
+    return f"  furthest off: {where}  analytic {a:.6g}  numeric {n:.6g}  (analytic/numeric {ratio}); " \
+           f"{off} of {size} entries off"
+
+
 def main(argv=None):
-    """Print analytical vs numerical gradients of one layer, side by side."""
+    """Print analytical vs numerical gradients of one layer, side by side.
+    With --bug NAME the layer's backward is replaced by one with a realistic bug
+    (see minitf/bugs.py and docs/bugs.md)."""
     import argparse
+
+    from minitf import bugs
     parser = argparse.ArgumentParser(prog="python -m minitf.gradcheck", description=main.__doc__)
-    parser.add_argument("layer", choices=LAYERS)
+    parser.add_argument("layer", nargs="?", choices=LAYERS + sorted({b.layer for b in bugs.BUGS.values()} - set(LAYERS)),
+                        help="the layer to check (optional with --bug)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bug", choices=list(bugs.BUGS),
+                        help="a backward with this bug in it: " + "; ".join(
+                            f"{b.name} ({b.layer}): {b.summary}" for b in bugs.BUGS.values()))
+    parser.add_argument("--fixed", action="store_true",
+                        help="with --bug: the same hand-written backward with the right line instead")
+    parser.add_argument("--list-bugs", action="store_true", help="list the bugs and exit")
     parser.add_argument("--wrong", action="store_true",
                         help="compare against a deliberately wrong gradient (one entry's sign flipped), "
                              "to see what a failing check looks like")
     parser.add_argument("--entries", type=int, default=4, help="entries shown per array")
     args = parser.parse_args(argv)
+    if args.list_bugs:
+        for b in bugs.BUGS.values():
+            print(f"{b.layer:10s} --bug {b.name:22s} {b.summary}")
+        return 0
+    if args.bug is not None:
+        layer = bugs.BUGS[args.bug].layer
+        if args.layer not in (None, layer):
+            parser.error(f"bug {args.bug!r} lives in layer {layer!r}, not {args.layer!r}")
+        args.layer = layer
+    elif args.layer is None:
+        parser.error("give a LAYER, or --bug NAME")
+    elif args.layer not in LAYERS:
+        parser.error(f"layer {args.layer!r} is only checked with a --bug (try --list-bugs)")
+    if args.fixed and args.bug is None:
+        parser.error("--fixed needs --bug NAME")
     rng = backend.host_rng(args.seed)
     with backend.default_dtype("float64"):
         backend.manual_seed(args.seed)
-        forward, backward, inputs, module = _build(args.layer, rng)
-        params = dict(module.named_parameters()) if module is not None else {}
+        if args.bug is not None:
+            forward, backward, inputs, params = bugs.build(args.bug, rng, buggy=not args.fixed)
+        else:
+            forward, backward, inputs, module = _build(args.layer, rng)
+            params = dict(module.named_parameters()) if module is not None else {}
         report = compare_gradients(forward, backward, inputs, params, seed=args.seed, reseed=args.seed)
-    print(f"{args.layer}: float64, central differences h=1e-6, L = sum(forward(x) * G) for a random G")
+    title = args.layer + (f" --bug {args.bug}" + (" --fixed" if args.fixed else "") if args.bug else "")
+    print(f"{title}: float64, central differences h=1e-6, L = sum(forward(x) * G) for a random G")
     print(f"{'array':42s} {'shape':>12s}  {'analytic':>12s} {'numeric':>12s}  rel. error")
-    failed = 0
+    failed, worst = 0, []
     for name, analytic, numeric, _ in report:
         analytic = backend.to_numpy(analytic).copy()
         numeric = backend.to_numpy(numeric)
@@ -223,7 +273,13 @@ def main(argv=None):
             shape = str(tuple(analytic.shape)) if i == 0 else ""
             tail = f"{error:.1e}  {status}" if i == 0 else ""
             print(f"{label:42s} {shape:>12s}  {a[i]:12.8f} {n[i]:12.8f}  {tail}")
+        if status == "FAIL":
+            worst.append(describe_worst(name, analytic, numeric))
     print(f"{len(report) - failed} of {len(report)} arrays match (max |a - n| <= 1e-6 max(|a|, |n|) + 1e-7)")
+    if failed:
+        print("\n".join(worst))
+        if args.bug is not None and not args.fixed:
+            print(f"hint: {bugs.BUGS[args.bug].hint}")
     return 1 if failed else 0
 
 
