@@ -134,7 +134,7 @@ def test_the_outputs_quoted_in_docs_bugs_md_are_current(capsys):
     if backend.get_device() != "cpu":
         pytest.skip("the quoted output is from the CPU backend")
     page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "bugs.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"^```text\n\$ python -m minitf.gradcheck ([^\n]*)\n(.*?)^```", page, re.M | re.S)
+    blocks = re.findall(r"^```text[^\n]*\n\$ python -m minitf.gradcheck ([^\n]*)\n(.*?)^```", page, re.M | re.S)
     assert len(blocks) == len(bugs.BUGS)
 
     def findings(text):

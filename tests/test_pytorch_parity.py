@@ -60,9 +60,9 @@ def test_logits_loss_and_every_gradient_match_pytorch_autograd(case, smoothing):
     if config["dropout"]:
         model.eval()  # dropout masks differ between the two; compare without them
     loss_fn = minitf.LabelSmoothedCrossEntropy(smoothing, ignore_index=0)
+    model.zero_grad()
     logits = model(src, tgt_in)
     loss = loss_fn(logits, tgt_out)
-    model.zero_grad()
     model.backward(loss_fn.backward())
 
     torch_model = mp.to_torch(model)
