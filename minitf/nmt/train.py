@@ -30,6 +30,11 @@ RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num
                 "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
 
 
+def default(name):
+    """'default: X', from RunConfig: the one place that holds the defaults."""
+    return f"default: {RunConfig.__dataclass_fields__[name].default}"
+
+
 def build_parser():
     p = OneLineParser(prog="train.py", description="Train a Transformer translation model (German to English "
                       "on the Ding dictionary's example sentences by default).")
@@ -47,19 +52,19 @@ def build_parser():
     g = p.add_argument_group("recipe")
     g.add_argument("--vocab-size", type=positive(int), help="joint BPE vocabulary size")
     g.add_argument("--max-tokens", type=positive(int), help="padded tokens per batch and side (paper: ~25000)")
-    g.add_argument("--max-len", type=positive(int), default=100, help="skip longer sentences (in BPE tokens)")
+    g.add_argument("--max-len", type=positive(int), help=f"skip longer sentences (in BPE tokens; {default('max_len')})")
     g.add_argument("--warmup", type=positive(int), help="warmup steps of the learning-rate schedule")
     g.add_argument("--lr-scale", type=positive(float), help="factor on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
-    g.add_argument("--label-smoothing", type=float, default=0.1)
-    g.add_argument("--clip-norm", type=float, default=0.0, help="global gradient-norm clipping (0 = off)")
+    g.add_argument("--label-smoothing", type=float, help=default("label_smoothing"))
+    g.add_argument("--clip-norm", type=float, help=f"global gradient-norm clipping (0 = off; {default('clip_norm')})")
     g.add_argument("--skip-nonfinite", action="store_true",
                    help="skip (and count) a step whose loss is not finite instead of stopping")
     g = p.add_argument_group("run")
     g.add_argument("--device", choices=["cpu", "gpu"], default=os.environ.get("MINITF_DEVICE", "cpu"))
-    g.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32; tf32 (GPU: TF32 tensor-core matmuls via CUPY_TF32=1); fp16 (float16 model, "
+    g.add_argument("--precision", choices=PRECISIONS,
+                   help=f"{default('precision')}: fp32; tf32 (GPU: TF32 tensor-core matmuls via CUPY_TF32=1); fp16 (float16 model, "
                    "float32 master weights and Adam moments, dynamic loss scaling)")
-    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--seed", type=int, help=default("seed"))
     g.add_argument("--max-steps", type=positive(int))
     g.add_argument("--epochs", type=positive(int))
     g.add_argument("--max-minutes", type=positive(float),
@@ -67,13 +72,15 @@ def build_parser():
                    "not counted)")
     g.add_argument("--out", type=pathlib.Path, help="run folder (default runs/<preset>)")
     g.add_argument("--resume", type=pathlib.Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
-    g.add_argument("--eval-every", type=positive(int), default=1000, help="steps between validations")
-    g.add_argument("--save-every", type=positive(int), default=500, help="steps between checkpoints")
-    g.add_argument("--keep", type=positive(int), default=5, help="checkpoints kept")
-    g.add_argument("--average", type=int, default=5, help="average the last N checkpoints at the end (0/1 = off)")
-    g.add_argument("--bleu-sentences", type=int, default=200, help="validation sentences decoded for BLEU")
-    g.add_argument("--beam", type=positive(int), default=4)
-    g.add_argument("--alpha", type=non_negative, default=0.6, help="length penalty exponent (a finite number >= 0)")
+    g.add_argument("--eval-every", type=positive(int), help=f"steps between validations ({default('eval_every')})")
+    g.add_argument("--save-every", type=positive(int), help=f"steps between checkpoints ({default('save_every')})")
+    g.add_argument("--keep", type=positive(int), help=f"checkpoints kept ({default('keep')})")
+    g.add_argument("--average", type=int, help=f"average the last N checkpoints at the end (0/1 = off; "
+                   f"{default('average')})")
+    g.add_argument("--bleu-sentences", type=int,
+                   help=f"validation sentences decoded for BLEU ({default('bleu_sentences')})")
+    g.add_argument("--beam", type=positive(int), help=f"beam size ({default('beam')})")
+    g.add_argument("--alpha", type=non_negative, help=f"length penalty exponent ({default('alpha')})")
     g.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     g = p.add_argument_group("data (default: the Ding de-en example sentences, fetched with apt)")
     for split in ("train", "valid", "test"):
