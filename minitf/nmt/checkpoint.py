@@ -175,7 +175,7 @@ def _npy_header(path, archive, info):
     if fortran:
         raise _damaged(path, f"member {info.filename} is stored in Fortran order; minitf writes C order")
     if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8) or dtype.byteorder not in ("<", "=", "|"):
-        raise _damaged(path, f"member {info.filename} holds {dtype.str} data; expected little-endian "
+        raise _damaged(path, f"member {info.filename} holds {dtype} data ({dtype.str}); expected little-endian "
                        "float16, float32 or float64")
     if not all(isinstance(n, int) and n >= 0 for n in shape):
         raise _damaged(path, f"member {info.filename} declares an impossible shape {shape}")
