@@ -176,8 +176,31 @@ def synchronize():
         _state["module"].cuda.get_current_stream().synchronize()
 
 
+class _Unusable:
+    """Stands in for the array module when ``MINITF_DEVICE`` names a device that cannot
+    be used: the first use raises the DeviceError, so importing minitf never fails
+    and the command-line tools report it as one line (:func:`check_environment`)."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def __getattr__(self, name):
+        raise self.error
+
+
+def check_environment():
+    """Raise the DeviceError of an unusable ``MINITF_DEVICE`` (no-op otherwise);
+    :func:`set_device` replaces the environment's choice."""
+    if isinstance(_state["module"], _Unusable):
+        raise _state["module"].error
+
+
 _env_device = os.environ.get("MINITF_DEVICE", "cpu").strip().lower() or "cpu"
-if _env_device not in ("cpu", "gpu"):
-    raise DeviceError(f"MINITF_DEVICE must be 'cpu' or 'gpu', got {_env_device!r}")
-if _env_device == "gpu":
-    set_device("gpu")
+try:
+    if _env_device not in ("cpu", "gpu"):
+        raise DeviceError(f"MINITF_DEVICE must be 'cpu' or 'gpu', got {_env_device!r}; "
+                          "set it to cpu or gpu (or unset it)")
+    if _env_device == "gpu":
+        set_device("gpu")
+except DeviceError as _error:
+    _state["module"], _state["device"] = _Unusable(_error), _env_device

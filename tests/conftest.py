@@ -58,3 +58,23 @@ def corpus(tmp_path):
     """A tiny word-by-word German-English corpus in tmp_path, as train.py flags."""
     from tests.runs import make_corpus
     return make_corpus(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Reference runs shared by the tests of this module (each ~0.3 s):
+    ``ref``: 6 steps, checkpoints at 2, 4, 6; ``vocab48``, ``dmodel32``, ``othertok``:
+    runs whose checkpoints do not fit ``ref`` (another vocabulary size, model width,
+    tokenizer)."""
+    from tests.runs import QUIET, TINY, make_corpus, train
+    base = tmp_path_factory.mktemp("world")
+    corpus = make_corpus(base)
+    other_corpus_dir = base / "other"
+    other_corpus_dir.mkdir()
+    other_corpus = make_corpus(other_corpus_dir, seed=1)
+    common = TINY + QUIET + ["--max-steps", "6", "--save-every", "2", "--dropout", "0.2"]
+    runs = {"ref": (corpus, []), "vocab48": (corpus, ["--vocab-size", "48"]),
+            "dmodel32": (corpus, ["--d-model", "32"]), "othertok": (other_corpus, [])}
+    for name, (data, extra) in runs.items():
+        assert train(data + common + extra + ["--out", base / name]) == 0, name
+    return dict(base=base, corpus=corpus, common=common, **{name: base / name for name in runs})

@@ -1,9 +1,15 @@
 """What the application's tests share: a tiny learnable corpus, tiny model flags,
 the metrics of a run, and the catalogue of bad train.py inputs."""
+import hashlib
 import json
 import pathlib
+import shutil
+import sys
 
 from minitf.backend import host as np
+from minitf.nmt import checkpoint as ckpt
+from minitf.nmt.train import main as train_main
+from minitf.nmt.translate import main as translate_main
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORDS = {"der": "the", "hund": "dog", "katze": "cat", "sieht": "sees", "mag": "likes", "ein": "a",
@@ -63,3 +69,58 @@ BAD_TRAIN_INPUTS = {
 def _write(path, data):
     path.write_bytes(data)
     return path
+
+
+# --------------------------------------------------------------------------- running the CLIs in-process
+QUIET = ["--eval-every", "1000", "--average", "0", "--bleu-sentences", "2"]
+
+
+def train(argv, capsys=None):
+    """train.py in-process; returns (exit status, stderr lines) when capsys is given."""
+    try:
+        code = train_main([str(a) for a in argv])
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    if capsys is None:
+        return code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def translate(argv, capsys, stdin_bytes=None, monkeypatch=None, tmp_path=None):
+    if stdin_bytes is not None:
+        (tmp_path / "stdin").write_bytes(stdin_bytes)
+        monkeypatch.setattr(sys, "stdin", open(tmp_path / "stdin", "r"))
+    try:
+        code = translate_main([str(a) for a in argv])
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.err.strip().splitlines(), captured.out
+
+
+def snapshot(folder):
+    """{relative path: sha256} of every file below ``folder``."""
+    folder = pathlib.Path(folder)
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def params_of(path):
+    return ckpt.read_checkpoint(path)["params"]
+
+
+def same_params(a, b):
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def one_error_line(err, prog="train.py"):
+    errors = [line for line in err if "error" in line.lower()]
+    assert len(errors) == 1 and f"{prog}: error: " in errors[0], err
+    assert not any("Traceback" in line for line in err), err
+    return errors[0]
+
+
+def copy_run(src, dst):
+    shutil.copytree(src, dst)
+    (dst / "best.json").unlink(missing_ok=True)
+    return dst

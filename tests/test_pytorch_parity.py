@@ -35,10 +35,12 @@ def configs_and_batches(draw):
     """A random model configuration and a batch with padding in source and target (real tokens
     first, at least one per row: an all-pad row is NaN in PyTorch, zeros in minitf)."""
     H = draw(st.integers(1, 3))
+    # d_model >= 2: at d_model 1 every LayerNorm output is its bias, so the gradients through
+    # it are pure rounding noise on both sides and a relative comparison is meaningless
     share = draw(st.booleans())
     V = draw(st.integers(4, 10))
     config = dict(src_vocab_size=V, tgt_vocab_size=V if share else draw(st.integers(4, 10)),
-                  d_model=H * draw(st.integers(1, 3)), num_heads=H, num_encoder_layers=draw(st.integers(1, 2)),
+                  d_model=H * draw(st.integers(2 if H == 1 else 1, 3)), num_heads=H, num_encoder_layers=draw(st.integers(1, 2)),
                   num_decoder_layers=draw(st.integers(1, 2)), d_ff=draw(st.integers(1, 6)),
                   dropout=draw(st.sampled_from([0.0, 0.3])), share_embeddings=share, pad_id=0,
                   pre_norm=draw(st.booleans()))

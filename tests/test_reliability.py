@@ -40,88 +40,13 @@ from minitf.attention import MultiHeadAttention
 from minitf.backend import host as np
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.nmt.metrics import MetricsLog
-from minitf.nmt.train import main as train_main
 from minitf.module import FlatBuffers
 from minitf.transformer import Transformer
-from minitf.nmt.translate import main as translate_main
 
-from tests.runs import TINY, make_corpus, metrics
+from tests.runs import (QUIET, TINY, copy_run, make_corpus, metrics, one_error_line, params_of, same_params,
+                        snapshot, train, translate)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-QUIET = ["--eval-every", "1000", "--average", "0", "--bleu-sentences", "2"]
-
-
-# --------------------------------------------------------------------------- helpers
-def train(argv, capsys=None):
-    """train.py in-process; returns (exit status, stderr lines) when capsys is given."""
-    try:
-        code = train_main([str(a) for a in argv])
-    except SystemExit as exit_:  # argparse
-        code = exit_.code
-    if capsys is None:
-        return code
-    return code, capsys.readouterr().err.strip().splitlines()
-
-
-def translate(argv, capsys, stdin_bytes=None, monkeypatch=None, tmp_path=None):
-    if stdin_bytes is not None:
-        (tmp_path / "stdin").write_bytes(stdin_bytes)
-        monkeypatch.setattr(sys, "stdin", open(tmp_path / "stdin", "r"))
-    try:
-        code = translate_main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.err.strip().splitlines(), captured.out
-
-
-def snapshot(folder):
-    """{relative path: sha256} of every file below ``folder``."""
-    folder = pathlib.Path(folder)
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def params_of(path):
-    return ckpt.read_checkpoint(path)["params"]
-
-
-def same_params(a, b):
-    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-
-
-def one_error_line(err, prog="train.py"):
-    errors = [line for line in err if "error" in line.lower()]
-    assert len(errors) == 1 and f"{prog}: error: " in errors[0], err
-    assert not any("Traceback" in line for line in err), err
-    return errors[0]
-
-
-def copy_run(src, dst):
-    shutil.copytree(src, dst)
-    (dst / "best.json").unlink(missing_ok=True)
-    return dst
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """Reference runs shared by the tests of this module (each ~0.3 s):
-    ``ref``: 6 steps, checkpoints at 2, 4, 6; ``vocab48``, ``dmodel32``, ``othertok``:
-    runs whose checkpoints do not fit ``ref`` (another vocabulary size, model width,
-    tokenizer)."""
-    base = tmp_path_factory.mktemp("world")
-    corpus = make_corpus(base)
-    other_corpus_dir = base / "other"
-    other_corpus_dir.mkdir()
-    other_corpus = make_corpus(other_corpus_dir, seed=1)
-    common = TINY + QUIET + ["--max-steps", "6", "--save-every", "2", "--dropout", "0.2"]
-    runs = {"ref": (corpus, []), "vocab48": (corpus, ["--vocab-size", "48"]),
-            "dmodel32": (corpus, ["--d-model", "32"]), "othertok": (other_corpus, [])}
-    for name, (data, extra) in runs.items():
-        assert train(data + common + extra + ["--out", base / name]) == 0, name
-    return dict(base=base, corpus=corpus, common=common, **{name: base / name for name in runs})
-
-
 # --------------------------------------------------------------------------- 1. kill and resume
 def _spawn(argv, run_dir, env):
     return subprocess.Popen([sys.executable, "train.py", *map(str, argv)], cwd=ROOT, env=env,

@@ -20,6 +20,11 @@ from tests.helpers import assert_gradients_match, randomize, np, padding_masks, 
 
 pytestmark = pytest.mark.usefixtures("float64")
 heads_and_dk = st.tuples(st.integers(1, 2), st.integers(1, 3))
+# Layers with a LayerNorm: d_model >= 3. At d_model 2 LayerNorm maps a row to +-1 (times gamma,
+# plus beta) through (x0 - x1) / sqrt((x0 - x1)^2 / 4 + eps), whose third derivative grows like
+# |x0 - x1|^-3: a row with x0 ~ x1 (hypothesis found one) makes central differences with h = 1e-6
+# wrong by ~1e-4 relative, a limit of the check, not of the backward.
+ln_heads_and_dk = heads_and_dk.filter(lambda hd: hd[0] * hd[1] >= 3)
 LN_RTOL = 1e-5
 
 
@@ -30,7 +35,7 @@ def test_feed_forward_gradients(B, L, D, F, seed):
                            dict(ff.named_parameters()), seed=seed)
 
 
-@given(data=st.data(), B=small, S=small, hd=heads_and_dk, F=small, seed=seeds, pre_norm=st.booleans(),
+@given(data=st.data(), B=small, S=small, hd=ln_heads_and_dk, F=small, seed=seeds, pre_norm=st.booleans(),
        p=st.sampled_from([0.0, 0.3]))
 def test_encoder_layer_gradients(data, B, S, hd, F, seed, pre_norm, p):
     H, dk = hd
@@ -41,7 +46,7 @@ def test_encoder_layer_gradients(data, B, S, hd, F, seed, pre_norm, p):
                            seed=seed, reseed=seed, tol=LN_RTOL)
 
 
-@given(data=st.data(), B=small, S=small, T=small, hd=heads_and_dk, F=small, seed=seeds,
+@given(data=st.data(), B=small, S=small, T=small, hd=ln_heads_and_dk, F=small, seed=seeds,
        pre_norm=st.booleans(), p=st.sampled_from([0.0, 0.3]))
 def test_decoder_layer_gradients(data, B, S, T, hd, F, seed, pre_norm, p):
     H, dk = hd

@@ -18,6 +18,7 @@ For tests only: ``MINITF_TEST_SLOW_CHECKPOINT=SECONDS`` sleeps that long after e
 file written into the temporary folder, so a test can kill a process mid-write.
 """
 import json
+import math
 import os
 import pathlib
 import re
@@ -97,12 +98,20 @@ def write_checkpoint(path, params, meta, tokenizer_bytes, optimizer=None):
     return path
 
 
-def read_checkpoint(path, load_optimizer=True):
+def read_checkpoint(path, load_optimizer=True, expect=None):
     """Load and verify a checkpoint folder. Returns a dict with ``params``,
     ``optimizer`` (or None), ``meta`` and ``tokenizer_bytes``.
 
-    Raises CheckpointError naming the problem: missing folder or file,
-    checksum mismatch, unreadable archive, or an archive that would need pickle.
+    ``expect(partial_state, path)``, if given, is called with ``meta`` and
+    ``tokenizer_bytes`` (checksums verified, no array read yet) and returns what
+    the arrays must be: ``{"model.npz": {name: (shape, dtype)}, "optimizer.npz":
+    {...}}``; it may raise CheckpointError itself (another model, say). Every array
+    header is compared with it before any data is read (see :func:`read_npz`).
+
+    Raises CheckpointError naming the problem: missing folder or file, checksum
+    mismatch, unreadable archive, an archive that would need pickle, an array of
+    another name, shape or dtype than expected, non-finite parameters or Adam
+    moments, or a negative second moment.
     """
     path = pathlib.Path(path)
     if not path.is_dir():
@@ -113,7 +122,7 @@ def read_checkpoint(path, load_optimizer=True):
                               "use another checkpoint of the run")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise CheckpointError(f"checkpoint {path}: meta.json is not valid JSON ({error}); "
                               "use another checkpoint of the run") from None
     if not (isinstance(meta, dict) and isinstance(meta.get("sha256"), dict) and isinstance(meta.get("config"), dict)):
@@ -131,25 +140,128 @@ def read_checkpoint(path, load_optimizer=True):
         if file_sha256(file) != expected:
             raise CheckpointError(f"checkpoint {path}: {name} does not match its checksum (sha256 in meta.json): "
                                   "corrupted, truncated or replaced; use another checkpoint of the run")
-    result = {"meta": meta, "params": _read_npz(path / "model.npz"),
-              "tokenizer_bytes": (path / "tokenizer.model").read_bytes(), "optimizer": None}
+    result = {"meta": meta, "tokenizer_bytes": (path / "tokenizer.model").read_bytes(), "optimizer": None}
+    expected = expect(dict(result), path) if expect is not None else {}
+    result["params"] = read_npz(path / "model.npz", expected.get("model.npz"))
+    check_finite(path / "model.npz", result["params"])
     if load_optimizer and (path / "optimizer.npz").is_file() and "optimizer.npz" in meta["sha256"]:
-        result["optimizer"] = _read_npz(path / "optimizer.npz")
+        result["optimizer"] = read_npz(path / "optimizer.npz", expected.get("optimizer.npz"))
+        check_finite(path / "optimizer.npz", result["optimizer"], non_negative=("v",))
     return result
 
 
-def _read_npz(path):
+def _damaged(path, what):
+    return CheckpointError(f"{path}: {what}; use another checkpoint of the run")
+
+
+def _npy_header(path, archive, info):
+    """(shape, dtype, data offset) of one ``.npy`` member, from its header alone."""
+    with archive.open(info) as member:
+        try:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
+            else:
+                raise ValueError(f"npy format version {version} (minitf writes 1.0)")
+        except ValueError as error:
+            if "pickle" in str(error).lower() or "object" in str(error).lower():
+                raise _pickle_refused(path) from None
+            raise _damaged(path, f"member {info.filename} has no valid npy header ({error})") from None
+        offset = member.tell()
+    if dtype.hasobject:
+        raise _pickle_refused(path)
+    if fortran:
+        raise _damaged(path, f"member {info.filename} is stored in Fortran order; minitf writes C order")
+    if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8) or dtype.byteorder not in ("<", "=", "|"):
+        raise _damaged(path, f"member {info.filename} holds {dtype} data ({dtype.str}); expected little-endian "
+                       "float16, float32 or float64")
+    if not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise _damaged(path, f"member {info.filename} declares an impossible shape {shape}")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if offset + nbytes != info.file_size:
+        raise _damaged(path, f"member {info.filename} declares shape {shape} of {dtype} ({nbytes:,} bytes) but "
+                       f"holds {max(info.file_size - offset, 0):,} bytes of data")
+    return tuple(shape), dtype, offset
+
+
+def _pickle_refused(path):
+    return CheckpointError(f"{path} holds data that would need pickle to load (and pickle can run code); "
+                           "refused: expected plain numeric arrays, use a checkpoint written by minitf")
+
+
+def read_npz(path, expected=None):
+    """The arrays of an ``.npz`` archive written by minitf (``np.savez``), read so that
+    a hostile file costs no more memory than its own size on disk.
+
+    Every member must be stored uncompressed, with an npy header declaring C order,
+    a little-endian float dtype and exactly as many bytes as the member holds; with
+    ``expected`` ({name: (shape, dtype)}) the names, shapes and dtypes must equal it
+    exactly. All headers are checked before any array is allocated. Anything else
+    raises CheckpointError (one line); pickle is never involved.
+    """
+    path = pathlib.Path(path)
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
-    except ValueError as error:  # an object array needs pickle (which can run code): refused
-        if "pickle" in str(error).lower():
-            raise CheckpointError(f"{path} holds data that would need pickle to load (and pickle can run code); "
-                                  "refused: expected plain numeric arrays, use a checkpoint written by minitf"
-                                  ) from None
+        with zipfile.ZipFile(path) as archive:
+            headers = {}
+            for info in archive.infolist():
+                name = info.filename[:-len(".npy")] if info.filename.endswith(".npy") else None
+                if not name or name in headers:
+                    raise _damaged(path, f"unexpected member {info.filename!r} (expected one NAME.npy per array)")
+                if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+                    raise _damaged(path, f"member {info.filename} is compressed; minitf writes uncompressed "
+                                   "archives (a small compressed member can declare gigabytes)")
+                headers[name] = (info, *_npy_header(path, archive, info))
+            if expected is not None:
+                _compare(path, headers, expected)
+            arrays = {}
+            for name, (info, shape, dtype, offset) in headers.items():
+                arrays[name] = _read_member(path, archive, info, shape, dtype, offset)
+            return arrays
+    except CheckpointError:
+        raise
+    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, KeyError, ValueError, RuntimeError,
+            NotImplementedError) as error:
         raise CheckpointError(f"{path} is not a readable .npz archive ({error}); use another checkpoint") from None
-    except (OSError, zipfile.BadZipFile, EOFError, KeyError) as error:
-        raise CheckpointError(f"{path} is not a readable .npz archive ({error}); use another checkpoint") from None
+
+
+def _compare(path, headers, expected):
+    missing, unknown = sorted(set(expected) - set(headers)), sorted(set(headers) - set(expected))
+    if missing or unknown:
+        raise _damaged(path, f"holds arrays that do not fit (missing {missing[:3]}, unexpected {unknown[:3]})")
+    for name, (shape, dtype) in sorted(expected.items()):
+        _, got_shape, got_dtype, _ = headers[name]
+        if got_shape != tuple(shape) or got_dtype != np.dtype(dtype):
+            raise _damaged(path, f"array {name!r} is {got_dtype} of shape {got_shape}, "
+                           f"expected {np.dtype(dtype)} of shape {tuple(shape)}")
+
+
+def _read_member(path, archive, info, shape, dtype, offset):
+    array = np.empty(shape, dtype=dtype)   # no larger than the member itself (checked in _npy_header)
+    buffer = memoryview(array.reshape(-1).view(np.uint8))
+    with archive.open(info) as member:
+        member.read(offset)
+        done = 0
+        while done < len(buffer):
+            chunk = member.read(min(1 << 20, len(buffer) - done))
+            if not chunk:
+                raise _damaged(path, f"member {info.filename} ends early")
+            buffer[done:done + len(chunk)] = chunk
+            done += len(chunk)
+        if member.read(1):  # also makes zipfile verify the member's CRC
+            raise _damaged(path, f"member {info.filename} holds more data than its header declares")
+    return array
+
+
+def check_finite(path, arrays, non_negative=()):
+    """CheckpointError unless every array is finite (and those named in
+    ``non_negative``, Adam's second moment, are >= 0): such a checkpoint is damaged."""
+    for name, array in sorted(arrays.items()):
+        if not bool(np.isfinite(array).all()):
+            raise _damaged(path, f"array {name!r} holds NaN or inf")
+        if name in non_negative and bool((array < 0).any()):
+            raise _damaged(path, f"array {name!r} (Adam's second moment) holds negative values")
 
 
 def list_checkpoints(run_dir, complete_only=True):
@@ -166,18 +278,19 @@ def list_checkpoints(run_dir, complete_only=True):
     return [p for _, p in sorted(found)]
 
 
-def latest_valid_checkpoint(run_dir, check=None):
+def latest_valid_checkpoint(run_dir, check=None, expect=None):
     """The newest checkpoint of a run that passes its checks, and the errors of
     newer ones that did not (a corrupted latest falls back to the one before).
 
     ``check(state, path)`` may raise CheckpointError to refuse a checkpoint that
-    reads fine but does not fit (another model size or tokenizer).
+    reads fine but does not fit (another model size or tokenizer); ``expect`` is
+    passed to :func:`read_checkpoint` (the arrays' names, shapes and dtypes).
     Returns ``(state, path, [(path, message), ...])``; state and path are None
     when no checkpoint passes."""
     errors = []
     for path in reversed(list_checkpoints(run_dir, complete_only=False)):
         try:
-            state = read_checkpoint(path)
+            state = read_checkpoint(path, expect=expect)
             if check is not None:
                 check(state, path)
             return state, path, errors

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from minitf.backend import DeviceError
-from minitf.nmt.errors import CheckpointError, DataError, StepOutOfMemory, UsageError
+from minitf.nmt.errors import CheckpointError, DataError, MetricsWriteError, StepOutOfMemory, UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -52,7 +52,7 @@ def report_errors(prog, run, argv, memory_hint, interrupt_message="interrupted")
         return fail(error, 2)
     except (DataError, CheckpointError, DeviceError, FloatingPointError, ValueError) as error:
         return fail(error)
-    except StepOutOfMemory as error:  # its message already says which step and what to do
+    except (StepOutOfMemory, MetricsWriteError) as error:  # their messages already say what to do
         return fail(error)
     except MemoryError as error:
         return fail(f"out of memory ({error or 'MemoryError'}); {memory_hint}")

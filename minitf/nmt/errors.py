@@ -43,3 +43,35 @@ class StepOutOfMemory(MemoryError):
     def __init__(self, message, step):
         super().__init__(message)
         self.step = step
+
+
+class RunFolderBusy(ValueError):
+    """Another process holds the lock of a run folder (``minitf.nmt.runlock``).
+
+    Attributes
+    ----------
+    run_dir : pathlib.Path
+        The run folder.
+    pid : int or None
+        The holder's process id, as it wrote it into the lock file (None if unreadable).
+    """
+
+    def __init__(self, message, run_dir, pid):
+        super().__init__(message)
+        self.run_dir, self.pid = run_dir, pid
+
+
+class MetricsWriteError(OSError):
+    """Appending to metrics.jsonl failed (a full disk, say); the record is kept in memory.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The metrics file.
+    reason : str
+        The operating system's reason (``No space left on device``).
+    """
+
+    def __init__(self, path, reason, advice=""):
+        super().__init__(f"could not append to {path}: {reason}" + (f"; {advice}" if advice else ""))
+        self.path, self.reason = path, reason

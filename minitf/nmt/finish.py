@@ -17,6 +17,8 @@ def finish_run(trainer, final, log):
         After its last step; ``final`` is the checkpoint it just saved.
     """
     config, run_dir = trainer.config, trainer.run_dir
+    # first: the last checkpoint, so that a signal during the evaluation leaves a valid choice behind
+    write_json_atomic(run_dir / "best.json", {"model": "last", "checkpoint": str(pathlib.Path("checkpoints") / final.name)})
     checkpoints = ckpt.list_checkpoints(run_dir)[-config.average:] if config.average > 1 else []
     candidates = [("last", trainer.model.state_dict())]
     if len(checkpoints) > 1:

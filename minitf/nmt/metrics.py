@@ -1,8 +1,11 @@
 """The metrics log of a run (``metrics.jsonl``) and perplexity."""
+import errno
 import json
 import math
+import os
 import pathlib
 
+from minitf.nmt.errors import MetricsWriteError
 from minitf.nmt.files import write_atomic
 
 #: exp() of a per-token NLL above this overflows into meaningless numbers early in training
@@ -19,10 +22,35 @@ class MetricsLog:
 
     def __init__(self, path):
         self.path = pathlib.Path(path)
+        self.unwritten = []  # records a failed write kept (saved in the next checkpoint's meta.json)
 
     def write(self, **record):
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
+        """Append one record. If the disk refuses (ENOSPC, EIO), the file is cut back to
+        what it held (no torn line), the record is kept in ``unwritten`` and
+        MetricsWriteError is raised."""
+        line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+        try:
+            with open(self.path, "ab", buffering=0) as handle:
+                size = handle.tell()
+                try:
+                    if handle.write(line) != len(line):
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                except OSError:
+                    try:
+                        handle.truncate(size)
+                    except OSError:
+                        pass
+                    raise
+        except OSError as error:
+            self.unwritten.append(record)
+            raise MetricsWriteError(self.path, error.strerror or str(error)) from None
+
+    def append_unwritten(self, records):
+        """Append the records a run could not write before its checkpoint was saved
+        (``unwritten_metrics`` in meta.json), so that the log is whole again."""
+        for record in records if isinstance(records, list) else []:
+            if isinstance(record, dict):
+                self.write(**record)
 
     def truncate(self, step):
         """Keep the records a run had written when it saved its checkpoint at ``step``
@@ -45,5 +73,9 @@ class MetricsLog:
                 break
             kept.append(line)
         if len(kept) < len(lines) or (data and not data.endswith(b"\n")):
-            write_atomic(self.path, b"".join(line + b"\n" for line in kept))
+            try:
+                write_atomic(self.path, b"".join(line + b"\n" for line in kept))
+            except OSError as error:  # write_atomic left the file as it was and no temp file
+                raise MetricsWriteError(self.path, error.strerror or str(error),
+                                        "nothing was changed; free disk space and try again") from None
         return len(lines) - len(kept)

@@ -12,12 +12,12 @@ import sys
 import time
 
 from minitf import backend
-from minitf.nmt import checkpoint as ckpt
+from minitf.nmt import checkpoint as ckpt, runlock
 from minitf.nmt.cli import OneLineParser, non_negative, positive, report_errors
 from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
 from minitf.nmt.corpus import default_corpus_splits
 from minitf.nmt.data import Corpus, read_parallel
-from minitf.nmt.errors import CheckpointError, DataError, UsageError
+from minitf.nmt.errors import CheckpointError, DataError, MetricsWriteError, UsageError
 from minitf.nmt.files import file_sha256
 from minitf.nmt.finish import finish_run
 from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
@@ -60,9 +60,10 @@ def build_parser():
     g.add_argument("--skip-nonfinite", action="store_true",
                    help="skip (and count) a step whose loss is not finite instead of stopping")
     g = p.add_argument_group("run")
-    g.add_argument("--device", choices=["cpu", "gpu"], default=os.environ.get("MINITF_DEVICE", "cpu"))
+    g.add_argument("--device", choices=["cpu", "gpu"], default=None, help="default: MINITF_DEVICE, else cpu")
     g.add_argument("--precision", choices=PRECISIONS,
-                   help=f"{default('precision')}: fp32; tf32 (GPU: TF32 tensor-core matmuls via CUPY_TF32=1); fp16 (float16 model, "
+                   help=f"{default('precision')}: fp32; tf32 (GPU: TF32 tensor-core matmuls via CUPY_TF32=1); "
+                   "fp16 (float16 model, "
                    "float32 master weights and Adam moments, dynamic loss scaling)")
     g.add_argument("--seed", type=int, help=default("seed"))
     g.add_argument("--max-steps", type=positive(int))
@@ -116,7 +117,11 @@ def config_from_args(args):
 
 def setup_device(precision, device):
     """TF32 is switched on through CuPy's environment variable CUPY_TF32, which CuPy
-    reads when it first picks a float32 matmul mode: so before ``backend.set_device``."""
+    reads when it first picks a float32 matmul mode: so before ``backend.set_device``.
+    ``device`` None means the environment's (MINITF_DEVICE), checked here, at the boundary."""
+    if device is None:
+        backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback at import
+        device = backend.get_device()
     if precision == "tf32":
         if device != "gpu":
             raise UsageError("--precision tf32 needs --device gpu (TF32 is a tensor-core mode of NVIDIA GPUs)")
@@ -156,6 +161,26 @@ def check_output_folder(out):
         raise UsageError(f"cannot write to {probe} (for --out {out}); choose a writable --out")
 
 
+def check_resumable(run_dir):
+    """Refuse (one line, nothing changed) a run folder that --resume could not
+    continue and save into: a ``checkpoints`` that is not a readable, writable
+    folder, or a run folder or metrics.jsonl that cannot be written."""
+    run_dir = pathlib.Path(run_dir)
+    folder = run_dir / "checkpoints"
+    if folder.exists() or folder.is_symlink():
+        if not folder.is_dir():
+            raise UsageError(f"--resume {run_dir}: {folder} is not a folder, so its checkpoints are gone or "
+                             "hidden; restore the checkpoints folder (or move the file away to start at step 0)")
+        try:
+            list(folder.iterdir())
+        except OSError as error:
+            raise UsageError(f"--resume {run_dir}: cannot read {folder} ({error.strerror or error}); "
+                             "fix its permissions") from None
+    for path in (run_dir, folder, run_dir / "metrics.jsonl"):
+        if path.exists() and not os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0)):
+            raise UsageError(f"--resume {run_dir}: {path} is not writable; fix its permissions")
+
+
 def prepare_tokenizer(run_dir, train_texts, vocab_size, log):
     """Train the run's tokenizer. A new run always trains it, also over a
     tokenizer.model left by a run killed before it wrote config.json (it may
@@ -190,11 +215,14 @@ def run(argv=None):
         read_parallel(paths["test_src"], paths["test_tgt"])
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
+    runlock.lock_run_folder(run_dir)  # one process per run folder, taken before anything is written
+    check_output_folder(run_dir)      # again, under the lock: another run may have started meanwhile
     config.data = paths
     try:
         tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
                                       config.vocab_size, log)
     except DataError:  # e.g. --vocab-size too large for the text: leave no empty run folder behind
+        runlock.release(run_dir)
         if created and not any(run_dir.iterdir()):
             run_dir.rmdir()
         raise
@@ -203,7 +231,7 @@ def run(argv=None):
     corpus = Corpus(tokenizer, paths, log)
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     log(f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
-        f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, on {args.device}; "
+        f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, on {backend.get_device()}; "
         f"{len(corpus.ids['train'][0])} training pairs; run folder {run_dir}")
     return train_and_report(trainer, args)
 
@@ -222,6 +250,8 @@ def resume_run(args, given):
                          "--resume: " + ", ".join("--" + k.replace("_", "-") for k in RESUME_CHANGEABLE + RUN_OPTIONS)
                          + ", --device, --skip-nonfinite, --no-progress")
     config = RunConfig.read(run_dir)
+    runlock.lock_run_folder(run_dir)  # before anything is written; refused while another process trains here
+    check_resumable(run_dir)
     changed = {k: getattr(args, k) for k in RESUME_CHANGEABLE + RUN_OPTIONS
                if k in given and getattr(args, k) != getattr(config, k)}
     if any(k in changed for k in ("max_steps", "epochs", "max_minutes")):
@@ -243,10 +273,20 @@ def resume_run(args, given):
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     for stale in ckpt.recover_checkpoints(run_dir):
         log(f"removed {stale.name}, left by an interrupted checkpoint write")
-    state, path, errors = ckpt.latest_valid_checkpoint(run_dir, check=trainer.check_fits)
+    state, path, errors = ckpt.latest_valid_checkpoint(run_dir, check=trainer.check_fits,
+                                                       expect=trainer.expected_arrays)
     if state is None and errors:
         raise CheckpointError(f"--resume {run_dir}: none of its {len(errors)} checkpoints is usable, the newest "
                               f"because: {errors[0][1]}; restore a good checkpoint or start a new run")
+    if state is not None:  # in memory only: a checkpoint that does not load changes nothing on disk
+        trainer.restore(state)
+        trainer.last_checkpoint = path
+    # the folder is usable: from here on it changes (metrics first: if the disk refuses, nothing else has)
+    dropped = trainer.metrics.truncate(trainer.step)
+    if dropped:
+        log(f"metrics.jsonl: dropped {dropped} records written after step {trainer.step} (they are redone)")
+    if state is not None:  # records a full disk refused before this checkpoint was saved
+        trainer.metrics.append_unwritten(state["meta"].get("unwritten_metrics"))
     if changed:  # written only now: a refused --resume changes nothing
         config.write(run_dir)
         recipe = sorted(set(changed) & {"max_tokens", "lr_scale", "clip_norm"})
@@ -261,47 +301,92 @@ def resume_run(args, given):
         os.rename(bad, aside)
         log(f"warning: skipping a bad checkpoint, moved aside to {aside.name}: {error}")
     if state is not None:
-        trainer.restore(state)
-        trainer.last_checkpoint = path
         log(f"resumed from {path} at step {trainer.step} (epoch {trainer.epoch + 1})")
     else:
         log(f"no checkpoint in {run_dir} yet: starting from step 0")
-    dropped = trainer.metrics.truncate(trainer.step)
-    if dropped:
-        log(f"metrics.jsonl: dropped {dropped} records written after step {trainer.step} (they are redone)")
     return train_and_report(trainer, args)
 
 
 # --------------------------------------------------------------------------- #
 # training, then the end-of-run report
 # --------------------------------------------------------------------------- #
+class EndOfRunInterrupted(BaseException):
+    """Ctrl-C or SIGTERM during the end-of-run evaluation (a BaseException, like
+    KeyboardInterrupt, so that nothing on the way swallows it)."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def signal_name(signum):
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
 def train_and_report(trainer, args):
     config, run_dir = trainer.config, trainer.run_dir
 
     def request_stop(signum, frame):
         trainer.stop_requested = signum
-        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        log(f"{name}: saving a checkpoint after this step (Ctrl-C again to abort without saving)")
+        log(f"{signal_name(signum)}: saving a checkpoint after this step (Ctrl-C again to abort without saving)")
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         trainer.run(config.eval_every, config.save_every, config.bleu_sentences, config.beam, config.alpha)
+        final = trainer.save()
+    except MetricsWriteError as error:  # a full disk: save what can be saved, then one line
+        raise save_after_metrics_failure(trainer, error) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    final = trainer.save()
     if trainer.stop_requested:
         log(f"stopped at step {trainer.step}; checkpoint {final}; continue with: python train.py --resume {run_dir}")
         return 128 + int(trainer.stop_requested)  # 130 after Ctrl-C, 143 after SIGTERM
-    trainer.metrics.write(kind="done", step=trainer.step, train_minutes=round(trainer.elapsed / 60, 2))
-    log(f"trained {trainer.step} steps in {trainer.elapsed / 60:.1f} min; checkpoint {final}")
-    finish_run(trainer, final, log)
+    try:
+        trainer.metrics.write(kind="done", step=trainer.step, train_minutes=round(trainer.elapsed / 60, 2))
+        log(f"trained {trainer.step} steps in {trainer.elapsed / 60:.1f} min; checkpoint {final}")
+        return finish_and_report(trainer, final)
+    except MetricsWriteError as error:
+        raise MetricsWriteError(error.path, error.reason, f"the run is complete up to checkpoint {final}; free "
+                                f"disk space, then python train.py --resume {run_dir} writes the end-of-run report"
+                                ) from None
+
+
+def finish_and_report(trainer, final):
+    """The end-of-run evaluation (:func:`finish_run`); Ctrl-C or SIGTERM stops it at
+    once, cleanly: best.json (written first, naming the last checkpoint) stays valid."""
+    def stop_now(signum, frame):
+        raise EndOfRunInterrupted(signum)
+
+    previous = {sig: signal.signal(sig, stop_now) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        finish_run(trainer, final, log)
+    except EndOfRunInterrupted as stop:
+        log(f"{signal_name(stop.signum)} during the end-of-run evaluation: stopped it; the run is complete "
+            f"(checkpoint {final}, named by best.json unless the evaluation had already chosen); redo the "
+            f"evaluation with: python train.py --resume {trainer.run_dir}")
+        return 128 + stop.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
+
+
+def save_after_metrics_failure(trainer, error):
+    """After metrics.jsonl refused a record: try to save a checkpoint (which carries
+    the unwritten records, for --resume to append); the error names what is safe."""
+    try:
+        saved = f"saved checkpoint {trainer.save()} (last good checkpoint)"
+    except (CheckpointError, FloatingPointError, OSError):
+        saved = f"could not save a checkpoint either; last good checkpoint: {trainer.last_checkpoint or 'none yet'}"
+    return MetricsWriteError(error.path, error.reason, f"{saved}; free disk space, then continue with "
+                             f"python train.py --resume {trainer.run_dir}")
 
 
 def main(argv=None):
     """Entry point: runs training; bad input gives one error line and a non-zero exit."""
-    return report_errors("train.py", run, argv, memory_hint="use a smaller --max-tokens",
-                         interrupt_message="interrupted; nothing after the last checkpoint was saved "
-                         "(continue with --resume RUN_DIR if the run had written config.json)")
+    with runlock.released_on_exit():
+        return report_errors("train.py", run, argv, memory_hint="use a smaller --max-tokens",
+                             interrupt_message="interrupted; nothing after the last checkpoint was saved "
+                             "(continue with --resume RUN_DIR if the run had written config.json)")

@@ -68,6 +68,8 @@ class Trainer:
                     tokenizer_sha256=self.tokenizer.sha256, skipped_nonfinite=self.skipped_nonfinite,
                     rng={"scheme": "dropout re-seeded from (seed, step); batch order from (seed, epoch)",
                          "seed": self.config.seed})
+        if self.metrics.unwritten:  # records a full disk refused: --resume appends them to metrics.jsonl
+            meta["unwritten_metrics"] = list(self.metrics.unwritten)
         optimizer = {k: backend.to_numpy(v) for k, v in (("m", self.optimizer.m), ("v", self.optimizer.v))}
         params = self.model.state_dict()
         if self.mixed:  # the float32 master weights are the parameters: translate loads a float32 model
@@ -85,16 +87,7 @@ class Trainer:
     def check_fits(self, state, path="the checkpoint"):
         """Raise CheckpointError unless ``state`` can continue this run: same tokenizer,
         same model shapes, Adam's moments present, a position in the data."""
-        meta = state["meta"]
-        if meta.get("tokenizer_sha256") != self.tokenizer.sha256:
-            raise CheckpointError(f"{path} was trained with another tokenizer than this run's tokenizer.model "
-                                       f"(vocabulary {meta.get('vocab_size')} vs {self.tokenizer.vocab_size}); "
-                                       "resume it from its own run folder")
-        ours = self.config.model_fields()
-        theirs = {k: meta["config"].get(k) for k in ours}
-        if theirs != ours:
-            diff = ", ".join(f"{k} {theirs[k]} (run: {ours[k]})" for k in ours if theirs[k] != ours[k])
-            raise CheckpointError(f"{path} belongs to another model ({diff}); resume it from its own run folder")
+        self.check_meta(state["meta"], path)
         shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
         saved = {name: tuple(a.shape) for name, a in state["params"].items()}
         if saved != shapes:
@@ -105,6 +98,18 @@ class Trainer:
         if state["optimizer"] is None or set(state["optimizer"]) != {"m", "v"}:
             raise CheckpointError(f"{path} has no optimizer state (an averaged checkpoint?); "
                                        "resume needs a step-NNNNNNNN checkpoint of the run")
+
+    def check_meta(self, meta, path="the checkpoint"):
+        """The checks of :meth:`check_fits` that need only meta.json (run before any array is read)."""
+        if meta.get("tokenizer_sha256") != self.tokenizer.sha256:
+            raise CheckpointError(f"{path} was trained with another tokenizer than this run's tokenizer.model "
+                                       f"(vocabulary {meta.get('vocab_size')} vs {self.tokenizer.vocab_size}); "
+                                       "resume it from its own run folder")
+        ours = self.config.model_fields()
+        theirs = {k: meta["config"].get(k) for k in ours}
+        if theirs != ours:
+            diff = ", ".join(f"{k} {theirs[k]} (run: {ours[k]})" for k in ours if theirs[k] != ours[k])
+            raise CheckpointError(f"{path} belongs to another model ({diff}); resume it from its own run folder")
         theirs, ours = meta["config"].get("precision"), self.config.precision
         if theirs != ours:
             raise CheckpointError(f"{path} was trained with --precision {theirs}, the run with {ours}; "
@@ -112,9 +117,20 @@ class Trainer:
         if self.mixed and not isinstance(meta.get("loss_scale"), dict):
             raise CheckpointError(f"{path}: meta.json has no loss scale for this fp16 run; use another checkpoint")
         for key in ("step", "epoch", "batch_in_epoch"):
-            if not isinstance(meta.get(key), int) or meta[key] < 0:
+            if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 0:
                 raise CheckpointError(f"{path}: meta.json has no valid {key!r} (got {meta.get(key)!r}); "
                                            "use another checkpoint")
+
+    def expected_arrays(self, state, path="the checkpoint"):
+        """What a checkpoint of this run must hold, for ``ckpt.read_checkpoint(expect=...)``:
+        meta.json is checked first, then every array's name, shape and dtype is
+        compared with this model's before any data is read. The saved parameters
+        have the optimizer's dtype (fp16: the float32 master weights)."""
+        self.check_meta(state["meta"], path)
+        dtype = backend.host.dtype(self.optimizer.flat.data.dtype)
+        moments = backend.host.dtype(self.optimizer.m.dtype)
+        return {"model.npz": {name: (tuple(p.shape), dtype) for name, p in self.model.named_parameters()},
+                "optimizer.npz": {key: (tuple(self.optimizer.m.shape), moments) for key in ("m", "v")}}
 
     def restore(self, state):
         self.check_fits(state)

@@ -20,21 +20,38 @@ from minitf.nmt.evaluate import translate_texts
 from minitf.nmt.tokenizer import Tokenizer
 
 
-def resolve_checkpoint(path):
+def best_checkpoint(run_dir):
+    """(the checkpoint best.json names, None) or (None, why it is not used). best.json
+    must name, relative to the run folder, a checkpoint inside it (after resolving
+    links): ``{"checkpoint": "../elsewhere/ck"}`` is refused."""
+    run_dir = pathlib.Path(run_dir)
+    best = run_dir / "best.json"
+    if not best.is_file():
+        return None, None
+    try:
+        chosen = json.loads(best.read_text(encoding="utf-8"))["checkpoint"]
+        if not isinstance(chosen, str) or not chosen:
+            raise TypeError
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, OSError, RecursionError):
+        return None, f"{best} is not valid (expected {{\"checkpoint\": \"checkpoints/...\"}})"
+    resolved = (run_dir / chosen).resolve()
+    if not resolved.is_relative_to(run_dir.resolve()):
+        return None, f"{best} names {chosen!r}, outside the run folder"
+    if not (resolved / "meta.json").is_file():
+        return None, f"{best} names {chosen!r}, which is not a checkpoint"
+    return run_dir / chosen, None
+
+
+def resolve_checkpoint(path, warn=None):
     """A checkpoint folder, or a run folder (its best.json choice, else its newest checkpoint)."""
     path = pathlib.Path(path)
     if (path / "meta.json").is_file():
         return path
-    best = path / "best.json"
-    if best.is_file():
-        try:
-            chosen = pathlib.Path(json.loads(best.read_text(encoding="utf-8"))["checkpoint"])
-        except (ValueError, UnicodeDecodeError, KeyError, TypeError):
-            chosen = None
-        if chosen is not None and not chosen.is_absolute():
-            chosen = path / chosen   # written relative to the run folder
-        if chosen is not None and (chosen / "meta.json").is_file():
-            return chosen
+    chosen, problem = best_checkpoint(path)
+    if problem and warn is not None:
+        warn(f"warning: ignoring best.json: {problem}; using the newest good checkpoint")
+    if chosen is not None:
+        return chosen
     checkpoints = ckpt.list_checkpoints(path)
     if checkpoints:
         return checkpoints[-1]
@@ -45,10 +62,10 @@ def resolve_checkpoint(path):
                                "with checkpoints/; pass the --out folder of train.py or one of its checkpoints")
 
 
-def _candidates(path):
+def _candidates(path, warn=None):
     """Checkpoints to try for ``path``: the one it names; for a run folder, its
     chosen one first, then every other checkpoint, newest first."""
-    first = resolve_checkpoint(path)
+    first = resolve_checkpoint(path, warn)
     path = pathlib.Path(path)
     if first == path:  # an explicit checkpoint folder: that one or nothing
         return [first]
@@ -59,25 +76,52 @@ def _candidates(path):
 def load_checkpoint_model(folder):
     """(model in eval mode, tokenizer, meta) from one checkpoint folder; a CheckpointError
     if it is damaged or its parts do not fit together."""
-    state = ckpt.read_checkpoint(folder, load_optimizer=False)
-    tokenizer = Tokenizer.from_bytes(state["tokenizer_bytes"])
-    meta = state["meta"]
-    if meta.get("tokenizer_sha256") not in (None, tokenizer.sha256):
-        raise CheckpointError(f"{folder}: its tokenizer.model is not the one the model was trained with "
-                                   "(tokenizer_sha256 in meta.json differs); use another checkpoint of the run")
-    if meta.get("vocab_size") not in (None, tokenizer.vocab_size):
-        raise CheckpointError(f"{folder}: the model was trained for a vocabulary of {meta['vocab_size']} but its "
-                                   f"tokenizer has {tokenizer.vocab_size}; use another checkpoint of the run")
+    built = {}
+
+    def expect(state, path):  # meta.json and the tokenizer first, then a model, then the arrays' headers
+        tokenizer = Tokenizer.from_bytes(state["tokenizer_bytes"])
+        meta = state["meta"]
+        if meta.get("tokenizer_sha256") not in (None, tokenizer.sha256):
+            raise CheckpointError(f"{folder}: its tokenizer.model is not the one the model was trained with "
+                                  "(tokenizer_sha256 in meta.json differs); use another checkpoint of the run")
+        if meta.get("vocab_size") not in (None, tokenizer.vocab_size):
+            raise CheckpointError(f"{folder}: the model was trained for a vocabulary of {meta['vocab_size']} but "
+                                  f"its tokenizer has {tokenizer.vocab_size}; use another checkpoint of the run")
+        try:
+            config = RunConfig.from_dict(meta["config"], where=f"{folder}: meta.json's config")
+        except UsageError as error:
+            raise CheckpointError(f"{error}; use a checkpoint written by this train.py") from None
+        check_model_fits_file(config, tokenizer.vocab_size, path / "model.npz")
+        try:
+            model = Transformer.from_config(config.model_config(tokenizer.vocab_size))
+        except (ValueError, TypeError) as error:
+            raise CheckpointError(f"{folder}: meta.json's config does not describe a model: {error}") from None
+        built.update(model=model, tokenizer=tokenizer)
+        return {"model.npz": {name: (tuple(p.shape), backend.host.dtype(p.data.dtype))
+                              for name, p in model.named_parameters()}}
+
+    state = ckpt.read_checkpoint(folder, load_optimizer=False, expect=expect)
+    model = built["model"]
     try:
-        config = RunConfig.from_dict(meta["config"], where=f"{folder}: meta.json's config")
-    except UsageError as error:
-        raise CheckpointError(f"{error}; use a checkpoint written by this train.py") from None
-    try:
-        model = Transformer.from_config(config.model_config(tokenizer.vocab_size))
         model.load_state_dict(state["params"])
     except (ValueError, TypeError) as error:
         raise CheckpointError(f"{folder}: the parameters do not fit the saved config: {error}") from None
-    return model.eval(), tokenizer, meta
+    return model.eval(), built["tokenizer"], state["meta"]
+
+
+def check_model_fits_file(config, vocab_size, model_file):
+    """Refuse, before a model is built, a config that declares more parameters than
+    ``model_file`` can hold (a crafted meta.json with d_model 10**9 would otherwise
+    ask for terabytes). Counts a lower bound: embeddings, attention and feed-forward
+    weights, at 2 bytes each (the smallest float a checkpoint may hold)."""
+    d, f = config.d_model, config.d_ff
+    at_least = (vocab_size * d + config.num_encoder_layers * (4 * d * d + 2 * d * f)
+                + config.num_decoder_layers * (8 * d * d + 2 * d * f))
+    size = model_file.stat().st_size
+    if 2 * at_least > size:
+        raise CheckpointError(f"{model_file.parent}: meta.json's config and model.npz do not fit together: the "
+                              f"config declares at least {at_least:,} parameters (d_model {d}, d_ff {f}), more "
+                              f"than model.npz ({size:,} bytes) can hold; use another checkpoint of the run")
 
 
 def load_model(path, warn=None):
@@ -86,7 +130,7 @@ def load_model(path, warn=None):
     An explicit checkpoint folder must pass every check. For a run folder, a
     damaged checkpoint is skipped for the next newest, with ``warn(message)``."""
     errors = []
-    for folder in _candidates(path):
+    for folder in _candidates(path, warn):
         try:
             result = load_checkpoint_model(folder)
         except (CheckpointError, DataError) as error:
@@ -116,6 +160,8 @@ def run(argv=None):
     args = build_parser().parse_args(argv)
     if args.device:
         backend.set_device(args.device)
+    else:
+        backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
     if args.src is not None:
         sources = read_lines(args.src, "--src")
     else:
