@@ -13,6 +13,7 @@ import time
 
 from minitf import backend
 from minitf.nmt import checkpoint as ckpt
+from minitf.nmt.collectives import get_world, launched_by_mpi
 from minitf.nmt.cli import OneLineParser, non_negative, positive, report_errors
 from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
 from minitf.nmt.corpus import default_corpus_splits
@@ -52,6 +53,10 @@ def build_parser():
     g.add_argument("--lr-scale", type=positive(float), help="factor on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
     g.add_argument("--label-smoothing", type=float, default=0.1)
     g.add_argument("--clip-norm", type=float, default=0.0, help="global gradient-norm clipping (0 = off)")
+    g.add_argument("--accumulate", type=positive(int), metavar="K",
+                   help="batches of --max-tokens per update (gradient accumulation; default 1)")
+    g.add_argument("--zero", type=int, choices=[0, 1], default=0,
+                   help="1: shard Adam's moments over the mpiexec ranks (ZeRO-1); same parameters as 0")
     g.add_argument("--skip-nonfinite", action="store_true",
                    help="skip (and count) a step whose loss is not finite instead of stopping")
     g = p.add_argument_group("run")
@@ -104,7 +109,7 @@ def config_from_args(args):
         max_tokens=args.max_tokens, max_minutes=args.max_minutes, max_steps=args.max_steps, epochs=args.epochs,
         max_len=args.max_len, seed=args.seed, label_smoothing=args.label_smoothing, clip_norm=args.clip_norm,
         src_lang=args.src_lang, tgt_lang=args.tgt_lang, skip_nonfinite=args.skip_nonfinite,
-        precision=args.precision, **layers, **{name: getattr(args, name) for name in RUN_OPTIONS})
+        precision=args.precision, accumulate=args.accumulate, zero=args.zero, **layers, **{name: getattr(args, name) for name in RUN_OPTIONS})
 
 
 def setup_device(precision, device):
@@ -162,7 +167,8 @@ def prepare_tokenizer(run_dir, train_texts, vocab_size, log):
 
 
 def log(message):
-    print(message, file=sys.stderr, flush=True)
+    if get_world().is_root:  # under mpiexec only rank 0 reports
+        print(message, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- #
@@ -174,6 +180,7 @@ def run(argv=None):
         return resume_run(args, given_options(argv))
     config = config_from_args(args)
     run_dir = args.out or pathlib.Path("runs") / args.preset
+    world = get_world()
     check_output_folder(run_dir)
     setup_device(config.precision, args.device)
     paths = data_paths(args)
@@ -181,18 +188,24 @@ def run(argv=None):
     read_parallel(paths["valid_src"], paths["valid_tgt"])
     if paths.get("test_src"):
         read_parallel(paths["test_src"], paths["test_tgt"])
-    created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    world.barrier()  # every rank has checked its input before rank 0 writes anything
     config.data = paths
-    try:
-        tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
-                                      config.vocab_size, log)
-    except DataError:  # e.g. --vocab-size too large for the text: leave no empty run folder behind
-        if created and not any(run_dir.iterdir()):
-            run_dir.rmdir()
-        raise
+    if world.is_root:  # rank 0 makes the run folder and the tokenizer; the others wait, then read it
+        created = not run_dir.exists()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
+                                          config.vocab_size, log)
+        except DataError:  # e.g. --vocab-size too large for the text: leave no empty run folder behind
+            if created and not any(run_dir.iterdir()):
+                run_dir.rmdir()
+            raise
     config.data_sha256 = {key: file_sha256(path) for key, path in paths.items() if path is not None}
-    config.write(run_dir)
+    if world.is_root:
+        config.write(run_dir)
+    world.barrier()
+    if not world.is_root:
+        tokenizer = Tokenizer(run_dir / "tokenizer.model")
     corpus = Corpus(tokenizer, paths, log)
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     log(f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
@@ -234,13 +247,16 @@ def resume_run(args, given):
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
     corpus = Corpus(tokenizer, config.data, log)
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    world = get_world()
+    if not world.is_root:
+        world.barrier()  # rank 0 recovers and checks the checkpoints (moving bad ones aside) first
     for stale in ckpt.recover_checkpoints(run_dir):
         log(f"removed {stale.name}, left by an interrupted checkpoint write")
     state, path, errors = ckpt.latest_valid_checkpoint(run_dir, check=trainer.check_fits)
     if state is None and errors:
         raise CheckpointError(f"--resume {run_dir}: none of its {len(errors)} checkpoints is usable, the newest "
                               f"because: {errors[0][1]}; restore a good checkpoint or start a new run")
-    if changed:  # written only now: a refused --resume changes nothing
+    if changed and world.is_root:  # written only now: a refused --resume changes nothing
         config.write(run_dir)
         recipe = sorted(set(changed) & {"max_tokens", "lr_scale", "clip_norm"})
         if recipe:
@@ -253,6 +269,8 @@ def resume_run(args, given):
             n, aside = n + 1, bad.with_name(f"{bad.name}.bad{n}")
         os.rename(bad, aside)
         log(f"warning: skipping a bad checkpoint, moved aside to {aside.name}: {error}")
+    if world.is_root:
+        world.barrier()
     if state is not None:
         trainer.restore(state)
         trainer.last_checkpoint = path
@@ -287,6 +305,8 @@ def train_and_report(trainer, args):
     if trainer.stop_requested:
         log(f"stopped at step {trainer.step}; checkpoint {final}; continue with: python train.py --resume {run_dir}")
         return 128 + int(trainer.stop_requested)  # 130 after Ctrl-C, 143 after SIGTERM
+    if not trainer.world.is_root:  # rank 0 averages, chooses and reports
+        return 0
     trainer.metrics.write(kind="done", step=trainer.step, train_minutes=round(trainer.elapsed / 60, 2))
     log(f"trained {trainer.step} steps in {trainer.elapsed / 60:.1f} min; checkpoint {final}")
     finish_run(trainer, final, log)
@@ -294,7 +314,12 @@ def train_and_report(trainer, args):
 
 
 def main(argv=None):
-    """Entry point: runs training; bad input gives one error line and a non-zero exit."""
+    """Entry point: runs training; bad input gives one error line and a non-zero exit.
+    Under ``mpiexec`` every rank runs it (minitf.nmt.distributed: data parallelism)."""
+    if launched_by_mpi():
+        from minitf.nmt import distributed
+        return distributed.main(run, argv, "train.py", memory_hint="use a smaller --max-tokens",
+                                interrupt_message="interrupted; nothing after the last checkpoint was saved")
     return report_errors("train.py", run, argv, memory_hint="use a smaller --max-tokens",
                          interrupt_message="interrupted; nothing after the last checkpoint was saved "
                          "(continue with --resume RUN_DIR if the run had written config.json)")
