@@ -113,6 +113,10 @@ class MpiWorld:
     def barrier(self):
         self.comm.Barrier()
 
+    def pids(self):
+        """Every rank's process id, on every rank (to tell which rank mpiexec reports dead)."""
+        return self.comm.allgather(os.getpid())
+
     def abort(self, status):
         self.comm.Abort(status)
 

@@ -163,7 +163,7 @@ class RunConfig:
             raise UsageError(f"{where} holds {type(values).__name__}, expected a JSON object written by train.py")
         version = values.get("schema_version")
         if version in ADDED_FIELDS:
-            values = dict(ADDED_FIELDS[version], **values, schema_version=SCHEMA_VERSION)
+            values = {**ADDED_FIELDS[version], **values, "schema_version": SCHEMA_VERSION}
             version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise UsageError(f"{where} has schema version {version!r}, this minitf reads version {SCHEMA_VERSION} "

@@ -111,6 +111,10 @@ class DataParallel:
         self._lengths = None
         if not world.is_root:  # only rank 0 reports
             trainer.metrics, trainer.progress = _NoMetrics(), False
+        if world.size > 1:
+            pids = ", ".join(f"{rank}={pid}" for rank, pid in enumerate(world.pids()))
+            trainer.log(f"data parallel: {world.size} ranks (pids {pids}), {self.accumulate} batch(es) of "
+                        f"--max-tokens {config.max_tokens} per update{', ZeRO-1 sharded Adam' if self.zero else ''}")
 
     # -- agreement -------------------------------------------------------------------
     def agree_finished(self, done):
