@@ -204,3 +204,10 @@ try:
         set_device("gpu")
 except DeviceError as _error:
     _state["module"], _state["device"] = _Unusable(_error), _env_device
+
+
+def nccl():
+    """``cupy.cuda.nccl``: NCCL's communicator, for data-parallel training on GPUs
+    (imported here, the one module that may import CuPy)."""
+    from cupy.cuda import nccl as module
+    return module

@@ -156,12 +156,25 @@ class StrictArray(NDArrayOperatorsMixin):
     def __repr__(self):
         return f"StrictArray({self._a!r})"
 
+    @property
+    def data(self):
+        """CuPy's ``a.data``: a memory pointer whose ``.ptr`` is the address of the first
+        element (what NCCL's calls take); here the host address of the NumPy data."""
+        return _MemoryPointer(self._a.ctypes.data)
+
     # -- everything else (shape, dtype, reshape, sum, astype, T ...) from the array --
     def __getattr__(self, name):
         if name.startswith("__"):        # e.g. __array_interface__: NumPy would read the data through it
             raise AttributeError(name)
         value = getattr(self._a, name)
         return _wrapped_call(value, name) if callable(value) else _wrap(value)
+
+
+class _MemoryPointer:
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
 
 
 class _Ufunc:

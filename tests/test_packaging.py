@@ -16,7 +16,7 @@ def readme_commands():
 def test_readme_opens_with_the_two_commands():
     train, test = readme_commands()[:2]
     assert "pip install -e ." in train and train.endswith("python train.py")
-    assert 'pip install -e ".[test]"' in test
+    assert 'pip install -e ".[test,mpi]"' in test  # mpi: the data-parallel tests run in CI too
 
 
 def test_ci_runs_the_readmes_test_command():
@@ -45,4 +45,5 @@ def test_setup_cfg_declares_the_extras():
     extras = config["options.extras_require"]
     assert "cupy-cuda12x" in extras["gpu"] and "hypothesis" in extras["test"] and "pytest" in extras["test"]
     assert "matplotlib" in extras["plot"] and "torch" in extras["bench"]
+    assert "mpi4py" in extras["mpi"] and "mpich" in extras["mpi"]
     assert ">=3.10" in config["options"]["python_requires"]

@@ -15,7 +15,10 @@ from minitf.nmt.tokenizer import PAD_ID
 from minitf.transformer import TransformerConfig
 
 #: Bumped whenever a field changes meaning; config.json records it.
-SCHEMA_VERSION = 2
+#: 3: ``accumulate`` and ``zero`` (data parallelism); a version 2 file reads with their defaults.
+SCHEMA_VERSION = 3
+#: Fields added since an older schema, with the values that keep the old meaning.
+ADDED_FIELDS = {2: {"accumulate": 1, "zero": 0}}
 
 # Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement
 # (see README: more updates of a small, fast model win a 15-minute budget).
@@ -31,11 +34,11 @@ PRECISIONS = ("fp32", "tf32", "fp16")
 #: The fields that shape the model (a checkpoint fits a run only if these agree, dropout aside).
 MODEL_FIELDS = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout", "pre_norm")
 #: What ``--resume`` may change: the run's length and a few recipe knobs.
-RESUME_CHANGEABLE = ("max_steps", "epochs", "max_minutes", "max_tokens", "lr_scale", "clip_norm")
+RESUME_CHANGEABLE = ("max_steps", "epochs", "max_minutes", "max_tokens", "lr_scale", "clip_norm", "accumulate")
 #: How often to evaluate and save, and what to report: a resumed run keeps them unless given again.
 RUN_OPTIONS = ("eval_every", "save_every", "keep", "average", "bleu_sentences", "beam", "alpha")
 #: Flags that only steer this invocation (never refused with --resume).
-INVOCATION_OPTIONS = ("skip_nonfinite",)
+INVOCATION_OPTIONS = ("skip_nonfinite", "zero")  # --zero 1 only shards Adam's state: same trajectory
 
 
 @dataclasses.dataclass
@@ -62,6 +65,9 @@ class RunConfig:
     precision: str = "fp32"
     seed: int = 1
     skip_nonfinite: bool = False
+    # data parallelism: batches (of --max-tokens each, over all ranks) per update; ZeRO-1 sharded Adam
+    accumulate: int = 1
+    zero: int = 0
     # how long: whichever comes first; all None means 10 epochs
     max_steps: int | None = None
     epochs: int | None = None
@@ -103,7 +109,7 @@ class RunConfig:
             return "--" + name.replace("_", "-")
 
         for name in ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "vocab_size",
-                     "warmup", "max_tokens", "max_len", "eval_every", "save_every", "keep", "beam"):
+                     "warmup", "max_tokens", "max_len", "eval_every", "save_every", "keep", "beam", "accumulate"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UsageError(f"{flag(name)} must be a positive integer, got {value!r}")
@@ -124,6 +130,8 @@ class RunConfig:
             raise UsageError(f"--max-minutes must be positive, got {self.max_minutes}")
         if self.vocab_size < 8:
             raise UsageError(f"--vocab-size must be at least 8, got {self.vocab_size}")
+        if self.zero not in (0, 1) or isinstance(self.zero, bool):
+            raise UsageError(f"--zero must be 0 (off) or 1 (shard Adam's moments over the ranks), got {self.zero!r}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha) and self.alpha >= 0):
@@ -154,6 +162,9 @@ class RunConfig:
         if not isinstance(values, dict):
             raise UsageError(f"{where} holds {type(values).__name__}, expected a JSON object written by train.py")
         version = values.get("schema_version")
+        if version in ADDED_FIELDS:
+            values = {**ADDED_FIELDS[version], **values, "schema_version": SCHEMA_VERSION}
+            version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise UsageError(f"{where} has schema version {version!r}, this minitf reads version {SCHEMA_VERSION} "
                              "(the run was written by another minitf version); start a new run")

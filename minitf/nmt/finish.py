@@ -2,6 +2,7 @@
 whichever of "last" and "averaged" has the better validation BLEU (best.json),
 and report test BLEU with beam search."""
 import pathlib
+import signal
 import time
 
 from minitf.nmt import checkpoint as ckpt
@@ -43,3 +44,36 @@ def finish_run(trainer, final, log):
         log(f"test BLEU {record['bleu']:.2f} with the {best[0]} model (beam {config.beam}, alpha {config.alpha}, "
             f"{time.perf_counter() - start:.0f} s to translate {record['bleu_sentences']} sentences)")
     log(f"translate with: python -m minitf.translate --checkpoint {run_dir}")
+
+
+class EndOfRunInterrupted(BaseException):
+    """Ctrl-C or SIGTERM during the end-of-run evaluation (a BaseException, like
+    KeyboardInterrupt, so that nothing on the way swallows it)."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def signal_name(signum):
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def finish_and_report(trainer, final, log):
+    """The end-of-run evaluation (:func:`finish_run`); Ctrl-C or SIGTERM stops it at
+    once, cleanly: best.json (written first, naming the last checkpoint) stays valid."""
+    def stop_now(signum, frame):
+        raise EndOfRunInterrupted(signum)
+
+    previous = {sig: signal.signal(sig, stop_now) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        finish_run(trainer, final, log)
+    except EndOfRunInterrupted as stop:
+        log(f"{signal_name(stop.signum)} during the end-of-run evaluation: stopped it; the run is complete "
+            f"(checkpoint {final}, named by best.json unless the evaluation had already chosen); redo the "
+            f"evaluation with: python train.py --resume {trainer.run_dir}")
+        return 128 + stop.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -13,13 +13,14 @@ import time
 
 from minitf import backend
 from minitf.nmt import checkpoint as ckpt, runlock
+from minitf.nmt.collectives import get_world, launched_by_mpi
 from minitf.nmt.cli import OneLineParser, non_negative, positive, report_errors
 from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
 from minitf.nmt.corpus import default_corpus_splits
 from minitf.nmt.data import Corpus, read_parallel
 from minitf.nmt.errors import CheckpointError, DataError, MetricsWriteError, UsageError
 from minitf.nmt.files import file_sha256
-from minitf.nmt.finish import finish_run
+from minitf.nmt.finish import finish_and_report, signal_name
 from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
 from minitf.nmt.trainer import Trainer
 
@@ -57,6 +58,11 @@ def build_parser():
     g.add_argument("--lr-scale", type=positive(float), help="factor on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
     g.add_argument("--label-smoothing", type=float, help=default("label_smoothing"))
     g.add_argument("--clip-norm", type=float, help=f"global gradient-norm clipping (0 = off; {default('clip_norm')})")
+    g.add_argument("--accumulate", type=positive(int), metavar="K",
+                   help=f"batches of --max-tokens per update (gradient accumulation; {default('accumulate')})")
+    g.add_argument("--zero", type=int, choices=[0, 1],
+                   help=f"1: shard Adam's moments over the mpiexec ranks (ZeRO-1); same parameters as 0 "
+                   f"({default('zero')})")
     g.add_argument("--skip-nonfinite", action="store_true",
                    help="skip (and count) a step whose loss is not finite instead of stopping")
     g = p.add_argument_group("run")
@@ -112,7 +118,7 @@ def config_from_args(args):
         max_tokens=args.max_tokens, max_minutes=args.max_minutes, max_steps=args.max_steps, epochs=args.epochs,
         max_len=args.max_len, seed=args.seed, label_smoothing=args.label_smoothing, clip_norm=args.clip_norm,
         src_lang=args.src_lang, tgt_lang=args.tgt_lang, skip_nonfinite=args.skip_nonfinite,
-        precision=args.precision, **layers, **{name: getattr(args, name) for name in RUN_OPTIONS})
+        precision=args.precision, accumulate=args.accumulate, zero=args.zero, **layers, **{name: getattr(args, name) for name in RUN_OPTIONS})
 
 
 def setup_device(precision, device):
@@ -194,7 +200,8 @@ def prepare_tokenizer(run_dir, train_texts, vocab_size, log):
 
 
 def log(message):
-    print(message, file=sys.stderr, flush=True)
+    if get_world().is_root:  # under mpiexec only rank 0 reports
+        print(message, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- #
@@ -206,6 +213,7 @@ def run(argv=None):
         return resume_run(args, given_options(argv))
     config = config_from_args(args)
     run_dir = args.out or pathlib.Path("runs") / args.preset
+    world = get_world()
     check_output_folder(run_dir)
     setup_device(config.precision, args.device)
     paths = data_paths(args)
@@ -213,21 +221,27 @@ def run(argv=None):
     read_parallel(paths["valid_src"], paths["valid_tgt"])
     if paths.get("test_src"):
         read_parallel(paths["test_src"], paths["test_tgt"])
-    created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    runlock.lock_run_folder(run_dir)  # one process per run folder, taken before anything is written
-    check_output_folder(run_dir)      # again, under the lock: another run may have started meanwhile
+    world.barrier()  # every rank has checked its input before rank 0 writes anything
     config.data = paths
-    try:
-        tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
-                                      config.vocab_size, log)
-    except DataError:  # e.g. --vocab-size too large for the text: leave no empty run folder behind
-        runlock.release(run_dir)
-        if created and not any(run_dir.iterdir()):
-            run_dir.rmdir()
-        raise
+    if world.is_root:  # rank 0 makes the run folder, holds its lock and trains the tokenizer; the others wait
+        created = not run_dir.exists()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        runlock.lock_run_folder(run_dir)  # one process per run folder, taken before anything is written
+        check_output_folder(run_dir)      # again, under the lock: another run may have started meanwhile
+        try:
+            tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
+                                          config.vocab_size, log)
+        except DataError:  # e.g. --vocab-size too large for the text: leave no empty run folder behind
+            runlock.release(run_dir)
+            if created and not any(run_dir.iterdir()):
+                run_dir.rmdir()
+            raise
     config.data_sha256 = {key: file_sha256(path) for key, path in paths.items() if path is not None}
-    config.write(run_dir)
+    if world.is_root:
+        config.write(run_dir)
+    world.barrier()
+    if not world.is_root:
+        tokenizer = Tokenizer(run_dir / "tokenizer.model")
     corpus = Corpus(tokenizer, paths, log)
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     log(f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
@@ -250,7 +264,9 @@ def resume_run(args, given):
                          "--resume: " + ", ".join("--" + k.replace("_", "-") for k in RESUME_CHANGEABLE + RUN_OPTIONS)
                          + ", --device, --skip-nonfinite, --no-progress")
     config = RunConfig.read(run_dir)
-    runlock.lock_run_folder(run_dir)  # before anything is written; refused while another process trains here
+    world = get_world()
+    if world.is_root:  # before anything is written; refused while another process trains here
+        runlock.lock_run_folder(run_dir)
     check_resumable(run_dir)
     changed = {k: getattr(args, k) for k in RESUME_CHANGEABLE + RUN_OPTIONS
                if k in given and getattr(args, k) != getattr(config, k)}
@@ -271,6 +287,8 @@ def resume_run(args, given):
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
     corpus = Corpus(tokenizer, config.data, log)
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    if not world.is_root:
+        world.barrier()  # rank 0 recovers and checks the checkpoints (moving bad ones aside) first
     for stale in ckpt.recover_checkpoints(run_dir):
         log(f"removed {stale.name}, left by an interrupted checkpoint write")
     state, path, errors = ckpt.latest_valid_checkpoint(run_dir, check=trainer.check_fits,
@@ -281,13 +299,13 @@ def resume_run(args, given):
     if state is not None:  # in memory only: a checkpoint that does not load changes nothing on disk
         trainer.restore(state)
         trainer.last_checkpoint = path
-    # the folder is usable: from here on it changes (metrics first: if the disk refuses, nothing else has)
-    dropped = trainer.metrics.truncate(trainer.step)
-    if dropped:
-        log(f"metrics.jsonl: dropped {dropped} records written after step {trainer.step} (they are redone)")
-    if state is not None:  # records a full disk refused before this checkpoint was saved
-        trainer.metrics.append_unwritten(state["meta"].get("unwritten_metrics"))
-    if changed:  # written only now: a refused --resume changes nothing
+    if world.is_root:  # the folder is usable: from here on it changes (metrics first: if the disk refuses,
+        dropped = trainer.metrics.truncate(trainer.step)  # nothing else has)
+        if dropped:
+            log(f"metrics.jsonl: dropped {dropped} records written after step {trainer.step} (they are redone)")
+        if state is not None:  # records a full disk refused before this checkpoint was saved
+            trainer.metrics.append_unwritten(state["meta"].get("unwritten_metrics"))
+    if changed and world.is_root:  # written only now: a refused --resume changes nothing
         config.write(run_dir)
         recipe = sorted(set(changed) & {"max_tokens", "lr_scale", "clip_norm"})
         if recipe:
@@ -300,6 +318,8 @@ def resume_run(args, given):
             n, aside = n + 1, bad.with_name(f"{bad.name}.bad{n}")
         os.rename(bad, aside)
         log(f"warning: skipping a bad checkpoint, moved aside to {aside.name}: {error}")
+    if world.is_root:
+        world.barrier()
     if state is not None:
         log(f"resumed from {path} at step {trainer.step} (epoch {trainer.epoch + 1})")
     else:
@@ -310,19 +330,6 @@ def resume_run(args, given):
 # --------------------------------------------------------------------------- #
 # training, then the end-of-run report
 # --------------------------------------------------------------------------- #
-class EndOfRunInterrupted(BaseException):
-    """Ctrl-C or SIGTERM during the end-of-run evaluation (a BaseException, like
-    KeyboardInterrupt, so that nothing on the way swallows it)."""
-
-    def __init__(self, signum):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def signal_name(signum):
-    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-
-
 def train_and_report(trainer, args):
     config, run_dir = trainer.config, trainer.run_dir
 
@@ -343,34 +350,16 @@ def train_and_report(trainer, args):
     if trainer.stop_requested:
         log(f"stopped at step {trainer.step}; checkpoint {final}; continue with: python train.py --resume {run_dir}")
         return 128 + int(trainer.stop_requested)  # 130 after Ctrl-C, 143 after SIGTERM
+    if not trainer.world.is_root:  # rank 0 averages, chooses and reports
+        return 0
     try:
         trainer.metrics.write(kind="done", step=trainer.step, train_minutes=round(trainer.elapsed / 60, 2))
         log(f"trained {trainer.step} steps in {trainer.elapsed / 60:.1f} min; checkpoint {final}")
-        return finish_and_report(trainer, final)
+        return finish_and_report(trainer, final, log)
     except MetricsWriteError as error:
         raise MetricsWriteError(error.path, error.reason, f"the run is complete up to checkpoint {final}; free "
                                 f"disk space, then python train.py --resume {run_dir} writes the end-of-run report"
                                 ) from None
-
-
-def finish_and_report(trainer, final):
-    """The end-of-run evaluation (:func:`finish_run`); Ctrl-C or SIGTERM stops it at
-    once, cleanly: best.json (written first, naming the last checkpoint) stays valid."""
-    def stop_now(signum, frame):
-        raise EndOfRunInterrupted(signum)
-
-    previous = {sig: signal.signal(sig, stop_now) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        finish_run(trainer, final, log)
-    except EndOfRunInterrupted as stop:
-        log(f"{signal_name(stop.signum)} during the end-of-run evaluation: stopped it; the run is complete "
-            f"(checkpoint {final}, named by best.json unless the evaluation had already chosen); redo the "
-            f"evaluation with: python train.py --resume {trainer.run_dir}")
-        return 128 + stop.signum
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0
 
 
 def save_after_metrics_failure(trainer, error):
@@ -385,8 +374,13 @@ def save_after_metrics_failure(trainer, error):
 
 
 def main(argv=None):
-    """Entry point: runs training; bad input gives one error line and a non-zero exit."""
+    """Entry point: runs training; bad input gives one error line and a non-zero exit.
+    Under ``mpiexec`` every rank runs it (minitf.nmt.distributed: data parallelism)."""
     with runlock.released_on_exit():
+        if launched_by_mpi():
+            from minitf.nmt import distributed
+            return distributed.main(run, argv, "train.py", memory_hint="use a smaller --max-tokens",
+                                    interrupt_message="interrupted; nothing after the last checkpoint was saved")
         return report_errors("train.py", run, argv, memory_hint="use a smaller --max-tokens",
                              interrupt_message="interrupted; nothing after the last checkpoint was saved "
                              "(continue with --resume RUN_DIR if the run had written config.json)")

@@ -19,7 +19,9 @@ from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.optim import Adam, MixedPrecisionAdam, WarmupSchedule, buffer_norm, clip_buffer_norm
 from minitf.transformer import Transformer
 from minitf.nmt import checkpoint as ckpt
+from minitf.nmt.collectives import get_world
 from minitf.nmt.data import token_batches
+from minitf.nmt.distributed import DataParallel
 from minitf.nmt.errors import CheckpointError, StepOutOfMemory
 from minitf.nmt.evaluate import bleu_score, evaluate_loss
 from minitf.nmt.metrics import MetricsLog, perplexity
@@ -33,7 +35,9 @@ def step_seed(seed, step):
 
 
 class Trainer:
-    def __init__(self, config, run_dir, tokenizer, corpus, log, progress=True):
+    def __init__(self, config, run_dir, tokenizer, corpus, log, progress=True, world=None):
+        self.world = world or get_world()  # the ranks of a data-parallel run (one process: a LocalWorld)
+        self.world.bind_device()
         self.config, self.run_dir, self.tokenizer, self.corpus, self.log = config, pathlib.Path(run_dir), tokenizer, corpus, log
         self.progress = progress
         backend.manual_seed(config.seed)
@@ -52,12 +56,14 @@ class Trainer:
         self.stop_requested = False
         self.nonfinite = None  # what the last train_step found not finite: None, "loss" or "gradients"
         self.grad_norm = float("nan")  # global gradient norm of the last step (before clipping)
+        self.parallel = DataParallel(self, self.world, step_seed)  # ranks, --accumulate, --zero
 
     # -- checkpoints -----------------------------------------------------------
     def save(self):
         """Write the checkpoint of the current step (once: a step already saved is not rewritten)."""
         path = ckpt.checkpoint_path(self.run_dir, self.step)
-        if self.last_checkpoint is not None and pathlib.Path(self.last_checkpoint) == path and path.is_dir():
+        if self.last_checkpoint is not None and pathlib.Path(self.last_checkpoint) == path and (
+                path.is_dir() or not self.world.is_root):  # the other ranks follow rank 0's decision
             return path
         if not bool(xp.isfinite(self.optimizer.flat.data).all()):  # the model's, or the float32 master weights
             raise FloatingPointError(f"the parameters are not finite at step {self.step}; not saving them; "
@@ -70,7 +76,11 @@ class Trainer:
                          "seed": self.config.seed})
         if self.metrics.unwritten:  # records a full disk refused: --resume appends them to metrics.jsonl
             meta["unwritten_metrics"] = list(self.metrics.unwritten)
-        optimizer = {k: backend.to_numpy(v) for k, v in (("m", self.optimizer.m), ("v", self.optimizer.v))}
+        optimizer = self.parallel.optimizer_state()  # every rank takes part (--zero 1 gathers the moments)
+        if not self.world.is_root:  # rank 0 writes, the others wait for it
+            self.world.barrier()
+            self.last_checkpoint = path
+            return path
         params = self.model.state_dict()
         if self.mixed:  # the float32 master weights are the parameters: translate loads a float32 model
             names = [name for name, _ in self.model.named_parameters()]
@@ -82,6 +92,7 @@ class Trainer:
             raise CheckpointError(f"{error}; last good checkpoint: {self.last_checkpoint or 'none yet'}") from None
         ckpt.prune_checkpoints(self.run_dir, self.config.keep)
         self.last_checkpoint = path
+        self.world.barrier()
         return path
 
     def check_fits(self, state, path="the checkpoint"):
@@ -127,17 +138,16 @@ class Trainer:
         compared with this model's before any data is read. The saved parameters
         have the optimizer's dtype (fp16: the float32 master weights)."""
         self.check_meta(state["meta"], path)
-        dtype = backend.host.dtype(self.optimizer.flat.data.dtype)
-        moments = backend.host.dtype(self.optimizer.m.dtype)
+        dtype = backend.host.dtype(self.optimizer.flat.data.dtype)  # Adam's moments match its flat buffer
         return {"model.npz": {name: (tuple(p.shape), dtype) for name, p in self.model.named_parameters()},
-                "optimizer.npz": {key: (tuple(self.optimizer.m.shape), moments) for key in ("m", "v")}}
+                "optimizer.npz": {key: (tuple(self.optimizer.flat.data.shape), dtype) for key in ("m", "v")}}
 
     def restore(self, state):
         self.check_fits(state)
         meta = state["meta"]
         try:
             self.model.load_state_dict(state["params"])
-            self.optimizer.load_state_dict(dict(state["optimizer"], step=meta["step"]))
+            self.parallel.load_optimizer_state(state["optimizer"], meta["step"])
             if self.mixed:  # the saved float32 parameters are the master weights, exactly
                 self.optimizer.load_master([state["params"][name] for name, _ in self.model.named_parameters()])
                 self.optimizer.load_scaler_state(meta["loss_scale"])
@@ -200,10 +210,11 @@ class Trainer:
 
     def finished(self):
         c = self.config
-        return ((c.max_steps is not None and self.step >= c.max_steps)
-                or (c.epochs is not None and self.epoch >= c.epochs)
-                or (c.max_minutes is not None and self.elapsed >= 60 * c.max_minutes)
-                or self.stop_requested)
+        return self.parallel.agree_finished(  # every rank of a data-parallel run stops at the same step
+            (c.max_steps is not None and self.step >= c.max_steps)
+            or (c.epochs is not None and self.epoch >= c.epochs)
+            or (c.max_minutes is not None and self.elapsed >= 60 * c.max_minutes)
+            or self.stop_requested)
 
     def run(self, eval_every, save_every, bleu_sentences, beam, alpha):
         c = self.config
@@ -220,22 +231,25 @@ class Trainer:
                 self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c['max_len']}")
             while self.batch_in_epoch < len(batches) and not self.finished():
                 started = time.perf_counter()
-                src, tgt_in, tgt_out = self.corpus.batch("train", batches[self.batch_in_epoch])
+                update = batches[self.batch_in_epoch:self.batch_in_epoch + c.accumulate]  # one update's batches
+                src, tgt_in, tgt_out = self.corpus.batch("train", update[0])
                 lr = self.optimizer.current_lr(self.step + 1)
                 try:
-                    loss = self.train_step(src, tgt_in, tgt_out)
+                    loss = self.train_step(src, tgt_in, tgt_out) if self.parallel.trivial else \
+                        self.parallel.step(update)
                 except MemoryError:
                     self.model.clear_saved()
                     self.loss_fn.clear_saved()  # its (B, T, V) cache too
                     raise StepOutOfMemory(
                         f"out of memory at step {self.step + 1} on a batch of {src.shape[0]} sentences padded to "
-                        f"{src.shape[1]} source and {tgt_in.shape[1]} target tokens; use a smaller --max-tokens "
+                        f"{src.shape[1]} source and {tgt_in.shape[1]} target tokens (rank {self.world.rank}, "
+                        f"{len(update)} batches per update); use a smaller --max-tokens "
                         f"(this run: {c.max_tokens}), e.g. --resume {self.run_dir} --max-tokens "
                         f"{max(1, c.max_tokens // 2)}; last good checkpoint: {self.last_checkpoint or 'none yet'}",
                         step=self.step + 1) from None
                 self.elapsed += time.perf_counter() - started  # skipped batches spend the time budget too
                 if self.nonfinite == "overflow":  # fp16: scale halved, update skipped; the batch is used up
-                    self.batch_in_epoch += 1
+                    self.batch_in_epoch += len(update)
                     continue
                 if self.nonfinite:
                     what = f"the loss became {loss}" if self.nonfinite == "loss" else \
@@ -246,12 +260,12 @@ class Trainer:
                                                  f"continue from it with --resume {self.run_dir} and a smaller "
                                                  "--lr-scale, --clip-norm 1 or --skip-nonfinite")
                     self.skipped_nonfinite += 1
-                    self.batch_in_epoch += 1
+                    self.batch_in_epoch += len(update)
                     self.log(f"warning: {what} at step {self.step + 1}: skipped this batch "
                              f"({self.skipped_nonfinite} skipped so far)")
                     continue
                 self.step += 1
-                self.batch_in_epoch += 1
+                self.batch_in_epoch += len(update)
                 tokens = int(self.loss_fn.num_tokens)  # non-pad target tokens, counted by the loss
                 window_tokens += tokens
                 now = time.perf_counter()
@@ -279,6 +293,8 @@ class Trainer:
             bar.close()
 
     def validate(self, bleu_sentences, beam, alpha, bar=None, split="valid", samples=3, model_name=None):
+        if not self.world.is_root:  # rank 0 validates (and decodes BLEU); the others wait at the next step
+            return {}
         loss, ppl = evaluate_loss(self.model, self.loss_fn, self.corpus, split, self.config.max_tokens)
         record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3))
         if model_name is not None:  # the end-of-run candidates: "last", "average of last N"

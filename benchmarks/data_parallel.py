@@ -1,0 +1,116 @@
+"""Tokens/s of train.py's update: 1 process with 2 BLAS threads against 2 MPI ranks
+with 1 thread each, on `tiny` and `small`, timed alternately in one run, and the
+all-reduce's share of the 2-rank step.
+
+    python benchmarks/data_parallel.py [--steps 12] [--rounds 2]
+
+Each measurement runs ``mpiexec -n R`` on this file with ``--worker`` (R = 1 or 2):
+the worker builds a Trainer on a synthetic corpus and times updates after a warm-up."""
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SIZES = {"tiny": dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=512),
+         "small": dict(d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3, d_ff=1024)}
+
+
+def worker(size, steps, folder, out):
+    sys.path.insert(0, str(ROOT))
+    from minitf.nmt.collectives import init_mpi
+    from minitf.nmt.config import RunConfig
+    from minitf.nmt.data import Corpus, token_batches
+    from minitf.nmt.tokenizer import Tokenizer
+    from minitf.nmt.trainer import Trainer
+    world = init_mpi()
+    config = RunConfig.from_preset("tiny", **SIZES[size], vocab_size=200, max_tokens=1500, dropout=0.1,
+                                   max_steps=10 ** 6)
+    tok = Tokenizer(pathlib.Path(folder) / "tokenizer.model")
+    paths = {f"{s}_{side}": str(pathlib.Path(folder) / f"train.{side}") for s in ("train", "valid")
+             for side in ("src", "tgt")}
+    trainer = Trainer(config, pathlib.Path(folder) / "run", tok, Corpus(tok, paths, lambda m: None), lambda m: None,
+                      progress=False, world=world)
+    batches, _ = token_batches(*trainer.corpus.lengths("train"), config.max_tokens, 1, 0)
+    coll = trainer.parallel.collectives
+    reduce_time = [0.0]
+    if coll is not None:  # time the all-reduce inside the step
+        inner = coll.allreduce
+
+        def timed(buf):
+            start = time.perf_counter()
+            inner(buf)
+            reduce_time[0] += time.perf_counter() - start
+        coll.allreduce = timed
+    step = (lambda b: trainer.parallel.step([b])) if not trainer.parallel.trivial else \
+        (lambda b: trainer.train_step(*trainer.corpus.batch("train", b)))
+    for b in batches[:2]:
+        step(b)
+    reduce_time[0] = 0.0
+    tokens = sum(int(trainer.corpus.lengths("train")[1][b].sum()) for b in batches[2:2 + steps])
+    world.barrier()
+    start = time.perf_counter()
+    for b in batches[2:2 + steps]:
+        step(b)
+    world.barrier()
+    elapsed = time.perf_counter() - start
+    if world.is_root:
+        pathlib.Path(out).write_text(json.dumps(dict(tokens_per_s=tokens / elapsed, step_s=elapsed / steps,
+                                                     allreduce_share=reduce_time[0] / elapsed,
+                                                     n_params=int(trainer.optimizer.flat.data.size))))
+
+
+def measure(size, ranks, steps, folder):
+    threads = str(2 // ranks)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads,
+               MKL_NUM_THREADS=threads)
+    out = pathlib.Path(folder) / "result.json"
+    subprocess.run(["mpiexec", "-n", str(ranks), sys.executable, __file__, "--worker", size, str(steps), folder,
+                    str(out)], env=env, check=True)
+    return json.loads(out.read_text())
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--worker", nargs=4)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args.worker[0], int(args.worker[1]), *args.worker[2:])
+    sys.path.insert(0, str(ROOT))
+    from minitf.backend import host as np
+    from minitf.nmt.tokenizer import train_tokenizer
+    with tempfile.TemporaryDirectory() as folder:
+        rng = np.random.default_rng(0)
+        words = [f"w{i}" for i in range(300)]
+        lines = {side: [" ".join(rng.choice(words, rng.integers(8, 30))) for _ in range(3000)] for side in ("src", "tgt")}
+        for side, text in lines.items():
+            (pathlib.Path(folder) / f"train.{side}").write_text("\n".join(text) + "\n")
+        train_tokenizer(lines["src"] + lines["tgt"], pathlib.Path(folder) / "tokenizer.model", 200)
+        print(f"cores: {os.cpu_count()}; load average before: {os.getloadavg()[0]:.2f} "
+              "(another workload on the machine shows here and in the spread between rounds)")
+        results = {}
+        for round_ in range(args.rounds):  # alternate: 1 process, 2 ranks, 1 process, 2 ranks ...
+            for size in SIZES:
+                for ranks in (1, 2):
+                    r = measure(size, ranks, args.steps, folder)
+                    results.setdefault((size, ranks), []).append(r)
+                    print(f"round {round_ + 1} {size:5s} {ranks} rank(s) x {2 // ranks} thread(s): "
+                          f"{r['tokens_per_s']:8.0f} target tokens/s, {1000 * r['step_s']:6.1f} ms/step"
+                          + (f", all-reduce {100 * r['allreduce_share']:.1f}% of the step" if ranks == 2 else ""),
+                          flush=True)
+        for size in SIZES:
+            one = max(r["tokens_per_s"] for r in results[(size, 1)])
+            two = max(r["tokens_per_s"] for r in results[(size, 2)])
+            print(f"{size}: best of {args.rounds}: 2 ranks / 1 process = {two / one:.2f}x "
+                  f"({results[(size, 1)][0]['n_params']:,} parameters)")
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
