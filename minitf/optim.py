@@ -80,7 +80,7 @@ class Adam:
         self.flat = FlatBuffers.flatten(params)            # every p.data / p.grad becomes a view
         self.m = xp.zeros_like(self.flat.data)
         self.v = xp.zeros_like(self.flat.data)
-        self._scratch = None                               # one reused buffer (made at the first step)
+        self._scratch = None                               # one reused chunk (made at the first step)
         self.step_count = 0
 
     def current_lr(self, step=None):
@@ -106,9 +106,21 @@ class Adam:
             _fused_adam()(g, b1, b2, 1 - b1, 1 - b2, step_size, eps_hat, self.flat.data, m, v)
             return
         if self._scratch is None:
-            self._scratch = xp.empty_like(self.flat.data)
-        tmp = self._scratch                                # no new buffer in any step
-        # every line below is one in-place pass over the whole flat buffer
+            self._scratch = xp.empty(min(self.CHUNK, self.flat.data.size), dtype=self.flat.data.dtype)
+        data = self.flat.data
+        # speed only: the same passes, one cache-sized chunk at a time, so that they run from cache
+        for start in range(0, data.size, self.CHUNK):
+            end = start + self.CHUNK
+            self._update(g[start:end], m[start:end], v[start:end], data[start:end],
+                         self._scratch[:min(end, data.size) - start], b1, b2, step_size, eps_hat)
+
+    #: elements per chunk of :meth:`step` (64K float32: its five arrays take about 1.3 MB of cache)
+    CHUNK = 1 << 16
+
+    @staticmethod
+    def _update(g, m, v, p, tmp, b1, b2, step_size, eps_hat):
+        """The update of :meth:`step` on one stretch of the flat buffers; ``tmp`` is scratch."""
+        # every line below is one in-place pass over the stretch
         m *= b1
         m += xp.multiply(g, 1 - b1, out=tmp)               # m = b1 m + (1-b1) g       first moment
         v *= b2
@@ -119,7 +131,7 @@ class Adam:
         denom += eps_hat                                   # sqrt(v) + eps, in the scratch buffer
         update = xp.divide(m, denom, out=tmp)
         update *= step_size
-        self.flat.data -= update                           # p -= step_size * m / (sqrt(v) + eps)
+        p -= update                                        # p -= step_size * m / (sqrt(v) + eps)
 
     def state_dict(self):
         return {"m": self.m, "v": self.v, "step": self.step_count}
