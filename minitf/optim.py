@@ -101,9 +101,9 @@ class Adam:
         # bias corrections folded into the step size and eps (one fewer pass over the buffer)
         step_size = lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
         eps_hat = self.eps * (1 - b2 ** t) ** 0.5
-        if self.fused and backend.get_device() == "gpu":
-            # the very same update as the lines below, in one pass: see _fused_adam
-            _fused_adam()(g, b1, b2, 1 - b1, 1 - b2, step_size, eps_hat, self.flat.data, m, v)
+        if self.fused and backend.get_device() == "gpu" and g.dtype in (xp.float32, xp.float64):
+            # the very same update as _update below, in one pass: see _fused_adam
+            _fused_adam(g, self.flat.data, m, v, b1, b2, step_size, eps_hat)
             return
         if self._scratch is None:
             self._scratch = xp.empty(min(self.CHUNK, self.flat.data.size), dtype=self.flat.data.dtype)
@@ -256,27 +256,20 @@ class MixedPrecisionAdam(Adam):
 # --------------------------------------------------------------------------- #
 # GPU only: Adam as one fused CuPy kernel
 # --------------------------------------------------------------------------- #
-_kernels = {}
+def _fused_adam(g, p, m, v, b1, b2, step_size, eps_hat):
+    """One CUDA kernel doing Adam's update for every element of the flat buffers:
+    one read of g, p, m, v and one write of p, m, v, instead of about ten passes.
+    :meth:`Adam._update` is the reference; the kernel's source is ``adam`` in
+    :mod:`minitf.cuda_kernels` (compiled in CI by ``tests/test_cuda_sources.py``).
 
-
-def _fused_adam():
-    """One CUDA kernel doing Adam.step's update for every element of the flat buffers:
-    one read of g, p, m, v and one write of p, m, v, instead of about ten whole-buffer
-    passes. The NumPy lines in :meth:`Adam.step` are the reference.
-
-    Written for CuPy (``xp.ElementwiseKernel``; ``T`` is the buffers' float type, the
-    Python floats are cast to it) and used only when the device is 'gpu'. It has NOT
-    been run on this repository's CPU-only development machine: ``tests/test_gpu.py``
-    (run by ``scripts/gpu_check.sh`` on a GPU machine) compares it with the NumPy path.
+    Used only when the device is 'gpu'. It has NOT been run on this repository's
+    CPU-only development machine: ``tests/test_gpu.py`` (run by ``scripts/gpu_check.sh``
+    on a GPU machine) compares it with the NumPy path.
     """
-    if "adam" not in _kernels:
-        _kernels["adam"] = xp.ElementwiseKernel(
-            "T g, T b1, T b2, T one_minus_b1, T one_minus_b2, T step_size, T eps_hat",   # read
-            "T p, T m, T v",                                                             # read and written
-            """
-            m = b1 * m + one_minus_b1 * g;                     // first moment
-            v = b2 * v + one_minus_b2 * g * g;                 // second moment
-            p -= step_size * m / (sqrt(v) + eps_hat);
-            """,
-            "minitf_fused_adam")
-    return _kernels["adam"]
+    from minitf import cuda_kernels
+    kernel = cuda_kernels.function("adam", "adam" + cuda_kernels.suffix(g.dtype))
+    n = g.size
+    scalar = g.dtype.type                                  # the kernel's T: float or double
+    blocks = (n + cuda_kernels.BLOCK - 1) // cuda_kernels.BLOCK
+    kernel((blocks,), (cuda_kernels.BLOCK,), (g, p, m, v, scalar(b1), scalar(b2), scalar(step_size),
+                                              scalar(eps_hat), backend.host.int64(n)))
