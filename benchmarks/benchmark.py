@@ -463,7 +463,7 @@ def padding_report(name, batches, src_lens, tgt_lens):
     pad_src = sum(len(b) * int(src_lens[b].max()) for b in batches)
     pad_tgt = sum(len(b) * int(tgt_lens[b].max()) for b in batches)
     return (f"| {name} | {len(batches):,} | {100 * real_src / pad_src:.1f}% | {100 * real_tgt / pad_tgt:.1f}% | "
-            f"{real_tgt / len(batches):,.0f} | {pad_tgt / len(batches):,.0f} |")
+            f"{real_tgt / len(batches):,.0f} | {pad_src / len(batches):,.0f} / {pad_tgt / len(batches):,.0f} |")
 
 
 def real_batches(count, corpus=CORPUS):
@@ -489,7 +489,7 @@ def real_batches(count, corpus=CORPUS):
     lines = [f"Padding of one epoch of the default corpus ({len(pairs):,} sentence pairs, --max-tokens "
              f"{MAX_TOKENS}; real tokens / padded tokens per side):\n",
              "| batcher | batches | source efficiency | target efficiency | real target tokens per batch "
-             "| padded target tokens per batch |",
+             "| padded source / target tokens per batch |",
              "|---|---:|---:|---:|---:|---:|",
              padding_report("minitf (`token_batches`)", epoch, src_lens, tgt_lens),
              padding_report("length-sorted bucketing (fairseq's `batch_by_size`, multiple of 8)",
@@ -557,7 +557,7 @@ def benchmark_config(name, args, peak, have_torch):
     notes = []
     batches = None
     if name == "default":
-        batches, notes = real_batches(args.real_batches)
+        batches, notes = real_batches(args.real_batches, args.corpus)
     synthetic = batches is None
     if synthetic:
         batches = [make_batch(c)]
@@ -687,6 +687,7 @@ def main(argv=None):
     parser.add_argument("--in-process", action="store_true",
                         help="time both frameworks in this process, step by step (biased on the CPU)")
     parser.add_argument("--real-batches", type=int, default=40, help="default preset: real batches used")
+    parser.add_argument("--corpus", default=CORPUS, help=f"folder with train.de, train.en (default {CORPUS})")
     parser.add_argument("--profile-steps", type=int, default=5, help="steps of the base profile")
     parser.add_argument("--no-profile", action="store_true", help="skip the per-layer profile (with all)")
     parser.add_argument("--decode", action="store_true", help="also time greedy and beam-4 decoding")
