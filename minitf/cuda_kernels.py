@@ -52,22 +52,25 @@ template <typename T> __device__ T block_max(T value, T* shared) {
 # Adam: the update of minitf.optim.Adam._update, one thread per element.
 ADAM = r"""
 template <typename T>
-__device__ void adam(const T* g, T* p, T* m, T* v, T b1, T b2, T step_size, T eps_hat, long long n) {
+__device__ void adam(const T* g, T* p, T* m, T* v, T b1, T b2, T one_minus_b1, T one_minus_b2, T step_size,
+                     T eps_hat, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    T mi = b1 * m[i] + (1 - b1) * g[i];                 // first moment
-    T vi = b2 * v[i] + (1 - b2) * g[i] * g[i];          // second moment
+    T mi = b1 * m[i] + one_minus_b1 * g[i];             // first moment
+    T vi = b2 * v[i] + one_minus_b2 * g[i] * g[i];      // second moment
     m[i] = mi;
     v[i] = vi;
     p[i] -= step_size * mi / (sqrt(vi) + eps_hat);
 }
 extern "C" __global__ void adam_f32(const float* g, float* p, float* m, float* v, float b1, float b2,
-                                    float step_size, float eps_hat, long long n) {
-    adam<float>(g, p, m, v, b1, b2, step_size, eps_hat, n);
+                                    float one_minus_b1, float one_minus_b2, float step_size, float eps_hat,
+                                    long long n) {
+    adam<float>(g, p, m, v, b1, b2, one_minus_b1, one_minus_b2, step_size, eps_hat, n);
 }
 extern "C" __global__ void adam_f64(const double* g, double* p, double* m, double* v, double b1, double b2,
-                                    double step_size, double eps_hat, long long n) {
-    adam<double>(g, p, m, v, b1, b2, step_size, eps_hat, n);
+                                    double one_minus_b1, double one_minus_b2, double step_size, double eps_hat,
+                                    long long n) {
+    adam<double>(g, p, m, v, b1, b2, one_minus_b1, one_minus_b2, step_size, eps_hat, n);
 }
 """
 

@@ -271,5 +271,6 @@ def _fused_adam(g, p, m, v, b1, b2, step_size, eps_hat):
     n = g.size
     scalar = g.dtype.type                                  # the kernel's T: float or double
     blocks = (n + cuda_kernels.BLOCK - 1) // cuda_kernels.BLOCK
-    kernel((blocks,), (cuda_kernels.BLOCK,), (g, p, m, v, scalar(b1), scalar(b2), scalar(step_size),
-                                              scalar(eps_hat), backend.host.int64(n)))
+    # 1 - b1 and 1 - b2 are rounded from the Python floats, as in the NumPy lines
+    kernel((blocks,), (cuda_kernels.BLOCK,), (g, p, m, v, scalar(b1), scalar(b2), scalar(1 - b1), scalar(1 - b2),
+                                              scalar(step_size), scalar(eps_hat), backend.host.int64(n)))

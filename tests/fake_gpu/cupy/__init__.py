@@ -57,9 +57,9 @@ def asnumpy(array):
 
 
 # --------------------------------------------------------------------------- kernels
-def _adam(g, p, m, v, b1, b2, step_size, eps_hat, n):
-    m[...] = b1 * m + (1 - b1) * g
-    v[...] = b2 * v + (1 - b2) * g * g
+def _adam(g, p, m, v, b1, b2, one_minus_b1, one_minus_b2, step_size, eps_hat, n):
+    m[...] = b1 * m + one_minus_b1 * g
+    v[...] = b2 * v + one_minus_b2 * g * g
     p -= step_size * m / (_np.sqrt(v) + eps_hat)
 
 
