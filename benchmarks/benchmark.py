@@ -6,9 +6,31 @@ What is timed
 -------------
 One full training step: zero the gradients, forward, label-smoothed loss (its value
 read as a Python float, as a training loop logs it), backward, Adam update; on the
-GPU followed by a device synchronisation. minitf and PyTorch run in the same process,
-each warmed up first, then alternately (minitf step, PyTorch step, minitf step, ...),
-so that both see the same machine state; the table shows the median.
+GPU followed by a device synchronisation. By default each framework runs in its own
+fresh process (this script with ``--worker``), and the processes alternate: minitf,
+PyTorch, PyTorch, minitf, ... (``--repeats`` pairs); each process warms up, then times
+``--steps`` steps. The table shows the median over every process's median step, the
+spread (lowest and highest process median), and the ratio of the two frameworks in each
+pair. ``--in-process`` instead runs both in this process, alternating step by step (the
+first round's method); that biases the ratio on a CPU, where NumPy's OpenBLAS threads
+and PyTorch's OpenMP threads then live in one process (see the README for the
+measurement). Ratios depend on the CPU, its BLAS and the load: the header prints the
+machine, the BLAS, the date and the command, so that a table can be reproduced.
+
+Configurations: ``default`` is the default training preset of ``train.py`` (d_model 128,
+2+2 layers, vocabulary 4000, ``--max-tokens 1500``) on the real batches of the default
+corpus (``~/.cache/minitf/ding-de-en``, cached by a first ``python train.py``; the
+sentences are tokenized with a BPE vocabulary trained as ``train.py`` does, and the
+first ``--real-batches`` batches of epoch 0 are used, by both frameworks in the same
+order); without the cached corpus, one synthetic batch of 96 x 14 tokens, and the
+padding report is skipped with a message. ``small`` and ``base`` are synthetic batches;
+``tiny`` too (not in ``all``). ``all`` = default, small, base, then the per-layer profile
+of a minitf step at ``base`` (``benchmarks/layer_profile.py``).
+
+Padding (default preset, real corpus): real tokens over padded tokens per side for
+minitf's batcher (``minitf.nmt.data.token_batches``) against a length-sorted bucketing as
+fairseq does it (sort by source then target length, cut when ``max(len) * count``
+exceeds ``--max-tokens``, batch sizes rounded down to a multiple of 8), over one epoch.
 
 The PyTorch model is ``torch.nn.Transformer`` with the minitf recipe: shared source,
 target and output embedding (``F.linear(h, embedding.weight)``), embeddings scaled by
@@ -98,11 +120,15 @@ from minitf.nmt.decode import beam_search, greedy_decode  # noqa: E402
 np = backend.host
 
 CONFIGS = {
+    "default": dict(vocab=4000, d_model=128, heads=4, layers=2, d_ff=512, batch=96, src_len=14, tgt_len=14),
     "tiny": dict(vocab=1000, d_model=64, heads=4, layers=2, d_ff=256, batch=32, src_len=20, tgt_len=20),
     "small": dict(vocab=8000, d_model=256, heads=4, layers=3, d_ff=1024, batch=64, src_len=32, tgt_len=32),
     "base": dict(vocab=8000, d_model=512, heads=8, layers=6, d_ff=2048, batch=16, src_len=32, tgt_len=32),
 }
-DEFAULT_STEPS = {"tiny": 30, "small": 10, "base": 10}
+DEFAULT_STEPS = {"default": 40, "tiny": 30, "small": 10, "base": 10}
+ALL = ["default", "small", "base"]
+CORPUS = os.path.expanduser("~/.cache/minitf/ding-de-en")
+MAX_TOKENS = 1500                                      # the default preset's --max-tokens
 PAD, BOS, EOS = 0, 2, 3
 
 
@@ -190,14 +216,16 @@ def build_minitf(c):
     return model
 
 
-def minitf_stepper(c, batch):
+def minitf_stepper(c, batches):
+    """step(i) trains on batches[i % len(batches)] (host (src, tgt_in, tgt_out) triples)."""
     model = build_minitf(c)
     loss_fn = minitf.LabelSmoothedCrossEntropy(smoothing=0.1, ignore_index=PAD)
     optimizer = minitf.Adam(model.parameters(), lr=minitf.WarmupSchedule(c["d_model"], 4000),
                             betas=(0.9, 0.98), eps=1e-9)
-    src, tgt_in, tgt_out = (backend.asarray(a) for a in batch)   # on the device once
+    batches = [tuple(backend.asarray(a) for a in batch) for batch in as_batches(batches)]  # on the device once
 
-    def step():
+    def step(i=0):
+        src, tgt_in, tgt_out = batches[i % len(batches)]
         optimizer.zero_grad()
         loss = loss_fn(model(src, tgt_in), tgt_out)              # a Python float: synchronises
         model.backward(loss_fn.backward())
@@ -211,7 +239,12 @@ def minitf_stepper(c, batch):
 # --------------------------------------------------------------------------- #
 # PyTorch
 # --------------------------------------------------------------------------- #
-def torch_stepper(c, batch, device):
+def as_batches(batches):
+    """One (src, tgt_in, tgt_out) triple or a list of them -> a list."""
+    return [batches] if len(batches) == 3 and hasattr(batches[0], "shape") else list(batches)
+
+
+def torch_stepper(c, batches, device):
     import torch
     from torch import nn
 
@@ -235,7 +268,8 @@ def torch_stepper(c, batch, device):
                     if attn is not None:
                         attn.dropout = 0.0                       # no dropout on attention weights
             self.dropout = nn.Dropout(0.1)
-            position = torch.arange(max(c["src_len"], c["tgt_len"]), dtype=torch.float64)[:, None]
+            longest = max(max(b[0].shape[1], b[1].shape[1]) for b in as_batches(batches))
+            position = torch.arange(longest, dtype=torch.float64)[:, None]
             inv_freq = torch.exp(torch.arange(0, D, 2, dtype=torch.float64) * (-math.log(10000.0) / D))
             table = torch.zeros(position.shape[0], D, dtype=torch.float64)
             table[:, 0::2] = torch.sin(position * inv_freq)
@@ -256,10 +290,11 @@ def torch_stepper(c, batch, device):
     model = TorchTransformer().to(dev).train()
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=0.1)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    src, tgt_in, tgt_out = (torch.from_numpy(a).to(dev) for a in batch)
+    batches = [tuple(torch.from_numpy(a).to(dev) for a in batch) for batch in as_batches(batches)]
     sync = torch.cuda.synchronize if device == "gpu" else (lambda: None)
 
-    def step():
+    def step(i=0):
+        src, tgt_in, tgt_out = batches[i % len(batches)]
         optimizer.zero_grad()
         logits = model(src, tgt_in)
         loss = loss_fn(logits.reshape(-1, V), tgt_out.reshape(-1))
@@ -273,11 +308,63 @@ def torch_stepper(c, batch, device):
 
 
 def torch_version():
+    """PyTorch's version without importing it (this process may not time it), or None."""
+    import importlib.metadata
     try:
-        import torch
-    except ImportError:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
         return None
-    return torch.__version__
+
+
+# --------------------------------------------------------------------------- #
+# the machine
+# --------------------------------------------------------------------------- #
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas_description():
+    """NumPy's BLAS: threadpoolctl's view when installed, else NumPy's build configuration."""
+    try:
+        import threadpoolctl
+        infos = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+        if infos:
+            i = infos[0]
+            return (f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture', '?')} kernels, "
+                    f"{i.get('threading_layer', '?')} threading, {i.get('num_threads')} threads; threadpoolctl)")
+    except ImportError:
+        pass
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name')} {blas.get('version')} (NumPy build configuration; threadpoolctl not installed)"
+    except Exception:  # older NumPy: no mode="dicts"
+        return "unknown (install threadpoolctl to name it)"
+
+
+def machine_lines(args, threads, peak):
+    """The header: what a reader needs to reproduce (or discount) the numbers."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = [f"- command: `python benchmarks/benchmark.py {' '.join(sys.argv[1:])}`",
+             f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
+             f"- CPU: {cpu_model()}, {os.cpu_count()} logical CPUs ({cores} usable), {platform.machine()}, "
+             f"{platform.system()} {platform.release()}",
+             f"- Python {platform.python_version()}, NumPy {np.__version__}, BLAS: {blas_description()}"
+             + (f", CuPy {backend.xp.__version__}" if args.device == "gpu" else ""),
+             f"- threads: NumPy BLAS {threads}, PyTorch torch.set_num_threads({threads}) in its process",
+             f"- float32 matmul peak (2048^3, NumPy, best of 5): {peak:.0f} GFLOP/s",
+             f"- load average before the run: {os.getloadavg()[0]:.2f} (other work on the machine skews timings; "
+             "ratios also vary from one CPU to another)",
+             "- method: " + ("both frameworks in this process, alternating step by step (--in-process)"
+                             if args.in_process else
+                             f"each framework in its own process, alternating, {args.repeats} processes each")]
+    return lines
 
 
 # --------------------------------------------------------------------------- #
@@ -330,71 +417,232 @@ def cpu_peak_memory(framework, config_name):
 
 
 def time_steps(steppers, steps, warmup):
-    """Warm every stepper up, then run them alternately; seconds per step for each."""
+    """In one process: warm every stepper up, then run them alternately step by step;
+    seconds per step for each."""
     for step in steppers.values():
-        for _ in range(warmup):
-            step()
+        for i in range(warmup):
+            step(i)
     times = {name: [] for name in steppers}
-    for _ in range(steps):
+    for i in range(steps):
         for name, step in steppers.items():
             start = time.perf_counter()
-            step()
+            step(i)
             times[name].append(time.perf_counter() - start)
     return times
 
 
+# --------------------------------------------------------------------------- #
+# the batches: synthetic, or the default preset's real ones
+# --------------------------------------------------------------------------- #
+def fairseq_buckets(src_lens, tgt_lens, max_tokens, multiple=8):
+    """Length-sorted bucketing as fairseq's ``batch_by_size`` does it: sort by source,
+    then target length; cut when ``max(len) * count`` would exceed ``max_tokens``; batch
+    sizes rounded down to a multiple of ``multiple`` (when above it)."""
+    src, tgt = np.asarray(src_lens), np.asarray(tgt_lens)
+    order = np.lexsort((tgt, src))
+    batches, current, longest = [], [], 0
+    for index in order.tolist():
+        new_longest = max(longest, int(src[index]), int(tgt[index]))
+        if current and new_longest * (len(current) + 1) > max_tokens:
+            keep = len(current) if len(current) < multiple else len(current) - len(current) % multiple
+            batches.append(current[:keep])
+            current = current[keep:]
+            longest = max([max(int(src[i]), int(tgt[i])) for i in current], default=0)
+            new_longest = max(longest, int(src[index]), int(tgt[index]))
+        current.append(index)
+        longest = new_longest
+    if current:
+        batches.append(current)
+    return batches
+
+
+def padding_report(name, batches, src_lens, tgt_lens):
+    """One table row: real over padded tokens per side, batches, real target tokens per batch."""
+    real_src = sum(int(src_lens[b].sum()) for b in batches)
+    real_tgt = sum(int(tgt_lens[b].sum()) for b in batches)
+    pad_src = sum(len(b) * int(src_lens[b].max()) for b in batches)
+    pad_tgt = sum(len(b) * int(tgt_lens[b].max()) for b in batches)
+    return (f"| {name} | {len(batches):,} | {100 * real_src / pad_src:.1f}% | {100 * real_tgt / pad_tgt:.1f}% | "
+            f"{real_tgt / len(batches):,.0f} | {pad_src / len(batches):,.0f} / {pad_tgt / len(batches):,.0f} |")
+
+
+def real_batches(count, corpus=CORPUS):
+    """The default preset's first ``count`` batches of epoch 0 (host triples), and the
+    padding report's lines; None (and a message) without the cached corpus."""
+    paths = {lang: os.path.join(corpus, f"train.{lang}") for lang in ("de", "en")}
+    if not all(os.path.isfile(path) for path in paths.values()):
+        return None, [f"(no cached default corpus at {corpus}: run `python train.py` once to fetch it; "
+                      "the default preset is timed on one synthetic 96 x 14 batch and the padding report "
+                      "is skipped)"]
+    import tempfile
+    from minitf.nmt.data import make_target_io, pad_batch, read_parallel, token_batches
+    from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
+    pairs = list(read_parallel(paths["de"], paths["en"]))
+    with tempfile.TemporaryDirectory() as folder:                # the tokenizer train.py would train
+        tokenizer = train_tokenizer([s for s, _ in pairs] + [t for _, t in pairs],
+                                    os.path.join(folder, "tokenizer.model"), CONFIGS["default"]["vocab"])
+    src_ids = tokenizer.encode([s for s, _ in pairs])
+    tgt_ids = tokenizer.encode([t for _, t in pairs])
+    src_lens = np.array([len(s) + 1 for s in src_ids])          # + EOS (source), + BOS (target), as train.py
+    tgt_lens = np.array([len(t) + 1 for t in tgt_ids])
+    epoch, _ = token_batches(src_lens, tgt_lens, MAX_TOKENS, seed=1, epoch=0, max_len=100)
+    lines = [f"Padding of one epoch of the default corpus ({len(pairs):,} sentence pairs, --max-tokens "
+             f"{MAX_TOKENS}; real tokens / padded tokens per side):\n",
+             "| batcher | batches | source efficiency | target efficiency | real target tokens per batch "
+             "| padded source / target tokens per batch |",
+             "|---|---:|---:|---:|---:|---:|",
+             padding_report("minitf (`token_batches`)", epoch, src_lens, tgt_lens),
+             padding_report("length-sorted bucketing (fairseq's `batch_by_size`, multiple of 8)",
+                            fairseq_buckets(src_lens, tgt_lens, MAX_TOKENS), src_lens, tgt_lens)]
+    triples = []
+    for index in epoch[:count]:
+        tgt_in, tgt_out = make_target_io([tgt_ids[i] for i in index], PAD_ID, BOS_ID, EOS_ID)
+        triples.append((pad_batch([src_ids[i] for i in index], PAD_ID, eos_id=EOS_ID), tgt_in, tgt_out))
+    return triples, lines
+
+
+def batch_flops(c, batches):
+    """Mean model FLOPs of a step over ``batches`` (each batch's own B, S, T)."""
+    return statistics.mean(model_flops(dict(c, batch=b[0].shape[0], src_len=b[0].shape[1],
+                                            tgt_len=b[1].shape[1])) for b in batches)
+
+
+# --------------------------------------------------------------------------- #
+# each framework in its own process
+# --------------------------------------------------------------------------- #
+def worker(framework, config_name, batch_file, steps, warmup, device):
+    """Run in a fresh process: build, warm up, time ``steps`` steps; print JSON."""
+    c = CONFIGS[config_name]
+    with np.load(batch_file) as data:
+        batches = [(data[f"src{i}"], data[f"tgt_in{i}"], data[f"tgt_out{i}"]) for i in range(int(data["n"]))]
+    backend.set_device(device)
+    if framework == "torch":
+        import torch
+        torch.set_num_threads(blas_threads())
+        step, params = torch_stepper(c, batches, device)
+    else:
+        step, params = minitf_stepper(c, batches)
+    for i in range(warmup):
+        step(i)
+    times = []
+    for i in range(steps):
+        start = time.perf_counter()
+        step(i)
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"times": times, "params": params}))
+
+
+def time_in_processes(frameworks, config_name, batch_file, args, steps):
+    """{framework: [per-process list of step seconds]}, {framework: parameters}: the
+    frameworks' processes alternate, the order flipping every round (A B, B A, ...)."""
+    runs, params = {f: [] for f in frameworks}, {}
+    for r in range(args.repeats):
+        for framework in (frameworks if r % 2 == 0 else frameworks[::-1]):
+            command = [sys.executable, os.path.abspath(__file__), "--worker",
+                       "torch" if framework == "PyTorch" else "minitf", "--config", config_name,
+                       "--batch-file", batch_file, "--steps", str(steps), "--warmup", str(args.warmup),
+                       "--device", args.device]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+            if result.returncode != 0:
+                raise RuntimeError(f"{framework} worker failed: {result.stderr.strip()[-2000:]}")
+            out = json.loads(result.stdout.strip().splitlines()[-1])
+            runs[framework].append(out["times"])
+            params[framework] = out["params"]
+    return runs, params
+
+
 def benchmark_config(name, args, peak, have_torch):
+    import tempfile
     c = CONFIGS[name]
-    batch = make_batch(c)
-    tokens = int((batch[2] != PAD).sum())
-    flops = model_flops(c)
+    notes = []
+    batches = None
+    if name == "default":
+        batches, notes = real_batches(args.real_batches, args.corpus)
+    synthetic = batches is None
+    if synthetic:
+        batches = [make_batch(c)]
+    tokens = statistics.mean(int((b[2] != PAD).sum()) for b in batches)        # real target tokens per step
+    shapes = sorted({(b[0].shape[0], b[0].shape[1], b[1].shape[1]) for b in batches})
+    flops = batch_flops(c, batches)
+    steps = args.steps or (max(DEFAULT_STEPS[name], len(batches)) if not synthetic else DEFAULT_STEPS[name])
+    frameworks = ["minitf"] + (["PyTorch"] if have_torch else [])
     memory = {}
-    if args.device == "gpu":                             # both allocators start empty
-        pool = backend.xp.get_default_memory_pool()
-        pool.free_all_blocks()
+    if args.in_process:
+        if args.device == "gpu":                         # both allocators start empty
+            pool = backend.xp.get_default_memory_pool()
+            pool.free_all_blocks()
+            if have_torch:
+                import torch
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+        steppers, params = {}, {}
+        steppers["minitf"], params["minitf"] = minitf_stepper(c, batches)
         if have_torch:
             import torch
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-    steppers, params = {}, {}
-    steppers["minitf"], params["minitf"] = minitf_stepper(c, batch)
-    if have_torch:
-        steppers["PyTorch"], params["PyTorch"] = torch_stepper(c, batch, args.device)
-    times = time_steps(steppers, args.steps or DEFAULT_STEPS[name], args.warmup)
-    if args.device == "gpu":
-        memory["minitf"] = pool.total_bytes() / 2 ** 20
-        if have_torch:
-            memory["PyTorch"] = torch.cuda.max_memory_reserved() / 2 ** 20
-            memory["PyTorch allocated"] = torch.cuda.max_memory_allocated() / 2 ** 20
-    elif not args.skip_memory:
-        for framework in steppers:
+            torch.set_num_threads(blas_threads())
+            steppers["PyTorch"], params["PyTorch"] = torch_stepper(c, batches, args.device)
+        times = time_steps(steppers, steps, args.warmup)
+        runs = {k: [v] for k, v in times.items()}
+        if args.device == "gpu":
+            memory["minitf"] = pool.total_bytes() / 2 ** 20
+            if have_torch:
+                memory["PyTorch"] = torch.cuda.max_memory_reserved() / 2 ** 20
+                memory["PyTorch allocated"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            batch_file = os.path.join(folder, "batches.npz")
+            arrays = {"n": np.array(len(batches))}
+            for i, (src, tgt_in, tgt_out) in enumerate(batches):
+                arrays.update({f"src{i}": src, f"tgt_in{i}": tgt_in, f"tgt_out{i}": tgt_out})
+            np.savez(batch_file, **arrays)
+            runs, params = time_in_processes(frameworks, name, batch_file, args, steps)
+    if args.device == "cpu" and not args.skip_memory:
+        for framework in frameworks:
             memory[framework] = cpu_peak_memory("torch" if framework == "PyTorch" else "minitf", name)
 
-    medians = {k: statistics.median(v) for k, v in times.items()}
+    per_run = {k: [statistics.median(run) for run in v] for k, v in runs.items()}   # each process's median
+    medians = {k: statistics.median(v) for k, v in per_run.items()}
     print(f"\n### {name}: vocab {c['vocab']}, d_model {c['d_model']}, {c['heads']} heads, "
-          f"{c['layers']}+{c['layers']} layers, d_ff {c['d_ff']}, batch {c['batch']}, "
-          f"lengths {c['src_len']}/{c['tgt_len']}\n")
-    print(f"{tokens} target tokens per step (non-pad), {flops / 1e9:.1f} GFLOP per step (model matmuls, "
-          f"forward + backward), parameters: " + ", ".join(f"{k} {v:,}" for k, v in params.items())
-          + f"; {len(times['minitf'])} timed steps each\n")
+          f"{c['layers']}+{c['layers']} layers, d_ff {c['d_ff']}, "
+          + (f"one synthetic batch of {c['batch']} x {c['src_len']}/{c['tgt_len']} tokens\n" if synthetic else
+             f"the first {len(batches)} real batches of the default corpus (B x S/T from {shapes[0]} "
+             f"to {shapes[-1]}), cycled\n"))
+    print(f"{tokens:,.0f} target tokens per step (non-pad, mean), {flops / 1e9:.2f} GFLOP per step (model "
+          f"matmuls, forward + backward), parameters: " + ", ".join(f"{k} {v:,}" for k, v in params.items())
+          + f"; {len(runs['minitf'])} process(es) x {steps} timed steps each\n")
     mem_label = "peak memory (MiB)" + (" [RSS growth]" if args.device == "cpu" else " [pool / reserved]")
-    print(f"| framework | median step (ms) | target tokens/s | GFLOP/s | % of matmul peak | {mem_label} |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| framework | median step (ms) | spread (ms, process medians) | target tokens/s | GFLOP/s "
+          f"| % of matmul peak | {mem_label} |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for k, t in medians.items():
         m = memory.get(k)
         m_text = "n/a" if m is None else f"{m:.0f}"
         if k == "PyTorch" and "PyTorch allocated" in memory:
             m_text += f" ({memory['PyTorch allocated']:.0f} allocated)"
         label = "minitf" if k == "minitf" else f"PyTorch {torch_version()}"
-        print(f"| {label} | {t * 1e3:.1f} | {tokens / t:,.0f} | {flops / t / 1e9:.1f} | "
+        spread = f"{min(per_run[k]) * 1e3:.1f}-{max(per_run[k]) * 1e3:.1f}"
+        print(f"| {label} | {t * 1e3:.1f} | {spread} | {tokens / t:,.0f} | {flops / t / 1e9:.1f} | "
               f"{100 * flops / t / 1e9 / peak:.0f}% | {m_text} |")
     if "PyTorch" in medians:
         ratio = medians["minitf"] / medians["PyTorch"]
+        pair_ratios = sorted(a / b for a, b in zip(per_run["minitf"], per_run["PyTorch"]))
         m_ratio = (memory["minitf"] / memory["PyTorch"]
                    if memory.get("minitf") and memory.get("PyTorch") else None)
-        print(f"| minitf / PyTorch | {ratio:.2f}x | {1 / ratio:.2f}x | {1 / ratio:.2f}x | | "
-              f"{'n/a' if m_ratio is None else f'{m_ratio:.2f}x'} |")
+        print(f"| minitf / PyTorch | **{ratio:.2f}x** | pairs {pair_ratios[0]:.2f}-{pair_ratios[-1]:.2f}x "
+              f"| {1 / ratio:.2f}x | {1 / ratio:.2f}x | | {'n/a' if m_ratio is None else f'{m_ratio:.2f}x'} |")
+    for line in notes:
+        print(("\n" if line is notes[0] else "") + line)
     return medians
+
+
+def print_profile(args):
+    """The per-layer profile of one minitf step at base (benchmarks/layer_profile.py)."""
+    import layer_profile
+    c = CONFIGS["base"]
+    rows, total = layer_profile.profile(c, make_batch(c), steps=args.profile_steps)
+    print(f"\n### where a minitf step goes at base (own time per layer class, median of "
+          f"{args.profile_steps} steps, this process)\n")
+    layer_profile.print_table(rows, total)
 
 
 def benchmark_decode(name, args):
@@ -429,41 +677,50 @@ def benchmark_decode(name, args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", choices=list(CONFIGS) + ["all"], default="tiny")
+    parser.add_argument("--config", choices=list(CONFIGS) + ["all"], default="default")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--steps", type=int, default=None,
-                        help=f"timed steps per framework (default {DEFAULT_STEPS})")
+                        help=f"timed steps per process (default {DEFAULT_STEPS}; at least one pass over "
+                             "the real batches)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per framework first")
+    parser.add_argument("--repeats", type=int, default=3, help="processes per framework (alternating)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="time both frameworks in this process, step by step (biased on the CPU)")
+    parser.add_argument("--real-batches", type=int, default=40, help="default preset: real batches used")
+    parser.add_argument("--corpus", default=CORPUS, help=f"folder with train.de, train.en (default {CORPUS})")
+    parser.add_argument("--profile-steps", type=int, default=5, help="steps of the base profile")
+    parser.add_argument("--no-profile", action="store_true", help="skip the per-layer profile (with all)")
     parser.add_argument("--decode", action="store_true", help="also time greedy and beam-4 decoding")
     parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--no-torch", action="store_true", help="time minitf alone")
     parser.add_argument("--skip-memory", action="store_true", help="CPU: skip the peak-memory subprocesses")
     parser.add_argument("--memory-probe", choices=["minitf", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["minitf", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--batch-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.memory_probe:
         return memory_probe(args.memory_probe, args.config)
+    if args.worker:
+        return worker(args.worker, args.config, args.batch_file, args.steps, args.warmup, args.device)
     backend.set_device(args.device)
     threads = blas_threads()
     have_torch = torch_version() is not None and not args.no_torch
     torch_note = None
-    if have_torch:
+    if have_torch and args.device == "gpu":
         import torch
-        torch.set_num_threads(threads)
-        if args.device == "gpu" and not torch.cuda.is_available():
+        if not torch.cuda.is_available():
             have_torch = False
             torch_note = (f"- PyTorch {torch_version()} sees no CUDA device (a CPU-only build?); "
                           "minitf alone")
     peak = matmul_peak_gflops(args.device)
     print(f"## minitf {minitf.__version__} training-step benchmark ({args.device})\n")
-    print(f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"NumPy {np.__version__}" + (f", CuPy {backend.xp.__version__}" if args.device == "gpu" else ""))
+    for line in machine_lines(args, threads, peak):
+        print(line)
     if args.device == "gpu":
         props = backend.xp.cuda.runtime.getDeviceProperties(0)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         print(f"- GPU: {name}")
-    print(f"- threads: NumPy BLAS {threads}" + (f", torch.get_num_threads() {torch.get_num_threads()}"
-                                               if have_torch else ""))
     if have_torch:
         print(f"- PyTorch {torch_version()}")
     elif torch_note:
@@ -472,12 +729,13 @@ def main(argv=None):
         print("- PyTorch: skipped (--no-torch); minitf alone")
     else:
         print("- PyTorch: not installed (pip install -e .[bench]); minitf alone")
-    print(f"- float32 matmul peak (2048^3, same process): {peak:.0f} GFLOP/s")
-    print(f"- load average before the run: {os.getloadavg()[0]:.2f} (other work on the machine skews timings)")
-    for name in (CONFIGS if args.config == "all" else [args.config]):
+    names = ALL if args.config == "all" else [args.config]
+    for name in names:
         benchmark_config(name, args, peak, have_torch)
         if args.decode:
             benchmark_decode(name, args)
+    if (args.config in ("all", "base")) and not args.no_profile and args.device == "cpu":
+        print_profile(args)
 
 
 if __name__ == "__main__":

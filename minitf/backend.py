@@ -38,22 +38,51 @@ class DeviceError(RuntimeError):
     """The requested device cannot be used on this machine."""
 
 
+def cuda_failure_reason(error):
+    """Which piece is missing, from the error CuPy raised when asked for its devices:
+    the NVIDIA driver, a CUDA library, or a device."""
+    text = f"{type(error).__name__}: {error}"
+    lowered = text.lower()
+    if "libcuda.so" in lowered or not _driver_library_loads():
+        return (f"no NVIDIA driver was found (libcuda.so.1 does not load; {text}). A GPU machine needs "
+                "the driver and nothing else: install it, then check that nvidia-smi runs.")
+    if "insufficientdriver" in lowered.replace(" ", "") or "driver version is insufficient" in lowered:
+        return (f"the NVIDIA driver is older than this CuPy's CUDA needs ({text}). Update the driver "
+                "(nvidia-smi shows its CUDA version), or install the CuPy that matches it.")
+    if any(name in lowered for name in ("libcudart", "libcublas", "libnvrtc", "libcurand", "cannot open shared",
+                                        "failed to load", "cuda_path")):
+        return (f"a CUDA library is missing ({text}). CuPy's wheel does not bring the CUDA libraries; "
+                "install them with: pip install -e .[gpu]  (cupy-cuda12x[ctk]).")
+    if "nodevice" in lowered.replace(" ", "") or "no cuda-capable device" in lowered:
+        return (f"the driver sees no CUDA device ({text}). Check CUDA_VISIBLE_DEVICES and nvidia-smi.")
+    return f"CuPy is installed but no CUDA device is usable ({text}). Check the NVIDIA driver with nvidia-smi."
+
+
+def _driver_library_loads():
+    """True when the NVIDIA driver's user-space library (libcuda) can be loaded."""
+    import ctypes
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
 def _import_cupy():
     try:
         import cupy
     except ImportError as error:
         raise DeviceError(
             "device 'gpu' needs CuPy, which is not installed "
-            f"({error}). Install it with: pip install -e .[gpu]  (CuPy for CUDA 12), "
+            f"({error}). Install it with: pip install -e .[gpu]  (CuPy for CUDA 12 and its CUDA libraries), "
             "or use --device cpu / MINITF_DEVICE=cpu."
         ) from None
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as error:  # CUDA driver missing or broken
-        raise DeviceError(
-            f"device 'gpu': CuPy is installed but no CUDA device is usable ({error}). "
-            "Check the NVIDIA driver with nvidia-smi, or use --device cpu."
-        ) from None
+    except Exception as error:  # driver missing or too old, a CUDA library missing, no device
+        raise DeviceError(f"device 'gpu': {cuda_failure_reason(error)} Or use --device cpu.") from None
     if count == 0:
         raise DeviceError("device 'gpu': CuPy found no visible CUDA device. "
                           "Check CUDA_VISIBLE_DEVICES and nvidia-smi, or use --device cpu.")

@@ -80,7 +80,7 @@ class Adam:
         self.flat = FlatBuffers.flatten(params)            # every p.data / p.grad becomes a view
         self.m = xp.zeros_like(self.flat.data)
         self.v = xp.zeros_like(self.flat.data)
-        self._scratch = None                               # one reused buffer (made at the first step)
+        self._scratch = None                               # one reused chunk (made at the first step)
         self.step_count = 0
 
     def current_lr(self, step=None):
@@ -101,14 +101,26 @@ class Adam:
         # bias corrections folded into the step size and eps (one fewer pass over the buffer)
         step_size = lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
         eps_hat = self.eps * (1 - b2 ** t) ** 0.5
-        if self.fused and backend.get_device() == "gpu":
-            # the very same update as the lines below, in one pass: see _fused_adam
-            _fused_adam()(g, b1, b2, 1 - b1, 1 - b2, step_size, eps_hat, self.flat.data, m, v)
+        if self.fused and backend.get_device() == "gpu" and g.dtype in (xp.float32, xp.float64):
+            # the very same update as _update below, in one pass: see _fused_adam
+            _fused_adam(g, self.flat.data, m, v, b1, b2, step_size, eps_hat)
             return
         if self._scratch is None:
-            self._scratch = xp.empty_like(self.flat.data)
-        tmp = self._scratch                                # no new buffer in any step
-        # every line below is one in-place pass over the whole flat buffer
+            self._scratch = xp.empty(min(self.CHUNK, self.flat.data.size), dtype=self.flat.data.dtype)
+        data = self.flat.data
+        # speed only: the same passes, one cache-sized chunk at a time, so that they run from cache
+        for start in range(0, data.size, self.CHUNK):
+            end = start + self.CHUNK
+            self._update(g[start:end], m[start:end], v[start:end], data[start:end],
+                         self._scratch[:min(end, data.size) - start], b1, b2, step_size, eps_hat)
+
+    #: elements per chunk of :meth:`step` (64K float32: its five arrays take about 1.3 MB of cache)
+    CHUNK = 1 << 16
+
+    @staticmethod
+    def _update(g, m, v, p, tmp, b1, b2, step_size, eps_hat):
+        """The update of :meth:`step` on one stretch of the flat buffers; ``tmp`` is scratch."""
+        # every line below is one in-place pass over the stretch
         m *= b1
         m += xp.multiply(g, 1 - b1, out=tmp)               # m = b1 m + (1-b1) g       first moment
         v *= b2
@@ -119,7 +131,7 @@ class Adam:
         denom += eps_hat                                   # sqrt(v) + eps, in the scratch buffer
         update = xp.divide(m, denom, out=tmp)
         update *= step_size
-        self.flat.data -= update                           # p -= step_size * m / (sqrt(v) + eps)
+        p -= update                                        # p -= step_size * m / (sqrt(v) + eps)
 
     def state_dict(self):
         return {"m": self.m, "v": self.v, "step": self.step_count}
@@ -244,27 +256,21 @@ class MixedPrecisionAdam(Adam):
 # --------------------------------------------------------------------------- #
 # GPU only: Adam as one fused CuPy kernel
 # --------------------------------------------------------------------------- #
-_kernels = {}
+def _fused_adam(g, p, m, v, b1, b2, step_size, eps_hat):
+    """One CUDA kernel doing Adam's update for every element of the flat buffers:
+    one read of g, p, m, v and one write of p, m, v, instead of about ten passes.
+    :meth:`Adam._update` is the reference; the kernel's source is ``adam`` in
+    :mod:`minitf.cuda_kernels` (compiled in CI by ``tests/test_cuda_sources.py``).
 
-
-def _fused_adam():
-    """One CUDA kernel doing Adam.step's update for every element of the flat buffers:
-    one read of g, p, m, v and one write of p, m, v, instead of about ten whole-buffer
-    passes. The NumPy lines in :meth:`Adam.step` are the reference.
-
-    Written for CuPy (``xp.ElementwiseKernel``; ``T`` is the buffers' float type, the
-    Python floats are cast to it) and used only when the device is 'gpu'. It has NOT
-    been run on this repository's CPU-only development machine: ``tests/test_gpu.py``
-    (run by ``scripts/gpu_check.sh`` on a GPU machine) compares it with the NumPy path.
+    Used only when the device is 'gpu'. It has NOT been run on this repository's
+    CPU-only development machine: ``tests/test_gpu.py`` (run by ``scripts/gpu_check.sh``
+    on a GPU machine) compares it with the NumPy path.
     """
-    if "adam" not in _kernels:
-        _kernels["adam"] = xp.ElementwiseKernel(
-            "T g, T b1, T b2, T one_minus_b1, T one_minus_b2, T step_size, T eps_hat",   # read
-            "T p, T m, T v",                                                             # read and written
-            """
-            m = b1 * m + one_minus_b1 * g;                     // first moment
-            v = b2 * v + one_minus_b2 * g * g;                 // second moment
-            p -= step_size * m / (sqrt(v) + eps_hat);
-            """,
-            "minitf_fused_adam")
-    return _kernels["adam"]
+    from minitf import cuda_kernels
+    kernel = cuda_kernels.function("adam", "adam" + cuda_kernels.suffix(g.dtype))
+    n = g.size
+    scalar = g.dtype.type                                  # the kernel's T: float or double
+    blocks = (n + cuda_kernels.BLOCK - 1) // cuda_kernels.BLOCK
+    # 1 - b1 and 1 - b2 are rounded from the Python floats, as in the NumPy lines
+    kernel((blocks,), (cuda_kernels.BLOCK,), (g, p, m, v, scalar(b1), scalar(b2), scalar(1 - b1), scalar(1 - b2),
+                                              scalar(step_size), scalar(eps_hat), backend.host.int64(n)))

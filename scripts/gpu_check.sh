@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# GPU checks for minitf, for a machine with an NVIDIA GPU (CUDA 12). Run from anywhere:
+# GPU checks for minitf, for a machine with an NVIDIA GPU. Run from anywhere:
 #
-#     bash scripts/gpu_check.sh            # at most 8 minutes: every step is time-boxed (150+180+45+100 s)
+#     bash scripts/gpu_check.sh            # at most about 8 minutes: every step is time-boxed
 #
-# 1. installs the gpu, test and bench extras (skipped when CuPy already imports: the
-#    machine may have no network);
-# 2. runs the gradient/property tests and tests/test_gpu.py on the CuPy backend
-#    (hypothesis profile "quick": 5 examples per test, CuPy compiles every kernel once);
-# 3. compares one training step on NumPy and CuPy (scripts/compare_devices.py);
-# 4. times the base configuration on the GPU (benchmarks/benchmark.py).
+# Written for the project's GPU test machine as it is: no network (nothing is installed
+# here: a missing module is reported, not fetched), `python3` is the interpreter that has
+# CuPy, NumPy, pytest and hypothesis (set PYTHON to use another), and minitf is not
+# installed: the checkout is put first on PYTHONPATH, so every step imports it from here.
+#
+# 1. the GPU (nvidia-smi) and the Python modules, and where minitf is imported from;
+# 2. every CUDA source of minitf/cuda_kernels.py compiled with NVRTC (tests/test_cuda_sources.py);
+# 3. the gradient/property tests and tests/test_gpu.py (each kernel against its NumPy
+#    reference) on the CuPy backend (hypothesis profile "quick": 5 examples per test);
+# 4. one training step on NumPy and on CuPy compared (scripts/compare_devices.py);
+# 5. the base configuration timed on the GPU (benchmarks/benchmark.py).
 # Exit status: 0 when every step passed, 1 otherwise (each step still runs).
-# Written on a CPU-only machine: this script itself has not been run on a GPU yet.
+#
+# tests/test_gpu_check_script.py runs this script on the CPU (a dry run: nvidia-smi and
+# CuPy replaced by stand-ins, smaller test and benchmark sets through the two variables
+# below); the script has not been run on a GPU yet.
 set -u
 cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 status=0
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
+TESTS=${GPU_CHECK_TESTS:-tests/test_layers.py tests/test_attention.py tests/test_transformer.py \
+tests/test_loss_optim.py tests/test_decode.py tests/test_gpu.py}
+BENCH=${GPU_CHECK_BENCH:---config base --steps 10}
 
 step() { printf '\n=== %s  (%s)\n' "$1" "$(date +%T)"; }
 fail() { echo "*** FAILED: $1"; status=1; }
@@ -22,26 +35,45 @@ fail() { echo "*** FAILED: $1"; status=1; }
 step "GPU"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || fail "nvidia-smi"
 
-step "install (.[gpu,test,bench])"
-if $PY -c "import cupy, hypothesis, pytest" 2>/dev/null; then
-    echo "CuPy, pytest and hypothesis already import; not reinstalling"
-    $PY -c "import torch" 2>/dev/null || echo "(no torch: the benchmark will time minitf alone)"
-else
-    timeout 150 $PY -m pip install -q -e ".[gpu,test,bench]" || fail "pip install -e .[gpu,test,bench]"
-fi
+step "Python modules (nothing is installed by this script)"
+command -v "$PY" >/dev/null || { fail "no interpreter '$PY' (set PYTHON)"; exit 1; }
+$PY - <<'EOF' || { fail "a module is missing (see above); install it on a machine with network"; exit 1; }
+import importlib, sys
+missing = []
+for name in ("numpy", "cupy", "pytest", "hypothesis"):
+    try:
+        module = importlib.import_module(name)
+        print(f"{name} {getattr(module, '__version__', '?')}")
+    except ImportError as error:
+        missing.append(f"{name} ({error})")
+try:
+    import torch
+    print(f"torch {torch.__version__}")
+except ImportError:
+    print("(no torch: the benchmark times minitf alone)")
+import minitf
+print(f"minitf from {minitf.__file__}")
+if missing:
+    sys.exit("missing: " + ", ".join(missing))
+EOF
 $PY -c "import cupy; print('CuPy', cupy.__version__, '| CUDA devices:', cupy.cuda.runtime.getDeviceCount())" \
-    || { fail "CuPy does not import or sees no device"; exit 1; }
+    || { fail "CuPy sees no device"; exit 1; }
+
+step "every CUDA source compiled by NVRTC"
+timeout 60 $PY -m pytest -q -p no:warnings -p no:cacheprovider tests/test_cuda_sources.py -rs \
+    || fail "NVRTC compile test (exit $?)"
 
 step "tests on CuPy (MINITF_DEVICE=gpu)"
-MINITF_DEVICE=gpu HYPOTHESIS_PROFILE=quick timeout 180 $PY -m pytest -q -p no:warnings \
-    tests/test_layers.py tests/test_attention.py tests/test_transformer.py tests/test_loss_optim.py \
-    tests/test_decode.py tests/test_gpu.py -rs || fail "tests on CuPy (exit $?; 124 = timed out)"
+# shellcheck disable=SC2086  # TESTS is a list of paths
+MINITF_DEVICE=gpu HYPOTHESIS_PROFILE=quick timeout 180 $PY -m pytest -q -p no:warnings -p no:cacheprovider \
+    $TESTS -rs || fail "tests on CuPy (exit $?; 124 = timed out)"
 
 step "CPU vs GPU: one training step of the same seeded model"
 timeout 45 $PY scripts/compare_devices.py || fail "compare_devices.py (exit $?)"
 
-step "benchmark: base on the GPU"
-timeout 100 $PY benchmarks/benchmark.py --config base --device gpu --steps 10 || fail "benchmark (exit $?)"
+step "benchmark on the GPU ($BENCH)"
+# shellcheck disable=SC2086
+timeout 120 $PY benchmarks/benchmark.py --device gpu --in-process $BENCH || fail "benchmark (exit $?)"
 
 step "done"
 [ $status -eq 0 ] && echo "all GPU checks passed" || echo "some GPU checks FAILED (see *** above)"

@@ -2,6 +2,7 @@
 import ast
 import os
 import pathlib
+import re
 
 import pytest
 
@@ -52,3 +53,17 @@ def test_same_seed_same_model():
     backend.manual_seed(7)
     b = minitf.Linear(3, 4).weight.data.copy()
     assert (backend.to_numpy(a) == backend.to_numpy(b)).all()
+
+
+@pytest.mark.parametrize("message, names", [
+    ("cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version", "driver"),
+    ("CuPy failed to load libcudart.so.12: OSError: libcudart.so.12: cannot open shared object file", "library"),
+    ("cudaErrorNoDevice: no CUDA-capable device is detected", "device"),
+])
+def test_a_cuda_failure_names_the_missing_piece(monkeypatch, message, names):
+    monkeypatch.setattr(backend, "_driver_library_loads", lambda: True)     # a driver is installed
+    expected = {"driver": "driver is older", "library": r"CUDA library is missing.*\[ctk\]",
+                "device": "sees no CUDA device"}[names]
+    assert re.search(expected, backend.cuda_failure_reason(RuntimeError(message)))
+    monkeypatch.setattr(backend, "_driver_library_loads", lambda: False)    # no driver at all
+    assert "no NVIDIA driver was found" in backend.cuda_failure_reason(RuntimeError(message))
