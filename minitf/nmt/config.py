@@ -15,7 +15,7 @@ from minitf.nmt.tokenizer import PAD_ID
 from minitf.transformer import TransformerConfig
 
 #: Bumped whenever a field changes meaning; config.json records it.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement
 # (see README: more updates of a small, fast model win a 15-minute budget).
@@ -58,6 +58,7 @@ class RunConfig:
     max_tokens: int = 1500
     max_len: int = 100
     label_smoothing: float = 0.1
+    bpe_dropout: float = 0.0
     clip_norm: float = 0.0
     precision: str = "fp32"
     seed: int = 1
@@ -111,7 +112,7 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise UsageError(f"{flag(name)} must be a positive integer, got {value!r}")
-        for name in ("dropout", "label_smoothing"):
+        for name in ("dropout", "label_smoothing", "bpe_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UsageError(f"{flag(name)} must be in [0, 1), got {getattr(self, name)}")
         if self.d_model % self.num_heads:

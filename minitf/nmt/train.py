@@ -26,7 +26,7 @@ from minitf.nmt.trainer import Trainer
 DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "minitf"
 #: The flags that name the model, recipe or data of a run: refused with --resume.
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
-                "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "seed", "src_lang", "tgt_lang",
+                "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "src_lang", "tgt_lang",
                 "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
 
 
@@ -51,6 +51,8 @@ def build_parser():
     g.add_argument("--warmup", type=positive(int), help="warmup steps of the learning-rate schedule")
     g.add_argument("--lr-scale", type=positive(float), help="factor on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
     g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--bpe-dropout", type=float, help="BPE-dropout on the training side: probability of "
+                   "dropping a merge, sampled anew each epoch from (seed, epoch) (0 = off)")
     g.add_argument("--clip-norm", type=float, default=0.0, help="global gradient-norm clipping (0 = off)")
     g.add_argument("--skip-nonfinite", action="store_true",
                    help="skip (and count) a step whose loss is not finite instead of stopping")
@@ -102,7 +104,7 @@ def config_from_args(args):
         args.preset, d_model=args.d_model, num_heads=args.num_heads, d_ff=args.d_ff, dropout=args.dropout,
         pre_norm=args.pre_norm, vocab_size=args.vocab_size, warmup=args.warmup, lr_scale=args.lr_scale,
         max_tokens=args.max_tokens, max_minutes=args.max_minutes, max_steps=args.max_steps, epochs=args.epochs,
-        max_len=args.max_len, seed=args.seed, label_smoothing=args.label_smoothing, clip_norm=args.clip_norm,
+        max_len=args.max_len, seed=args.seed, label_smoothing=args.label_smoothing, bpe_dropout=args.bpe_dropout, clip_norm=args.clip_norm,
         src_lang=args.src_lang, tgt_lang=args.tgt_lang, skip_nonfinite=args.skip_nonfinite,
         precision=args.precision, **layers, **{name: getattr(args, name) for name in RUN_OPTIONS})
 

@@ -41,6 +41,7 @@ class Trainer:
         self.mixed = config.precision == "fp16"
         with backend.default_dtype("float16" if self.mixed else backend.get_default_dtype()):
             self.model = Transformer.from_config(config.model_config(tokenizer.vocab_size))
+        corpus.set_bpe_dropout(config.bpe_dropout)
         self.loss_fn = LabelSmoothedCrossEntropy(config.label_smoothing, ignore_index=PAD_ID)
         self.schedule = WarmupSchedule(config.d_model, config.warmup, config.lr_scale)
         self.optimizer = (MixedPrecisionAdam if self.mixed else Adam)(
@@ -190,7 +191,6 @@ class Trainer:
 
     def run(self, eval_every, save_every, bleu_sentences, beam, alpha):
         c = self.config
-        lengths = self.corpus.lengths("train")
         total = c.max_steps
         bar = None
         if self.progress:
@@ -198,6 +198,8 @@ class Trainer:
             bar = tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True, file=sys.stderr)
         window_tokens, window_start = 0, time.perf_counter()
         while not self.finished():
+            self.corpus.start_epoch(c.seed, self.epoch)  # BPE-dropout: this epoch's segmentation
+            lengths = self.corpus.lengths("train")
             batches, skipped = token_batches(*lengths, c.max_tokens, c.seed, self.epoch, c.max_len)
             if self.batch_in_epoch == 0 and skipped:
                 self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c['max_len']}")
