@@ -1,115 +1,18 @@
 """The default corpus: the example sentences of the Ding German-English dictionary.
 
-Fetched once from Debian's package ``trans-de-en`` (with apt), parsed into
-sentence pairs, shuffled with a fixed seed, split into train / valid / test and
+Fetched once from Debian's package ``trans-de-en`` (with apt where it exists,
+else over HTTPS from Debian's archive with a pinned sha256), parsed into
+sentence and phrase pairs, shuffled with a fixed seed, split into train / valid / test and
 cached as plain text files that ``train.py`` then reads like any other corpus.
 """
 import os
 import pathlib
 import re
-import shutil
-import subprocess
-import tempfile
 
 from minitf.backend import host as np
 from minitf.nmt.data import read_lines, write_lines
-from minitf.nmt.errors import CommandFailed, DataError
-
-#: Where the Ding dictionary lives inside the Debian package ``trans-de-en``.
-DING_PACKAGE = "trans-de-en"
-DING_MEMBER = pathlib.Path("usr/share/trans/de-en")
-
-_CORPUS_HINT = ("pass your own corpus with --train-src/--train-tgt --valid-src/--valid-tgt "
-                "(plain UTF-8 text, one sentence per line)")
-
-
-def fetch_default_corpus(cache_dir):
-    """Return the path of the Ding de-en dictionary, fetching it with apt if needed.
-
-    Parameters
-    ----------
-    cache_dir : str or path-like
-        Folder that holds ``trans-de-en/usr/share/trans/de-en`` once fetched.
-
-    Returns
-    -------
-    pathlib.Path
-        The dictionary file (UTF-8 text in Ding format, see :func:`parse_ding`).
-
-    Raises
-    ------
-    DataError
-        apt-get or dpkg-deb is unavailable, the package is unknown, or the fetch fails.
-    """
-    cache_dir = pathlib.Path(cache_dir)
-    final_dir = cache_dir / DING_PACKAGE
-    corpus = final_dir / DING_MEMBER
-    if corpus.is_file():
-        return corpus
-    for tool in ("apt-get", "dpkg-deb"):
-        if shutil.which(tool) is None:
-            raise DataError(f"the default corpus needs {tool} (Debian package {DING_PACKAGE}), "
-                            f"but apt is unavailable on this machine; {_CORPUS_HINT}")
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise DataError(f"cannot create the corpus cache folder {str(cache_dir)!r} ({error}); "
-                        "pass a writable --cache-dir") from None
-    # Work in a private temp folder and rename the finished tree into place, so an
-    # interrupted fetch never leaves a half-extracted corpus behind.
-    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{DING_PACKAGE}-", dir=cache_dir))
-    try:
-        deb = _apt_download(work)
-        extracted = work / "root"
-        _run(["dpkg-deb", "-x", str(deb), str(extracted)], cwd=work, what="dpkg-deb -x")
-        if not (extracted / DING_MEMBER).is_file():
-            raise DataError(f"package {DING_PACKAGE} has no {DING_MEMBER}; the package layout "
-                            f"changed, so {_CORPUS_HINT}")
-        if final_dir.exists() and not corpus.is_file():
-            shutil.rmtree(final_dir)  # a stale tree without the corpus: ours to replace
-        try:
-            os.rename(extracted, final_dir)
-        except OSError:
-            if not corpus.is_file():  # not a concurrent fetch that won the race
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return corpus
-
-
-def _apt_download(work):
-    """Run ``apt-get download`` in ``work`` and return the path of the .deb."""
-    try:
-        _run(["apt-get", "download", DING_PACKAGE], cwd=work, what="apt-get download")
-    except CommandFailed as error:
-        if "Unable to locate package" in error.detail or error.detail.startswith("E:"):
-            raise DataError(f"apt-get cannot get package {DING_PACKAGE} ({error.detail}): run "
-                            f"`apt-get update` first (as root), or {_CORPUS_HINT}") from None
-        raise
-    debs = sorted(work.glob(f"{DING_PACKAGE}_*.deb"))
-    if not debs:
-        raise DataError(f"apt-get download {DING_PACKAGE} reported success but wrote no .deb; "
-                        f"{_CORPUS_HINT}")
-    return debs[0]
-
-
-def _run(command, cwd, what):
-    """Run a command quietly; any failure becomes a one-line DataError."""
-    try:
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
-                                timeout=600, check=False)
-    except FileNotFoundError:
-        raise DataError(f"{command[0]} is not installed, so apt is unavailable; "
-                        f"{_CORPUS_HINT}") from None
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise DataError(f"{what} failed ({error}); {_CORPUS_HINT}") from None
-    if result.returncode != 0:
-        lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
-        errors = [line for line in lines if line.startswith("E:")]
-        detail = (errors or lines or [f"exit status {result.returncode}"])[-1].strip()
-        raise CommandFailed(what, detail, _CORPUS_HINT)
-    return result
-
+from minitf.nmt.errors import DataError
+from minitf.nmt.fetch import DING_PACKAGE, fetch_default_corpus  # noqa: F401  (re-exported)
 
 # --------------------------------------------------------------------------- parse Ding
 
