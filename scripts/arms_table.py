@@ -31,8 +31,8 @@ def row(run):
 def main():
     out = pathlib.Path(sys.argv[1])
     names = sys.argv[2:] or sorted(p.name for p in out.iterdir() if p.is_dir())
-    print("| arm | steps | validation BLEU per 1000 steps (500 sentences, greedy) | validation perplexity "
-          "per 1000 steps | end: validation BLEU of the chosen model | test BLEU (beam 4) |")
+    print("| arm | steps | validation BLEU per --eval-every steps (500 sentences, greedy) | validation perplexity "
+          "per --eval-every steps | end: validation BLEU of the chosen model | test BLEU (beam 4) |")
     print("|---|---|---|---|---|---|")
     for name in names:
         print(row(out / name))

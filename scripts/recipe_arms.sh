@@ -6,10 +6,11 @@
 # folder has best.json) are skipped, so the script can be restarted; the table is
 # printed at the end (python scripts/arms_table.py OUT).
 #
-#   STEPS=4000 OUT=runs/arms CACHE=~/.cache/minitf bash scripts/recipe_arms.sh [ARM ...]
+#   STEPS=2000 OUT=runs/arms CACHE=~/.cache/minitf bash scripts/recipe_arms.sh [ARM ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS=${STEPS:-4000}
+STEPS=${STEPS:-2000}
+EVAL_EVERY=${EVAL_EVERY:-500}
 OUT=${OUT:-runs/arms}
 CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/minitf}
 PYTHON=${PYTHON:-python}
@@ -36,7 +37,7 @@ for arm in "${ORDER[@]}"; do
   rm -rf "$run"
   echo "== $arm: $PYTHON train.py ${ARMS[$arm]} --max-steps $STEPS --seed 1 (started $(date +%T))"
   # shellcheck disable=SC2086
-  "$PYTHON" train.py ${ARMS[$arm]} --max-steps "$STEPS" --seed 1 --eval-every 1000 --save-every 500 \
+  "$PYTHON" train.py ${ARMS[$arm]} --max-steps "$STEPS" --seed 1 --eval-every "$EVAL_EVERY" --save-every 500 \
       --bleu-sentences 500 --no-progress --cache-dir "$CACHE" --out "$run" > "$OUT/$arm.log" 2>&1 \
       || echo "== $arm failed, see $OUT/$arm.log"
 done
