@@ -6,6 +6,7 @@ import time
 
 from minitf.nmt import checkpoint as ckpt
 from minitf.nmt.files import write_json_atomic
+from minitf.nmt.interactive import show_examples
 
 
 def finish_run(trainer, final, log):
@@ -40,4 +41,4 @@ def finish_run(trainer, final, log):
                                   split="test", samples=5)
         log(f"test BLEU {record['bleu']:.2f} with the {best[0]} model (beam {config.beam}, alpha {config.alpha}, "
             f"{time.perf_counter() - start:.0f} s to translate {record['bleu_sentences']} sentences)")
-    log(f"translate with: python -m minitf.translate --checkpoint {run_dir}")
+    show_examples(trainer.model, trainer.tokenizer, run_dir, config.src_lang, config.beam, config.alpha, log)
