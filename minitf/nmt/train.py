@@ -12,7 +12,7 @@ import sys
 import time
 
 from minitf import backend
-from minitf.nmt import checkpoint as ckpt
+from minitf.nmt import budget, checkpoint as ckpt
 from minitf.nmt.cli import OneLineParser, non_negative, positive, report_errors
 from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
 from minitf.nmt.corpus import default_corpus_splits
@@ -65,8 +65,8 @@ def build_parser():
     g.add_argument("--max-steps", type=positive(int))
     g.add_argument("--epochs", type=positive(int))
     g.add_argument("--max-minutes", type=positive(float),
-                   help="stop after this many minutes spent in training steps (validation and checkpoints "
-                   "not counted)")
+                   help="wall time of the whole command: training stops early enough for validation, "
+                   "checkpoints and the end-of-run evaluation to end within it")
     g.add_argument("--out", type=pathlib.Path, help="run folder (default runs/<preset>)")
     g.add_argument("--resume", type=pathlib.Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
     g.add_argument("--eval-every", type=positive(int), default=1000, help="steps between validations")
@@ -171,6 +171,7 @@ def log(message):
 # a new run
 # --------------------------------------------------------------------------- #
 def run(argv=None):
+    budget.mark_command_start()  # --max-minutes counts the whole command from here
     args = build_parser().parse_args(argv)
     if args.resume is not None:
         return resume_run(args, given_options(argv))
@@ -290,7 +291,7 @@ def train_and_report(trainer, args):
         log(f"stopped at step {trainer.step}; checkpoint {final}; continue with: python train.py --resume {run_dir}")
         return 128 + int(trainer.stop_requested)  # 130 after Ctrl-C, 143 after SIGTERM
     trainer.metrics.write(kind="done", step=trainer.step, train_minutes=round(trainer.elapsed / 60, 2))
-    log(f"trained {trainer.step} steps in {trainer.elapsed / 60:.1f} min; checkpoint {final}")
+    log(f"trained {trainer.step} steps, {trainer.elapsed / 60:.1f} min after the start; checkpoint {final}")
     finish_run(trainer, final, log)
     return 0
 
