@@ -209,7 +209,7 @@ class Trainer:
             lengths = self.corpus.lengths("train")
             batches, skipped = token_batches(*lengths, c.max_tokens, c.seed, self.epoch, c.max_len)
             if self.batch_in_epoch == 0 and skipped:
-                self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c['max_len']}")
+                self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c.max_len}")
             while self.batch_in_epoch < len(batches) and not self.finished():
                 src, tgt_in, tgt_out = self.corpus.batch("train", batches[self.batch_in_epoch])
                 lr = self.optimizer.current_lr(self.step + 1)
