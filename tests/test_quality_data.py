@@ -131,3 +131,13 @@ def test_resume_with_bpe_dropout_is_exact(tmp_path, corpus):
     a = {r["step"]: r["loss"] for r in metrics(straight)}
     assert a == {r["step"]: r["loss"] for r in metrics(split)} and len(a) == 28
     assert max(r["epoch"] for r in metrics(straight)) >= 2  # an epoch boundary was crossed after the resume
+
+
+def test_pairs_longer_than_max_len_are_skipped_with_a_message(tmp_path, corpus, capsys):
+    assert train_main(corpus + TINY + ["--max-steps", "3", "--max-len", "25", "--eval-every", "100",
+                                       "--out", str(tmp_path / "run")]) == 0
+    assert "sentence pairs longer than --max-len 25" in capsys.readouterr().err
+    assert train_main(corpus + TINY + ["--max-steps", "3", "--max-len", "1", "--out", str(tmp_path / "none")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "train.py: error: every training pair is longer than --max-len 1 tokens; raise --max-len"
+

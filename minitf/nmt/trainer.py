@@ -21,7 +21,7 @@ from minitf.transformer import Transformer
 from minitf.nmt import checkpoint as ckpt
 from minitf.nmt.budget import WallBudget
 from minitf.nmt.data import token_batches
-from minitf.nmt.errors import CheckpointError, StepOutOfMemory
+from minitf.nmt.errors import CheckpointError, DataError, StepOutOfMemory
 from minitf.nmt.evaluate import bleu_score, evaluate_loss
 from minitf.nmt.metrics import MetricsLog, perplexity
 from minitf.nmt.tokenizer import PAD_ID
@@ -208,6 +208,8 @@ class Trainer:
             self.corpus.start_epoch(c.seed, self.epoch)  # BPE-dropout: this epoch's segmentation
             lengths = self.corpus.lengths("train")
             batches, skipped = token_batches(*lengths, c.max_tokens, c.seed, self.epoch, c.max_len)
+            if not batches:
+                raise DataError(f"every training pair is longer than --max-len {c.max_len} tokens; raise --max-len")
             if self.batch_in_epoch == 0 and skipped:
                 self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c.max_len}")
             while self.batch_in_epoch < len(batches) and not self.finished():
