@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from hypothesis import given, strategies as st
 
-from minitf.nmt import corpus as ding, data, tokenizer
+from minitf.nmt import corpus as ding, data, fetch, tokenizer
 from minitf.backend import host as np
 from minitf.nmt.errors import DataError
 
@@ -174,18 +174,15 @@ def test_fetch_uses_cache(tmp_path, monkeypatch):
     assert ding.fetch_default_corpus(tmp_path) == corpus
 
 
-def test_fetch_without_apt(tmp_path, monkeypatch):
-    monkeypatch.setattr(ding.shutil, "which", lambda name: None)
-    with pytest.raises(DataError, match="apt is unavailable.*--train-src"):
-        ding.fetch_default_corpus(tmp_path)
-
-
-def test_fetch_unknown_package(tmp_path, monkeypatch):
-    monkeypatch.setattr(ding.shutil, "which", lambda name: "/usr/bin/" + name)
+def test_fetch_unknown_package_then_no_archive(tmp_path, monkeypatch):
+    """apt fails, then the archive (a closed loopback port) too: one line naming both."""
+    monkeypatch.setattr(fetch.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.delenv("MINITF_NO_APT", raising=False)
     failed = subprocess.CompletedProcess([], 100, "", "E: Unable to locate package trans-de-en\n")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)
-    with pytest.raises(DataError, match="apt-get update"):
-        ding.fetch_default_corpus(tmp_path)
+    with pytest.raises(DataError, match="apt-get update.*could not download.*--train-src") as error:
+        ding.fetch_default_corpus(tmp_path, base_url="http://127.0.0.1:9")
+    assert "\n" not in str(error.value)
     assert list(tmp_path.iterdir()) == []  # the temp folder is cleaned up
 
 

@@ -1,115 +1,18 @@
 """The default corpus: the example sentences of the Ding German-English dictionary.
 
-Fetched once from Debian's package ``trans-de-en`` (with apt), parsed into
-sentence pairs, shuffled with a fixed seed, split into train / valid / test and
+Fetched once from Debian's package ``trans-de-en`` (with apt where it exists,
+else over HTTPS from Debian's archive with a pinned sha256), parsed into
+sentence and phrase pairs, shuffled with a fixed seed, split into train / valid / test and
 cached as plain text files that ``train.py`` then reads like any other corpus.
 """
 import os
 import pathlib
 import re
-import shutil
-import subprocess
-import tempfile
 
 from minitf.backend import host as np
 from minitf.nmt.data import read_lines, write_lines
-from minitf.nmt.errors import CommandFailed, DataError
-
-#: Where the Ding dictionary lives inside the Debian package ``trans-de-en``.
-DING_PACKAGE = "trans-de-en"
-DING_MEMBER = pathlib.Path("usr/share/trans/de-en")
-
-_CORPUS_HINT = ("pass your own corpus with --train-src/--train-tgt --valid-src/--valid-tgt "
-                "(plain UTF-8 text, one sentence per line)")
-
-
-def fetch_default_corpus(cache_dir):
-    """Return the path of the Ding de-en dictionary, fetching it with apt if needed.
-
-    Parameters
-    ----------
-    cache_dir : str or path-like
-        Folder that holds ``trans-de-en/usr/share/trans/de-en`` once fetched.
-
-    Returns
-    -------
-    pathlib.Path
-        The dictionary file (UTF-8 text in Ding format, see :func:`parse_ding`).
-
-    Raises
-    ------
-    DataError
-        apt-get or dpkg-deb is unavailable, the package is unknown, or the fetch fails.
-    """
-    cache_dir = pathlib.Path(cache_dir)
-    final_dir = cache_dir / DING_PACKAGE
-    corpus = final_dir / DING_MEMBER
-    if corpus.is_file():
-        return corpus
-    for tool in ("apt-get", "dpkg-deb"):
-        if shutil.which(tool) is None:
-            raise DataError(f"the default corpus needs {tool} (Debian package {DING_PACKAGE}), "
-                            f"but apt is unavailable on this machine; {_CORPUS_HINT}")
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise DataError(f"cannot create the corpus cache folder {str(cache_dir)!r} ({error}); "
-                        "pass a writable --cache-dir") from None
-    # Work in a private temp folder and rename the finished tree into place, so an
-    # interrupted fetch never leaves a half-extracted corpus behind.
-    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{DING_PACKAGE}-", dir=cache_dir))
-    try:
-        deb = _apt_download(work)
-        extracted = work / "root"
-        _run(["dpkg-deb", "-x", str(deb), str(extracted)], cwd=work, what="dpkg-deb -x")
-        if not (extracted / DING_MEMBER).is_file():
-            raise DataError(f"package {DING_PACKAGE} has no {DING_MEMBER}; the package layout "
-                            f"changed, so {_CORPUS_HINT}")
-        if final_dir.exists() and not corpus.is_file():
-            shutil.rmtree(final_dir)  # a stale tree without the corpus: ours to replace
-        try:
-            os.rename(extracted, final_dir)
-        except OSError:
-            if not corpus.is_file():  # not a concurrent fetch that won the race
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return corpus
-
-
-def _apt_download(work):
-    """Run ``apt-get download`` in ``work`` and return the path of the .deb."""
-    try:
-        _run(["apt-get", "download", DING_PACKAGE], cwd=work, what="apt-get download")
-    except CommandFailed as error:
-        if "Unable to locate package" in error.detail or error.detail.startswith("E:"):
-            raise DataError(f"apt-get cannot get package {DING_PACKAGE} ({error.detail}): run "
-                            f"`apt-get update` first (as root), or {_CORPUS_HINT}") from None
-        raise
-    debs = sorted(work.glob(f"{DING_PACKAGE}_*.deb"))
-    if not debs:
-        raise DataError(f"apt-get download {DING_PACKAGE} reported success but wrote no .deb; "
-                        f"{_CORPUS_HINT}")
-    return debs[0]
-
-
-def _run(command, cwd, what):
-    """Run a command quietly; any failure becomes a one-line DataError."""
-    try:
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
-                                timeout=600, check=False)
-    except FileNotFoundError:
-        raise DataError(f"{command[0]} is not installed, so apt is unavailable; "
-                        f"{_CORPUS_HINT}") from None
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise DataError(f"{what} failed ({error}); {_CORPUS_HINT}") from None
-    if result.returncode != 0:
-        lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
-        errors = [line for line in lines if line.startswith("E:")]
-        detail = (errors or lines or [f"exit status {result.returncode}"])[-1].strip()
-        raise CommandFailed(what, detail, _CORPUS_HINT)
-    return result
-
+from minitf.nmt.errors import DataError
+from minitf.nmt.fetch import DING_PACKAGE, fetch_default_corpus  # noqa: F401  (re-exported)
 
 # --------------------------------------------------------------------------- parse Ding
 
@@ -135,15 +38,35 @@ def _is_sentence(text):
             and len(text.split()) >= 3 and not _PLACEHOLDER.search(text))
 
 
-def _line_pairs(line):
-    """The sentence pairs of one Ding line (``de | de :: en | en``), in order."""
+def _is_phrase(text):
+    """True for a multi-word phrase: 2 to 12 words, no sentence, no leftover markup."""
+    return (2 <= len(text.split()) <= 12 and not _is_sentence(text)
+            and not _MARKUP.search(text))
+
+
+def _first_alternative(text):
+    """``sheer/pure mockery`` -> ``sheer mockery``; ``/CRSR/``-style abbreviations dropped."""
+    text = _ABBREVIATION.sub("", text)
+    return " ".join(_ALTERNATIVES.sub(r"\1", text).split())
+
+
+# Alternatives inside a phrase ("neighbours/neighbors"), an abbreviation "/CRSR/", and
+# what is left of annotations split apart by "; " inside braces, or spaced alternatives.
+_ALTERNATIVES = re.compile(r"([\w'’.-]+)(?:/[\w'’.-]+)+")
+_ABBREVIATION = re.compile(r"\s*/[\w.-]+/")
+_MARKUP = re.compile(r"[{}\[\]()<>/|;:]")
+
+
+def _line_items(line):
+    """The pairs of one Ding line (``de | de :: en | en``), in order, as
+    ``(sentences, phrases)``: whole-sentence pairs, and multi-word phrase pairs."""
     if " :: " not in line:
-        return []
+        return [], []
     german, english = line.split(" :: ", 1)
     de_entries, en_entries = german.split(" | "), english.split(" | ")
     if len(de_entries) != len(en_entries):
-        return []
-    pairs = []
+        return [], []
+    sentences, phrases = [], []
     for de_entry, en_entry in zip(de_entries, en_entries):
         de_syns, en_syns = de_entry.split("; "), en_entry.split("; ")
         if len(de_syns) != len(en_syns):
@@ -156,8 +79,17 @@ def _line_pairs(line):
                 continue  # checked before cleaning too: "(etw.)" marks a pattern
             de, en = _clean(de), _clean(en)
             if _is_sentence(de) and _is_sentence(en):
-                pairs.append((de, en))
-    return pairs
+                sentences.append((de, en))
+                continue
+            de, en = _first_alternative(de), _first_alternative(en)
+            if _is_phrase(de) and _is_phrase(en):
+                phrases.append((de, en))
+    return sentences, phrases
+
+
+def _line_pairs(line):
+    """The sentence pairs of one Ding line, in order."""
+    return _line_items(line)[0]
 
 
 def parse_ding(path):
@@ -220,8 +152,84 @@ def split_pairs(pairs, seed=1234, n_valid=500, n_test=500):
     return shuffled[n_valid + n_test:], valid, test
 
 
-def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en"):
-    """Fetch the Ding dictionary, extract sentence pairs, split 500/500 (seed 1234), cache as text.
+def parse_ding_entries(path):
+    """Every pair of a Ding dictionary file, with the entry (line) it came from.
+
+    Returns
+    -------
+    list of (int, list of (str, str), list of (str, str))
+        ``(line_number, sentences, phrases)`` for each line with at least one
+        pair: the whole-sentence pairs :func:`parse_ding` keeps, and the
+        multi-word phrase sub-entries (2 to 12 words a side, annotations
+        stripped, ``a/b`` alternatives reduced to the first, no placeholders).
+    """
+    entries = []
+    for number, line in enumerate(read_lines(path, "Ding dictionary", max_chars=None), start=1):
+        if not line or line.startswith("#"):
+            continue
+        sentences, phrases = _line_items(line)
+        if sentences or phrases:
+            entries.append((number, sentences, phrases))
+    return entries
+
+
+def split_by_entry(entries, seed=1234, n_valid=500, n_test=500):
+    """Held-out sentences as :func:`split_pairs` draws them, and a training set
+    that shares no dictionary entry with them.
+
+    The validation and test sets are the whole-sentence pairs that
+    ``split_pairs(sentences, seed, n_valid, n_test)`` holds out (the same
+    sentences as before phrases were added). Every line that holds one of them
+    is held out whole: none of its sentences or phrases is trained on, and
+    neither is any pair whose German or English side equals a held-out one.
+
+    Returns
+    -------
+    dict
+        ``train_sentences``, ``train_phrases``, ``valid``, ``test`` (lists of
+        pairs) and ``stats`` (counts for the README and the log).
+    """
+    seen, sentences = set(), []
+    for _, line_sentences, _ in entries:
+        for pair in line_sentences:
+            if pair not in seen:
+                seen.add(pair)
+                sentences.append(pair)
+    old_train, valid, test = split_pairs(sentences, seed=seed, n_valid=n_valid, n_test=n_test)
+    held = set(valid) | set(test)
+    held_sides = {de for de, _ in held} | {en for _, en in held}
+    clean_lines = [(s, p) for _, s, p in entries if not held.intersection(s)]
+
+    def keep(pairs):
+        out, kept = [], set()
+        for pair in pairs:
+            if pair in kept or pair in held or pair[0] in held_sides or pair[1] in held_sides:
+                continue
+            kept.add(pair)
+            out.append(pair)
+        return out
+
+    train_sentences = keep(pair for s, _ in clean_lines for pair in s)
+    sentence_set = set(train_sentences)
+    train_phrases = [pair for pair in keep(pair for _, p in clean_lines for pair in p) if pair not in sentence_set]
+    stats = dict(lines=len(entries), held_out_lines=len(entries) - len(clean_lines),
+                 sentences=len(sentences), old_train_sentences=len(old_train),
+                 train_sentences=len(train_sentences), train_phrases=len(train_phrases),
+                 removed_sentences=len(set(old_train) - set(train_sentences)))
+    return dict(train_sentences=train_sentences, train_phrases=train_phrases, valid=valid, test=test,
+                stats=stats)
+
+
+#: The cached split's folder: a new name whenever the split changes, so an old cache is never reused.
+SPLIT_FOLDER = "ding-de-en-v2"
+
+
+def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en", phrases=True):
+    """Fetch the Ding dictionary, split it by entry (:func:`split_by_entry`, seed
+    1234, 500 valid and 500 test sentences), cache the splits as text.
+
+    The training split is the clean sentences plus, with ``phrases``, the phrase
+    sub-entries (``train.*``); ``train-sentences.*`` holds the sentences alone.
 
     Returns
     -------
@@ -229,12 +237,17 @@ def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en"):
         ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``,
         absolute paths of the cached split files.
     """
-    folder = pathlib.Path(cache_dir) / "ding-de-en"
-    names = {f"{s}_{side}": folder / f"{s}.{lang}" for s in ("train", "valid", "test")
+    folder = pathlib.Path(cache_dir) / SPLIT_FOLDER
+    train = "train" if phrases else "train-sentences"
+    names = {f"{s}_{side}": folder / f"{name}.{lang}"
+             for s, name in (("train", train), ("valid", "valid"), ("test", "test"))
              for side, lang in (("src", src_lang), ("tgt", tgt_lang))}
-    if not all(p.is_file() for p in names.values()):
-        pairs = parse_ding(fetch_default_corpus(cache_dir))
-        for split, part in zip(("train", "valid", "test"), split_pairs(pairs, seed=1234)):
-            write_lines(folder / f"{split}.de", [de for de, _ in part])
-            write_lines(folder / f"{split}.en", [en for _, en in part])
+    files = [folder / f"{n}.{lang}" for n in ("train", "train-sentences", "valid", "test") for lang in ("de", "en")]
+    if not all(p.is_file() for p in files):
+        split = split_by_entry(parse_ding_entries(fetch_default_corpus(cache_dir)), seed=1234)
+        parts = {"train": split["train_sentences"] + split["train_phrases"],
+                 "train-sentences": split["train_sentences"], "valid": split["valid"], "test": split["test"]}
+        for name, pairs in parts.items():  # the held-out sets last: their presence marks a complete cache
+            write_lines(folder / f"{name}.de", [de for de, _ in pairs])
+            write_lines(folder / f"{name}.en", [en for _, en in pairs])
     return {k: os.path.abspath(v) for k, v in names.items()}

@@ -295,6 +295,7 @@ class Corpus:
     """
 
     def __init__(self, tokenizer, paths, log):
+        self.tokenizer = tokenizer
         self.text = {}
         self.ids = {}
         for split in ("train", "valid", "test"):
@@ -305,6 +306,23 @@ class Corpus:
                 log(f"{split}: dropped {pairs.n_dropped} line pairs with an empty side")
             self.text[split] = ([s for s, _ in pairs], [t for _, t in pairs])
             self.ids[split] = (tokenizer.encode(self.text[split][0]), tokenizer.encode(self.text[split][1]))
+
+    def set_bpe_dropout(self, p):
+        """Segment the training split anew each epoch with BPE-dropout ``p`` (0: never);
+        validation and test keep the deterministic segmentation."""
+        from minitf.nmt.subword import BpeDropout
+
+        self._samplers = None
+        if p > 0 and "train" in self.text:
+            self._samplers = tuple(BpeDropout(self.tokenizer, side, p) for side in self.text["train"])
+        self._sampled_epoch = None
+
+    def start_epoch(self, seed, epoch):
+        """Training ids for ``epoch``: with BPE-dropout, the sample of ``(seed, epoch)``
+        (the same on a resumed run); otherwise unchanged."""
+        if getattr(self, "_samplers", None) and self._sampled_epoch != (seed, epoch):
+            self.ids["train"] = tuple(sampler.sample(seed, epoch) for sampler in self._samplers)
+            self._sampled_epoch = (seed, epoch)
 
     def lengths(self, split):
         """Host int arrays (N,), (N,): tokens per sentence with EOS (source) and BOS (target) added."""

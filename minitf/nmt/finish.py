@@ -7,6 +7,7 @@ import time
 
 from minitf.nmt import checkpoint as ckpt
 from minitf.nmt.files import write_json_atomic
+from minitf.nmt.interactive import show_examples
 
 
 def finish_run(trainer, final, log):
@@ -28,7 +29,8 @@ def finish_run(trainer, final, log):
     best = None
     for name, params in candidates:  # pick on validation BLEU (greedy, quick), report test with beam
         trainer.model.load_state_dict(params)
-        record = trainer.validate(config.bleu_sentences or 200, beam=1, alpha=config.alpha, samples=0,
+        # on the whole validation set: on 200 sentences the choice flipped between identical runs
+        record = trainer.validate(len(trainer.corpus.text["valid"][0]), beam=1, alpha=config.alpha, samples=0,
                                   model_name=name)
         log(f"  ({name})")
         if best is None or record.get("bleu", 0) > best[1].get("bleu", 0):
@@ -43,7 +45,10 @@ def finish_run(trainer, final, log):
                                   split="test", samples=5)
         log(f"test BLEU {record['bleu']:.2f} with the {best[0]} model (beam {config.beam}, alpha {config.alpha}, "
             f"{time.perf_counter() - start:.0f} s to translate {record['bleu_sentences']} sentences)")
-    log(f"translate with: python -m minitf.translate --checkpoint {run_dir}")
+    show_examples(trainer.model, trainer.tokenizer, run_dir, config.src_lang, config.beam, config.alpha, log)
+    spent = trainer.budget.elapsed()
+    budget = f" (--max-minutes {config.max_minutes:g})" if config.max_minutes is not None else ""
+    log(f"whole command: {int(spent // 60)} min {int(spent % 60):02d} s wall time{budget}")
 
 
 class EndOfRunInterrupted(BaseException):

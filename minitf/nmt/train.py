@@ -12,7 +12,7 @@ import sys
 import time
 
 from minitf import backend
-from minitf.nmt import checkpoint as ckpt, runlock
+from minitf.nmt import budget, checkpoint as ckpt, runlock
 from minitf.nmt.collectives import get_world, launched_by_mpi
 from minitf.nmt.cli import OneLineParser, non_negative, positive, report_errors
 from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
@@ -27,7 +27,7 @@ from minitf.nmt.trainer import Trainer
 DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "minitf"
 #: The flags that name the model, recipe or data of a run: refused with --resume.
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
-                "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "seed", "src_lang", "tgt_lang",
+                "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "src_lang", "tgt_lang",
                 "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
 
 
@@ -57,6 +57,8 @@ def build_parser():
     g.add_argument("--warmup", type=positive(int), help="warmup steps of the learning-rate schedule")
     g.add_argument("--lr-scale", type=positive(float), help="factor on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
     g.add_argument("--label-smoothing", type=float, help=default("label_smoothing"))
+    g.add_argument("--bpe-dropout", type=float, help="BPE-dropout on the training side: probability of "
+                   "dropping a merge, sampled anew each epoch from (seed, epoch) (0 = off; the preset's value)")
     g.add_argument("--clip-norm", type=float, help=f"global gradient-norm clipping (0 = off; {default('clip_norm')})")
     g.add_argument("--accumulate", type=positive(int), metavar="K",
                    help=f"batches of --max-tokens per update (gradient accumulation; {default('accumulate')})")
@@ -75,8 +77,8 @@ def build_parser():
     g.add_argument("--max-steps", type=positive(int))
     g.add_argument("--epochs", type=positive(int))
     g.add_argument("--max-minutes", type=positive(float),
-                   help="stop after this many minutes spent in training steps (validation and checkpoints "
-                   "not counted)")
+                   help="wall time of the whole command: training stops early enough for validation, "
+                   "checkpoints and the end-of-run evaluation to end within it")
     g.add_argument("--out", type=pathlib.Path, help="run folder (default runs/<preset>)")
     g.add_argument("--resume", type=pathlib.Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
     g.add_argument("--eval-every", type=positive(int), help=f"steps between validations ({default('eval_every')})")
@@ -116,7 +118,7 @@ def config_from_args(args):
         args.preset, d_model=args.d_model, num_heads=args.num_heads, d_ff=args.d_ff, dropout=args.dropout,
         pre_norm=args.pre_norm, vocab_size=args.vocab_size, warmup=args.warmup, lr_scale=args.lr_scale,
         max_tokens=args.max_tokens, max_minutes=args.max_minutes, max_steps=args.max_steps, epochs=args.epochs,
-        max_len=args.max_len, seed=args.seed, label_smoothing=args.label_smoothing, clip_norm=args.clip_norm,
+        max_len=args.max_len, seed=args.seed, label_smoothing=args.label_smoothing, bpe_dropout=args.bpe_dropout, clip_norm=args.clip_norm,
         src_lang=args.src_lang, tgt_lang=args.tgt_lang, skip_nonfinite=args.skip_nonfinite,
         precision=args.precision, accumulate=args.accumulate, zero=args.zero, **layers, **{name: getattr(args, name) for name in RUN_OPTIONS})
 
@@ -208,6 +210,7 @@ def log(message):
 # a new run
 # --------------------------------------------------------------------------- #
 def run(argv=None):
+    budget.mark_command_start()  # --max-minutes counts the whole command from here
     args = build_parser().parse_args(argv)
     if args.resume is not None:
         return resume_run(args, given_options(argv))
@@ -354,7 +357,7 @@ def train_and_report(trainer, args):
         return 0
     try:
         trainer.metrics.write(kind="done", step=trainer.step, train_minutes=round(trainer.elapsed / 60, 2))
-        log(f"trained {trainer.step} steps in {trainer.elapsed / 60:.1f} min; checkpoint {final}")
+        log(f"trained {trainer.step} steps, {trainer.elapsed / 60:.1f} min after the start; checkpoint {final}")
         return finish_and_report(trainer, final, log)
     except MetricsWriteError as error:
         raise MetricsWriteError(error.path, error.reason, f"the run is complete up to checkpoint {final}; free "

@@ -19,10 +19,11 @@ from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.optim import Adam, MixedPrecisionAdam, WarmupSchedule, buffer_norm, clip_buffer_norm
 from minitf.transformer import Transformer
 from minitf.nmt import checkpoint as ckpt
+from minitf.nmt.budget import WallBudget
 from minitf.nmt.collectives import get_world
 from minitf.nmt.data import token_batches
 from minitf.nmt.distributed import DataParallel
-from minitf.nmt.errors import CheckpointError, StepOutOfMemory
+from minitf.nmt.errors import CheckpointError, DataError, StepOutOfMemory
 from minitf.nmt.evaluate import bleu_score, evaluate_loss
 from minitf.nmt.metrics import MetricsLog, perplexity
 from minitf.nmt.tokenizer import PAD_ID
@@ -45,12 +46,14 @@ class Trainer:
         self.mixed = config.precision == "fp16"
         with backend.default_dtype("float16" if self.mixed else backend.get_default_dtype()):
             self.model = Transformer.from_config(config.model_config(tokenizer.vocab_size))
+        corpus.set_bpe_dropout(config.bpe_dropout)
         self.loss_fn = LabelSmoothedCrossEntropy(config.label_smoothing, ignore_index=PAD_ID)
         self.schedule = WarmupSchedule(config.d_model, config.warmup, config.lr_scale)
         self.optimizer = (MixedPrecisionAdam if self.mixed else Adam)(
             self.model.parameters(), lr=self.schedule, betas=(0.9, 0.98), eps=1e-9)
         self.step, self.epoch, self.batch_in_epoch, self.elapsed = 0, 0, 0, 0.0
         self.skipped_nonfinite = 0
+        self.budget = WallBudget(config.max_minutes)  # --max-minutes: wall time of the whole command
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
         self.last_checkpoint = None
         self.stop_requested = False
@@ -202,35 +205,42 @@ class Trainer:
         return loss
 
     def eta(self):
-        """' ETA m:ss' of a time budget (tqdm shows its own ETA when --max-steps sets a total)."""
-        if self.config.max_minutes is None or self.config.max_steps is not None:
-            return ""
-        left = max(0, int(60 * self.config.max_minutes - self.elapsed))
-        return f" ETA {left // 60}:{left % 60:02d}"
+        """' ETA m:ss' to the end of the command under a time budget (tqdm shows its own
+        ETA when --max-steps sets a total)."""
+        return "" if self.config.max_steps is not None else self.budget.eta()
+
+    def end_reserve(self):
+        """Seconds the end of the run needs (:meth:`WallBudget.end_reserve`)."""
+        n_valid = len(self.corpus.text["valid"][0]) if "valid" in self.corpus.text else 0
+        n_test = len(self.corpus.text["test"][0]) if "test" in self.corpus.text else 0
+        return self.budget.end_reserve(n_valid, n_test, self.config.beam)
 
     def finished(self):
         c = self.config
         return self.parallel.agree_finished(  # every rank of a data-parallel run stops at the same step
             (c.max_steps is not None and self.step >= c.max_steps)
             or (c.epochs is not None and self.epoch >= c.epochs)
-            or (c.max_minutes is not None and self.elapsed >= 60 * c.max_minutes)
+            or (c.max_minutes is not None and self.budget.over(self.end_reserve()))
             or self.stop_requested)
 
     def run(self, eval_every, save_every, bleu_sentences, beam, alpha):
         c = self.config
-        lengths = self.corpus.lengths("train")
         total = c.max_steps
         bar = None
         if self.progress:
             from tqdm import tqdm
             bar = tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True, file=sys.stderr)
         window_tokens, window_start = 0, time.perf_counter()
+        self.budget.before = self.elapsed  # a resumed run: wall time of its earlier invocations
         while not self.finished():
+            self.corpus.start_epoch(c.seed, self.epoch)  # BPE-dropout: this epoch's segmentation
+            lengths = self.corpus.lengths("train")
             batches, skipped = token_batches(*lengths, c.max_tokens, c.seed, self.epoch, c.max_len)
+            if not batches:
+                raise DataError(f"every training pair is longer than --max-len {c.max_len} tokens; raise --max-len")
             if self.batch_in_epoch == 0 and skipped:
-                self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c['max_len']}")
+                self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c.max_len}")
             while self.batch_in_epoch < len(batches) and not self.finished():
-                started = time.perf_counter()
                 update = batches[self.batch_in_epoch:self.batch_in_epoch + c.accumulate]  # one update's batches
                 src, tgt_in, tgt_out = self.corpus.batch("train", update[0])
                 lr = self.optimizer.current_lr(self.step + 1)
@@ -247,7 +257,7 @@ class Trainer:
                         f"(this run: {c.max_tokens}), e.g. --resume {self.run_dir} --max-tokens "
                         f"{max(1, c.max_tokens // 2)}; last good checkpoint: {self.last_checkpoint or 'none yet'}",
                         step=self.step + 1) from None
-                self.elapsed += time.perf_counter() - started  # skipped batches spend the time budget too
+                self.elapsed = self.budget.elapsed()  # wall time: skipped batches, validations and saves count
                 if self.nonfinite == "overflow":  # fp16: scale halved, update skipped; the batch is used up
                     self.batch_in_epoch += len(update)
                     continue
@@ -295,6 +305,7 @@ class Trainer:
     def validate(self, bleu_sentences, beam, alpha, bar=None, split="valid", samples=3, model_name=None):
         if not self.world.is_root:  # rank 0 validates (and decodes BLEU); the others wait at the next step
             return {}
+        started = self.budget.now()
         loss, ppl = evaluate_loss(self.model, self.loss_fn, self.corpus, split, self.config.max_tokens)
         record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3))
         if model_name is not None:  # the end-of-run candidates: "last", "average of last N"
@@ -309,4 +320,6 @@ class Trainer:
         for i in range(min(samples, len(sources)) if bleu_sentences > 0 else 0):
             message += f"\n  src: {sources[i]}\n  ref: {references[i]}\n  out: {hypotheses[i]}"
         (bar.write if bar is not None else self.log)(message)
+        if split == "valid" and model_name is None and bleu_sentences > 0:  # periodic: times the end's estimate
+            self.budget.note_validation(self.budget.now() - started, record.get("bleu_sentences", 0))
         return record

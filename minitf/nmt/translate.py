@@ -1,7 +1,8 @@
 """Translate with a trained checkpoint: ``python -m minitf.translate --checkpoint RUN_OR_CHECKPOINT``.
 
 Reads source sentences from stdin (or ``--src FILE``), one per line, and writes
-one translation per line on stdout. With ``--ref FILE`` it also prints the
+one translation per line on stdout; on a terminal each line is answered as it is
+typed, from a pipe or a file the sentences are translated in batches. With ``--ref FILE`` it also prints the
 corpus BLEU (sacrebleu) on stderr. Beam search by default (paper: beam 4,
 length penalty alpha 0.6, at most input length + 50 tokens); ``--beam 1`` is greedy.
 """
@@ -17,6 +18,7 @@ from minitf.nmt.config import RunConfig
 from minitf.nmt.data import decode_lines, read_lines
 from minitf.nmt.errors import CheckpointError, DataError, UsageError
 from minitf.nmt.evaluate import translate_texts
+from minitf.nmt.interactive import translate_interactively
 from minitf.nmt.tokenizer import Tokenizer
 
 
@@ -162,6 +164,9 @@ def run(argv=None):
         backend.set_device(args.device)
     else:
         backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
+    if args.src is None and args.ref is None and sys.stdin.isatty():  # a person typing: answer each line
+        model, tokenizer, _ = load_model(args.checkpoint, warn=lambda message: print(message, file=sys.stderr))
+        return translate_interactively(model, tokenizer, args.beam, args.alpha)
     if args.src is not None:
         sources = read_lines(args.src, "--src")
     else:

@@ -1,0 +1,214 @@
+"""PyTorch at equal minutes: the minitf recipe with ``torch.nn.Transformer`` on the
+same split, for the same wall-clock minutes, scored on the same test set with the
+same sacrebleu settings.
+
+    pip install -e ".[bench]"      # torch
+    python benchmarks/torch_equal_minutes.py --max-minutes 14 --out runs/torch
+
+What is the same as ``python train.py`` (the tiny preset): the corpus files
+(``default_corpus_splits``: the Ding split, phrases included), a joint
+sentencepiece BPE vocabulary trained the same way (minitf's ``train_tokenizer``),
+the batches (minitf's ``token_batches``: same token budget, same length
+bucketing and order for the same seed), the model shape (post-LN, d_model 128,
+4 heads, 2+2 layers, d_ff 512, dropout 0.1, embeddings scaled by sqrt(d_model),
+sinusoidal positions, source/target/output embeddings tied), label smoothing 0.1,
+Adam (0.9, 0.98, 1e-9) with the warmup schedule, and the budget: ``--max-minutes``
+is the wall time of the whole script, training stopping early enough for the
+test decoding to fit. Decoding: greedy, and beam 4 with the GNMT length penalty
+(alpha 0.6), at least one token, at most source length + 50, as minitf decodes.
+Scoring: ``sacrebleu.corpus_bleu`` on detokenized text (its defaults, as minitf).
+
+Not the same: no periodic validation BLEU and no checkpoint averaging (the last
+model is scored); torch uses its own kernels and all the CPU threads it likes
+(``--threads`` to pin them).
+"""
+import argparse
+import warnings
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from minitf.nmt.config import PRESETS  # noqa: E402
+from minitf.nmt.corpus import default_corpus_splits  # noqa: E402
+from minitf.nmt.data import make_target_io, pad_batch, read_parallel, token_batches  # noqa: E402
+from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
+from minitf.nmt.train import DEFAULT_CACHE  # noqa: E402
+
+try:
+    import torch
+    from torch import nn
+except ImportError:
+    sys.exit("torch_equal_minutes.py needs PyTorch: pip install -e \".[bench]\"")
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, vocab, d_model, heads, enc_layers, dec_layers, d_ff, dropout):
+        super().__init__()
+        self.d_model = d_model
+        self.embed = nn.Embedding(vocab, d_model, padding_idx=PAD_ID)
+        nn.init.normal_(self.embed.weight, 0.0, d_model ** -0.5)
+        self.transformer = nn.Transformer(d_model, heads, enc_layers, dec_layers, d_ff, dropout, batch_first=True)
+        self.dropout = nn.Dropout(dropout)
+        position = torch.arange(4096).unsqueeze(1)
+        rate = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        table = torch.zeros(4096, d_model)
+        table[:, 0::2], table[:, 1::2] = torch.sin(position * rate), torch.cos(position * rate)
+        self.register_buffer("pe", table)
+
+    def embed_positions(self, ids):
+        return self.dropout(self.embed(ids) * math.sqrt(self.d_model) + self.pe[:ids.shape[1]])
+
+    def encode(self, src):
+        mask = src == PAD_ID
+        return self.transformer.encoder(self.embed_positions(src), src_key_padding_mask=mask), mask
+
+    def decode(self, memory, src_mask, tgt_in):
+        causal = self.transformer.generate_square_subsequent_mask(tgt_in.shape[1], dtype=torch.bool)
+        out = self.transformer.decoder(self.embed_positions(tgt_in), memory, tgt_mask=causal,
+                                       tgt_key_padding_mask=tgt_in == PAD_ID, memory_key_padding_mask=src_mask)
+        return out @ self.embed.weight.T  # tied output projection
+
+    def forward(self, src, tgt_in):
+        memory, src_mask = self.encode(src)
+        return self.decode(memory, src_mask, tgt_in)
+
+
+@torch.no_grad()
+def greedy(model, src_ids):
+    src = torch.as_tensor(pad_batch([src_ids], PAD_ID, eos_id=EOS_ID))
+    memory, mask = model.encode(src)
+    out = [BOS_ID]
+    for step in range(len(src_ids) + 51):
+        logits = model.decode(memory, mask, torch.tensor([out]))[0, -1]
+        if step == 0:
+            logits[EOS_ID] = -float("inf")  # at least one token, as minitf (min_len=1)
+        token = int(logits.argmax())
+        if token == EOS_ID:
+            break
+        out.append(token)
+    return out[1:]
+
+
+@torch.no_grad()
+def beam(model, src_ids, k=4, alpha=0.6):
+    src = torch.as_tensor(pad_batch([src_ids], PAD_ID, eos_id=EOS_ID))
+    memory, mask = model.encode(src)
+    max_len = len(src_ids) + 1 + 50
+
+    def lp(length):
+        return ((5 + length) / 6) ** alpha
+
+    live, finished = [([BOS_ID], 0.0)], []
+    for step in range(max_len):
+        prefixes = torch.tensor([p for p, _ in live])
+        logp = torch.log_softmax(model.decode(memory.expand(len(live), -1, -1), mask.expand(len(live), -1),
+                                              prefixes)[:, -1], dim=-1)
+        if step == 0:
+            logp[:, EOS_ID] = -float("inf")
+        scores = torch.tensor([s for _, s in live]).unsqueeze(1) + logp
+        top = scores.view(-1).topk(2 * k)
+        candidates = []
+        for score, index in zip(top.values.tolist(), top.indices.tolist()):
+            beam_index, token = divmod(index, logp.shape[1])
+            candidates.append((live[beam_index][0] + [token], score))
+        next_live = []
+        for rank, (prefix, score) in enumerate(candidates):
+            if (prefix[-1] == EOS_ID and rank < k) or step == max_len - 1:
+                finished.append((prefix[1:-1] if prefix[-1] == EOS_ID else prefix[1:], score / lp(len(prefix) - 1)))
+            elif prefix[-1] != EOS_ID and len(next_live) < k:
+                next_live.append((prefix, score))
+        live = next_live
+        best = max((s for _, s in finished), default=-float("inf"))
+        if not live or (finished and all(s / lp(max_len) < best for _, s in live)):
+            break
+    return max(finished, key=lambda f: f[1])[0] if finished else live[0][0][1:]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--max-minutes", type=float, default=PRESETS["tiny"]["max_minutes"],
+                   help="wall time of the whole script, as train.py's --max-minutes")
+    p.add_argument("--max-steps", type=int, help="stop after this many steps instead")
+    p.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, help="torch.set_num_threads")
+    p.add_argument("--out", type=pathlib.Path, default=ROOT / "runs" / "torch")
+    args = p.parse_args()
+    warnings.filterwarnings("ignore", message=".*nested tensors.*")
+    start = time.monotonic()
+    limit = None if args.max_steps else 60 * args.max_minutes
+    cfg = PRESETS["tiny"]
+    torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    paths = default_corpus_splits(args.cache_dir)
+    train = read_parallel(paths["train_src"], paths["train_tgt"])
+    test = read_parallel(paths["test_src"], paths["test_tgt"])
+    tokenizer = train_tokenizer([s for s, _ in train] + [t for _, t in train], args.out / "tokenizer.model",
+                                cfg["vocab_size"])
+    src_ids = tokenizer.encode([s for s, _ in train])
+    tgt_ids = tokenizer.encode([t for _, t in train])
+    model = Seq2Seq(tokenizer.vocab_size, cfg["d_model"], cfg["num_heads"], cfg["num_encoder_layers"],
+                    cfg["num_decoder_layers"], cfg["d_ff"], cfg["dropout"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cfg["lr_scale"] * cfg["d_model"] ** -0.5 * min(
+        (s + 1) ** -0.5, (s + 1) * cfg["warmup"] ** -1.5))
+    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=0.1)
+    lengths = ([len(s) + 1 for s in src_ids], [len(t) + 1 for t in tgt_ids])
+    step, epoch, decode_seconds_per_sentence = 0, 0, 0.05
+    # the end: the test set greedy and with beam 4 (about 3x greedy), and a margin
+    reserve = lambda: decode_seconds_per_sentence * len(test) * 4 + 10  # noqa: E731
+    done = False
+    model.train()
+    while not done:
+        batches, _ = token_batches(*lengths, cfg["max_tokens"], args.seed, epoch, 100)
+        for index in batches:
+            if (args.max_steps and step >= args.max_steps) or (
+                    limit and time.monotonic() - start + reserve() >= limit):
+                done = True
+                break
+            src = torch.as_tensor(pad_batch([src_ids[i] for i in index], PAD_ID, eos_id=EOS_ID))
+            tgt_in, tgt_out = (torch.as_tensor(a) for a in make_target_io([tgt_ids[i] for i in index], PAD_ID,
+                                                                          BOS_ID, EOS_ID))
+            logits = model(src, tgt_in)
+            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            step += 1
+            if step % 500 == 0:
+                model.eval()
+                timed = time.monotonic()
+                for sentence in tokenizer.encode([s for s, _ in test[:20]]):
+                    greedy(model, sentence)
+                decode_seconds_per_sentence = (time.monotonic() - timed) / 20
+                model.train()
+                print(f"step {step} loss {loss.item():.3f} {(time.monotonic() - start) / 60:.1f} min", flush=True)
+        epoch += 1
+    train_minutes = (time.monotonic() - start) / 60
+    model.eval()
+    import sacrebleu
+    sources, references = [s for s, _ in test], [t for _, t in test]
+    encoded = tokenizer.encode(sources)
+    results = {"steps": step, "epochs_started": epoch, "train_minutes": round(train_minutes, 2),
+               "threads": torch.get_num_threads(), "torch": torch.__version__}
+    for name, decoder in (("greedy", greedy), ("beam4", beam)):
+        hypotheses = tokenizer.decode([decoder(model, ids) for ids in encoded])
+        results[f"test_bleu_{name}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
+    results["whole_minutes"] = round((time.monotonic() - start) / 60, 2)
+    (args.out / "result.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())

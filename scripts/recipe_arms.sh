@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Recipe arms at a fixed number of steps: one change at a time against the default,
+# the same seed, compared on validation BLEU (all 500 sentences, greedy) and perplexity.
+# A fixed step count makes the comparison independent of machine load (wall-clock
+# budgets are not: a busy machine makes fewer steps). Arms already finished (their run
+# folder has best.json) are skipped, so the script can be restarted; the table is
+# printed at the end (python scripts/arms_table.py OUT).
+#
+#   STEPS=2000 OUT=runs/arms CACHE=~/.cache/minitf bash scripts/recipe_arms.sh [ARM ...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${STEPS:-2000}
+EVAL_EVERY=${EVAL_EVERY:-500}
+OUT=${OUT:-runs/arms}
+CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/minitf}
+PYTHON=${PYTHON:-python}
+mkdir -p "$OUT"
+# the default corpus (fetched once); its sentence-only training split for the data arm
+"$PYTHON" -c "import sys; from minitf.nmt.corpus import default_corpus_splits as s; s(sys.argv[1])" "$CACHE"
+SPLIT="$CACHE/ding-de-en-v2"
+HELD=(--valid-src "$SPLIT/valid.de" --valid-tgt "$SPLIT/valid.en" --test-src "$SPLIT/test.de" --test-tgt "$SPLIT/test.en")
+
+# name: the flags that differ from the default recipe (the tiny preset, all data)
+declare -A ARMS=(
+  [sentences]="--preset tiny --bpe-dropout 0 --dropout 0.1 --train-src $SPLIT/train-sentences.de --train-tgt $SPLIT/train-sentences.en ${HELD[*]}"
+  [phrases]="--preset tiny --bpe-dropout 0 --dropout 0.1"
+  [bpe-dropout-0.1]="--preset tiny --bpe-dropout 0.1 --dropout 0.1"
+  [dropout-0.2]="--preset tiny --bpe-dropout 0 --dropout 0.2"
+  [dropout-0.3]="--preset tiny --bpe-dropout 0 --dropout 0.3"
+  [label-smoothing-0.2]="--preset tiny --bpe-dropout 0 --dropout 0.1 --label-smoothing 0.2"
+)
+ORDER=(sentences phrases bpe-dropout-0.1 dropout-0.2 dropout-0.3 label-smoothing-0.2)
+[ $# -gt 0 ] && ORDER=("$@")
+for arm in "${ORDER[@]}"; do
+  run="$OUT/$arm"
+  if [ -f "$run/best.json" ]; then echo "== $arm: done already"; continue; fi
+  rm -rf "$run"
+  echo "== $arm: $PYTHON train.py ${ARMS[$arm]} --max-steps $STEPS --seed 1 (started $(date +%T))"
+  # shellcheck disable=SC2086
+  "$PYTHON" train.py ${ARMS[$arm]} --max-steps "$STEPS" --seed 1 --eval-every "$EVAL_EVERY" --save-every 500 \
+      --bleu-sentences 500 --no-progress --cache-dir "$CACHE" --out "$run" > "$OUT/$arm.log" 2>&1 \
+      || echo "== $arm failed, see $OUT/$arm.log"
+done
+"$PYTHON" scripts/arms_table.py "$OUT" "${ORDER[@]}"
