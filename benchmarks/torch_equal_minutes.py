@@ -148,7 +148,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    paths = default_corpus_splits(args.cache_dir)
+    paths = default_corpus_splits(args.cache_dir)  # the default run's data: whole sentences
     train = read_parallel(paths["train_src"], paths["train_tgt"])
     test = read_parallel(paths["test_src"], paths["test_tgt"])
     tokenizer = train_tokenizer([s for s, _ in train] + [t for _, t in train], args.out / "tokenizer.model",

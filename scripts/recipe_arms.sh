@@ -15,15 +15,10 @@ OUT=${OUT:-runs/arms}
 CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/minitf}
 PYTHON=${PYTHON:-python}
 mkdir -p "$OUT"
-# the default corpus (fetched once); its sentence-only training split for the data arm
-"$PYTHON" -c "import sys; from minitf.nmt.corpus import default_corpus_splits as s; s(sys.argv[1])" "$CACHE"
-SPLIT="$CACHE/ding-de-en-v2"
-HELD=(--valid-src "$SPLIT/valid.de" --valid-tgt "$SPLIT/valid.en" --test-src "$SPLIT/test.de" --test-tgt "$SPLIT/test.en")
-
-# name: the flags that differ from the default recipe (the tiny preset, all data)
+# name: the flags that differ from the default recipe (the tiny preset, whole sentences only)
 declare -A ARMS=(
-  [sentences]="--preset tiny --bpe-dropout 0 --dropout 0.1 --train-src $SPLIT/train-sentences.de --train-tgt $SPLIT/train-sentences.en ${HELD[*]}"
-  [phrases]="--preset tiny --bpe-dropout 0 --dropout 0.1"
+  [sentences]="--preset tiny --bpe-dropout 0 --dropout 0.1"
+  [phrases]="--preset tiny --bpe-dropout 0 --dropout 0.1 --phrases"
   [bpe-dropout-0.1]="--preset tiny --bpe-dropout 0.1 --dropout 0.1"
   [dropout-0.2]="--preset tiny --bpe-dropout 0 --dropout 0.2"
   [dropout-0.3]="--preset tiny --bpe-dropout 0 --dropout 0.3"

@@ -61,10 +61,10 @@ def test_default_splits_write_both_training_sets(tmp_path, monkeypatch):
     dictionary.write_text("\n".join(LINES * 30) + "\n", encoding="utf-8")
     original = ding.split_by_entry
     monkeypatch.setattr(ding, "split_by_entry", lambda e, seed: original(e, seed=seed, n_valid=3, n_test=3))
-    paths = ding.default_corpus_splits(tmp_path)
+    paths = ding.default_corpus_splits(tmp_path, phrases=True)
     folder = tmp_path / ding.SPLIT_FOLDER
     assert paths["train_src"] == str(folder / "train.de")
-    assert ding.default_corpus_splits(tmp_path, phrases=False)["train_src"] == str(folder / "train-sentences.de")
+    assert ding.default_corpus_splits(tmp_path)["train_src"] == str(folder / "train-sentences.de")
     n_all = len((folder / "train.de").read_text(encoding="utf-8").splitlines())
     n_sentences = len((folder / "train-sentences.de").read_text(encoding="utf-8").splitlines())
     assert n_all > n_sentences > 0

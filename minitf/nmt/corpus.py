@@ -224,7 +224,7 @@ def split_by_entry(entries, seed=1234, n_valid=500, n_test=500):
 SPLIT_FOLDER = "ding-de-en-v2"
 
 
-def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en", phrases=True):
+def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en", phrases=False):
     """Fetch the Ding dictionary, split it by entry (:func:`split_by_entry`, seed
     1234, 500 valid and 500 test sentences), cache the splits as text.
 

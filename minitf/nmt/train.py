@@ -28,7 +28,7 @@ DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home(
 #: The flags that name the model, recipe or data of a run: refused with --resume.
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
                 "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "src_lang", "tgt_lang",
-                "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
+                "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "phrases")
 
 
 def default(name):
@@ -97,6 +97,9 @@ def build_parser():
         g.add_argument(f"--{split}-tgt", type=pathlib.Path)
     g.add_argument("--src-lang", default="de")
     g.add_argument("--tgt-lang", default="en")
+    g.add_argument("--phrases", action="store_true",
+                   help="also train on the dictionary's 64,832 phrase sub-entries (default: whole sentences only; "
+                   "README, 'Recipe arms': at the CPU budget the phrases did not help)")
     g.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE)
     return p
 
@@ -152,7 +155,7 @@ def data_paths(args):
     if {args.src_lang, args.tgt_lang} != {"de", "en"}:
         raise UsageError(f"the default corpus is German-English: --src-lang/--tgt-lang must be de/en, "
                          f"got {args.src_lang}/{args.tgt_lang}; pass --train-src etc. for another corpus")
-    return default_corpus_splits(args.cache_dir, args.src_lang, args.tgt_lang)
+    return default_corpus_splits(args.cache_dir, args.src_lang, args.tgt_lang, phrases=args.phrases)
 
 
 def check_output_folder(out):
