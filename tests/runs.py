@@ -124,3 +124,14 @@ def copy_run(src, dst):
     shutil.copytree(src, dst)
     (dst / "best.json").unlink(missing_ok=True)
     return dst
+
+
+def assert_resumed_past_bad_step_4(run, ref, code, err, reason):
+    """``--resume`` of a copy of ``ref`` whose step-4 checkpoint was damaged: one warning
+    naming ``reason``, step 4 set aside, resumed from step 2, and step 6 equal to ``ref``'s."""
+    assert code == 0, err
+    warnings = [line for line in err if line.startswith("warning: skipping a bad checkpoint")]
+    assert len(warnings) == 1 and reason in warnings[0] and "step-00000004" in warnings[0], err
+    assert any("resumed from" in line and "step-00000002" in line for line in err)
+    assert (run / "checkpoints" / "step-00000004.bad").is_dir()
+    assert same_params(params_of(ckpt.checkpoint_path(run, 6)), params_of(ckpt.checkpoint_path(ref, 6)))
