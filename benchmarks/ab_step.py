@@ -28,6 +28,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 import minitf  # noqa: E402
+minitf.backend.keep_freed_memory()  # as train.py runs (no page faults for each fresh temporary)
 from benchmark import CONFIGS, make_batch  # noqa: E402
 
 np = minitf.backend.host

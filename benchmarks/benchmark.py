@@ -19,7 +19,8 @@ machine, the BLAS, the date and the command, so that a table can be reproduced.
 
 Configurations: ``default`` is the default training preset of ``train.py`` (d_model 128,
 2+2 layers, vocabulary 4000, ``--max-tokens 1500``) on the real batches of the default
-corpus (``~/.cache/minitf/ding-de-en``, cached by a first ``python train.py``; the
+corpus (``~/.cache/minitf/ding-de-en-v2``, its ``train-sentences.*`` split, the one
+``python train.py`` trains on, cached by a first run; else ``train.*`` of ``--corpus``; the
 sentences are tokenized with a BPE vocabulary trained as ``train.py`` does, and the
 first ``--real-batches`` batches of epoch 0 are used, by both frameworks in the same
 order); without the cached corpus, one synthetic batch of 96 x 14 tokens, and the
@@ -127,7 +128,7 @@ CONFIGS = {
 }
 DEFAULT_STEPS = {"default": 40, "tiny": 30, "small": 10, "base": 10}
 ALL = ["default", "small", "base"]
-CORPUS = os.path.expanduser("~/.cache/minitf/ding-de-en")
+CORPUS = os.path.expanduser("~/.cache/minitf/ding-de-en-v2")   # minitf.nmt.corpus.SPLIT_FOLDER
 MAX_TOKENS = 1500                                      # the default preset's --max-tokens
 PAD, BOS, EOS = 0, 2, 3
 
@@ -363,7 +364,10 @@ def machine_lines(args, threads, peak):
              "ratios also vary from one CPU to another)",
              "- method: " + ("both frameworks in this process, alternating step by step (--in-process)"
                              if args.in_process else
-                             f"each framework in its own process, alternating, {args.repeats} processes each")]
+                             f"each framework in its own process, alternating, {args.repeats} processes each"),
+             "- allocator: " + ("glibc malloc keeps freed memory for reuse in both frameworks' processes "
+                                "(`--allocator retain`, as train.py runs minitf)" if args.allocator == "retain"
+                                else "glibc malloc as it is, in both (`--allocator system`)")]
     return lines
 
 
@@ -469,7 +473,9 @@ def padding_report(name, batches, src_lens, tgt_lens):
 def real_batches(count, corpus=CORPUS):
     """The default preset's first ``count`` batches of epoch 0 (host triples), and the
     padding report's lines; None (and a message) without the cached corpus."""
-    paths = {lang: os.path.join(corpus, f"train.{lang}") for lang in ("de", "en")}
+    paths = {lang: os.path.join(corpus, f"train-sentences.{lang}") for lang in ("de", "en")}
+    if not all(os.path.isfile(path) for path in paths.values()):   # a folder of train.de, train.en
+        paths = {lang: os.path.join(corpus, f"train.{lang}") for lang in ("de", "en")}
     if not all(os.path.isfile(path) for path in paths.values()):
         return None, [f"(no cached default corpus at {corpus}: run `python train.py` once to fetch it; "
                       "the default preset is timed on one synthetic 96 x 14 batch and the padding report "
@@ -510,12 +516,14 @@ def batch_flops(c, batches):
 # --------------------------------------------------------------------------- #
 # each framework in its own process
 # --------------------------------------------------------------------------- #
-def worker(framework, config_name, batch_file, steps, warmup, device):
+def worker(framework, config_name, batch_file, steps, warmup, device, allocator="retain"):
     """Run in a fresh process: build, warm up, time ``steps`` steps; print JSON."""
     c = CONFIGS[config_name]
     with np.load(batch_file) as data:
         batches = [(data[f"src{i}"], data[f"tgt_in{i}"], data[f"tgt_out{i}"]) for i in range(int(data["n"]))]
     backend.set_device(device)
+    if allocator == "retain":
+        backend.keep_freed_memory()                      # as train.py does; the same for both frameworks
     if framework == "torch":
         import torch
         torch.set_num_threads(blas_threads())
@@ -541,7 +549,7 @@ def time_in_processes(frameworks, config_name, batch_file, args, steps):
             command = [sys.executable, os.path.abspath(__file__), "--worker",
                        "torch" if framework == "PyTorch" else "minitf", "--config", config_name,
                        "--batch-file", batch_file, "--steps", str(steps), "--warmup", str(args.warmup),
-                       "--device", args.device]
+                       "--device", args.device, "--allocator", args.allocator]
             result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
             if result.returncode != 0:
                 raise RuntimeError(f"{framework} worker failed: {result.stderr.strip()[-2000:]}")
@@ -693,6 +701,10 @@ def main(argv=None):
     parser.add_argument("--decode", action="store_true", help="also time greedy and beam-4 decoding")
     parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--no-torch", action="store_true", help="time minitf alone")
+    parser.add_argument("--allocator", choices=["retain", "system"], default="retain",
+                        help="CPU processes: 'retain' (default) makes glibc's malloc keep freed memory for "
+                             "reuse in both frameworks' processes, as train.py does for minitf "
+                             "(minitf.backend.keep_freed_memory); 'system' leaves malloc as it is")
     parser.add_argument("--skip-memory", action="store_true", help="CPU: skip the peak-memory subprocesses")
     parser.add_argument("--memory-probe", choices=["minitf", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=["minitf", "torch"], help=argparse.SUPPRESS)
@@ -702,7 +714,8 @@ def main(argv=None):
     if args.memory_probe:
         return memory_probe(args.memory_probe, args.config)
     if args.worker:
-        return worker(args.worker, args.config, args.batch_file, args.steps, args.warmup, args.device)
+        return worker(args.worker, args.config, args.batch_file, args.steps, args.warmup, args.device,
+                      args.allocator)
     backend.set_device(args.device)
     threads = blas_threads()
     have_torch = torch_version() is not None and not args.no_torch

@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 sys.path.insert(0, HERE)
 
 import minitf  # noqa: E402
+minitf.backend.keep_freed_memory()  # as train.py runs (no page faults for each fresh temporary)
 from minitf import backend  # noqa: E402
 
 

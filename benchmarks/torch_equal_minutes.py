@@ -6,7 +6,7 @@ same sacrebleu settings.
     python benchmarks/torch_equal_minutes.py --max-minutes 14 --out runs/torch
 
 What is the same as ``python train.py`` (the tiny preset): the corpus files
-(``default_corpus_splits``: the Ding split, phrases included), a joint
+(``default_corpus_splits``: the Ding split, whole sentences as the default run), a joint
 sentencepiece BPE vocabulary trained the same way (minitf's ``train_tokenizer``),
 the batches (minitf's ``token_batches``: same token budget, same length
 bucketing and order for the same seed), the model shape (post-LN, d_model 128,
@@ -20,7 +20,8 @@ Scoring: ``sacrebleu.corpus_bleu`` on detokenized text (its defaults, as minitf)
 
 Not the same: no periodic validation BLEU and no checkpoint averaging (the last
 model is scored); torch uses its own kernels and all the CPU threads it likes
-(``--threads`` to pin them).
+(``--threads`` to pin them). The process's malloc keeps freed memory for reuse, as
+train.py's does (``--allocator system`` leaves it as it is).
 """
 import argparse
 import warnings
@@ -34,6 +35,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from minitf.backend import keep_freed_memory  # noqa: E402
 from minitf.nmt.config import PRESETS  # noqa: E402
 from minitf.nmt.corpus import default_corpus_splits  # noqa: E402
 from minitf.nmt.data import make_target_io, pad_batch, read_parallel, token_batches  # noqa: E402
@@ -139,7 +141,11 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, help="torch.set_num_threads")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "runs" / "torch")
+    p.add_argument("--allocator", choices=["retain", "system"], default="retain",
+                   help="retain: glibc malloc keeps freed memory, as train.py sets it for minitf")
     args = p.parse_args()
+    if args.allocator == "retain":
+        keep_freed_memory()
     warnings.filterwarnings("ignore", message=".*nested tensors.*")
     start = time.monotonic()
     limit = None if args.max_steps else 60 * args.max_minutes

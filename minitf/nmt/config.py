@@ -19,7 +19,8 @@ from minitf.transformer import TransformerConfig
 #: time of the whole command (it counted training steps only). Older files read with the defaults below.
 SCHEMA_VERSION = 4
 #: Fields added since an older schema, with the values that keep the old meaning.
-ADDED_FIELDS = {2: {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0}, 3: {"bpe_dropout": 0.0}}
+ADDED_FIELDS = {2: {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0},
+                3: {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0}}  # version 3 was also written without the first two
 
 # Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement
 # (see README: more updates of a small, fast model win a 15-minute budget; the recipe arms

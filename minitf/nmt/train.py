@@ -382,6 +382,7 @@ def save_after_metrics_failure(trainer, error):
 def main(argv=None):
     """Entry point: runs training; bad input gives one error line and a non-zero exit.
     Under ``mpiexec`` every rank runs it (minitf.nmt.distributed: data parallelism)."""
+    backend.keep_freed_memory()  # a step's large temporaries reuse freed memory: no page faults (~20% on CPU)
     with runlock.released_on_exit():
         if launched_by_mpi():
             from minitf.nmt import distributed

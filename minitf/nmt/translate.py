@@ -192,6 +192,7 @@ def run(argv=None):
 
 
 def main(argv=None):
+    backend.keep_freed_memory()  # decoding's temporaries reuse freed memory (see train.py)
     return report_errors("minitf.translate", run, argv, memory_hint="use a smaller --batch-size or --beam")
 
 
