@@ -32,8 +32,11 @@ RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num
 
 
 def default(name):
-    """'default: X', from RunConfig: the one place that holds the defaults."""
-    return f"default: {RunConfig.__dataclass_fields__[name].default}"
+    """'default: X', from RunConfig and the presets: the one place that holds the defaults."""
+    field = RunConfig.__dataclass_fields__[name].default
+    value = PRESETS[RunConfig.preset].get(name, field)              # the default preset's value
+    other = [f"{v.get(name, field)} with --preset {p}" for p, v in PRESETS.items() if v.get(name, field) != value]
+    return f"default: {value}" + (f"; {', '.join(other)}" if other else "")
 
 
 def build_parser():
