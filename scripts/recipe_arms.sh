@@ -36,7 +36,7 @@ for arm in "${ORDER[@]}"; do
   rm -rf "$run"
   echo "== $arm: $PYTHON train.py ${ARMS[$arm]} --max-steps $STEPS --seed 1 (started $(date +%T))"
   # shellcheck disable=SC2086
-  "$PYTHON" train.py ${ARMS[$arm]} --max-steps "$STEPS" --seed 1 --eval-every "$EVAL_EVERY" --save-every 500 \
+  "$PYTHON" train.py ${ARMS[$arm]} --max-steps "$STEPS" --seed 1 --eval-every "$EVAL_EVERY" \
       --bleu-sentences 500 --no-progress --cache-dir "$CACHE" --out "$run" > "$OUT/$arm.log" 2>&1 \
       || echo "== $arm failed, see $OUT/$arm.log"
 done
