@@ -116,7 +116,9 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
+from minitf.nmt.corpus import SPLIT_FOLDER  # noqa: E402
 from minitf.nmt.decode import beam_search, greedy_decode  # noqa: E402
+from minitf.nmt.train import DEFAULT_CACHE  # noqa: E402
 
 np = backend.host
 
@@ -128,7 +130,7 @@ CONFIGS = {
 }
 DEFAULT_STEPS = {"default": 40, "tiny": 30, "small": 10, "base": 10}
 ALL = ["default", "small", "base"]
-CORPUS = os.path.expanduser("~/.cache/minitf/ding-de-en-v2")   # minitf.nmt.corpus.SPLIT_FOLDER
+CORPUS = str(DEFAULT_CACHE / SPLIT_FOLDER)             # where a first `python train.py` caches the corpus
 MAX_TOKENS = 1500                                      # the default preset's --max-tokens
 PAD, BOS, EOS = 0, 2, 3
 

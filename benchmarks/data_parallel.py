@@ -46,12 +46,13 @@ def worker(size, steps, folder, out):
             inner(buf)
             reduce_time[0] += time.perf_counter() - start
         coll.allreduce = timed
-    step = (lambda b: trainer.parallel.step([b])) if not trainer.parallel.trivial else \
+    lengths = trainer.corpus.lengths("train")
+    step = (lambda b: trainer.parallel.step([b], lengths)) if not trainer.parallel.trivial else \
         (lambda b: trainer.train_step(*trainer.corpus.batch("train", b)))
     for b in batches[:2]:
         step(b)
     reduce_time[0] = 0.0
-    tokens = sum(int(trainer.corpus.lengths("train")[1][b].sum()) for b in batches[2:2 + steps])
+    tokens = sum(int(lengths[1][b].sum()) for b in batches[2:2 + steps])
     world.barrier()
     start = time.perf_counter()
     for b in batches[2:2 + steps]:

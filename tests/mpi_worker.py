@@ -88,7 +88,7 @@ def data_parallel(folder, world, updates, **overrides):
     trainer = build(folder, world, **overrides)
     trainer.grads = []
     for update in updates:
-        trainer.parallel.step(update)
+        trainer.parallel.step(update, trainer.corpus.lengths("train"))
         assert trainer.nonfinite is None
         if not overrides.get("zero"):
             trainer.grads.append(backend.to_numpy(trainer.optimizer.flat.grad).copy())

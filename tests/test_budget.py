@@ -25,6 +25,7 @@ class FakeClock:
 def fake(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(budget, "clock", clock)
+    monkeypatch.setattr(budget, "_command_start", None)  # train.py marks the start: not left to later tests
     train_step = Trainer.train_step
     evaluate_loss, bleu_score = trainer_module.evaluate_loss, trainer_module.bleu_score
     steps = []
@@ -81,6 +82,7 @@ def test_eta_is_the_time_left_to_the_end_of_the_command(monkeypatch):
 
 def test_the_end_reserve_follows_measured_validations(monkeypatch):
     monkeypatch.setattr(budget, "clock", FakeClock())
+    monkeypatch.setattr(budget, "_command_start", None)
     wall = WallBudget(10)
     assert wall.end_reserve(500, 500, beam=4) == pytest.approx(0.08 * 600 + budget.MARGIN_SECONDS)
     wall.note_validation(20.0, 200)   # 0.1 s per sentence

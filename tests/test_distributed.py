@@ -103,12 +103,13 @@ def test_config_validates_accumulate_and_zero():
         RunConfig.from_preset("tiny", zero=2)
     with pytest.raises(UsageError, match="--accumulate"):
         RunConfig.from_preset("tiny", accumulate=0)
-    old = RunConfig.from_preset("tiny").to_dict()
-    for key in ("accumulate", "zero"):
-        del old[key]
-    old["schema_version"] = 2  # a run written before data parallelism reads with the old meaning
-    config = RunConfig.from_dict(old)
-    assert (config.accumulate, config.zero) == (1, 0)
+    for version in (2, 3):  # a run written before data parallelism (version 3 was also written without it)
+        old = RunConfig.from_preset("tiny").to_dict()
+        for key in ("accumulate", "zero", "bpe_dropout"):
+            del old[key]
+        old["schema_version"] = version
+        config = RunConfig.from_dict(old)
+        assert (config.accumulate, config.zero, config.bpe_dropout) == (1, 0, 0.0)
 
 
 @needs_mpi
@@ -203,3 +204,33 @@ def test_a_killed_rank_ends_the_job(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_accumulated_update_weights_its_batches_by_this_epochs_tokens(tmp_path):
+    """--accumulate 2 with BPE-dropout (one process): every epoch re-segments the training
+    split, so the sentence lengths change; each update's loss gradients are weighted by
+    tokens / (the update's tokens), and those weights must add up to 1 in every epoch
+    (they did not from the second epoch on while the first epoch's lengths were cached)."""
+    make_corpus(tmp_path)
+    from tests.mpi_worker import build
+    from minitf.nmt.collectives import LocalWorld
+    from minitf.nmt.tokenizer import train_tokenizer
+    lines = [line for side in ("src", "tgt") for line in (tmp_path / f"train.{side}").read_text().splitlines()]
+    train_tokenizer(lines, tmp_path / "tokenizer.model", 40)
+    trainer = build(tmp_path, LocalWorld(), accumulate=2, bpe_dropout=0.3)
+    assert not trainer.parallel.trivial
+    weights, backward = [], trainer.loss_fn.backward
+    trainer.loss_fn.backward = lambda dloss=1.0: (weights.append(dloss), backward(dloss))[1]
+    from minitf.nmt.data import token_batches
+    segmentations = set()
+    for epoch in range(3):
+        trainer.corpus.start_epoch(trainer.config.seed, epoch)
+        lengths = trainer.corpus.lengths("train")
+        segmentations.add(int(lengths[1].sum()))
+        batches, _ = token_batches(*lengths, trainer.config.max_tokens, trainer.config.seed, epoch, 100)
+        for first in range(0, min(len(batches), 6) - 1, 2):
+            weights.clear()
+            trainer.parallel.step(batches[first:first + 2], lengths)
+            assert trainer.nonfinite is None
+            assert len(weights) == 2 and abs(sum(weights) - 1.0) < 1e-12, (epoch, weights)
+    assert len(segmentations) > 1  # BPE-dropout did change the lengths between epochs

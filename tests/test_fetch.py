@@ -29,10 +29,10 @@ def _tar_xz(files):
     return buffer.getvalue()
 
 
-def make_deb(files, data_member="data.tar.xz"):
-    """An ar archive laid out as dpkg-deb builds it."""
+def make_deb(files, data_member="data.tar.xz", data=None):
+    """An ar archive laid out as dpkg-deb builds it (``data``: the data member's bytes as given)."""
     members = [("debian-binary", b"2.0\n"), ("control.tar.xz", _tar_xz({"./control": b"Package: x\n"})),
-               (data_member, _tar_xz(files))]
+               (data_member, _tar_xz(files) if data is None else data)]
     out = [b"!<arch>\n"]
     for name, data in members:
         header = f"{name + '/':<16}{'0':<12}{'0':<6}{'0':<6}{'100644':<8}{len(data):<10}`\n".encode()
@@ -201,3 +201,20 @@ def test_pinned_package_matches_the_archive_name():
     assert fetch.DING_DEB_PATH.endswith("/" + fetch.DING_DEB) and fetch.DING_DEB.startswith("trans-de-en_")
     assert len(fetch.DING_DEB_SHA256) == 64 and fetch.DING_DEB_SIZE > 1_000_000
     assert fetch.DEBIAN_ARCHIVE.startswith("https://")
+
+
+def test_extract_whole_package_with_its_root_entry(tmp_path):
+    """dpkg-deb's data.tar starts with a "./" directory entry: the folder itself, not outside it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz") as archive:
+        root = tarfile.TarInfo("./")
+        root.type = tarfile.DIRTYPE
+        archive.addfile(root)
+        data = DING_TEXT.encode("utf-8")
+        info = tarfile.TarInfo("./usr/share/trans/de-en")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    path = tmp_path / "real.deb"
+    path.write_bytes(make_deb({}, data=buffer.getvalue()))
+    deb.extract_deb(path, tmp_path / "out")
+    assert (tmp_path / "out" / "usr/share/trans/de-en").read_text(encoding="utf-8") == DING_TEXT

@@ -15,12 +15,12 @@ from minitf.nmt.tokenizer import PAD_ID
 from minitf.transformer import TransformerConfig
 
 #: Bumped whenever a field changes meaning; config.json records it.
-#: 3: ``accumulate`` and ``zero`` (data parallelism); 4: ``bpe_dropout``, and ``max_minutes`` is the wall
-#: time of the whole command (it counted training steps only). Older files read with the defaults below.
+#: 3: ``accumulate`` and ``zero`` (data parallelism) or ``bpe_dropout`` (two branches each wrote a version
+#: 3); 4: both, and ``max_minutes`` is the wall time of the whole command (it counted training steps only).
 SCHEMA_VERSION = 4
-#: Fields added since an older schema, with the values that keep the old meaning.
-ADDED_FIELDS = {2: {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0},
-                3: {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0}}  # version 3 was also written without the first two
+_ADDED_SINCE_2 = {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0}
+#: Fields added since an older schema, with the values that keep the old meaning (a file's own values win).
+ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2}
 
 # Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement
 # (see README: more updates of a small, fast model win a 15-minute budget; the recipe arms

@@ -141,6 +141,8 @@ def extract_deb(deb_path, dest, member=None):
                 path = info.name
                 while path.startswith("./"):
                     path = path[2:]
+                if path in ("", "."):                      # the archive's own root entry "./"
+                    continue
                 if member is not None and path != member:
                     continue
                 target = (dest / path).resolve()

@@ -112,7 +112,6 @@ class DataParallel:
         self.trivial = world.size == 1 and self.accumulate == 1 and not self.zero
         self.collectives = world.device_collectives() if world.size > 1 else None
         self.sharded = ShardedAdam(trainer.optimizer, world) if self.zero else None
-        self._lengths = None
         if not world.is_root:  # only rank 0 reports
             trainer.metrics, trainer.progress = _NoMetrics(), False
         if world.size > 1:
@@ -151,18 +150,17 @@ class DataParallel:
             opt.step_count = int(step)
 
     # -- one update ----------------------------------------------------------------------
-    def step(self, update):
+    def step(self, update, lengths):
         """One update on the batches ``update`` (lists of sentence indices of the global
-        batch list). Returns the loss averaged over all their non-pad target tokens."""
+        batch list), given this epoch's ``lengths`` (source, target; BPE-dropout changes them
+        every epoch). Returns the loss averaged over all their non-pad target tokens."""
         with backend.host.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return self._step(update)
+            return self._step(update, lengths)
 
-    def _step(self, update):
+    def _step(self, update, lengths):
         t, world = self.trainer, self.world
         opt, config = t.optimizer, t.config
-        if self._lengths is None:
-            self._lengths = t.corpus.lengths("train")
-        src_lens, tgt_lens = self._lengths
+        src_lens, tgt_lens = lengths
         total = float(sum(int(tgt_lens[np.asarray(b)].sum()) for b in update))  # target tokens + EOS
         base = self.step_seed(config.seed, t.step)
         opt.zero_grad()
@@ -180,6 +178,7 @@ class DataParallel:
             stats += (loss * tokens, t.loss_fn.nll_sum, tokens)
             if not math.isfinite(loss):
                 t.model.clear_saved()
+                t.loss_fn.clear_saved()  # its (B, T, V) cache too
                 continue
             dloss = tokens / total * (opt.scale if t.mixed else 1.0)
             t.model.backward(t.loss_fn.backward(dloss))  # gradients add up in the flat buffer

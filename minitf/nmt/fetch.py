@@ -115,7 +115,8 @@ def _https_download(work, base_url, apt_error):
         return download(urls, work / DING_DEB, DING_DEB_SHA256, size=DING_DEB_SIZE,
                         what=f"Debian package {DING_PACKAGE}")
     except DataError as error:
-        before = f"apt failed ({apt_error}), and " if apt_error is not None else ""
+        apt_text = str(apt_error).replace(f"; {_CORPUS_HINT}", "")  # the hint is said once, below
+        before = f"apt failed ({apt_text}), and " if apt_error is not None else ""
         raise DataError(f"{before}{error}; check the network connection or {_CORPUS_HINT}") from None
 
 

@@ -242,14 +242,14 @@ class Trainer:
                 self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c.max_len}")
             while self.batch_in_epoch < len(batches) and not self.finished():
                 update = batches[self.batch_in_epoch:self.batch_in_epoch + c.accumulate]  # one update's batches
-                src, tgt_in, tgt_out = self.corpus.batch("train", update[0])
                 lr = self.optimizer.current_lr(self.step + 1)
                 try:
-                    loss = self.train_step(src, tgt_in, tgt_out) if self.parallel.trivial else \
-                        self.parallel.step(update)
+                    loss = self.train_step(*self.corpus.batch("train", update[0])) if self.parallel.trivial else \
+                        self.parallel.step(update, lengths)
                 except MemoryError:
                     self.model.clear_saved()
                     self.loss_fn.clear_saved()  # its (B, T, V) cache too
+                    src, tgt_in, _ = self.corpus.batch("train", update[0])  # its shape, for the message
                     raise StepOutOfMemory(
                         f"out of memory at step {self.step + 1} on a batch of {src.shape[0]} sentences padded to "
                         f"{src.shape[1]} source and {tgt_in.shape[1]} target tokens (rank {self.world.rank}, "
