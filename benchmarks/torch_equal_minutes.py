@@ -9,9 +9,10 @@ What is the same as ``python train.py`` (the tiny preset): the corpus files
 (``default_corpus_splits``: the Ding split, whole sentences as the default run), a joint
 sentencepiece BPE vocabulary trained the same way (minitf's ``train_tokenizer``),
 the batches (minitf's ``token_batches``: same token budget, same length
-bucketing and order for the same seed), the model shape (post-LN, d_model 128,
-4 heads, 2+2 layers, d_ff 512, dropout 0.1, embeddings scaled by sqrt(d_model),
-sinusoidal positions, source/target/output embeddings tied), label smoothing 0.1,
+bucketing and order for the same seed), the model (``minitf.pytorch.TorchTransformer``:
+the function minitf computes, post-LN with no final norms, dropout only where minitf has
+it, d_model 128, 4 heads, 2+2 layers, d_ff 512, embeddings scaled by sqrt(d_model) and
+initialised as minitf's, sinusoidal positions, source/target/output embeddings tied), label smoothing 0.1,
 Adam (0.9, 0.98, 1e-9) with the warmup schedule, and the budget: ``--max-minutes``
 is the wall time of the whole script, training stopping early enough for the
 test decoding to fit. Decoding: greedy, and beam 4 with the GNMT length penalty
@@ -36,7 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from minitf.backend import keep_freed_memory  # noqa: E402
-from minitf.nmt.config import PRESETS  # noqa: E402
+from minitf.nmt.config import PRESETS, RunConfig  # noqa: E402
 from minitf.nmt.corpus import default_corpus_splits  # noqa: E402
 from minitf.nmt.data import make_target_io, pad_batch, read_parallel, token_batches  # noqa: E402
 from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
@@ -45,40 +46,35 @@ from minitf.nmt.train import DEFAULT_CACHE  # noqa: E402
 try:
     import torch
     from torch import nn
+    from minitf.pytorch import TorchTransformer
 except ImportError:
     sys.exit("torch_equal_minutes.py needs PyTorch: pip install -e \".[bench]\"")
 
 
-class Seq2Seq(nn.Module):
-    def __init__(self, vocab, d_model, heads, enc_layers, dec_layers, d_ff, dropout):
-        super().__init__()
-        self.d_model = d_model
-        self.embed = nn.Embedding(vocab, d_model, padding_idx=PAD_ID)
-        nn.init.normal_(self.embed.weight, 0.0, d_model ** -0.5)
-        self.transformer = nn.Transformer(d_model, heads, enc_layers, dec_layers, d_ff, dropout, batch_first=True)
-        self.dropout = nn.Dropout(dropout)
-        position = torch.arange(4096).unsqueeze(1)
-        rate = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
-        table = torch.zeros(4096, d_model)
-        table[:, 0::2], table[:, 1::2] = torch.sin(position * rate), torch.cos(position * rate)
-        self.register_buffer("pe", table)
+class Seq2Seq(TorchTransformer):
+    """minitf's model in PyTorch (``minitf.pytorch.TorchTransformer``: no final norms in
+    post-LN, dropout only where minitf has it, tied embeddings), initialised as minitf
+    initialises its embedding, plus ``encode`` / ``decode`` for the decoders below."""
 
-    def embed_positions(self, ids):
-        return self.dropout(self.embed(ids) * math.sqrt(self.d_model) + self.pe[:ids.shape[1]])
+    def __init__(self, config):
+        super().__init__(config)
+        nn.init.normal_(self.src_embed.weight, 0.0, self.d_model ** -0.5)  # as minitf.layers.Embedding
+
+    def embed_positions(self, ids, embed):
+        x = embed(ids) * math.sqrt(self.d_model)
+        return self.dropout(x + self.positions(ids.shape[1], x.dtype, x.device))
 
     def encode(self, src):
-        mask = src == PAD_ID
-        return self.transformer.encoder(self.embed_positions(src), src_key_padding_mask=mask), mask
+        mask = src == self.pad_id
+        return self.transformer.encoder(self.embed_positions(src, self.src_embed), src_key_padding_mask=mask), mask
 
     def decode(self, memory, src_mask, tgt_in):
-        causal = self.transformer.generate_square_subsequent_mask(tgt_in.shape[1], dtype=torch.bool)
-        out = self.transformer.decoder(self.embed_positions(tgt_in), memory, tgt_mask=causal,
-                                       tgt_key_padding_mask=tgt_in == PAD_ID, memory_key_padding_mask=src_mask)
-        return out @ self.embed.weight.T  # tied output projection
-
-    def forward(self, src, tgt_in):
-        memory, src_mask = self.encode(src)
-        return self.decode(memory, src_mask, tgt_in)
+        T = tgt_in.shape[1]
+        causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=tgt_in.device), diagonal=1)  # True = future
+        h = self.transformer.decoder(self.embed_positions(tgt_in, self.tgt_embed), memory, tgt_mask=causal,
+                                     tgt_key_padding_mask=tgt_in == self.pad_id, memory_key_padding_mask=src_mask,
+                                     tgt_is_causal=True)
+        return self.generator(h)
 
 
 @torch.no_grad()
@@ -161,8 +157,7 @@ def main():
                                 cfg["vocab_size"])
     src_ids = tokenizer.encode([s for s, _ in train])
     tgt_ids = tokenizer.encode([t for _, t in train])
-    model = Seq2Seq(tokenizer.vocab_size, cfg["d_model"], cfg["num_heads"], cfg["num_encoder_layers"],
-                    cfg["num_decoder_layers"], cfg["d_ff"], cfg["dropout"])
+    model = Seq2Seq(RunConfig.from_preset("tiny").model_config(tokenizer.vocab_size))
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cfg["lr_scale"] * cfg["d_model"] ** -0.5 * min(
         (s + 1) ** -0.5, (s + 1) * cfg["warmup"] ** -1.5))
