@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import sys
 
 from minitf.nmt.errors import UsageError
 from minitf.nmt.files import write_json_atomic
@@ -43,6 +44,16 @@ RESUME_CHANGEABLE = ("max_steps", "epochs", "max_minutes", "max_tokens", "lr_sca
 RUN_OPTIONS = ("eval_every", "save_every", "keep", "average", "bleu_sentences", "beam", "alpha")
 #: Flags that only steer this invocation (never refused with --resume).
 INVOCATION_OPTIONS = ("skip_nonfinite", "zero")  # --zero 1 only shards Adam's state: same trajectory
+
+
+_noted = set()
+
+
+def _note_once(message):
+    """One line on stderr per distinct message and process (a run has many checkpoints)."""
+    if message not in _noted:
+        _noted.add(message)
+        print(message, file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass
@@ -173,6 +184,9 @@ class RunConfig:
         if version != SCHEMA_VERSION:
             raise UsageError(f"{where} has schema version {version!r}, this minitf reads version {SCHEMA_VERSION} "
                              "(the run was written by another minitf version); start a new run")
+        if "zero" in values and values["zero"] is None:  # written by a --resume without --zero (fixed since)
+            values = dict(values, zero=0)
+            _note_once(f"note: {where} has \"zero\": null (left by an earlier --resume); read as --zero 0")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names - {"schema_version"})
         missing = sorted(names - set(values))

@@ -285,8 +285,9 @@ def resume_run(args, given):
     for name, value in changed.items():
         setattr(config, name, value)
     config.validate()
-    for name in INVOCATION_OPTIONS:  # for this invocation only
-        setattr(config, name, getattr(args, name))
+    for name in INVOCATION_OPTIONS:  # for this invocation only: not given means RunConfig's default
+        value = getattr(args, name)
+        setattr(config, name, RunConfig.__dataclass_fields__[name].default if value is None else value)
     setup_device(config.precision, args.device)
     for key, digest in config.data_sha256.items():
         data_file = config.data.get(key)
