@@ -71,15 +71,22 @@ class Adam:
     whole-buffer operations. This is the one place where parameters are flattened.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, fused=True):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, fused=True, shard=None, gather=None):
         params = list(params)
         if not params:
             raise ValueError("Adam got an empty parameter list")
         self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
         self.fused = fused                                 # GPU only: one CuPy kernel (see _fused_adam)
         self.flat = FlatBuffers.flatten(params)            # every p.data / p.grad becomes a view
-        self.m = xp.zeros_like(self.flat.data)
-        self.v = xp.zeros_like(self.flat.data)
+        n = self.flat.data.size
+        # the range [lo, hi) of the flat buffer this optimizer updates: all of it, or (ZeRO-1) this rank's
+        # shard, after which ``gather(flat.data)`` brings every rank's updated shard to every rank
+        self.lo, self.hi = (0, n) if shard is None else (int(shard[0]), int(shard[1]))
+        if not 0 <= self.lo <= self.hi <= n:
+            raise ValueError(f"shard {shard} is not a range of the {n}-element parameter buffer")
+        self.gather = gather
+        self.m = xp.zeros(self.hi - self.lo, dtype=self.flat.data.dtype)   # moments of the range only
+        self.v = xp.zeros_like(self.m)
         self._scratch = None                               # one reused chunk (made at the first step)
         self.step_count = 0
 
@@ -93,26 +100,31 @@ class Adam:
         check_parameters_saved_consumed(self.params)
         self.flat.grad.fill(0)
 
-    def step(self):
+    def step(self, grad=None):
+        """One update of the range ``[lo, hi)`` of the parameters with ``grad`` (default:
+        that range of the flat gradient buffer; ZeRO-1 passes the reduce-scattered shard)."""
         self.step_count += 1
         t, (b1, b2) = self.step_count, self.betas
         lr = self.current_lr(t)
-        g, m, v = self.flat.grad, self.m, self.v
+        data = self.flat.data[self.lo:self.hi]
+        g = self.flat.grad[self.lo:self.hi] if grad is None else grad
+        m, v = self.m, self.v
         # bias corrections folded into the step size and eps (one fewer pass over the buffer)
         step_size = lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
         eps_hat = self.eps * (1 - b2 ** t) ** 0.5
         if self.fused and backend.get_device() == "gpu" and g.dtype in (xp.float32, xp.float64):
             # the very same update as _update below, in one pass: see _fused_adam
-            _fused_adam(g, self.flat.data, m, v, b1, b2, step_size, eps_hat)
-            return
-        if self._scratch is None:
-            self._scratch = xp.empty(min(self.CHUNK, self.flat.data.size), dtype=self.flat.data.dtype)
-        data = self.flat.data
-        # speed only: the same passes, one cache-sized chunk at a time, so that they run from cache
-        for start in range(0, data.size, self.CHUNK):
-            end = start + self.CHUNK
-            self._update(g[start:end], m[start:end], v[start:end], data[start:end],
-                         self._scratch[:min(end, data.size) - start], b1, b2, step_size, eps_hat)
+            _fused_adam(g, data, m, v, b1, b2, step_size, eps_hat)
+        else:
+            if self._scratch is None:
+                self._scratch = xp.empty(min(self.CHUNK, max(data.size, 1)), dtype=data.dtype)
+            # speed only: the same passes, one cache-sized chunk at a time, so that they run from cache
+            for start in range(0, data.size, self.CHUNK):
+                end = start + self.CHUNK
+                self._update(g[start:end], m[start:end], v[start:end], data[start:end],
+                             self._scratch[:min(end, data.size) - start], b1, b2, step_size, eps_hat)
+        if self.gather is not None:                        # ZeRO-1: every rank's shard to every rank
+            self.gather(self.flat.data)
 
     #: elements per chunk of :meth:`step` (64K float32: its five arrays take about 1.3 MB of cache)
     CHUNK = 1 << 16
@@ -191,15 +203,16 @@ class MixedPrecisionAdam(Adam):
     INIT_SCALE = 2.0 ** 16
     GROWTH_INTERVAL = 2000
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, fused=True,
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, fused=True, shard=None, gather=None,
                  init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL):
-        super().__init__(params, lr, betas, eps, fused)
+        super().__init__(params, lr, betas, eps, fused, shard, gather)
         if init_scale < 1 or growth_interval < 1:
             raise ValueError(f"init_scale and growth_interval must be >= 1, got {init_scale} and {growth_interval}")
         self.model_flat = self.flat                                    # float16 parameters and gradients
         master = self.model_flat.data.astype(xp.float32)               # float32 master weights
         self.flat = FlatBuffers(self.params, master, xp.zeros_like(master))   # what Adam.step updates
-        self.m, self.v = xp.zeros_like(master), xp.zeros_like(master)  # float32 moments
+        self.m = xp.zeros(self.hi - self.lo, dtype=xp.float32)         # float32 moments (of the range)
+        self.v = xp.zeros_like(self.m)
         self.scale, self.growth_interval = float(init_scale), int(growth_interval)
         self.good_steps, self.overflows = 0, 0
 
@@ -215,23 +228,23 @@ class MixedPrecisionAdam(Adam):
         g *= 1.0 / self.scale
         return g
 
-    def update(self, finite):
-        """Step (``finite`` True) or skip and back off (False). Returns ``finite``."""
+    def update(self, finite, grad=None):
+        """Step with ``grad`` (``finite`` True) or skip and back off (False). Returns ``finite``."""
         if not finite:
             self.scale = max(self.scale / 2, 1.0)
             self.good_steps = 0
             self.overflows += 1
             return False
-        self.step()
+        self.step(grad)
         self.good_steps += 1
         if self.good_steps >= self.growth_interval:
             self.scale *= 2
             self.good_steps = 0
         return True
 
-    def step(self):
+    def step(self, grad=None):
         """Adam on the float32 master weights, then the float16 parameters from them."""
-        super().step()
+        super().step(grad)
         self.model_flat.data[...] = self.flat.data                     # one cast, float32 -> float16
 
     def master_params(self):

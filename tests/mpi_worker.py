@@ -7,11 +7,20 @@ import sys
 
 from minitf import backend
 from minitf.backend import host as np
-from minitf.nmt.collectives import LocalWorld, NcclCollectives, host_view, init_mpi
+import ctypes
+
+from minitf.nmt.distributed import LocalWorld, NcclCollectives, init_mpi
 from minitf.nmt.config import RunConfig
-from minitf.nmt.data import Corpus, token_batches
+from minitf.nmt.data import Corpus, read_splits, token_batches
 from minitf.nmt.tokenizer import Tokenizer
 from minitf.nmt.trainer import Trainer
+
+
+def host_view(ptr, count, dtype):
+    """A NumPy array over ``count`` elements at a host address (NCCL's raw pointers, on the host)."""
+    dtype = np.dtype(dtype)
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(ptr)
+    return np.frombuffer(raw, dtype=dtype, count=count)
 
 
 class FakeNccl:
@@ -60,7 +69,7 @@ def build(folder, world, **overrides):
                                    max_steps=100, **overrides)
     tokenizer = Tokenizer(folder / "tokenizer.model")
     paths = {f"{s}_{side}": str(folder / f"{s}.{side}") for s in ("train", "valid") for side in ("src", "tgt")}
-    corpus = Corpus(tokenizer, paths, lambda message: None)
+    corpus = Corpus(tokenizer, read_splits(paths), lambda message: None)
     with backend.default_dtype("float64"):
         return Trainer(config, folder / f"run-{world.rank}", tokenizer, corpus, lambda m: None, progress=False,
                        world=world)
@@ -71,14 +80,13 @@ def params(trainer):
 
 
 def reference(folder, updates, grads=None):
-    """One process (no MPI in the loop): train_step on each update's batches joined.
+    """One process (no MPI in the loop): one update of each update's batches joined.
     With ``grads`` (the data-parallel run's reduced gradients, update by update): the
     largest relative difference of the gradients, each compared before its Adam step."""
     trainer = build(folder, LocalWorld())
     worst = 0.0
     for i, update in enumerate(updates):
-        trainer.train_step(*trainer.corpus.batch("train", np.concatenate(update)))
-        assert trainer.nonfinite is None
+        assert trainer.update([np.concatenate(update)], trainer.corpus.lengths("train")).nonfinite is None
         if grads is not None:
             worst = max(worst, relative(grads[i], backend.to_numpy(trainer.optimizer.flat.grad)))
     return (params(trainer), worst) if grads is not None else params(trainer)
@@ -88,8 +96,7 @@ def data_parallel(folder, world, updates, **overrides):
     trainer = build(folder, world, **overrides)
     trainer.grads = []
     for update in updates:
-        trainer.parallel.step(update, trainer.corpus.lengths("train"))
-        assert trainer.nonfinite is None
+        assert trainer.update(update, trainer.corpus.lengths("train")).nonfinite is None
         if not overrides.get("zero"):
             trainer.grads.append(backend.to_numpy(trainer.optimizer.flat.grad).copy())
     return params(trainer), trainer
@@ -129,7 +136,7 @@ def main(folder, out):
     dp, dp_trainer = data_parallel(folder, world, singles)
     acc, _ = data_parallel(folder, world, pairs, accumulate=2)
     zero, zero_trainer = data_parallel(folder, world, singles, zero=1)
-    result["zero_moment_elements"] = int(zero_trainer.parallel.sharded.m.size)
+    result["zero_moment_elements"] = int(zero_trainer.optimizer.m.size)
     from tests import strict_xp  # the NCCL path: CuPy-like arrays, NCCL's calls carried out over MPI
     strict = {}
     for zero_flag in (0, 1):

@@ -3,8 +3,8 @@ and the end-of-run evaluation count, and training stops early enough for the end
 to fit. A fake clock makes every step, validation and decode cost known seconds."""
 import pytest
 
-from minitf.nmt import budget
-from minitf.nmt.budget import WallBudget
+from minitf.nmt import trainer as budget
+from minitf.nmt.trainer import WallBudget
 from minitf.nmt.train import main as train_main
 from minitf.nmt import trainer as trainer_module
 from minitf.nmt.trainer import Trainer
@@ -26,15 +26,15 @@ def fake(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(budget, "clock", clock)
     monkeypatch.setattr(budget, "_command_start", None)  # train.py marks the start: not left to later tests
-    train_step = Trainer.train_step
-    evaluate_loss, bleu_score = trainer_module.evaluate_loss, trainer_module.bleu_score
+    update = Trainer.update
+    evaluate_loss, bleu_score = Trainer.evaluate_loss, trainer_module.bleu_score
     steps = []
 
     def slow_step(self, *args):
         steps.append(self.step)
         assert len(steps) < 1000, "the time budget never ended training"
         clock.t += STEP
-        return train_step(self, *args)
+        return update(self, *args)
 
     def slow_loss(*args, **kwargs):
         clock.t += VALIDATION
@@ -44,8 +44,8 @@ def fake(monkeypatch):
         clock.t += PER_SENTENCE * len(sources) * (1 if beam == 1 else 2)
         return bleu_score(model, tokenizer, sources, references, beam, alpha)
 
-    monkeypatch.setattr(Trainer, "train_step", slow_step)
-    monkeypatch.setattr(trainer_module, "evaluate_loss", slow_loss)
+    monkeypatch.setattr(Trainer, "update", slow_step)
+    monkeypatch.setattr(Trainer, "evaluate_loss", slow_loss)
     monkeypatch.setattr(trainer_module, "bleu_score", slow_bleu)
     return clock
 
@@ -84,9 +84,9 @@ def test_the_end_reserve_follows_measured_validations(monkeypatch):
     monkeypatch.setattr(budget, "clock", FakeClock())
     monkeypatch.setattr(budget, "_command_start", None)
     wall = WallBudget(10)
-    assert wall.end_reserve(500, 500, beam=4) == pytest.approx(0.08 * 600 + budget.MARGIN_SECONDS)
+    assert wall.end_reserve(500, 500, beam=4) == pytest.approx(0.08 * 600 + WallBudget.MARGIN_SECONDS)
     wall.note_validation(20.0, 200)   # 0.1 s per sentence
-    expected = 20.0 + 2 * 0.1 * 500 + 0.1 * 500 * budget.BEAM_FACTOR + budget.MARGIN_SECONDS
+    expected = 20.0 + 2 * 0.1 * 500 + 0.1 * 500 * WallBudget.BEAM_FACTOR + WallBudget.MARGIN_SECONDS
     assert wall.end_reserve(500, 500, beam=4) == pytest.approx(expected)
     assert not wall.over(expected)
     budget.clock.t += 600 - expected

@@ -20,9 +20,8 @@ from minitf import backend
 from minitf.backend import host as np
 from minitf.optim import Adam
 from minitf.module import Parameter
-from minitf.nmt.collectives import shard_range
 from minitf.nmt.config import RunConfig
-from minitf.nmt.distributed import ShardedAdam, rank_share
+from minitf.nmt.distributed import rank_share, shard_range
 from minitf.nmt.errors import UsageError
 from tests.runs import ROOT, TINY, make_corpus
 
@@ -68,17 +67,18 @@ def test_rank_shares_are_disjoint_cover_and_balanced(size):
 
 
 @pytest.mark.parametrize("size", [1, 2, 3])
-def test_sharded_adam_is_adams_update_on_each_slice(float64, size):
-    """Each rank's ZeRO-1 slice update equals the slice of minitf.optim.Adam's update
-    (same formula, same operations: exactly equal), over 5 steps with a schedule."""
+def test_adam_on_a_shard_is_adams_update_on_that_slice(float64, size):
+    """ZeRO-1 is Adam on a range of the flat buffer: each rank's shard update equals the
+    slice of the whole-buffer update (the same code: exactly equal), over 5 steps with a
+    schedule, and the moments are the shard's size only."""
     rng = np.random.default_rng(0)
     shapes = [(7, 3), (5,), (4, 4)]
     start = [rng.normal(size=s) for s in shapes]
     grads = [[rng.normal(size=s) for s in shapes] for _ in range(5)]
 
-    def make():
+    def make(shard=None):
         params = [Parameter(backend.asarray(a.copy())) for a in start]
-        return Adam(params, lr=lambda step: 0.01 * step ** -0.5)
+        return Adam(params, lr=lambda step: 0.01 * step ** -0.5, shard=shard)
 
     full = make()
     for g in grads:
@@ -86,16 +86,14 @@ def test_sharded_adam_is_adams_update_on_each_slice(float64, size):
         full.step()
     n = full.flat.data.size
     for rank in range(size):
-        world = type("World", (), dict(rank=rank, size=size))()
-        mine = make()
-        sharded = ShardedAdam(mine, world)
-        assert mine.m is None and sharded.m.size == shard_range(n, size, rank)[1] - shard_range(n, size, rank)[0]
+        lo, hi = shard_range(n, size, rank)
+        mine = make(shard=(lo, hi))
+        assert mine.m.size == hi - lo
         for g in grads:
             flat = backend.asarray(np.concatenate([a.ravel() for a in g]))
-            sharded.step(flat[sharded.lo:sharded.hi])
-        lo, hi = sharded.lo, sharded.hi
+            mine.step(flat[lo:hi])  # the reduce-scattered shard of the gradient
         assert np.array_equal(backend.to_numpy(mine.flat.data)[lo:hi], backend.to_numpy(full.flat.data)[lo:hi])
-        assert np.array_equal(backend.to_numpy(sharded.m), backend.to_numpy(full.m)[lo:hi])
+        assert np.array_equal(backend.to_numpy(mine.m), backend.to_numpy(full.m)[lo:hi])
 
 
 def test_config_validates_accumulate_and_zero():
@@ -213,12 +211,11 @@ def test_accumulated_update_weights_its_batches_by_this_epochs_tokens(tmp_path):
     (they did not from the second epoch on while the first epoch's lengths were cached)."""
     make_corpus(tmp_path)
     from tests.mpi_worker import build
-    from minitf.nmt.collectives import LocalWorld
+    from minitf.nmt.distributed import LocalWorld
     from minitf.nmt.tokenizer import train_tokenizer
     lines = [line for side in ("src", "tgt") for line in (tmp_path / f"train.{side}").read_text().splitlines()]
     train_tokenizer(lines, tmp_path / "tokenizer.model", 40)
     trainer = build(tmp_path, LocalWorld(), accumulate=2, bpe_dropout=0.3)
-    assert not trainer.parallel.trivial
     weights, backward = [], trainer.loss_fn.backward
     trainer.loss_fn.backward = lambda dloss=1.0: (weights.append(dloss), backward(dloss))[1]
     from minitf.nmt.data import token_batches
@@ -230,7 +227,6 @@ def test_accumulated_update_weights_its_batches_by_this_epochs_tokens(tmp_path):
         batches, _ = token_batches(*lengths, trainer.config.max_tokens, trainer.config.seed, epoch, 100)
         for first in range(0, min(len(batches), 6) - 1, 2):
             weights.clear()
-            trainer.parallel.step(batches[first:first + 2], lengths)
-            assert trainer.nonfinite is None
+            assert trainer.update(batches[first:first + 2], lengths).nonfinite is None
             assert len(weights) == 2 and abs(sum(weights) - 1.0) < 1e-12, (epoch, weights)
     assert len(segmentations) > 1  # BPE-dropout did change the lengths between epochs

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from minitf.nmt.interactive import EVERYDAY_GERMAN
+from minitf.nmt.trainer import EVERYDAY_GERMAN
 from minitf.nmt.train import main as train_main
 from tests.runs import ROOT, TINY
 

@@ -13,7 +13,7 @@ from minitf.backend import host as np
 from minitf.backend import to_numpy
 from minitf.optim import MixedPrecisionAdam, buffer_norm
 from minitf.nmt.config import RunConfig
-from minitf.nmt.data import Corpus
+from minitf.nmt.data import Corpus, read_splits
 from minitf.nmt.tokenizer import Tokenizer
 from minitf.nmt.train import main as train_main
 from tests.runs import TINY, make_corpus, metrics
@@ -121,7 +121,7 @@ def test_fp16_resume_restores_scale_and_master_weights_and_keeps_precision(tmp_p
     config = RunConfig.read(split)
     state = ckpt.read_checkpoint(ckpt.checkpoint_path(split, 3))
     tokenizer = Tokenizer(split / "tokenizer.model")
-    t = trainer_module.Trainer(config, split, tokenizer, Corpus(tokenizer, config.data, print),
+    t = trainer_module.Trainer(config, split, tokenizer, Corpus(tokenizer, read_splits(config.data), print),
                                print, progress=False)
     t.optimizer.load_scaler_state({"scale": 1.0, "good_steps": 0, "overflows": 0})
     t.restore(state)

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from minitf.nmt import corpus as ding
-from minitf.nmt.data import Corpus
-from minitf.nmt.subword import BpeDropout
+from minitf.nmt.data import Corpus, read_splits
+from minitf.nmt.tokenizer import BpeDropout
 from minitf.nmt.tokenizer import train_tokenizer
 from minitf.nmt.train import main as train_main
 from tests.runs import ROOT, TINY, metrics
@@ -98,7 +98,7 @@ def test_samples_are_the_same_in_another_process(tokenizer, tmp_path):
     """The reason for not using sentencepiece's sampling: its samples differ between processes."""
     model = tmp_path / "t.model"
     model.write_bytes(tokenizer.model_bytes())
-    code = ("import sys; from minitf.nmt.tokenizer import Tokenizer; from minitf.nmt.subword import BpeDropout; "
+    code = ("import sys; from minitf.nmt.tokenizer import Tokenizer; from minitf.nmt.tokenizer import BpeDropout; "
             "from tests.test_quality_data import TEXTS; "
             "print(BpeDropout(Tokenizer(sys.argv[1]), TEXTS, 0.2).sample(5, 3))")
     other = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True, text=True, cwd=ROOT,
@@ -113,7 +113,7 @@ def test_only_the_training_split_is_sampled(tokenizer, tmp_path):
             path = tmp_path / f"{split}.{side}"
             path.write_text("\n".join(TEXTS[:40]) + "\n", encoding="utf-8")
             paths[f"{split}_{side}"] = str(path)
-    corpus = Corpus(tokenizer, paths, log=print)
+    corpus = Corpus(tokenizer, read_splits(paths), log=print)
     deterministic = corpus.ids["train"]
     corpus.set_bpe_dropout(0.3)
     corpus.start_epoch(1, 0)

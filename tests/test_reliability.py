@@ -39,7 +39,7 @@ from minitf.nmt import checkpoint as ckpt, train as train_module, trainer as tra
 from minitf.attention import MultiHeadAttention
 from minitf.backend import host as np
 from minitf.loss import LabelSmoothedCrossEntropy
-from minitf.nmt.metrics import MetricsLog
+from minitf.nmt.trainer import MetricsLog
 from minitf.module import FlatBuffers
 from minitf.transformer import Transformer
 
@@ -433,10 +433,10 @@ def test_loss_of_very_large_logits_is_finite_and_right(scale):
 def _inject(monkeypatch, at_step, what):
     """Make step ``at_step`` non-finite (a NaN parameter, or an inf gradient), and
     record Adam's moments and the parameters around that step."""
-    original = trainer_module.Trainer.train_step
+    original = trainer_module.Trainer.update
     seen = {}
 
-    def train_step(self, *batch):
+    def update(self, *batch):
         if self.step + 1 != at_step or seen:
             return original(self, *batch)
         before = [backend.to_numpy(a).copy() for a in (self.optimizer.m, self.optimizer.v, self.optimizer.flat.data)]
@@ -451,7 +451,7 @@ def _inject(monkeypatch, at_step, what):
                 backward(dlogits)
                 self.optimizer.flat.grad[3] = np.inf
             self.model.backward = poisoned
-        loss = original(self, *batch)
+        result = original(self, *batch)
         if what == "nan parameter":
             after_data = backend.to_numpy(self.optimizer.flat.data).copy()
             self.optimizer.flat.data[:5] = backend.asarray(saved)
@@ -461,9 +461,9 @@ def _inject(monkeypatch, at_step, what):
             after_data = backend.to_numpy(self.optimizer.flat.data).copy()
         after = [backend.to_numpy(self.optimizer.m), backend.to_numpy(self.optimizer.v), after_data]
         seen.update(unchanged=all(np.array_equal(a, b, equal_nan=True) for a, b in zip(before, after))
-                    and self.optimizer.step_count == count, kind=self.nonfinite)
-        return loss
-    monkeypatch.setattr(trainer_module.Trainer, "train_step", train_step)
+                    and self.optimizer.step_count == count, kind=result.nonfinite)
+        return result
+    monkeypatch.setattr(trainer_module.Trainer, "update", update)
     return seen
 
 
@@ -701,13 +701,13 @@ def test_failed_checkpoint_write_keeps_the_previous_one(world, tmp_path, failure
 
 
 def test_out_of_memory_batch_suggests_a_smaller_max_tokens(world, tmp_path, capsys, monkeypatch):
-    original = trainer_module.Trainer.train_step
+    original = trainer_module.Trainer.update
 
-    def train_step(self, *batch):
+    def update(self, *batch):
         if self.step + 1 == 3:
             raise MemoryError("Out of memory allocating 1,000,000,000 bytes")
         return original(self, *batch)
-    monkeypatch.setattr(trainer_module.Trainer, "train_step", train_step)
+    monkeypatch.setattr(trainer_module.Trainer, "update", update)
     run = tmp_path / "run"
     code, err = train(world["corpus"] + world["common"] + ["--out", run], capsys)
     line = one_error_line(err)

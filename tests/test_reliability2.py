@@ -24,7 +24,7 @@ from hypothesis import given, strategies as st
 
 from minitf import backend
 from minitf.backend import host as np
-from minitf.nmt import checkpoint as ckpt, finish as finish_module, metrics as metrics_module, runlock
+from minitf.nmt import checkpoint as ckpt, files as runlock, trainer as finish_module, trainer as metrics_module
 from minitf.nmt import translate as translate_module
 from minitf.nmt.errors import CheckpointError
 
@@ -73,7 +73,7 @@ def replace_member(path, name, payload, compress=zipfile.ZIP_STORED):
 
 def holder(folder):
     """A separate process that takes ``folder``'s run lock and waits."""
-    code = ("import sys, time; from minitf.nmt import runlock; runlock.lock_run_folder(sys.argv[1]); "
+    code = ("import sys, time; from minitf.nmt import files; files.lock_run_folder(sys.argv[1]); "
             "print('locked', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE)
     assert proc.stdout.readline().strip() == b"locked"
@@ -326,12 +326,12 @@ def test_r9_best_json_pointing_outside_its_run_folder_is_ignored_with_a_warning(
     shutil.copytree(ckpt.checkpoint_path(world["othertok"], 4), elsewhere)
     (run / "best.json").write_text(json.dumps({"model": "last", "checkpoint": "../elsewhere/ck"}))
     seen = []
-    real = translate_module.load_checkpoint_model
-    translate_module.load_checkpoint_model = lambda folder: seen.append(pathlib.Path(folder)) or real(folder)
+    real = ckpt.load_checkpoint_model
+    ckpt.load_checkpoint_model = lambda folder: seen.append(pathlib.Path(folder)) or real(folder)
     try:
         code, err, out = translate(["--checkpoint", run, "--beam", 1, "--src", world["corpus"][1]], capsys)
     finally:
-        translate_module.load_checkpoint_model = real
+        ckpt.load_checkpoint_model = real
     assert code == 0 and len(err) == 1, err
     assert err[0].startswith("warning: ignoring best.json") and "outside the run folder" in err[0]
     assert seen == [ckpt.checkpoint_path(run, 6)]
@@ -429,7 +429,7 @@ def test_fuzz_the_checkpoint_reader_returns_exactly_the_model_or_refuses(pristin
     try:
         if damage[0] == "meta":  # the config is used to build a model: through translate's loader
             try:
-                model, _, _ = translate_module.load_checkpoint_model(folder)
+                model, _, _ = ckpt.load_checkpoint_model(folder)
                 loaded = {"params": {n: backend.to_numpy(p.data) for n, p in model.named_parameters()}}
             except CheckpointError:
                 loaded = None

@@ -14,6 +14,10 @@ checkpoint or none, never half of one (a kill can leave a hidden ``.step-*.tmp-*
 folder, which is ignored and removed by the next save or ``--resume``). Loading
 checks every checksum and never unpickles: a file that would need pickle is refused.
 
+Finding the checkpoint to use: a run folder's ``best.json`` choice, else its newest
+checkpoint that passes every check (:func:`load_model`); ``--resume`` takes the newest
+good one and sets newer damaged ones aside (:func:`set_aside`).
+
 For tests only: ``MINITF_TEST_SLOW_CHECKPOINT=SECONDS`` sleeps that long after each
 file written into the temporary folder, so a test can kill a process mid-write.
 """
@@ -27,9 +31,13 @@ import tempfile
 import time
 import zipfile
 
+from minitf import backend
 from minitf.backend import host as np
-from minitf.nmt.errors import CheckpointError
+from minitf.transformer import Transformer
+from minitf.nmt.config import RunConfig
+from minitf.nmt.errors import CheckpointError, DataError, UsageError
 from minitf.nmt.files import file_sha256, fsync_dir
+from minitf.nmt.tokenizer import Tokenizer
 
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
 FORMAT_VERSION = 1
@@ -278,25 +286,31 @@ def list_checkpoints(run_dir, complete_only=True):
     return [p for _, p in sorted(found)]
 
 
-def latest_valid_checkpoint(run_dir, check=None, expect=None):
+def latest_valid_checkpoint(run_dir, expect=None):
     """The newest checkpoint of a run that passes its checks, and the errors of
     newer ones that did not (a corrupted latest falls back to the one before).
 
-    ``check(state, path)`` may raise CheckpointError to refuse a checkpoint that
-    reads fine but does not fit (another model size or tokenizer); ``expect`` is
-    passed to :func:`read_checkpoint` (the arrays' names, shapes and dtypes).
+    ``expect`` is passed to :func:`read_checkpoint`: it may refuse a checkpoint that
+    does not fit (another model size or tokenizer) and names the arrays' shapes and dtypes.
     Returns ``(state, path, [(path, message), ...])``; state and path are None
     when no checkpoint passes."""
     errors = []
     for path in reversed(list_checkpoints(run_dir, complete_only=False)):
         try:
-            state = read_checkpoint(path, expect=expect)
-            if check is not None:
-                check(state, path)
-            return state, path, errors
+            return read_checkpoint(path, expect=expect), path, errors
         except CheckpointError as error:
             errors.append((path, str(error)))
     return None, None, errors
+
+
+def set_aside(bad):
+    """Rename a damaged checkpoint to ``<name>.bad`` (``.bad2``, ... if taken): kept for
+    a person to look at, never listed again. Returns the new path."""
+    aside, n = bad.with_name(bad.name + ".bad"), 1
+    while aside.exists():
+        n, aside = n + 1, bad.with_name(f"{bad.name}.bad{n}")
+    os.rename(bad, aside)
+    return aside
 
 
 def recover_checkpoints(run_dir):
@@ -350,3 +364,130 @@ def average_checkpoints(paths, out_path):
     meta = dict(loaded[-1]["meta"], averaged_from=[str(p) for p in paths])
     meta.pop("sha256", None)
     return write_checkpoint(out_path, params, meta, first["tokenizer_bytes"])
+
+
+# --------------------------------------------------------------------------- #
+# the checkpoint a command uses
+# --------------------------------------------------------------------------- #
+def best_checkpoint(run_dir):
+    """(the checkpoint best.json names, None) or (None, why it is not used). best.json
+    must name, relative to the run folder, a checkpoint inside it (after resolving
+    links): ``{"checkpoint": "../elsewhere/ck"}`` is refused."""
+    run_dir = pathlib.Path(run_dir)
+    best = run_dir / "best.json"
+    if not best.is_file():
+        return None, None
+    try:
+        chosen = json.loads(best.read_text(encoding="utf-8"))["checkpoint"]
+        if not isinstance(chosen, str) or not chosen:
+            raise TypeError
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, OSError, RecursionError):
+        return None, f"{best} is not valid (expected {{\"checkpoint\": \"checkpoints/...\"}})"
+    resolved = (run_dir / chosen).resolve()
+    if not resolved.is_relative_to(run_dir.resolve()):
+        return None, f"{best} names {chosen!r}, outside the run folder"
+    if not (resolved / "meta.json").is_file():
+        return None, f"{best} names {chosen!r}, which is not a checkpoint"
+    return run_dir / chosen, None
+
+
+def resolve_checkpoint(path, warn=None):
+    """A checkpoint folder, or a run folder (its best.json choice, else its newest checkpoint)."""
+    path = pathlib.Path(path)
+    if (path / "meta.json").is_file():
+        return path
+    chosen, problem = best_checkpoint(path)
+    if problem and warn is not None:
+        warn(f"warning: ignoring best.json: {problem}; using the newest good checkpoint")
+    if chosen is not None:
+        return chosen
+    checkpoints = list_checkpoints(path)
+    if checkpoints:
+        return checkpoints[-1]
+    if not path.exists():
+        raise CheckpointError(f"--checkpoint {path} does not exist; pass the --out folder of train.py "
+                                   "or one of its checkpoints/step-NNNNNNNN folders")
+    raise CheckpointError(f"{path} is neither a checkpoint folder (with meta.json) nor a run folder "
+                               "with checkpoints/; pass the --out folder of train.py or one of its checkpoints")
+
+
+def _candidates(path, warn=None):
+    """Checkpoints to try for ``path``: the one it names; for a run folder, its
+    chosen one first, then every other checkpoint, newest first."""
+    first = resolve_checkpoint(path, warn)
+    path = pathlib.Path(path)
+    if first == path:  # an explicit checkpoint folder: that one or nothing
+        return [first]
+    others = [p for p in reversed(list_checkpoints(path)) if p != first]
+    return [first] + others
+
+
+def load_checkpoint_model(folder):
+    """(model in eval mode, tokenizer, meta) from one checkpoint folder; a CheckpointError
+    if it is damaged or its parts do not fit together."""
+    built = {}
+
+    def expect(state, path):  # meta.json and the tokenizer first, then a model, then the arrays' headers
+        tokenizer = Tokenizer.from_bytes(state["tokenizer_bytes"])
+        meta = state["meta"]
+        if meta.get("tokenizer_sha256") not in (None, tokenizer.sha256):
+            raise CheckpointError(f"{folder}: its tokenizer.model is not the one the model was trained with "
+                                  "(tokenizer_sha256 in meta.json differs); use another checkpoint of the run")
+        if meta.get("vocab_size") not in (None, tokenizer.vocab_size):
+            raise CheckpointError(f"{folder}: the model was trained for a vocabulary of {meta['vocab_size']} but "
+                                  f"its tokenizer has {tokenizer.vocab_size}; use another checkpoint of the run")
+        try:
+            config = RunConfig.from_dict(meta["config"], where=f"{folder}: meta.json's config")
+        except UsageError as error:
+            raise CheckpointError(f"{error}; use a checkpoint written by this train.py") from None
+        check_model_fits_file(config, tokenizer.vocab_size, path / "model.npz")
+        try:
+            model = Transformer.from_config(config.model_config(tokenizer.vocab_size))
+        except (ValueError, TypeError) as error:
+            raise CheckpointError(f"{folder}: meta.json's config does not describe a model: {error}") from None
+        built.update(model=model, tokenizer=tokenizer)
+        return {"model.npz": {name: (tuple(p.shape), backend.host.dtype(p.data.dtype))
+                              for name, p in model.named_parameters()}}
+
+    state = read_checkpoint(folder, load_optimizer=False, expect=expect)
+    model = built["model"]
+    try:
+        model.load_state_dict(state["params"])
+    except (ValueError, TypeError) as error:
+        raise CheckpointError(f"{folder}: the parameters do not fit the saved config: {error}") from None
+    return model.eval(), built["tokenizer"], state["meta"]
+
+
+def check_model_fits_file(config, vocab_size, model_file):
+    """Refuse, before a model is built, a config that declares more parameters than
+    ``model_file`` can hold (a crafted meta.json with d_model 10**9 would otherwise
+    ask for terabytes). Counts a lower bound: embeddings, attention and feed-forward
+    weights, at 2 bytes each (the smallest float a checkpoint may hold)."""
+    d, f = config.d_model, config.d_ff
+    at_least = (vocab_size * d + config.num_encoder_layers * (4 * d * d + 2 * d * f)
+                + config.num_decoder_layers * (8 * d * d + 2 * d * f))
+    size = model_file.stat().st_size
+    if 2 * at_least > size:
+        raise CheckpointError(f"{model_file.parent}: meta.json's config and model.npz do not fit together: the "
+                              f"config declares at least {at_least:,} parameters (d_model {d}, d_ff {f}), more "
+                              f"than model.npz ({size:,} bytes) can hold; use another checkpoint of the run")
+
+
+def load_model(path, warn=None):
+    """(model in eval mode, tokenizer, meta) from a checkpoint or run folder.
+
+    An explicit checkpoint folder must pass every check. For a run folder, a
+    damaged checkpoint is skipped for the next newest, with ``warn(message)``."""
+    errors = []
+    for folder in _candidates(path, warn):
+        try:
+            result = load_checkpoint_model(folder)
+        except (CheckpointError, DataError) as error:
+            errors.append(str(error))
+            continue
+        for error in errors:
+            (warn or (lambda m: None))(f"warning: skipping a bad checkpoint: {error}; using {folder}")
+        return result
+    if len(errors) == 1:
+        raise CheckpointError(errors[0])
+    raise CheckpointError(f"none of the {len(errors)} checkpoints in {path} is usable; the newest: {errors[0]}")

@@ -11,7 +11,7 @@ import pathlib
 from minitf.backend import host as np
 from minitf.nmt.errors import DataError
 from minitf.nmt.files import write_atomic
-from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, BpeDropout
 
 #: Longest line (in characters) accepted by :func:`read_lines` by default.
 MAX_CHARS = 10_000
@@ -29,10 +29,6 @@ class Pairs(list):
     def __init__(self, pairs=(), n_dropped=0):
         super().__init__(pairs)
         self.n_dropped = int(n_dropped)
-
-
-# --------------------------------------------------------------------------- reading text
-
 
 
 # --------------------------------------------------------------------------- read / write
@@ -155,6 +151,14 @@ def read_parallel(src_path, tgt_path, max_chars=MAX_CHARS):
         raise DataError(f"no line of {str(src_path)!r} / {str(tgt_path)!r} has both a source "
                         "and a target sentence; check that the files are aligned")
     return Pairs(pairs, n_dropped=len(src) - len(pairs))
+
+
+def read_splits(paths):
+    """Every split of a corpus, read once: ``{"train": Pairs, "valid": ..., "test": ...}`` from
+    ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``;
+    a split whose source path is None is left out."""
+    return {split: read_parallel(paths[f"{split}_src"], paths[f"{split}_tgt"])
+            for split in ("train", "valid", "test") if paths.get(f"{split}_src") is not None}
 
 
 def write_lines(path, lines):
@@ -287,31 +291,27 @@ class Corpus:
     Parameters
     ----------
     tokenizer : minitf.nmt.tokenizer.Tokenizer
-    paths : dict
-        ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``;
-        a split whose source path is None is left out.
+    splits : dict
+        ``{"train": Pairs, "valid": Pairs, "test": Pairs}`` (test may be missing), as
+        :func:`read_splits` returns them.
     log : callable
         Takes one message (how many empty line pairs were dropped).
     """
 
-    def __init__(self, tokenizer, paths, log):
+    def __init__(self, tokenizer, splits, log):
         self.tokenizer = tokenizer
         self.text = {}
         self.ids = {}
-        for split in ("train", "valid", "test"):
-            if paths.get(f"{split}_src") is None:
-                continue
-            pairs = read_parallel(paths[f"{split}_src"], paths[f"{split}_tgt"])
+        for split, pairs in splits.items():
             if pairs.n_dropped:
                 log(f"{split}: dropped {pairs.n_dropped} line pairs with an empty side")
             self.text[split] = ([s for s, _ in pairs], [t for _, t in pairs])
             self.ids[split] = (tokenizer.encode(self.text[split][0]), tokenizer.encode(self.text[split][1]))
+        self._samplers, self._sampled_epoch = None, None  # BPE-dropout (set_bpe_dropout)
 
     def set_bpe_dropout(self, p):
         """Segment the training split anew each epoch with BPE-dropout ``p`` (0: never);
         validation and test keep the deterministic segmentation."""
-        from minitf.nmt.subword import BpeDropout
-
         self._samplers = None
         if p > 0 and "train" in self.text:
             self._samplers = tuple(BpeDropout(self.tokenizer, side, p) for side in self.text["train"])
@@ -320,7 +320,7 @@ class Corpus:
     def start_epoch(self, seed, epoch):
         """Training ids for ``epoch``: with BPE-dropout, the sample of ``(seed, epoch)``
         (the same on a resumed run); otherwise unchanged."""
-        if getattr(self, "_samplers", None) and self._sampled_epoch != (seed, epoch):
+        if self._samplers and self._sampled_epoch != (seed, epoch):
             self.ids["train"] = tuple(sampler.sample(seed, epoch) for sampler in self._samplers)
             self._sampled_epoch = (seed, epoch)
 

@@ -32,6 +32,7 @@ import contextlib
 from minitf import backend
 from minitf.backend import xp
 from minitf.module import no_grad
+from minitf.nmt.data import pad_batch
 from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = ["greedy_decode", "beam_search", "beam_search_nbest", "reorder_cache", "length_penalty", "inference_mode"]
@@ -380,3 +381,33 @@ def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_l
     if return_scores:
         return hyps, [entries[0][1] if entries else float("-inf") for entries in nbest]
     return hyps
+
+
+# --------------------------------------------------------------------------- #
+# translating text, BLEU
+# --------------------------------------------------------------------------- #
+def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=64):
+    """Translate a list of sentences; batches of similar length, output in input order."""
+    ids = tokenizer.encode(list(texts))
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # little padding per batch
+    outputs = [None] * len(ids)
+    with inference_mode(model):
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            src = pad_batch([ids[i] for i in chunk], PAD_ID, eos_id=EOS_ID)
+            # min_len=1: a weak model may rank the empty output first, never a translation of a sentence
+            if beam_size == 1:
+                tokens = greedy_decode(model, src, min_len=1)
+            else:
+                tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha, min_len=1)
+            for i, t in zip(chunk, tokens):
+                outputs[i] = t
+    return tokenizer.decode(outputs)
+
+
+def bleu_score(model, tokenizer, sources, references, beam, alpha):
+    """Corpus BLEU (sacrebleu, detokenized text) and the hypotheses."""
+    import sacrebleu
+
+    hypotheses = translate_texts(model, tokenizer, sources, beam_size=beam, alpha=alpha)
+    return sacrebleu.corpus_bleu(hypotheses, [references]).score, hypotheses

@@ -1,28 +1,238 @@
-"""Data-parallel training: the same recipe at any world size (``mpiexec -n N python
-train.py ...``), gradient accumulation (``--accumulate K``, fairseq's ``--update-freq``)
-and sharded Adam state (``--zero 1``, as llm.c's ZeRO-1).
+"""Data-parallel training on proven engines: the ranks of ``mpiexec -n N python train.py``
+and the collectives their update uses. MPI (``mpi4py``) launches the ranks, bootstraps
+and reduces host (NumPy) buffers; NCCL (``cupy.cuda.nccl``, its unique id broadcast
+over MPI) reduces device (CuPy) buffers. Nothing here opens a socket or polls a file.
 
-One update takes K consecutive batches of the global batch list (the same list on
-every rank: it depends only on (seed, epoch)); each rank runs its disjoint,
-token-balanced share of each batch's sentences. Every micro-batch's gradient is
-scaled by (its non-pad target tokens) / (those of the whole update), which every rank
-knows from the sentence lengths, so one sum over ranks gives the gradient of the
-loss averaged over all non-pad target tokens of the update, whatever N and K are.
-That sum is one all-reduce of the flat gradient buffer (``--zero 1``: one
-reduce-scatter, the update of this rank's slice, one all-gather of the parameters).
-Non-finite checks, clipping and fp16's loss scale then act on the reduced gradient,
-so every rank takes the same decision.
+``mpi4py`` is imported only by :class:`MpiWorld`, i.e. only when ``mpiexec`` started
+the process: ``import minitf`` and a one-process ``train.py`` never import it. The
+update itself is :meth:`minitf.nmt.trainer.Trainer.update`, the same for any world size.
+
+A flat buffer of n elements is split into ``size`` shards for ZeRO-1: rank r owns
+``[r*q, (r+1)*q)`` with ``q = n // size``, the last rank also the tail up to n (fewer
+than ``size`` elements). NCCL's reduce-scatter and all-gather need equal counts, so
+they run on the ``size*q`` head and the tail is all-reduced / broadcast on its own.
 """
 import contextlib
 import io
-import math
+import os
 import sys
+import time
 
 from minitf import backend
 from minitf.backend import host as np
 from minitf.backend import xp
-from minitf.optim import buffer_norm, clip_buffer_norm
-from minitf.nmt.collectives import MpiWorld, init_mpi, report_and_abort, shard_range
+
+#: Set by MPICH's hydra (PMI_*), Open MPI (OMPI_*) and PMIx launchers in every rank.
+LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def launched_by_mpi():
+    """True when ``mpiexec`` started this process (read from the environment; no import)."""
+    return any(name in os.environ for name in LAUNCHER_ENV)
+
+
+def shard_range(n, size, rank):
+    """The elements ``[lo, hi)`` of a flat buffer of ``n`` that ``rank`` owns."""
+    q = n // size
+    return rank * q, (n if rank == size - 1 else (rank + 1) * q)
+
+
+class LocalWorld:
+    """One process: every collective is the identity."""
+    rank, size, local_rank, is_root = 0, 1, 0, True
+
+    def sum_host(self, values):
+        return np.asarray(values, dtype=np.float64)
+
+    max_host = sum_host
+
+    def gather_shards(self, shard, n):
+        return backend.to_numpy(shard)
+
+    def barrier(self):
+        pass
+
+    def bind_device(self):
+        pass
+
+    def device_collectives(self):
+        return None
+
+
+_WORLD = [LocalWorld()]
+
+
+def get_world():
+    """The world of this process: a :class:`LocalWorld` unless :func:`init_mpi` ran."""
+    return _WORLD[0]
+
+
+def init_mpi(comm=None):
+    """Start MPI (through mpi4py) and make its world this process's world."""
+    _WORLD[0] = MpiWorld(comm)
+    return _WORLD[0]
+
+
+class MpiWorld:
+    """The ranks of ``mpiexec -n N``: host-side agreement (flags, logged scalars,
+    checkpoint moments) over MPI, and :meth:`device_collectives` for the gradients."""
+
+    def __init__(self, comm=None):
+        from mpi4py import MPI  # only here: a process that mpiexec did not start never imports it
+        self.MPI = MPI
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.local_rank = self.comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+        self.is_root = self.rank == 0
+        self._collectives = None
+
+    def sum_host(self, values):
+        """Element-wise sum over ranks of a few host numbers (the logged scalars)."""
+        values = np.array(values, dtype=np.float64)
+        self.comm.Allreduce(self.MPI.IN_PLACE, values)
+        return values
+
+    def max_host(self, values):
+        """Element-wise maximum over ranks of a few host numbers."""
+        values = np.array(values, dtype=np.float64)
+        self.comm.Allreduce(self.MPI.IN_PLACE, values, op=self.MPI.MAX)
+        return values
+
+    def gather_shards(self, shard, n):
+        """The full host array on rank 0 from every rank's shard (None elsewhere)."""
+        shard = np.ascontiguousarray(backend.to_numpy(shard))
+        counts = [shard_range(n, self.size, r)[1] - shard_range(n, self.size, r)[0] for r in range(self.size)]
+        full = np.empty(n, dtype=shard.dtype) if self.is_root else None
+        self.comm.Gatherv(shard, [full, counts] if self.is_root else None, root=0)
+        return full
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def pids(self):
+        """Every rank's process id, on every rank (to tell which rank mpiexec reports dead)."""
+        return self.comm.allgather(os.getpid())
+
+    def abort(self, status):
+        self.comm.Abort(status)
+
+    def bind_device(self):
+        """On the GPU each rank takes its local device (local rank modulo the devices seen)."""
+        if backend.get_device() == "gpu":
+            xp.cuda.Device(self.local_rank % xp.cuda.runtime.getDeviceCount()).use()
+
+    def device_collectives(self):
+        """MPI on NumPy buffers, NCCL (bootstrapped over this MPI world) on CuPy buffers."""
+        if self._collectives is None:
+            if backend.get_device() == "gpu":
+                self._collectives = NcclCollectives.bootstrap(self, nccl_module())
+            else:
+                self._collectives = MpiCollectives(self)
+        return self._collectives
+
+
+def nccl_module():
+    """``cupy.cuda.nccl``, through the backend (the one module that imports CuPy)."""
+    hook = getattr(backend, "nccl", None)
+    if hook is None:
+        raise backend.DeviceError("the NCCL path needs minitf.backend.nccl() (returning cupy.cuda.nccl); "
+                                  "this minitf's backend has none")
+    return hook()
+
+
+class MpiCollectives:
+    """Sums of host NumPy buffers over the MPI world, in place where MPI allows it."""
+
+    def __init__(self, world):
+        self.world, self.comm, self.MPI = world, world.comm, world.MPI
+        self._shard = None
+
+    def allreduce(self, buf):
+        self.comm.Allreduce(self.MPI.IN_PLACE, buf)
+
+    def reduce_scatter(self, buf):
+        """The sum over ranks of this rank's shard of ``buf`` (a separate array)."""
+        n, size = buf.size, self.world.size
+        counts = [shard_range(n, size, r)[1] - shard_range(n, size, r)[0] for r in range(size)]
+        if self._shard is None or self._shard.dtype != buf.dtype:
+            self._shard = np.empty(counts[self.world.rank], dtype=buf.dtype)  # one, reused
+        self.comm.Reduce_scatter(buf, self._shard, recvcounts=counts)
+        return self._shard
+
+    def allgather(self, buf):
+        """Every rank's own shard of ``buf`` to every rank, in place."""
+        n, size = buf.size, self.world.size
+        ranges = [shard_range(n, size, r) for r in range(size)]
+        counts, displs = [hi - lo for lo, hi in ranges], [lo for lo, _ in ranges]
+        self.comm.Allgatherv(self.MPI.IN_PLACE, [buf, (counts, displs)])
+
+
+class NcclCollectives:
+    """Sums of device (CuPy) buffers over NCCL, in place, on the current stream.
+
+    ``nccl`` is the module (``cupy.cuda.nccl``, or a test's stand-in with the same
+    constants and a communicator with the same methods); the calls take raw device
+    pointers (``a.data.ptr``), element counts and NCCL dtypes, as NCCL's C API does."""
+
+    def __init__(self, world, nccl, communicator, stream=None):
+        self.world, self.nccl, self.comm = world, nccl, communicator
+        self._stream = stream
+
+    @classmethod
+    def bootstrap(cls, world, nccl):
+        """ncclGetUniqueId on rank 0, broadcast over MPI, ncclCommInitRank on every rank."""
+        uid = world.comm.bcast(nccl.get_unique_id() if world.is_root else None, root=0)
+        return cls(world, nccl, nccl.NcclCommunicator(world.size, uid, world.rank))
+
+    def _args(self, buf):
+        kinds = {"float16": self.nccl.NCCL_FLOAT16, "float32": self.nccl.NCCL_FLOAT32,
+                 "float64": self.nccl.NCCL_FLOAT64}
+        stream = self._stream if self._stream is not None else xp.cuda.get_current_stream().ptr
+        return buf.data.ptr, buf.dtype.itemsize, kinds[buf.dtype.name], stream
+
+    def allreduce(self, buf):
+        ptr, _, dtype, stream = self._args(buf)
+        self.comm.allReduce(ptr, ptr, buf.size, dtype, self.nccl.NCCL_SUM, stream)
+
+    def reduce_scatter(self, buf):
+        """The sum over ranks of this rank's shard, left in place in ``buf`` (a view)."""
+        ptr, item, dtype, stream = self._args(buf)
+        n, size, rank = buf.size, self.world.size, self.world.rank
+        q = n // size
+        if q:  # in place: NCCL reads all of buf and writes rank's q elements at ptr + rank*q
+            self.comm.reduceScatter(ptr, ptr + rank * q * item, q, dtype, self.nccl.NCCL_SUM, stream)
+        if n > size * q:  # the tail (fewer than size elements): the last rank owns it
+            tail = ptr + size * q * item
+            self.comm.allReduce(tail, tail, n - size * q, dtype, self.nccl.NCCL_SUM, stream)
+        lo, hi = shard_range(n, size, rank)
+        return buf[lo:hi]
+
+    def allgather(self, buf):
+        ptr, item, dtype, stream = self._args(buf)
+        n, size, rank = buf.size, self.world.size, self.world.rank
+        q = n // size
+        if q:
+            self.comm.allGather(ptr + rank * q * item, ptr, q, dtype, stream)
+        if n > size * q:
+            tail = ptr + size * q * item
+            self.comm.broadcast(tail, tail, n - size * q, dtype, size - 1, stream)
+
+
+def report_and_abort(world, status, line, grace_s=2.0, forward_s=0.5):
+    """End the whole job after a failure on this rank. Rank 0 writes ``line`` and aborts;
+    another rank waits ``grace_s`` first (if rank 0 failed too, as with bad input that
+    every rank sees, rank 0's line and abort end it, and this rank says nothing), then
+    writes ``line`` naming itself and aborts. The line is written straight to the file
+    descriptor and given ``forward_s`` to travel through mpiexec's output forwarding
+    before MPI_Abort ends every rank (an abort right after the write could lose it)."""
+    if world.size > 1 and not world.is_root:
+        time.sleep(grace_s)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if line:
+        os.write(2, (line + "\n").encode("utf-8", "replace"))
+        time.sleep(forward_s)
+    world.abort(status)
 
 
 def rank_share(index, src_lens, tgt_lens, size, rank):
@@ -38,189 +248,6 @@ def rank_share(index, src_lens, tgt_lens, size, rank):
     return index[owner == rank]
 
 
-class ShardedAdam:
-    """ZeRO-1: this rank's slice ``[lo, hi)`` of Adam's moments, updating the same slice
-    of the flat parameters. The formula is :class:`minitf.optim.Adam`'s (bias corrections
-    folded into the step size and eps); ``tests/test_distributed.py`` checks they agree.
-    The optimizer's own full-size moments are released: Adam's memory per rank is 1/N."""
-
-    def __init__(self, optimizer, world):
-        self.optimizer = optimizer
-        self.n = optimizer.flat.data.size
-        self.lo, self.hi = shard_range(self.n, world.size, world.rank)
-        self.m = xp.zeros(self.hi - self.lo, dtype=optimizer.flat.data.dtype)
-        self.v = xp.zeros_like(self.m)
-        self._scratch = xp.empty_like(self.m)
-        optimizer.m = optimizer.v = None  # never used with --zero 1 (a stray full step would fail loudly)
-
-    def step(self, g):
-        """Adam on ``flat.data[lo:hi]`` with ``g``, this rank's slice of the reduced gradient."""
-        opt = self.optimizer
-        opt.step_count += 1
-        t, (b1, b2) = opt.step_count, opt.betas
-        step_size = opt.current_lr(t) * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
-        eps_hat = opt.eps * (1 - b2 ** t) ** 0.5
-        m, v, tmp = self.m, self.v, self._scratch
-        m *= b1
-        m += xp.multiply(g, 1 - b1, out=tmp)
-        v *= b2
-        g2 = xp.multiply(g, g, out=tmp)
-        g2 *= 1 - b2
-        v += g2
-        denom = xp.sqrt(v, out=tmp)
-        denom += eps_hat
-        update = xp.divide(m, denom, out=tmp)
-        update *= step_size
-        opt.flat.data[self.lo:self.hi] -= update
-
-    def load(self, m, v):
-        for name, full in (("m", m), ("v", v)):
-            if tuple(full.shape) != (self.n,):
-                raise ValueError(f"optimizer state {name!r} has shape {tuple(full.shape)}, expected {(self.n,)}")
-        self.m[...] = backend.asarray(full_slice(m, self.lo, self.hi), dtype=self.m.dtype)
-        self.v[...] = backend.asarray(full_slice(v, self.lo, self.hi), dtype=self.v.dtype)
-
-
-def full_slice(array, lo, hi):
-    return backend.to_numpy(array)[lo:hi]
-
-
-class _NoMetrics:
-    """metrics.jsonl is rank 0's: the other ranks write nothing."""
-    unwritten = ()
-
-    def write(self, **record):
-        pass
-
-    def truncate(self, step):
-        return 0
-
-    def append_unwritten(self, records):
-        pass
-
-
-class DataParallel:
-    """The update of a :class:`~minitf.nmt.trainer.Trainer` over ranks and micro-batches.
-
-    ``trivial`` (one process, K = 1, no sharding): the trainer's own ``train_step`` runs,
-    exactly as before this module existed."""
-
-    def __init__(self, trainer, world, step_seed):
-        self.trainer, self.world, self.step_seed = trainer, world, step_seed
-        config = trainer.config
-        self.accumulate, self.zero = config.accumulate, config.zero
-        self.trivial = world.size == 1 and self.accumulate == 1 and not self.zero
-        self.collectives = world.device_collectives() if world.size > 1 else None
-        self.sharded = ShardedAdam(trainer.optimizer, world) if self.zero else None
-        if not world.is_root:  # only rank 0 reports
-            trainer.metrics, trainer.progress = _NoMetrics(), False
-        if world.size > 1:
-            pids = ", ".join(f"{rank}={pid}" for rank, pid in enumerate(world.pids()))
-            trainer.log(f"data parallel: {world.size} ranks (pids {pids}), {self.accumulate} batch(es) of "
-                        f"--max-tokens {config.max_tokens} per update{', ZeRO-1 sharded Adam' if self.zero else ''}")
-
-    # -- agreement -------------------------------------------------------------------
-    def agree_finished(self, done):
-        """Every rank stops at the same step: finished if any rank is (time budget,
-        a signal); a signal seen by any rank becomes every rank's ``stop_requested``."""
-        if self.world.size == 1:
-            return bool(done)
-        done_any, signum = self.world.max_host([bool(done), int(self.trainer.stop_requested or 0)])
-        if signum and not self.trainer.stop_requested:
-            self.trainer.stop_requested = int(signum)
-        return bool(done_any)
-
-    # -- checkpoints -------------------------------------------------------------------
-    def optimizer_state(self):
-        """Adam's moments as full host arrays for the checkpoint (gathered on rank 0 with
-        --zero 1: every rank must call this; the other ranks get None)."""
-        if self.sharded is None:
-            opt = self.trainer.optimizer
-            return {"m": backend.to_numpy(opt.m), "v": backend.to_numpy(opt.v)} if self.world.is_root else None
-        m = self.world.gather_shards(self.sharded.m, self.sharded.n)
-        v = self.world.gather_shards(self.sharded.v, self.sharded.n)
-        return {"m": m, "v": v} if self.world.is_root else None
-
-    def load_optimizer_state(self, moments, step):
-        opt = self.trainer.optimizer
-        if self.sharded is None:
-            opt.load_state_dict(dict(moments, step=step))
-        else:
-            self.sharded.load(moments["m"], moments["v"])
-            opt.step_count = int(step)
-
-    # -- one update ----------------------------------------------------------------------
-    def step(self, update, lengths):
-        """One update on the batches ``update`` (lists of sentence indices of the global
-        batch list), given this epoch's ``lengths`` (source, target; BPE-dropout changes them
-        every epoch). Returns the loss averaged over all their non-pad target tokens."""
-        with backend.host.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return self._step(update, lengths)
-
-    def _step(self, update, lengths):
-        t, world = self.trainer, self.world
-        opt, config = t.optimizer, t.config
-        src_lens, tgt_lens = lengths
-        total = float(sum(int(tgt_lens[np.asarray(b)].sum()) for b in update))  # target tokens + EOS
-        base = self.step_seed(config.seed, t.step)
-        opt.zero_grad()
-        t.nonfinite = None
-        stats = np.zeros(3)  # sum of loss * tokens, sum of nll, tokens: host numbers, logged
-        for j, index in enumerate(update):
-            share = rank_share(index, src_lens, tgt_lens, world.size, world.rank)
-            if share.size == 0:
-                continue
-            # dropout: rank 0's first micro-batch draws what one process would; the others differ
-            backend.manual_seed((base + 7919 * (world.rank * len(update) + j)) % (2 ** 63))
-            src, tgt_in, tgt_out = t.corpus.batch("train", share)
-            loss = t.loss_fn(t.model(src, tgt_in), tgt_out)
-            tokens = t.loss_fn.num_tokens
-            stats += (loss * tokens, t.loss_fn.nll_sum, tokens)
-            if not math.isfinite(loss):
-                t.model.clear_saved()
-                t.loss_fn.clear_saved()  # its (B, T, V) cache too
-                continue
-            dloss = tokens / total * (opt.scale if t.mixed else 1.0)
-            t.model.backward(t.loss_fn.backward(dloss))  # gradients add up in the flat buffer
-        stats = world.sum_host(stats)
-        loss = float(stats[0] / max(stats[2], 1.0))
-        t.loss_fn.nll_sum, t.loss_fn.num_tokens = float(stats[1]), float(stats[2])  # the update's, for the log
-        if not math.isfinite(loss):  # the same on every rank: all skip the update
-            t.nonfinite = "loss"
-            return loss
-        grads = opt.unscale_grads() if t.mixed else opt.flat.grad
-        if self.sharded is not None:
-            g = self.collectives.reduce_scatter(grads) if self.collectives else grads
-            norm = math.sqrt(float(world.sum_host([float(xp.dot(g, g))])[0]))
-            if config.clip_norm > 0 and math.isfinite(norm):  # clip_buffer_norm's factor, on the global norm
-                g *= min(1.0, config.clip_norm / (norm + 1e-6))
-        else:
-            if self.collectives:
-                self.collectives.allreduce(grads)
-            norm = float(clip_buffer_norm(grads, config.clip_norm) if config.clip_norm > 0 else buffer_norm(grads))
-        t.grad_norm = norm
-        finite = math.isfinite(norm)
-        if not finite:
-            if t.mixed:
-                opt.update(False)  # halve the loss scale, skip
-                t.nonfinite = "overflow"
-            else:
-                t.nonfinite = "gradients"
-            return loss
-        if self.sharded is None:
-            opt.update(True) if t.mixed else opt.step()
-            return loss
-        self.sharded.step(g)
-        if self.collectives:
-            self.collectives.allgather(opt.flat.data)
-        if t.mixed:  # MixedPrecisionAdam.update's bookkeeping after a finite step
-            opt.model_flat.data[...] = opt.flat.data
-            opt.good_steps += 1
-            if opt.good_steps >= opt.growth_interval:
-                opt.scale, opt.good_steps = opt.scale * 2, 0
-        return loss
-
-
 # --------------------------------------------------------------------------- #
 # the entry point under mpiexec
 # --------------------------------------------------------------------------- #
@@ -228,7 +255,7 @@ def main(run, argv, prog, **report_options):
     """``run(argv)`` on every rank of ``mpiexec -n N``. A failure on any rank ends the
     whole job within seconds with one line naming the rank (MPI_Abort); rank 0 alone
     prints progress, --help and usage errors."""
-    from minitf.nmt.cli import report_errors
+    from minitf.nmt.errors import report_errors
 
     world = init_mpi()
     if world.size > 1:
@@ -260,6 +287,3 @@ def main(run, argv, prog, **report_options):
 def _ended_by_signal(status):
     """130/143: every rank stopped at the same step after Ctrl-C/SIGTERM and rank 0 saved."""
     return status in (130, 143)
-
-
-__all__ = ["DataParallel", "MpiWorld", "ShardedAdam", "main", "rank_share"]

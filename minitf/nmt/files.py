@@ -1,11 +1,35 @@
-"""Files that are never half-written: every write goes to a temp file beside its
-final place, is flushed to disk (fsync), and is renamed into place in one step.
-A crash leaves the old file or the new one, never a torn one."""
+"""Files a run can trust. Every write goes to a temp file beside its final place, is
+flushed to disk (fsync) and renamed into place in one step: a crash leaves the old file
+or the new one, never a torn one.
+
+One process per run folder: an advisory lock (``fcntl.flock``) on
+``RUN_DIR/train.lock``, taken before a run writes anything into the folder.
+
+The kernel releases a ``flock`` when its holder dies, SIGKILL included, so a
+killed run never leaves a stale lock (only a stale file, which means nothing). The
+holder writes its PID into it, so that a refused process can name it, and deletes
+it when it is done; a process that locked a file that was deleted meanwhile
+notices (another inode than the path's) and tries again, so two processes never
+hold two files of the same name. ``minitf.translate`` only
+reads and takes no lock. With several ranks, rank 0 holds it.
+
+A process holds at most one lock per folder: taking it again is a no-op, and
+:func:`released_on_exit` lets a command release what it took when it returns
+(tests call the commands in-process, many times).
+"""
+import contextlib
 import hashlib
 import json
 import os
 import pathlib
 import tempfile
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locking (docs/reliability.md)
+    fcntl = None
+
+from minitf.nmt.errors import RunFolderBusy, UsageError
 
 
 def fsync_dir(path):
@@ -56,3 +80,112 @@ def file_sha256(path):
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- #
+# the run folder: usable, and locked
+# --------------------------------------------------------------------------- #
+def check_output_folder(out):
+    """Refuse to overwrite another run, and fail early on a folder we cannot write."""
+    out = pathlib.Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder; expected a run folder, choose another --out")
+    if (out / "config.json").exists():
+        raise UsageError(f"--out {out} already holds a run; continue it with --resume {out} or choose another --out")
+    probe = out if out.exists() else next((p for p in out.parents if p.exists()), pathlib.Path("."))
+    if not probe.is_dir():
+        raise UsageError(f"--out {out} lies below {probe}, which is a file, not a folder; choose another --out")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to {probe} (for --out {out}); choose a writable --out")
+
+
+def check_resumable(run_dir):
+    """Refuse (one line, nothing changed) a run folder that --resume could not
+    continue and save into: a ``checkpoints`` that is not a readable, writable
+    folder, or a run folder or metrics.jsonl that cannot be written."""
+    run_dir = pathlib.Path(run_dir)
+    folder = run_dir / "checkpoints"
+    if folder.exists() or folder.is_symlink():
+        if not folder.is_dir():
+            raise UsageError(f"--resume {run_dir}: {folder} is not a folder, so its checkpoints are gone or "
+                             "hidden; restore the checkpoints folder (or move the file away to start at step 0)")
+        try:
+            list(folder.iterdir())
+        except OSError as error:
+            raise UsageError(f"--resume {run_dir}: cannot read {folder} ({error.strerror or error}); "
+                             "fix its permissions") from None
+    for path in (run_dir, folder, run_dir / "metrics.jsonl"):
+        if path.exists() and not os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0)):
+            raise UsageError(f"--resume {run_dir}: {path} is not writable; fix its permissions")
+
+
+LOCK_NAME = "train.lock"
+_held = {}  # realpath of a run folder -> open file descriptor holding its lock
+
+
+def lock_run_folder(run_dir):
+    """Take the run folder's lock (the folder must exist) or raise RunFolderBusy
+    naming the holder's PID. Returns the lock file's path."""
+    run_dir = pathlib.Path(run_dir)
+    key = os.path.realpath(run_dir)
+    path = run_dir / LOCK_NAME
+    if key in _held or fcntl is None:
+        return path
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as error:
+            raise UsageError(f"cannot create the lock file {path} ({error.strerror or error}); "
+                             "the run folder must be writable") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = holder_pid(path)
+            os.close(fd)
+            raise RunFolderBusy(f"{run_dir} is in use by another train.py (process {pid or 'unknown'}, lock "
+                                f"{path}); wait for it to end or stop it (kill -TERM {pid or 'PID'}), or choose "
+                                "another folder", run_dir, pid) from None
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        mine = os.fstat(fd)
+        if current is not None and (current.st_ino, current.st_dev) == (mine.st_ino, mine.st_dev):
+            break
+        os.close(fd)  # the holder deleted the file between our open and flock: lock the new one
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held[key] = (fd, path)
+    return path
+
+
+def holder_pid(path):
+    """The PID written into a lock file, or None."""
+    try:
+        text = pathlib.Path(path).read_text(encoding="ascii").strip()
+        return int(text) if text.isdigit() else None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def release(run_dir):
+    """Release this process's lock of ``run_dir`` (if it holds it)."""
+    held = _held.pop(os.path.realpath(run_dir), None)
+    if held is not None:
+        fd, path = held
+        try:
+            os.unlink(path)  # while still locked: see the module doc
+        except OSError:
+            pass
+        os.close(fd)  # closing the only descriptor releases the flock
+
+
+@contextlib.contextmanager
+def released_on_exit():
+    """Release, on leaving, every run-folder lock taken inside."""
+    before = set(_held)
+    try:
+        yield
+    finally:
+        for key in set(_held) - before:
+            release(key)

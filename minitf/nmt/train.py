@@ -7,20 +7,18 @@ and cuts metrics.jsonl back to that checkpoint's step.
 """
 import os
 import pathlib
-import signal
 import sys
 import time
 
 from minitf import backend
-from minitf.nmt import budget, checkpoint as ckpt, runlock
-from minitf.nmt.collectives import get_world, launched_by_mpi
-from minitf.nmt.cli import OneLineParser, non_negative, positive, report_errors
+from minitf.nmt import checkpoint as ckpt, files, trainer as training
 from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
 from minitf.nmt.corpus import default_corpus_splits
-from minitf.nmt.data import Corpus, read_parallel
-from minitf.nmt.errors import CheckpointError, DataError, MetricsWriteError, UsageError
-from minitf.nmt.files import file_sha256
-from minitf.nmt.finish import finish_and_report, signal_name
+from minitf.nmt.data import Corpus, read_splits
+from minitf.nmt.distributed import get_world, launched_by_mpi
+from minitf.nmt.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,
+                               report_errors)
+from minitf.nmt.files import check_output_folder, check_resumable, file_sha256
 from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
 from minitf.nmt.trainer import Trainer
 
@@ -161,40 +159,6 @@ def data_paths(args):
     return default_corpus_splits(args.cache_dir, args.src_lang, args.tgt_lang, phrases=args.phrases)
 
 
-def check_output_folder(out):
-    """Refuse to overwrite another run, and fail early on a folder we cannot write."""
-    out = pathlib.Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder; expected a run folder, choose another --out")
-    if (out / "config.json").exists():
-        raise UsageError(f"--out {out} already holds a run; continue it with --resume {out} or choose another --out")
-    probe = out if out.exists() else next((p for p in out.parents if p.exists()), pathlib.Path("."))
-    if not probe.is_dir():
-        raise UsageError(f"--out {out} lies below {probe}, which is a file, not a folder; choose another --out")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write to {probe} (for --out {out}); choose a writable --out")
-
-
-def check_resumable(run_dir):
-    """Refuse (one line, nothing changed) a run folder that --resume could not
-    continue and save into: a ``checkpoints`` that is not a readable, writable
-    folder, or a run folder or metrics.jsonl that cannot be written."""
-    run_dir = pathlib.Path(run_dir)
-    folder = run_dir / "checkpoints"
-    if folder.exists() or folder.is_symlink():
-        if not folder.is_dir():
-            raise UsageError(f"--resume {run_dir}: {folder} is not a folder, so its checkpoints are gone or "
-                             "hidden; restore the checkpoints folder (or move the file away to start at step 0)")
-        try:
-            list(folder.iterdir())
-        except OSError as error:
-            raise UsageError(f"--resume {run_dir}: cannot read {folder} ({error.strerror or error}); "
-                             "fix its permissions") from None
-    for path in (run_dir, folder, run_dir / "metrics.jsonl"):
-        if path.exists() and not os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0)):
-            raise UsageError(f"--resume {run_dir}: {path} is not writable; fix its permissions")
-
-
 def prepare_tokenizer(run_dir, train_texts, vocab_size, log):
     """Train the run's tokenizer. A new run always trains it, also over a
     tokenizer.model left by a run killed before it wrote config.json (it may
@@ -216,7 +180,7 @@ def log(message):
 # a new run
 # --------------------------------------------------------------------------- #
 def run(argv=None):
-    budget.mark_command_start()  # --max-minutes counts the whole command from here
+    training.mark_command_start()  # --max-minutes counts the whole command from here
     args = build_parser().parse_args(argv)
     if args.resume is not None:
         return resume_run(args, given_options(argv))
@@ -226,22 +190,20 @@ def run(argv=None):
     check_output_folder(run_dir)
     setup_device(config.precision, args.device)
     paths = data_paths(args)
-    train_pairs = read_parallel(paths["train_src"], paths["train_tgt"])  # fail on bad data before writing
-    read_parallel(paths["valid_src"], paths["valid_tgt"])
-    if paths.get("test_src"):
-        read_parallel(paths["test_src"], paths["test_tgt"])
+    splits = read_splits(paths)  # fail on bad data before writing anything
+    train_pairs = splits["train"]
     world.barrier()  # every rank has checked its input before rank 0 writes anything
     config.data = paths
     if world.is_root:  # rank 0 makes the run folder, holds its lock and trains the tokenizer; the others wait
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
-        runlock.lock_run_folder(run_dir)  # one process per run folder, taken before anything is written
+        files.lock_run_folder(run_dir)  # one process per run folder, taken before anything is written
         check_output_folder(run_dir)      # again, under the lock: another run may have started meanwhile
         try:
             tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
                                           config.vocab_size, log)
         except DataError:  # e.g. --vocab-size too large for the text: leave no empty run folder behind
-            runlock.release(run_dir)
+            files.release(run_dir)
             if created and not any(run_dir.iterdir()):
                 run_dir.rmdir()
             raise
@@ -251,12 +213,12 @@ def run(argv=None):
     world.barrier()
     if not world.is_root:
         tokenizer = Tokenizer(run_dir / "tokenizer.model")
-    corpus = Corpus(tokenizer, paths, log)
+    corpus = Corpus(tokenizer, splits, log)
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     log(f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
         f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, on {backend.get_device()}; "
         f"{len(corpus.ids['train'][0])} training pairs; run folder {run_dir}")
-    return train_and_report(trainer, args)
+    return trainer.train_and_finish()
 
 
 # --------------------------------------------------------------------------- #
@@ -275,7 +237,7 @@ def resume_run(args, given):
     config = RunConfig.read(run_dir)
     world = get_world()
     if world.is_root:  # before anything is written; refused while another process trains here
-        runlock.lock_run_folder(run_dir)
+        files.lock_run_folder(run_dir)
     check_resumable(run_dir)
     changed = {k: getattr(args, k) for k in RESUME_CHANGEABLE + RUN_OPTIONS
                if k in given and getattr(args, k) != getattr(config, k)}
@@ -295,14 +257,13 @@ def resume_run(args, given):
             log(f"warning: {data_file} changed since the run started: the resumed run will not repeat an "
                 "uninterrupted one (restore the original file for an exact resume)")
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
-    corpus = Corpus(tokenizer, config.data, log)
+    corpus = Corpus(tokenizer, read_splits(config.data), log)
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     if not world.is_root:
         world.barrier()  # rank 0 recovers and checks the checkpoints (moving bad ones aside) first
     for stale in ckpt.recover_checkpoints(run_dir):
         log(f"removed {stale.name}, left by an interrupted checkpoint write")
-    state, path, errors = ckpt.latest_valid_checkpoint(run_dir, check=trainer.check_fits,
-                                                       expect=trainer.expected_arrays)
+    state, path, errors = ckpt.latest_valid_checkpoint(run_dir, expect=trainer.expected_arrays)
     if state is None and errors:
         raise CheckpointError(f"--resume {run_dir}: none of its {len(errors)} checkpoints is usable, the newest "
                               f"because: {errors[0][1]}; restore a good checkpoint or start a new run")
@@ -322,72 +283,21 @@ def resume_run(args, given):
             log("warning: changed " + ", ".join(f"--{k.replace('_', '-')} to {changed[k]}" for k in recipe)
                 + ": from here on the run departs from an uninterrupted one (config.json now holds the new values)")
     for bad, error in errors:
-        aside = bad.with_name(bad.name + ".bad")
-        n = 1
-        while aside.exists():
-            n, aside = n + 1, bad.with_name(f"{bad.name}.bad{n}")
-        os.rename(bad, aside)
-        log(f"warning: skipping a bad checkpoint, moved aside to {aside.name}: {error}")
+        log(f"warning: skipping a bad checkpoint, moved aside to {ckpt.set_aside(bad).name}: {error}")
     if world.is_root:
         world.barrier()
     if state is not None:
         log(f"resumed from {path} at step {trainer.step} (epoch {trainer.epoch + 1})")
     else:
         log(f"no checkpoint in {run_dir} yet: starting from step 0")
-    return train_and_report(trainer, args)
-
-
-# --------------------------------------------------------------------------- #
-# training, then the end-of-run report
-# --------------------------------------------------------------------------- #
-def train_and_report(trainer, args):
-    config, run_dir = trainer.config, trainer.run_dir
-
-    def request_stop(signum, frame):
-        trainer.stop_requested = signum
-        log(f"{signal_name(signum)}: saving a checkpoint after this step (Ctrl-C again to abort without saving)")
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        trainer.run(config.eval_every, config.save_every, config.bleu_sentences, config.beam, config.alpha)
-        final = trainer.save()
-    except MetricsWriteError as error:  # a full disk: save what can be saved, then one line
-        raise save_after_metrics_failure(trainer, error) from None
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if trainer.stop_requested:
-        log(f"stopped at step {trainer.step}; checkpoint {final}; continue with: python train.py --resume {run_dir}")
-        return 128 + int(trainer.stop_requested)  # 130 after Ctrl-C, 143 after SIGTERM
-    if not trainer.world.is_root:  # rank 0 averages, chooses and reports
-        return 0
-    try:
-        trainer.metrics.write(kind="done", step=trainer.step, train_minutes=round(trainer.elapsed / 60, 2))
-        log(f"trained {trainer.step} steps, {trainer.elapsed / 60:.1f} min after the start; checkpoint {final}")
-        return finish_and_report(trainer, final, log)
-    except MetricsWriteError as error:
-        raise MetricsWriteError(error.path, error.reason, f"the run is complete up to checkpoint {final}; free "
-                                f"disk space, then python train.py --resume {run_dir} writes the end-of-run report"
-                                ) from None
-
-
-def save_after_metrics_failure(trainer, error):
-    """After metrics.jsonl refused a record: try to save a checkpoint (which carries
-    the unwritten records, for --resume to append); the error names what is safe."""
-    try:
-        saved = f"saved checkpoint {trainer.save()} (last good checkpoint)"
-    except (CheckpointError, FloatingPointError, OSError):
-        saved = f"could not save a checkpoint either; last good checkpoint: {trainer.last_checkpoint or 'none yet'}"
-    return MetricsWriteError(error.path, error.reason, f"{saved}; free disk space, then continue with "
-                             f"python train.py --resume {trainer.run_dir}")
+    return trainer.train_and_finish()
 
 
 def main(argv=None):
     """Entry point: runs training; bad input gives one error line and a non-zero exit.
     Under ``mpiexec`` every rank runs it (minitf.nmt.distributed: data parallelism)."""
     backend.keep_freed_memory()  # a step's large temporaries reuse freed memory: no page faults (~20% on CPU)
-    with runlock.released_on_exit():
+    with files.released_on_exit():
         if launched_by_mpi():
             from minitf.nmt import distributed
             return distributed.main(run, argv, "train.py", memory_hint="use a smaller --max-tokens",

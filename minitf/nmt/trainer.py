@@ -1,31 +1,45 @@
-"""The training loop: one update (forward, loss, backward, clipping, Adam), the
-loop over token-count batches with validation and checkpoints, and saving and
-restoring a run's state.
+"""Training: one update for any world size, the loop over token-count batches with
+validation, checkpoints and the time budget, and the end of a run.
 
 The recipe is the paper's (section 5): Adam (0.9, 0.98, 1e-9) with the warmup
-schedule, label smoothing, dropout. Resuming is exact: the dropout generator is
-re-seeded from (seed, step) before every step and the batch order depends only
-on (seed, epoch), so a checkpoint needs only the parameters, Adam's moments and
-the position in the data.
+schedule, label smoothing, dropout. One process is a world of one: the update below
+is the same code for N ranks of ``mpiexec``, K accumulated batches (``--accumulate``)
+and Adam's moments sharded over the ranks (``--zero 1``), as fairseq's ``train_step``
+and llm.c's ``gpt2_update``.
+
+One update takes K consecutive batches of the global batch list (the same list on
+every rank: it depends only on (seed, epoch)); each rank runs its disjoint,
+token-balanced share of each batch's sentences. Every micro-batch's gradient is
+scaled by (its non-pad target tokens) / (those of the whole update), which every rank
+knows from the sentence lengths, so one sum over ranks gives the gradient of the
+loss averaged over all non-pad target tokens of the update, whatever N and K are.
+
+Resuming is exact: the dropout generator is re-seeded from (seed, step) before every
+step and the batch order depends only on (seed, epoch), so a checkpoint needs only
+the parameters, Adam's moments and the position in the data.
 """
+import dataclasses
+import errno
+import json
 import math
+import os
 import pathlib
+import signal
 import sys
 import time
 
 from minitf import backend
+from minitf.backend import host as np
 from minitf.backend import xp
 from minitf.loss import LabelSmoothedCrossEntropy
-from minitf.optim import Adam, MixedPrecisionAdam, WarmupSchedule, buffer_norm, clip_buffer_norm
+from minitf.optim import Adam, MixedPrecisionAdam, WarmupSchedule, clip_factor
 from minitf.transformer import Transformer
 from minitf.nmt import checkpoint as ckpt
-from minitf.nmt.budget import WallBudget
-from minitf.nmt.collectives import get_world
 from minitf.nmt.data import token_batches
-from minitf.nmt.distributed import DataParallel
-from minitf.nmt.errors import CheckpointError, DataError, StepOutOfMemory
-from minitf.nmt.evaluate import bleu_score, evaluate_loss
-from minitf.nmt.metrics import MetricsLog, perplexity
+from minitf.nmt.decode import bleu_score, inference_mode, translate_texts
+from minitf.nmt.distributed import get_world, rank_share, shard_range
+from minitf.nmt.errors import CheckpointError, DataError, MetricsWriteError, StepOutOfMemory
+from minitf.nmt.files import write_atomic, write_json_atomic
 from minitf.nmt.tokenizer import PAD_ID
 
 
@@ -34,13 +48,209 @@ def step_seed(seed, step):
     return (int(seed) * 1_000_003 + int(step)) % (2 ** 63)
 
 
+def micro_batch_seed(seed, step, rank, j, accumulate):
+    """The dropout seed of micro-batch ``j`` of an update on ``rank``: rank 0's first
+    micro-batch draws what one process would (``step_seed``); the others differ."""
+    return (step_seed(seed, step) + 7919 * (rank * accumulate + j)) % (2 ** 63)
 
+
+@dataclasses.dataclass
+class UpdateResult:
+    """What one update measured (host numbers: the logged scalars)."""
+    loss: float            # label-smoothed loss averaged over the update's non-pad target tokens
+    nll_sum: float         # unsmoothed negative log-likelihood summed over them (for perplexity)
+    tokens: float          # non-pad target tokens of the update, all ranks
+    grad_norm: float       # global gradient norm before clipping (nan when the loss was not finite)
+    nonfinite: str = None  # None, "loss", "gradients" or (fp16) "overflow": the update was skipped
+
+
+# --------------------------------------------------------------------------- #
+# the metrics log and the time budget
+# --------------------------------------------------------------------------- #
+#: exp() of a per-token NLL above this overflows into meaningless numbers early in training
+_MAX_LOG_PERPLEXITY = 50.0
+
+
+def perplexity(nll_per_token):
+    """exp(mean negative log-likelihood per token), clamped at exp(50)."""
+    return math.exp(min(nll_per_token, _MAX_LOG_PERPLEXITY))
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per line, {"kind": "train" | "valid" | "test" | ..., "step": ...}.
+    Only rank 0 writes (``enabled``); the other ranks' logs write nothing."""
+
+    def __init__(self, path, enabled=True):
+        self.path, self.enabled = pathlib.Path(path), enabled
+        self.unwritten = []  # records a failed write kept (saved in the next checkpoint's meta.json)
+
+    def check_writable(self):
+        """Refuse, before any step, a metrics path that is not a regular file (or absent)."""
+        if self.enabled and (self.path.exists() or self.path.is_symlink()) and not self.path.is_file():
+            kind = "a folder" if self.path.is_dir() else "not a regular file"
+            raise DataError(f"{self.path} is {kind}; it must be the run's metrics log (a regular file): "
+                            "move it away and run again")
+
+    def write(self, **record):
+        """Append one record. If the disk refuses (ENOSPC, EIO), the file is cut back to
+        what it held (no torn line), the record is kept in ``unwritten`` and
+        MetricsWriteError is raised."""
+        if not self.enabled:
+            return
+        line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+        try:
+            with open(self.path, "ab", buffering=0) as handle:
+                size = handle.tell()
+                try:
+                    if handle.write(line) != len(line):
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                except OSError:
+                    try:
+                        handle.truncate(size)
+                    except OSError:
+                        pass
+                    raise
+        except OSError as error:
+            self.unwritten.append(record)
+            raise MetricsWriteError(self.path, error.strerror or str(error)) from None
+
+    def append_unwritten(self, records):
+        """Append the records a run could not write before its checkpoint was saved
+        (``unwritten_metrics`` in meta.json), so that the log is whole again."""
+        for record in records if isinstance(records, list) else []:
+            if isinstance(record, dict):
+                self.write(**record)
+
+    def truncate(self, step):
+        """Keep the records a run had written when it saved its checkpoint at ``step``
+        (the longest prefix with step <= ``step`` and no end-of-run report), atomically.
+        A resumed run then appends exactly what an uninterrupted run would have.
+        Returns the number of records dropped (a torn last line counts as one)."""
+        if not self.enabled or not self.path.is_file():
+            return 0
+        data = self.path.read_bytes()
+        lines = data.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
+        kept = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line torn by a kill
+                break
+            if not isinstance(record, dict) or record.get("kind") == "done" or not record.get("step", 0) <= step:
+                break
+            kept.append(line)
+        if len(kept) < len(lines) or (data and not data.endswith(b"\n")):
+            try:
+                write_atomic(self.path, b"".join(line + b"\n" for line in kept))
+            except OSError as error:  # write_atomic left the file as it was and no temp file
+                raise MetricsWriteError(self.path, error.strerror or str(error),
+                                        "nothing was changed; free disk space and try again") from None
+        return len(lines) - len(kept)
+
+
+#: The budget's clock; a test replaces it with a fake one.
+clock = time.monotonic
+_command_start = None
+
+
+def mark_command_start():
+    """Called first thing by ``train.py``: the budget counts the whole command from here."""
+    global _command_start
+    _command_start = clock()
+
+
+class WallBudget:
+    """Wall seconds spent by a run and what is left of ``--max-minutes`` (None: no budget).
+
+    The budget is the whole command, from its start to its last line. Training stops
+    early enough to leave time for the end: the end's cost is estimated from the measured
+    duration of the periodic validations (the end decodes the validation set once per
+    candidate model, and the test set with beam search), so a slower machine stops
+    training sooner instead of overrunning. ETA is the time left to the end of the command."""
+    #: Beam search costs about this many times a greedy decode of the same sentences.
+    BEAM_FACTOR = 2.0
+    #: Seconds added to the estimate for saving, averaging and the examples.
+    MARGIN_SECONDS = 10.0
+    #: Before any validation was timed: reserve this share of the budget for the end.
+    UNMEASURED_SHARE = 0.08
+
+    def __init__(self, max_minutes):
+        self.limit = None if max_minutes is None else 60.0 * float(max_minutes)
+        self.started = clock() if _command_start is None else _command_start
+        self.before = 0.0  # wall seconds of earlier invocations of a resumed run
+        self.seconds_per_sentence = None  # of a periodic validation (loss + greedy BLEU), per sentence
+        self.validation_seconds = 0.0
+
+    @staticmethod
+    def now():
+        return clock()
+
+    def elapsed(self):
+        """Wall seconds of the run so far (earlier invocations included)."""
+        return self.before + clock() - self.started
+
+    def note_validation(self, seconds, sentences):
+        """Record a periodic validation's duration; the end's estimate follows it."""
+        self.validation_seconds = float(seconds)
+        self.seconds_per_sentence = float(seconds) / max(int(sentences), 1)
+
+    def end_reserve(self, n_valid, n_test, beam, candidates=2):
+        """Seconds to keep for what follows training: one more periodic validation, a
+        greedy decode of the ``n_valid`` sentences per candidate model, the test set with
+        ``beam``, and a margin."""
+        if self.limit is None:
+            return 0.0
+        if self.seconds_per_sentence is None:
+            return self.UNMEASURED_SHARE * self.limit + self.MARGIN_SECONDS
+        per = self.seconds_per_sentence
+        test = per * n_test * (self.BEAM_FACTOR if beam > 1 else 1.0)
+        return self.validation_seconds + candidates * per * n_valid + test + self.MARGIN_SECONDS
+
+    def over(self, reserve):
+        """True once training must stop to end the command within the budget."""
+        return self.limit is not None and self.elapsed() + reserve >= self.limit
+
+    def eta(self):
+        """' ETA m:ss' to the end of the command ('' without a time budget)."""
+        if self.limit is None:
+            return ""
+        left = max(0, int(self.limit - self.elapsed()))
+        return f" ETA {left // 60}:{left % 60:02d}"
+
+
+class EndOfRunInterrupted(BaseException):
+    """Ctrl-C or SIGTERM during the end-of-run evaluation (a BaseException, like
+    KeyboardInterrupt, so that nothing on the way swallows it)."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def signal_name(signum):
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+#: Short everyday German sentences shown at the end of a German-English run.
+EVERYDAY_GERMAN = ("Ich habe Hunger.", "Die Tür ist geschlossen.", "Das Wetter ist heute schön.",
+                   "Wo ist der Bahnhof?", "Kannst du mir helfen?")
+
+
+# --------------------------------------------------------------------------- #
+# the trainer
+# --------------------------------------------------------------------------- #
 class Trainer:
+    """A run: the model, the loss, Adam, the data and the run folder, on the ranks of
+    ``world`` (one process: a world of one)."""
+
     def __init__(self, config, run_dir, tokenizer, corpus, log, progress=True, world=None):
-        self.world = world or get_world()  # the ranks of a data-parallel run (one process: a LocalWorld)
+        self.world = world or get_world()
         self.world.bind_device()
-        self.config, self.run_dir, self.tokenizer, self.corpus, self.log = config, pathlib.Path(run_dir), tokenizer, corpus, log
-        self.progress = progress
+        self.config, self.run_dir, self.tokenizer, self.corpus, self.log = (
+            config, pathlib.Path(run_dir), tokenizer, corpus, log)
+        self.progress = progress and self.world.is_root  # only rank 0 reports
         backend.manual_seed(config.seed)
         # fp16: a float16 model (parameters, activations, gradients) with float32 master weights in the optimizer
         self.mixed = config.precision == "fp16"
@@ -49,19 +259,250 @@ class Trainer:
         corpus.set_bpe_dropout(config.bpe_dropout)
         self.loss_fn = LabelSmoothedCrossEntropy(config.label_smoothing, ignore_index=PAD_ID)
         self.schedule = WarmupSchedule(config.d_model, config.warmup, config.lr_scale)
+        # the gradient sums over ranks: MPI on host buffers, NCCL on the GPU (None for one process)
+        self.collectives = self.world.device_collectives() if self.world.size > 1 else None
+        n = sum(p.data.size for p in self.model.parameters())
+        zero = bool(config.zero) and self.world.size > 1  # --zero 1: Adam updates this rank's shard only
         self.optimizer = (MixedPrecisionAdam if self.mixed else Adam)(
-            self.model.parameters(), lr=self.schedule, betas=(0.9, 0.98), eps=1e-9)
+            self.model.parameters(), lr=self.schedule, betas=(0.9, 0.98), eps=1e-9,
+            shard=shard_range(n, self.world.size, self.world.rank) if zero else None,
+            gather=self.collectives.allgather if zero else None)
         self.step, self.epoch, self.batch_in_epoch, self.elapsed = 0, 0, 0, 0.0
         self.skipped_nonfinite = 0
         self.budget = WallBudget(config.max_minutes)  # --max-minutes: wall time of the whole command
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.world.is_root)
         self.last_checkpoint = None
+        self.valid_ppl = {}  # step -> perplexity of this invocation's periodic validations
         self.stop_requested = False
-        self.nonfinite = None  # what the last train_step found not finite: None, "loss" or "gradients"
-        self.grad_norm = float("nan")  # global gradient norm of the last step (before clipping)
-        self.parallel = DataParallel(self, self.world, step_seed)  # ranks, --accumulate, --zero
+        self._stopping_now = False  # signals raise EndOfRunInterrupted during the end-of-run evaluation
+        if self.world.size > 1:
+            pids = ", ".join(f"{rank}={pid}" for rank, pid in enumerate(self.world.pids()))
+            log(f"data parallel: {self.world.size} ranks (pids {pids}), {config.accumulate} batch(es) of "
+                f"--max-tokens {config.max_tokens} per update{', ZeRO-1 sharded Adam' if zero else ''}")
 
-    # -- checkpoints -----------------------------------------------------------
+    @property
+    def sharded(self):
+        """True when Adam updates only this rank's shard of the parameters (--zero 1)."""
+        return self.optimizer.hi - self.optimizer.lo < self.optimizer.flat.data.size
+
+    # -- one update ----------------------------------------------------------------
+    def update(self, batches, lengths):
+        """One update on ``batches`` (K lists of sentence indices of the global batch list),
+        given this epoch's ``lengths`` (source, target; BPE-dropout changes them every epoch):
+        forward and backward of this rank's share of each batch, the gradient summed over
+        ranks, clipping, Adam. Returns an :class:`UpdateResult`.
+
+        A non-finite loss skips backward, non-finite gradients skip Adam: either way the
+        parameters and Adam's moments are untouched. With fp16, non-finite gradients are a
+        loss-scale overflow: the scale halves and the update is skipped."""
+        # overflow is checked below and reported once, not as numpy warnings
+        with backend.host.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._update(batches, lengths)
+
+    def _update(self, batches, lengths):
+        c, world, opt, model, loss_fn = self.config, self.world, self.optimizer, self.model, self.loss_fn
+        src_lens, tgt_lens = lengths
+        total = float(sum(int(tgt_lens[np.asarray(b)].sum()) for b in batches))  # target tokens + EOS, all ranks
+        opt.zero_grad()
+        stats = np.zeros(3)  # sum of loss * weight, sum of nll, tokens: host numbers, logged
+        for j, index in enumerate(batches):
+            share = rank_share(index, src_lens, tgt_lens, world.size, world.rank)
+            if share.size == 0:
+                continue
+            backend.manual_seed(micro_batch_seed(c.seed, self.step, world.rank, j, len(batches)))
+            src, tgt_in, tgt_out = self.corpus.batch("train", share)
+            loss = loss_fn(model(src, tgt_in), tgt_out)
+            weight = loss_fn.num_tokens / total  # this share's part of the update's mean (1.0 for one batch)
+            stats += (loss * weight, loss_fn.nll_sum, loss_fn.num_tokens)
+            if not math.isfinite(loss):
+                model.clear_saved()
+                loss_fn.clear_saved()  # its (B, T, V) cache too
+                continue
+            model.backward(loss_fn.backward(weight * (opt.scale if self.mixed else 1.0)))  # grads add up
+        if world.size > 1:
+            stats = world.sum_host(stats)
+        loss, nll_sum, tokens = (float(s) for s in stats)
+        if not math.isfinite(loss):  # the same on every rank: all skip the update
+            return UpdateResult(loss, nll_sum, tokens, float("nan"), "loss")
+        grads = opt.unscale_grads() if self.mixed else opt.flat.grad  # float32 (fp16: / scale)
+        if self.sharded:  # ZeRO-1: this rank gets the sum of its shard only
+            grads = self.collectives.reduce_scatter(grads)
+            norm = xp.asarray(math.sqrt(world.sum_host([float(xp.dot(grads, grads))])[0]), dtype=grads.dtype)
+        else:
+            if self.collectives is not None:
+                self.collectives.allreduce(grads)
+            norm = xp.sqrt(xp.dot(grads, grads))
+        if c.clip_norm > 0:
+            grads *= clip_factor(norm, c.clip_norm, grads.dtype)
+        grad_norm = float(norm)  # a logged scalar, and the finiteness check of every gradient
+        finite = math.isfinite(grad_norm)
+        if self.mixed:
+            return UpdateResult(loss, nll_sum, tokens, grad_norm,
+                                None if opt.update(finite, grads if self.sharded else None) else "overflow")
+        if not finite:
+            return UpdateResult(loss, nll_sum, tokens, grad_norm, "gradients")
+        opt.step(grads if self.sharded else None)
+        return UpdateResult(loss, nll_sum, tokens, grad_norm)
+
+    # -- the loop ----------------------------------------------------------------------
+    def finished(self):
+        """Every rank stops at the same step: finished if any rank is (time budget, a
+        signal); a signal seen by any rank becomes every rank's ``stop_requested``."""
+        c = self.config
+        done = ((c.max_steps is not None and self.step >= c.max_steps)
+                or (c.epochs is not None and self.epoch >= c.epochs)
+                or (c.max_minutes is not None and self.budget.over(self.end_reserve()))
+                or bool(self.stop_requested))
+        if self.world.size == 1:
+            return done
+        done_any, signum = self.world.max_host([done, int(self.stop_requested or 0)])
+        if signum and not self.stop_requested:
+            self.stop_requested = int(signum)
+        return bool(done_any)
+
+    def end_reserve(self):
+        """Seconds the end of the run needs (:meth:`WallBudget.end_reserve`)."""
+        n_valid = len(self.corpus.text["valid"][0]) if "valid" in self.corpus.text else 0
+        n_test = len(self.corpus.text["test"][0]) if "test" in self.corpus.text else 0
+        # a third candidate model at the end when validation perplexity has turned up
+        candidates = 3 if self.valid_ppl and min(self.valid_ppl.values()) < self.valid_ppl[max(self.valid_ppl)] else 2
+        return self.budget.end_reserve(n_valid, n_test, self.config.beam, candidates)
+
+    def run(self):
+        """Train until --max-steps, --epochs, --max-minutes or a signal; validate every
+        --eval-every steps and save every --save-every steps."""
+        c = self.config
+        self.metrics.check_writable()
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+            bar = tqdm(total=c.max_steps, initial=self.step, unit="step", dynamic_ncols=True, file=sys.stderr)
+        window_tokens, window_start = 0, time.perf_counter()
+        self.budget.before = self.elapsed  # a resumed run: wall time of its earlier invocations
+        while not self.finished():
+            self.corpus.start_epoch(c.seed, self.epoch)  # BPE-dropout: this epoch's segmentation
+            lengths = self.corpus.lengths("train")
+            batches, skipped = token_batches(*lengths, c.max_tokens, c.seed, self.epoch, c.max_len)
+            if not batches:
+                raise DataError(f"every training pair is longer than --max-len {c.max_len} tokens; raise --max-len")
+            if self.batch_in_epoch == 0 and skipped:
+                self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c.max_len}")
+            while self.batch_in_epoch < len(batches) and not self.finished():
+                update = batches[self.batch_in_epoch:self.batch_in_epoch + c.accumulate]  # one update's batches
+                lr = self.optimizer.current_lr(self.step + 1)
+                try:
+                    result = self.update(update, lengths)
+                except MemoryError:
+                    raise self._out_of_memory(update) from None
+                self.elapsed = self.budget.elapsed()  # wall time: skipped batches, validations and saves count
+                if result.nonfinite and result.nonfinite != "overflow":  # fp16 overflow: scale halved, skipped
+                    self._skip_nonfinite(result)  # raises unless --skip-nonfinite
+                self.batch_in_epoch += len(update)  # used up, also when skipped
+                if result.nonfinite:
+                    continue
+                self.step += 1
+                window_tokens += result.tokens
+                now = time.perf_counter()
+                tokens_per_s = window_tokens / max(now - window_start, 1e-9)
+                ppl = perplexity(result.nll_sum / max(result.tokens, 1))
+                self.metrics.write(kind="train", step=self.step, epoch=self.epoch + 1, loss=round(result.loss, 5),
+                                   ppl=round(ppl, 3), lr=lr, tokens=int(result.tokens),
+                                   tokens_per_s=round(tokens_per_s, 1), elapsed=round(self.elapsed, 2),
+                                   grad_norm=round(result.grad_norm, 4),
+                                   **(dict(loss_scale=self.optimizer.scale, overflows=self.optimizer.overflows)
+                                      if self.mixed else {}))
+                if bar is not None:
+                    bar.update(1)
+                    eta = "" if c.max_steps is not None else self.budget.eta()  # tqdm shows its own with a total
+                    bar.set_postfix_str(f"ep {self.epoch + 1} loss {result.loss:.3f} ppl {ppl:.1f} "
+                                        f"lr {lr:.2e} {tokens_per_s:.0f} tok/s{eta}")
+                if now - window_start > 30:
+                    window_tokens, window_start = 0, now
+                if self.step % c.eval_every == 0:
+                    self.validate(c.bleu_sentences, beam=1, bar=bar)
+                if self.step % c.save_every == 0:
+                    self.save()
+            if self.batch_in_epoch >= len(batches):
+                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        if bar is not None:
+            bar.close()
+
+    def _skip_nonfinite(self, result):
+        """A skipped update: stop with one line, or (--skip-nonfinite) count it and go on."""
+        what = f"the loss became {result.loss}" if result.nonfinite == "loss" else \
+            f"the gradients became non-finite (loss {result.loss:.4g})"
+        if not self.config.skip_nonfinite:
+            raise FloatingPointError(f"{what} at step {self.step + 1}; last good checkpoint: "
+                                     f"{self.last_checkpoint or 'none yet'}; continue from it with --resume "
+                                     f"{self.run_dir} and a smaller --lr-scale, --clip-norm 1 or --skip-nonfinite")
+        self.skipped_nonfinite += 1
+        self.log(f"warning: {what} at step {self.step + 1}: skipped this batch "
+                 f"({self.skipped_nonfinite} skipped so far)")
+
+    def _out_of_memory(self, update):
+        self.model.clear_saved()
+        self.loss_fn.clear_saved()  # its (B, T, V) cache too
+        src, tgt_in, _ = self.corpus.batch("train", update[0])  # its shape, for the message
+        c = self.config
+        return StepOutOfMemory(
+            f"out of memory at step {self.step + 1} on a batch of {src.shape[0]} sentences padded to "
+            f"{src.shape[1]} source and {tgt_in.shape[1]} target tokens (rank {self.world.rank}, "
+            f"{len(update)} batches per update); use a smaller --max-tokens (this run: {c.max_tokens}), "
+            f"e.g. --resume {self.run_dir} --max-tokens {max(1, c.max_tokens // 2)}; "
+            f"last good checkpoint: {self.last_checkpoint or 'none yet'}", step=self.step + 1)
+
+    # -- validation ----------------------------------------------------------------------
+    def evaluate_loss(self, split):
+        """Mean per-token loss and perplexity (from the unsmoothed NLL) over a split."""
+        batches, _ = token_batches(*self.corpus.lengths(split), self.config.max_tokens, seed=0, epoch=0)
+        total_loss = total_nll = total_tokens = 0.0
+        with inference_mode(self.model):
+            for index in batches:
+                src, tgt_in, tgt_out = self.corpus.batch(split, index)
+                loss = self.loss_fn(self.model(src, tgt_in), tgt_out)
+                total_loss += loss * self.loss_fn.num_tokens
+                total_nll += self.loss_fn.nll_sum
+                total_tokens += self.loss_fn.num_tokens
+        tokens = max(total_tokens, 1.0)
+        return total_loss / tokens, perplexity(total_nll / tokens)
+
+    def validate(self, bleu_sentences, beam, bar=None, split="valid", samples=3, model_name=None):
+        """Loss, perplexity and (``bleu_sentences`` > 0) BLEU on ``split``, logged and written to
+        metrics.jsonl. Rank 0 validates; the other ranks wait at the next step."""
+        if not self.world.is_root:
+            return {}
+        started = self.budget.now()
+        loss, ppl = self.evaluate_loss(split)
+        record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3))
+        if model_name is not None:  # the end-of-run candidates: "last", "average of last N", "best"
+            record["model"] = model_name
+        if bleu_sentences > 0:
+            sources, references = (t[:bleu_sentences] for t in self.corpus.text[split])
+            bleu, hypotheses = bleu_score(self.model, self.tokenizer, sources, references, beam, self.config.alpha)
+            record.update(bleu=round(bleu, 2), bleu_sentences=len(sources), beam=beam)
+        self.metrics.write(**record)
+        message = f"step {self.step} {split}: loss {loss:.3f}  ppl {ppl:.2f}" + (
+            f"  BLEU {record['bleu']:.2f} ({record['bleu_sentences']} sentences, beam {beam})" if "bleu" in record else "")
+        for i in range(min(samples, len(sources)) if bleu_sentences > 0 else 0):
+            message += f"\n  src: {sources[i]}\n  ref: {references[i]}\n  out: {hypotheses[i]}"
+        (bar.write if bar is not None else self.log)(message)
+        if split == "valid" and model_name is None:
+            self.valid_ppl[self.step] = ppl
+        if split == "valid" and model_name is None and bleu_sentences > 0:  # periodic: times the end's estimate
+            self.budget.note_validation(self.budget.now() - started, record.get("bleu_sentences", 0))
+        return record
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def optimizer_state(self):
+        """Adam's moments as full host arrays for the checkpoint, on rank 0 (None elsewhere).
+        Every rank must call this: with --zero 1 the shards are gathered."""
+        opt = self.optimizer
+        if not self.sharded:
+            return {"m": backend.to_numpy(opt.m), "v": backend.to_numpy(opt.v)} if self.world.is_root else None
+        n = opt.flat.data.size
+        m, v = self.world.gather_shards(opt.m, n), self.world.gather_shards(opt.v, n)
+        return {"m": m, "v": v} if self.world.is_root else None
+
     def save(self):
         """Write the checkpoint of the current step (once: a step already saved is not rewritten)."""
         path = ckpt.checkpoint_path(self.run_dir, self.step)
@@ -72,14 +513,15 @@ class Trainer:
             raise FloatingPointError(f"the parameters are not finite at step {self.step}; not saving them; "
                                      f"last good checkpoint: {self.last_checkpoint or 'none yet'} "
                                      "(try a smaller --lr-scale or --clip-norm 1)")
-        meta = dict(config=self.config.to_dict(), model=self.model.config, step=self.step, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch,
-                    elapsed_seconds=self.elapsed, vocab_size=self.tokenizer.vocab_size,
-                    tokenizer_sha256=self.tokenizer.sha256, skipped_nonfinite=self.skipped_nonfinite,
+        meta = dict(config=self.config.to_dict(), model=self.model.config, step=self.step, epoch=self.epoch,
+                    batch_in_epoch=self.batch_in_epoch, elapsed_seconds=self.elapsed,
+                    vocab_size=self.tokenizer.vocab_size, tokenizer_sha256=self.tokenizer.sha256,
+                    skipped_nonfinite=self.skipped_nonfinite,
                     rng={"scheme": "dropout re-seeded from (seed, step); batch order from (seed, epoch)",
                          "seed": self.config.seed})
         if self.metrics.unwritten:  # records a full disk refused: --resume appends them to metrics.jsonl
             meta["unwritten_metrics"] = list(self.metrics.unwritten)
-        optimizer = self.parallel.optimizer_state()  # every rank takes part (--zero 1 gathers the moments)
+        optimizer = self.optimizer_state()
         if not self.world.is_root:  # rank 0 writes, the others wait for it
             self.world.barrier()
             self.last_checkpoint = path
@@ -98,27 +540,13 @@ class Trainer:
         self.world.barrier()
         return path
 
-    def check_fits(self, state, path="the checkpoint"):
-        """Raise CheckpointError unless ``state`` can continue this run: same tokenizer,
-        same model shapes, Adam's moments present, a position in the data."""
-        self.check_meta(state["meta"], path)
-        shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
-        saved = {name: tuple(a.shape) for name, a in state["params"].items()}
-        if saved != shapes:
-            wrong = sorted(n for n in set(shapes) | set(saved) if shapes.get(n) != saved.get(n))
-            raise CheckpointError(f"{path} does not fit this model: parameters {wrong[:3]} have shapes "
-                                       f"{[saved.get(n) for n in wrong[:3]]}, "
-                                       f"expected {[shapes.get(n) for n in wrong[:3]]}")
-        if state["optimizer"] is None or set(state["optimizer"]) != {"m", "v"}:
-            raise CheckpointError(f"{path} has no optimizer state (an averaged checkpoint?); "
-                                       "resume needs a step-NNNNNNNN checkpoint of the run")
-
     def check_meta(self, meta, path="the checkpoint"):
-        """The checks of :meth:`check_fits` that need only meta.json (run before any array is read)."""
+        """Raise CheckpointError unless a checkpoint's meta.json fits this run: same tokenizer,
+        same model, same precision, a position in the data (checked before any array is read)."""
         if meta.get("tokenizer_sha256") != self.tokenizer.sha256:
             raise CheckpointError(f"{path} was trained with another tokenizer than this run's tokenizer.model "
-                                       f"(vocabulary {meta.get('vocab_size')} vs {self.tokenizer.vocab_size}); "
-                                       "resume it from its own run folder")
+                                  f"(vocabulary {meta.get('vocab_size')} vs {self.tokenizer.vocab_size}); "
+                                  "resume it from its own run folder")
         ours = self.config.model_fields()
         theirs = {k: meta["config"].get(k) for k in ours}
         if theirs != ours:
@@ -127,199 +555,166 @@ class Trainer:
         theirs, ours = meta["config"].get("precision"), self.config.precision
         if theirs != ours:
             raise CheckpointError(f"{path} was trained with --precision {theirs}, the run with {ours}; "
-                                       "resume it from its own run folder")
+                                  "resume it from its own run folder")
         if self.mixed and not isinstance(meta.get("loss_scale"), dict):
             raise CheckpointError(f"{path}: meta.json has no loss scale for this fp16 run; use another checkpoint")
         for key in ("step", "epoch", "batch_in_epoch"):
             if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 0:
                 raise CheckpointError(f"{path}: meta.json has no valid {key!r} (got {meta.get(key)!r}); "
-                                           "use another checkpoint")
+                                      "use another checkpoint")
 
     def expected_arrays(self, state, path="the checkpoint"):
         """What a checkpoint of this run must hold, for ``ckpt.read_checkpoint(expect=...)``:
-        meta.json is checked first, then every array's name, shape and dtype is
-        compared with this model's before any data is read. The saved parameters
-        have the optimizer's dtype (fp16: the float32 master weights)."""
+        meta.json is checked first, then every array's name, shape and dtype is compared with
+        this model's before any data is read. The saved parameters and moments have the
+        optimizer's dtype (fp16: the float32 master weights); the moments are full-size."""
         self.check_meta(state["meta"], path)
-        dtype = backend.host.dtype(self.optimizer.flat.data.dtype)  # Adam's moments match its flat buffer
+        if "optimizer.npz" not in state["meta"]["sha256"]:
+            raise CheckpointError(f"{path} has no optimizer state (an averaged checkpoint?); "
+                                  "resume needs a step-NNNNNNNN checkpoint of the run")
+        dtype = backend.host.dtype(self.optimizer.flat.data.dtype)
         return {"model.npz": {name: (tuple(p.shape), dtype) for name, p in self.model.named_parameters()},
                 "optimizer.npz": {key: (tuple(self.optimizer.flat.data.shape), dtype) for key in ("m", "v")}}
 
     def restore(self, state):
-        self.check_fits(state)
-        meta = state["meta"]
+        """Continue from a checkpoint read with :meth:`expected_arrays` (shapes already checked)."""
+        meta, opt = state["meta"], self.optimizer
+        if state["optimizer"] is None or set(state["optimizer"]) != {"m", "v"}:
+            raise CheckpointError("the checkpoint has no optimizer state (an averaged checkpoint?); "
+                                  "resume needs a step-NNNNNNNN checkpoint of the run")
         try:
             self.model.load_state_dict(state["params"])
-            self.parallel.load_optimizer_state(state["optimizer"], meta["step"])
+            opt.load_state_dict({key: state["optimizer"][key][opt.lo:opt.hi] for key in ("m", "v")}
+                                | {"step": meta["step"]})  # this rank's range of the full moments
             if self.mixed:  # the saved float32 parameters are the master weights, exactly
-                self.optimizer.load_master([state["params"][name] for name, _ in self.model.named_parameters()])
-                self.optimizer.load_scaler_state(meta["loss_scale"])
+                opt.load_master([state["params"][name] for name, _ in self.model.named_parameters()])
+                opt.load_scaler_state(meta["loss_scale"])
         except (ValueError, KeyError, TypeError) as error:
             raise CheckpointError(f"the checkpoint does not fit this model: {error}") from None
         self.step, self.epoch, self.batch_in_epoch = meta["step"], meta["epoch"], meta["batch_in_epoch"]
         self.elapsed, self.skipped_nonfinite = meta.get("elapsed_seconds", 0.0), meta.get("skipped_nonfinite", 0)
 
-    # -- one update -------------------------------------------------------------
-    def train_step(self, src, tgt_in, tgt_out):
-        """Forward, loss, backward, (clip), Adam. Returns the loss (a logged scalar).
+    # -- the whole run: train, save, finish ------------------------------------------------
+    def train_and_finish(self):
+        """Train, save the last checkpoint, then (rank 0) the end of the run. Ctrl-C or
+        SIGTERM during training: every rank stops after the step, saves, and the status is
+        128 + signal; during the end-of-run evaluation: it stops at once. A full disk while
+        appending metrics: save a checkpoint that carries the unwritten records."""
+        def on_signal(signum, frame):
+            if self._stopping_now:
+                raise EndOfRunInterrupted(signum)
+            self.stop_requested = signum
+            self.log(f"{signal_name(signum)}: saving a checkpoint after this step (Ctrl-C again to abort "
+                     "without saving)")
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
-        A non-finite loss stops before backward, non-finite gradients before Adam:
-        either way parameters and Adam's moments are untouched, and ``self.nonfinite``
-        says which ("loss" or "gradients"; None after a good step). With fp16, non-finite
-        gradients are a loss-scale overflow: the optimizer halves the scale and skips the
-        update, and ``self.nonfinite`` is "overflow" (the run goes on)."""
-        # overflow is checked below and reported once, not as numpy warnings
-        with backend.host.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return self._train_step(src, tgt_in, tgt_out)
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            try:
+                self.run()
+                final = self.save()
+            except MetricsWriteError as error:
+                raise self._save_after_metrics_failure(error) from None
+            if self.stop_requested:
+                self.log(f"stopped at step {self.step}; checkpoint {final}; continue with: "
+                         f"python train.py --resume {self.run_dir}")
+                return 128 + int(self.stop_requested)  # 130 after Ctrl-C, 143 after SIGTERM
+            if not self.world.is_root:  # rank 0 averages, chooses and reports
+                return 0
+            signal.signal(signal.SIGINT, on_signal)
+            self._stopping_now = True
+            try:
+                self.metrics.write(kind="done", step=self.step, train_minutes=round(self.elapsed / 60, 2))
+                self.log(f"trained {self.step} steps, {self.elapsed / 60:.1f} min after the start; checkpoint {final}")
+                self.finish(final)
+            except EndOfRunInterrupted as stop:
+                self.log(f"{signal_name(stop.signum)} during the end-of-run evaluation: stopped it; the run is "
+                         f"complete (checkpoint {final}, named by best.json unless the evaluation had already "
+                         f"chosen); redo the evaluation with: python train.py --resume {self.run_dir}")
+                return 128 + stop.signum
+            except MetricsWriteError as error:
+                raise MetricsWriteError(error.path, error.reason, f"the run is complete up to checkpoint {final}; "
+                                        f"free disk space, then python train.py --resume {self.run_dir} writes the "
+                                        "end-of-run report") from None
+            return 0
+        finally:
+            self._stopping_now = False
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
-    def _train_step(self, src, tgt_in, tgt_out):
-        backend.manual_seed(step_seed(self.config.seed, self.step))
-        self.optimizer.zero_grad()
-        self.nonfinite = None
-        logits = self.model(src, tgt_in)
-        loss = self.loss_fn(logits, tgt_out)
-        if not math.isfinite(loss):
-            self.model.clear_saved()
-            self.loss_fn.clear_saved()  # its (B, T, V) cache too
-            self.nonfinite = "loss"
-            return loss
-        if self.mixed:  # float16 backward of loss * scale, then float32 gradients / scale
-            self.model.backward(self.loss_fn.backward(self.optimizer.scale))
-            grads = self.optimizer.unscale_grads()
-        else:
-            self.model.backward(self.loss_fn.backward())
-            grads = self.optimizer.flat.grad  # the model's flat gradient buffer
-        if self.config.clip_norm > 0:
-            norm = clip_buffer_norm(grads, self.config.clip_norm)
-        else:
-            norm = buffer_norm(grads)
-        self.grad_norm = float(norm)  # a logged scalar, and the finiteness check of every gradient
-        if self.mixed:
-            if not self.optimizer.update(math.isfinite(self.grad_norm)):
-                self.nonfinite = "overflow"
-            return loss
-        if not math.isfinite(self.grad_norm):
-            self.nonfinite = "gradients"
-            return loss
-        self.optimizer.step()
-        return loss
+    def _save_after_metrics_failure(self, error):
+        """After metrics.jsonl refused a record: try to save a checkpoint (which carries
+        the unwritten records, for --resume to append); the error names what is safe."""
+        try:
+            saved = f"saved checkpoint {self.save()} (last good checkpoint)"
+        except (CheckpointError, FloatingPointError, OSError):
+            saved = f"could not save a checkpoint either; last good checkpoint: {self.last_checkpoint or 'none yet'}"
+        return MetricsWriteError(error.path, error.reason, f"{saved}; free disk space, then continue with "
+                                 f"python train.py --resume {self.run_dir}")
 
-    def eta(self):
-        """' ETA m:ss' to the end of the command under a time budget (tqdm shows its own
-        ETA when --max-steps sets a total)."""
-        return "" if self.config.max_steps is not None else self.budget.eta()
+    def finish(self, final):
+        """The end of a run: the candidates are the last checkpoint, the average of the last
+        --average checkpoints (paper 6.1: the last 5) and, when validation perplexity has
+        turned up, the checkpoint of the best periodic validation; the one with the best
+        validation BLEU (greedy, whole validation set) is named by best.json and reported
+        on the test set with beam search."""
+        config, run_dir = self.config, self.run_dir
+        # first: the last checkpoint, so that a signal during the evaluation leaves a valid choice behind
+        write_json_atomic(run_dir / "best.json", {"model": "last", "checkpoint": str(pathlib.Path("checkpoints") / final.name)})
+        checkpoints = ckpt.list_checkpoints(run_dir)[-config.average:] if config.average > 1 else []
+        candidates = [("last", final, self.model.state_dict())]
+        if len(checkpoints) > 1:
+            averaged = ckpt.average_checkpoints(checkpoints, run_dir / "checkpoints" / "averaged")
+            candidates.append((f"average of last {len(checkpoints)}", averaged, ckpt.read_checkpoint(averaged)["params"]))
+        best_valid = self._best_validated_checkpoint()
+        if best_valid is not None and best_valid != final and best_valid not in checkpoints:
+            candidates.append(("best validation perplexity", best_valid, ckpt.read_checkpoint(best_valid)["params"]))
+        best = None
+        for name, path, params in candidates:  # pick on validation BLEU (greedy, quick), report test with beam
+            self.model.load_state_dict(params)
+            # on the whole validation set: on 200 sentences the choice flipped between identical runs
+            record = self.validate(len(self.corpus.text["valid"][0]), beam=1, samples=0, model_name=name)
+            self.log(f"  ({name})")
+            if best is None or record.get("bleu", 0) > best[1].get("bleu", 0):
+                best = (name, record, params, path)
+        self.model.load_state_dict(best[2])
+        # relative to the run folder, so that the run can be moved or used from another working directory
+        write_json_atomic(run_dir / "best.json", {"model": best[0], "checkpoint": str(
+            pathlib.Path("checkpoints") / pathlib.Path(best[3]).name)})
+        if "test" in self.corpus.text:
+            start = time.perf_counter()
+            record = self.validate(len(self.corpus.text["test"][0]), beam=config.beam, split="test", samples=5)
+            self.log(f"test BLEU {record['bleu']:.2f} with the {best[0]} model (beam {config.beam}, alpha "
+                     f"{config.alpha}, {time.perf_counter() - start:.0f} s to translate {record['bleu_sentences']} "
+                     "sentences)")
+        self.log(f"translate with: python -m minitf.translate --checkpoint {run_dir}")
+        if config.src_lang == "de":
+            outputs = translate_texts(self.model, self.tokenizer, list(EVERYDAY_GERMAN), config.beam, config.alpha)
+            width = max(map(len, EVERYDAY_GERMAN))
+            self.log("for example:\n" + "\n".join(f"  {src:<{width}}  ->  {out}"
+                                                  for src, out in zip(EVERYDAY_GERMAN, outputs)))
+        spent = self.budget.elapsed()
+        budget = f" (--max-minutes {config.max_minutes:g})" if config.max_minutes is not None else ""
+        self.log(f"whole command: {int(spent // 60)} min {int(spent % 60):02d} s wall time{budget}")
 
-    def end_reserve(self):
-        """Seconds the end of the run needs (:meth:`WallBudget.end_reserve`)."""
-        n_valid = len(self.corpus.text["valid"][0]) if "valid" in self.corpus.text else 0
-        n_test = len(self.corpus.text["test"][0]) if "test" in self.corpus.text else 0
-        return self.budget.end_reserve(n_valid, n_test, self.config.beam)
-
-    def finished(self):
-        c = self.config
-        return self.parallel.agree_finished(  # every rank of a data-parallel run stops at the same step
-            (c.max_steps is not None and self.step >= c.max_steps)
-            or (c.epochs is not None and self.epoch >= c.epochs)
-            or (c.max_minutes is not None and self.budget.over(self.end_reserve()))
-            or self.stop_requested)
-
-    def run(self, eval_every, save_every, bleu_sentences, beam, alpha):
-        c = self.config
-        total = c.max_steps
-        bar = None
-        if self.progress:
-            from tqdm import tqdm
-            bar = tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True, file=sys.stderr)
-        window_tokens, window_start = 0, time.perf_counter()
-        self.budget.before = self.elapsed  # a resumed run: wall time of its earlier invocations
-        while not self.finished():
-            self.corpus.start_epoch(c.seed, self.epoch)  # BPE-dropout: this epoch's segmentation
-            lengths = self.corpus.lengths("train")
-            batches, skipped = token_batches(*lengths, c.max_tokens, c.seed, self.epoch, c.max_len)
-            if not batches:
-                raise DataError(f"every training pair is longer than --max-len {c.max_len} tokens; raise --max-len")
-            if self.batch_in_epoch == 0 and skipped:
-                self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c.max_len}")
-            while self.batch_in_epoch < len(batches) and not self.finished():
-                update = batches[self.batch_in_epoch:self.batch_in_epoch + c.accumulate]  # one update's batches
-                lr = self.optimizer.current_lr(self.step + 1)
-                try:
-                    loss = self.train_step(*self.corpus.batch("train", update[0])) if self.parallel.trivial else \
-                        self.parallel.step(update, lengths)
-                except MemoryError:
-                    self.model.clear_saved()
-                    self.loss_fn.clear_saved()  # its (B, T, V) cache too
-                    src, tgt_in, _ = self.corpus.batch("train", update[0])  # its shape, for the message
-                    raise StepOutOfMemory(
-                        f"out of memory at step {self.step + 1} on a batch of {src.shape[0]} sentences padded to "
-                        f"{src.shape[1]} source and {tgt_in.shape[1]} target tokens (rank {self.world.rank}, "
-                        f"{len(update)} batches per update); use a smaller --max-tokens "
-                        f"(this run: {c.max_tokens}), e.g. --resume {self.run_dir} --max-tokens "
-                        f"{max(1, c.max_tokens // 2)}; last good checkpoint: {self.last_checkpoint or 'none yet'}",
-                        step=self.step + 1) from None
-                self.elapsed = self.budget.elapsed()  # wall time: skipped batches, validations and saves count
-                if self.nonfinite == "overflow":  # fp16: scale halved, update skipped; the batch is used up
-                    self.batch_in_epoch += len(update)
-                    continue
-                if self.nonfinite:
-                    what = f"the loss became {loss}" if self.nonfinite == "loss" else \
-                        f"the gradients became non-finite (loss {loss:.4g})"
-                    if not c.skip_nonfinite:
-                        where = self.last_checkpoint or "none yet"
-                        raise FloatingPointError(f"{what} at step {self.step + 1}; last good checkpoint: {where}; "
-                                                 f"continue from it with --resume {self.run_dir} and a smaller "
-                                                 "--lr-scale, --clip-norm 1 or --skip-nonfinite")
-                    self.skipped_nonfinite += 1
-                    self.batch_in_epoch += len(update)
-                    self.log(f"warning: {what} at step {self.step + 1}: skipped this batch "
-                             f"({self.skipped_nonfinite} skipped so far)")
-                    continue
-                self.step += 1
-                self.batch_in_epoch += len(update)
-                tokens = int(self.loss_fn.num_tokens)  # non-pad target tokens, counted by the loss
-                window_tokens += tokens
-                now = time.perf_counter()
-                tokens_per_s = window_tokens / max(now - window_start, 1e-9)
-                nll = self.loss_fn.nll_sum / max(self.loss_fn.num_tokens, 1)
-                self.metrics.write(kind="train", step=self.step, epoch=self.epoch + 1, loss=round(loss, 5),
-                                   ppl=round(perplexity(nll), 3), lr=lr, tokens=tokens,
-                                   tokens_per_s=round(tokens_per_s, 1), elapsed=round(self.elapsed, 2),
-                                   grad_norm=round(self.grad_norm, 4),
-                                   **(dict(loss_scale=self.optimizer.scale, overflows=self.optimizer.overflows)
-                                      if self.mixed else {}))
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix_str(f"ep {self.epoch + 1} loss {loss:.3f} ppl {perplexity(nll):.1f} "
-                                        f"lr {lr:.2e} {tokens_per_s:.0f} tok/s{self.eta()}")
-                if now - window_start > 30:
-                    window_tokens, window_start = 0, now
-                if self.step % eval_every == 0:
-                    self.validate(bleu_sentences, beam=1, alpha=alpha, bar=bar)
-                if self.step % save_every == 0:
-                    self.save()
-            if self.batch_in_epoch >= len(batches):
-                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-        if bar is not None:
-            bar.close()
-
-    def validate(self, bleu_sentences, beam, alpha, bar=None, split="valid", samples=3, model_name=None):
-        if not self.world.is_root:  # rank 0 validates (and decodes BLEU); the others wait at the next step
-            return {}
-        started = self.budget.now()
-        loss, ppl = evaluate_loss(self.model, self.loss_fn, self.corpus, split, self.config.max_tokens)
-        record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3))
-        if model_name is not None:  # the end-of-run candidates: "last", "average of last N"
-            record["model"] = model_name
-        if bleu_sentences > 0:
-            sources, references = (t[:bleu_sentences] for t in self.corpus.text[split])
-            bleu, hypotheses = bleu_score(self.model, self.tokenizer, sources, references, beam, alpha)
-            record.update(bleu=round(bleu, 2), bleu_sentences=len(sources), beam=beam)
-        self.metrics.write(**record)
-        message = f"step {self.step} {split}: loss {loss:.3f}  ppl {ppl:.2f}" + (
-            f"  BLEU {record['bleu']:.2f} ({record['bleu_sentences']} sentences, beam {beam})" if "bleu" in record else "")
-        for i in range(min(samples, len(sources)) if bleu_sentences > 0 else 0):
-            message += f"\n  src: {sources[i]}\n  ref: {references[i]}\n  out: {hypotheses[i]}"
-        (bar.write if bar is not None else self.log)(message)
-        if split == "valid" and model_name is None and bleu_sentences > 0:  # periodic: times the end's estimate
-            self.budget.note_validation(self.budget.now() - started, record.get("bleu_sentences", 0))
-        return record
+    def _best_validated_checkpoint(self):
+        """The kept checkpoint whose step had the lowest periodic validation perplexity, when
+        that is lower than the last validation's (perplexity has turned up); else None."""
+        records = {}
+        path = self.metrics.path
+        if not path.is_file():
+            return None
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("kind") == "valid" and "model" not in record:
+                records[record.get("step")] = record.get("ppl")
+        kept = {int(p.name.split("-")[1]): p for p in ckpt.list_checkpoints(self.run_dir)}
+        scored = [(ppl, step) for step, ppl in records.items() if step in kept and isinstance(ppl, (int, float))]
+        if not scored or not records:
+            return None
+        best_ppl, best_step = min(scored)
+        last_ppl = records[max(records)]
+        return kept[best_step] if best_ppl < last_ppl else None

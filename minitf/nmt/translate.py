@@ -6,144 +6,47 @@ typed, from a pipe or a file the sentences are translated in batches. With ``--r
 corpus BLEU (sacrebleu) on stderr. Beam search by default (paper: beam 4,
 length penalty alpha 0.6, at most input length + 50 tokens); ``--beam 1`` is greedy.
 """
-import json
 import pathlib
 import sys
 
 from minitf import backend
-from minitf.transformer import Transformer
-from minitf.nmt import checkpoint as ckpt
-from minitf.nmt.cli import OneLineParser, non_negative, positive, report_errors
-from minitf.nmt.config import RunConfig
+from minitf.nmt.checkpoint import load_model
 from minitf.nmt.data import decode_lines, read_lines
-from minitf.nmt.errors import CheckpointError, DataError, UsageError
-from minitf.nmt.evaluate import translate_texts
-from minitf.nmt.interactive import translate_interactively
-from minitf.nmt.tokenizer import Tokenizer
+from minitf.nmt.decode import translate_texts
+from minitf.nmt.errors import DataError, OneLineParser, non_negative, positive, report_errors
 
 
-def best_checkpoint(run_dir):
-    """(the checkpoint best.json names, None) or (None, why it is not used). best.json
-    must name, relative to the run folder, a checkpoint inside it (after resolving
-    links): ``{"checkpoint": "../elsewhere/ck"}`` is refused."""
-    run_dir = pathlib.Path(run_dir)
-    best = run_dir / "best.json"
-    if not best.is_file():
-        return None, None
+#: Linux's terminal line discipline keeps at most this many bytes of a typed line (N_TTY_BUF_SIZE - 1).
+TERMINAL_LINE_LIMIT = 4095
+
+
+def translate_interactively(model, tokenizer, beam, alpha, stdin=None, stdout=None, stderr=None):
+    """Read lines from a terminal and write each translation as soon as its line ends.
+
+    An empty line gives an empty line; a line that is not UTF-8 gives a one-line
+    error on stderr and the session goes on. Ctrl-D (end of input) or Ctrl-C ends
+    it with status 0.
+    """
+    stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
+    print("Type a sentence and press Enter; Ctrl-D ends.", file=stderr, flush=True)
+    reader = getattr(stdin, "buffer", stdin)
     try:
-        chosen = json.loads(best.read_text(encoding="utf-8"))["checkpoint"]
-        if not isinstance(chosen, str) or not chosen:
-            raise TypeError
-    except (ValueError, UnicodeDecodeError, KeyError, TypeError, OSError, RecursionError):
-        return None, f"{best} is not valid (expected {{\"checkpoint\": \"checkpoints/...\"}})"
-    resolved = (run_dir / chosen).resolve()
-    if not resolved.is_relative_to(run_dir.resolve()):
-        return None, f"{best} names {chosen!r}, outside the run folder"
-    if not (resolved / "meta.json").is_file():
-        return None, f"{best} names {chosen!r}, which is not a checkpoint"
-    return run_dir / chosen, None
-
-
-def resolve_checkpoint(path, warn=None):
-    """A checkpoint folder, or a run folder (its best.json choice, else its newest checkpoint)."""
-    path = pathlib.Path(path)
-    if (path / "meta.json").is_file():
-        return path
-    chosen, problem = best_checkpoint(path)
-    if problem and warn is not None:
-        warn(f"warning: ignoring best.json: {problem}; using the newest good checkpoint")
-    if chosen is not None:
-        return chosen
-    checkpoints = ckpt.list_checkpoints(path)
-    if checkpoints:
-        return checkpoints[-1]
-    if not path.exists():
-        raise CheckpointError(f"--checkpoint {path} does not exist; pass the --out folder of train.py "
-                                   "or one of its checkpoints/step-NNNNNNNN folders")
-    raise CheckpointError(f"{path} is neither a checkpoint folder (with meta.json) nor a run folder "
-                               "with checkpoints/; pass the --out folder of train.py or one of its checkpoints")
-
-
-def _candidates(path, warn=None):
-    """Checkpoints to try for ``path``: the one it names; for a run folder, its
-    chosen one first, then every other checkpoint, newest first."""
-    first = resolve_checkpoint(path, warn)
-    path = pathlib.Path(path)
-    if first == path:  # an explicit checkpoint folder: that one or nothing
-        return [first]
-    others = [p for p in reversed(ckpt.list_checkpoints(path)) if p != first]
-    return [first] + others
-
-
-def load_checkpoint_model(folder):
-    """(model in eval mode, tokenizer, meta) from one checkpoint folder; a CheckpointError
-    if it is damaged or its parts do not fit together."""
-    built = {}
-
-    def expect(state, path):  # meta.json and the tokenizer first, then a model, then the arrays' headers
-        tokenizer = Tokenizer.from_bytes(state["tokenizer_bytes"])
-        meta = state["meta"]
-        if meta.get("tokenizer_sha256") not in (None, tokenizer.sha256):
-            raise CheckpointError(f"{folder}: its tokenizer.model is not the one the model was trained with "
-                                  "(tokenizer_sha256 in meta.json differs); use another checkpoint of the run")
-        if meta.get("vocab_size") not in (None, tokenizer.vocab_size):
-            raise CheckpointError(f"{folder}: the model was trained for a vocabulary of {meta['vocab_size']} but "
-                                  f"its tokenizer has {tokenizer.vocab_size}; use another checkpoint of the run")
-        try:
-            config = RunConfig.from_dict(meta["config"], where=f"{folder}: meta.json's config")
-        except UsageError as error:
-            raise CheckpointError(f"{error}; use a checkpoint written by this train.py") from None
-        check_model_fits_file(config, tokenizer.vocab_size, path / "model.npz")
-        try:
-            model = Transformer.from_config(config.model_config(tokenizer.vocab_size))
-        except (ValueError, TypeError) as error:
-            raise CheckpointError(f"{folder}: meta.json's config does not describe a model: {error}") from None
-        built.update(model=model, tokenizer=tokenizer)
-        return {"model.npz": {name: (tuple(p.shape), backend.host.dtype(p.data.dtype))
-                              for name, p in model.named_parameters()}}
-
-    state = ckpt.read_checkpoint(folder, load_optimizer=False, expect=expect)
-    model = built["model"]
-    try:
-        model.load_state_dict(state["params"])
-    except (ValueError, TypeError) as error:
-        raise CheckpointError(f"{folder}: the parameters do not fit the saved config: {error}") from None
-    return model.eval(), built["tokenizer"], state["meta"]
-
-
-def check_model_fits_file(config, vocab_size, model_file):
-    """Refuse, before a model is built, a config that declares more parameters than
-    ``model_file`` can hold (a crafted meta.json with d_model 10**9 would otherwise
-    ask for terabytes). Counts a lower bound: embeddings, attention and feed-forward
-    weights, at 2 bytes each (the smallest float a checkpoint may hold)."""
-    d, f = config.d_model, config.d_ff
-    at_least = (vocab_size * d + config.num_encoder_layers * (4 * d * d + 2 * d * f)
-                + config.num_decoder_layers * (8 * d * d + 2 * d * f))
-    size = model_file.stat().st_size
-    if 2 * at_least > size:
-        raise CheckpointError(f"{model_file.parent}: meta.json's config and model.npz do not fit together: the "
-                              f"config declares at least {at_least:,} parameters (d_model {d}, d_ff {f}), more "
-                              f"than model.npz ({size:,} bytes) can hold; use another checkpoint of the run")
-
-
-def load_model(path, warn=None):
-    """(model in eval mode, tokenizer, meta) from a checkpoint or run folder.
-
-    An explicit checkpoint folder must pass every check. For a run folder, a
-    damaged checkpoint is skipped for the next newest, with ``warn(message)``."""
-    errors = []
-    for folder in _candidates(path, warn):
-        try:
-            result = load_checkpoint_model(folder)
-        except (CheckpointError, DataError) as error:
-            errors.append(str(error))
-            continue
-        for error in errors:
-            (warn or (lambda m: None))(f"warning: skipping a bad checkpoint: {error}; using {folder}")
-        return result
-    if len(errors) == 1:
-        raise CheckpointError(errors[0])
-    raise CheckpointError(f"none of the {len(errors)} checkpoints in {path} is usable; the newest: {errors[0]}")
+        for raw in iter(reader.readline, b""):
+            if len(raw.rstrip(b"\r\n")) >= TERMINAL_LINE_LIMIT:  # the terminal dropped the rest of the line
+                print(f"warning: a terminal passes at most {TERMINAL_LINE_LIMIT} bytes of a line, so this one was "
+                      "cut there; for longer lines use --src FILE or a pipe", file=stderr, flush=True)
+            try:
+                lines = decode_lines(raw, "that line")
+            except DataError as error:
+                print(f"error: {error}", file=stderr, flush=True)
+                continue
+            text = lines[0] if lines else ""
+            answer = translate_texts(model, tokenizer, [text], beam, alpha, batch_size=1)[0] if text else ""
+            stdout.write(answer + "\n")
+            stdout.flush()
+    except KeyboardInterrupt:
+        print(file=stderr)
+    return 0
 
 
 def build_parser():
