@@ -16,7 +16,7 @@ from minitf.nmt import budget, checkpoint as ckpt, runlock
 from minitf.nmt.collectives import get_world, launched_by_mpi
 from minitf.nmt.cli import OneLineParser, non_negative, positive, report_errors
 from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
-from minitf.nmt.corpus import default_corpus_splits
+from minitf.nmt.corpora import default_corpus_splits
 from minitf.nmt.data import Corpus, read_parallel
 from minitf.nmt.errors import CheckpointError, DataError, MetricsWriteError, UsageError
 from minitf.nmt.files import file_sha256
