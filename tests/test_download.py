@@ -176,3 +176,12 @@ def test_sigterm_leaves_only_the_part_file_and_the_next_start_resumes_it(tmp_pat
     server.routes["/f"] = DATA
     assert fetch(server.url + "/f", dest).read_bytes() == DATA
     assert server.requests[-1] == ("/f", f"bytes={kept}-") and listing(tmp_path) == ["f"]
+
+
+def test_progress_bar_only_where_asked(tmp_path, serve, capsys):
+    server = serve({"/f": DATA})
+    fetch(server.url + "/f", tmp_path / "a", progress=True)  # stderr is not a terminal here: quiet
+    assert capsys.readouterr().err == ""
+    fetch(server.url + "/f", tmp_path / "b", progress="always")
+    err = capsys.readouterr().err
+    assert "the test file" in err and "/40.0k" in err and "B/s" in err  # bytes of the total, rate, ETA
