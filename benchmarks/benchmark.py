@@ -116,7 +116,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
-from minitf.nmt.corpus import SPLIT_FOLDER  # noqa: E402
+from minitf.nmt.corpora import SPLIT_FOLDER  # noqa: E402
 from minitf.nmt.decode import beam_search, greedy_decode  # noqa: E402
 from minitf.nmt.train import DEFAULT_CACHE  # noqa: E402
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from minitf.backend import keep_freed_memory  # noqa: E402
 from minitf.nmt.config import PRESETS, RunConfig  # noqa: E402
-from minitf.nmt.corpus import default_corpus_splits  # noqa: E402
+from minitf.nmt.corpora import default_corpus_splits  # noqa: E402
 from minitf.nmt.data import make_target_io, pad_batch, read_parallel, token_batches  # noqa: E402
 from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
 from minitf.nmt.train import DEFAULT_CACHE  # noqa: E402

@@ -2,16 +2,15 @@
 padding and the sentencepiece tokenizer. All data is made here (no network, no apt)."""
 import pickle
 import random
-import subprocess
 
 import pytest
 from hypothesis import given, strategies as st
 
-from minitf.nmt import corpus as ding, data, fetch, tokenizer
+from minitf.nmt import corpora as ding, data, tokenizer
 from minitf.backend import host as np
 from minitf.nmt.errors import DataError
 
-# --------------------------------------------------------------------------- parse_ding
+# --------------------------------------------------------------------------- parse Ding
 
 DING_SAMPLE = """\
 # Version :: devel 2023-01-30
@@ -40,10 +39,10 @@ kein Trenner hier
 def ding_pairs(tmp_path):
     path = tmp_path / "de-en"
     path.write_text(DING_SAMPLE, encoding="utf-8")
-    return ding.parse_ding(path)
+    return ding.unique_sentences(ding.parse_ding_entries(path))
 
 
-def test_parse_ding_keeps_whole_sentences_in_order(ding_pairs):
+def test_ding_sentences_keep_whole_sentences_in_order(ding_pairs):
     assert ding_pairs == [
         ("Er entschloss sich, freiberuflich tätig zu sein.", "He decided to go freelance."),
         ("Der Hund bellt laut.", "The dog barks loudly."),
@@ -68,20 +67,20 @@ def test_parse_ding_keeps_whole_sentences_in_order(ding_pairs):
     "ohne Punkt",             # no final punctuation
     "Version",                # comment
 ])
-def test_parse_ding_rejects(ding_pairs, fragment):
+def test_ding_sentences_reject(ding_pairs, fragment):
     assert not any(fragment in de for de, _ in ding_pairs)
 
 
-def test_parse_ding_strips_annotations_and_deduplicates(ding_pairs):
+def test_ding_sentences_strip_annotations_and_deduplicates(ding_pairs):
     text = " ".join(de + " " + en for de, en in ding_pairs)
     for marker in ("{", "[", "(", "  "):
         assert marker not in text
     assert ding_pairs.count(("Der Hund bellt laut.", "The dog barks loudly.")) == 1
 
 
-def test_parse_ding_bad_file_is_data_error(tmp_path):
+def test_ding_bad_file_is_data_error(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
-        ding.parse_ding(tmp_path / "missing")
+        ding.parse_ding_entries(tmp_path / "missing")
 
 
 # --------------------------------------------------------------------------- split
@@ -162,28 +161,6 @@ def test_write_lines_round_trip_and_atomic(tmp_path):
         data.write_lines(path, ["ok", "bad\nline"])
     assert data.read_lines(path, "x") == ["eins", "zwei ü"]  # old content kept
     assert sorted(p.name for p in path.parent.iterdir()) == ["out.txt"]  # no temp left
-
-
-# --------------------------------------------------------------------------- fetch (no apt run)
-
-def test_fetch_uses_cache(tmp_path, monkeypatch):
-    corpus = tmp_path / "trans-de-en" / "usr/share/trans/de-en"
-    corpus.parent.mkdir(parents=True)
-    corpus.write_text("x :: y\n", encoding="utf-8")
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("ran a command"))
-    assert ding.fetch_default_corpus(tmp_path) == corpus
-
-
-def test_fetch_unknown_package_then_no_archive(tmp_path, monkeypatch):
-    """apt fails, then the archive (a closed loopback port) too: one line naming both."""
-    monkeypatch.setattr(fetch.shutil, "which", lambda name: "/usr/bin/" + name)
-    monkeypatch.delenv("MINITF_NO_APT", raising=False)
-    failed = subprocess.CompletedProcess([], 100, "", "E: Unable to locate package trans-de-en\n")
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)
-    with pytest.raises(DataError, match="apt-get update.*could not download.*--train-src") as error:
-        ding.fetch_default_corpus(tmp_path, base_url="http://127.0.0.1:9")
-    assert "\n" not in str(error.value)
-    assert list(tmp_path.iterdir()) == []  # the temp folder is cleaned up
 
 
 # --------------------------------------------------------------------------- batching

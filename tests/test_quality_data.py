@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from minitf.nmt import corpus as ding
+from minitf.nmt import corpora as ding
 from minitf.nmt.data import Corpus, read_splits
 from minitf.nmt.tokenizer import BpeDropout
 from minitf.nmt.tokenizer import train_tokenizer

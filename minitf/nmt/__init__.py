@@ -8,7 +8,9 @@ German-English translation model; imports go from here to the core, never back.
 =================  ==============================================================
 ``errors``         the typed errors every module raises at the boundary
 ``files``          atomic writes (temp file, fsync, rename) and checksums
-``corpus``         the default corpus: fetch the Ding dictionary, extract and split pairs
+``download``       one pinned file over HTTP(S): mirrors, resume, caps, sha256
+``corpora``        each corpus: download, verify, unpack, split (the Ding dictionary)
+``deb``            one file out of a Debian package, standard library, size-capped
 ``data``           reading text safely, token-count batching, padding, encoded splits
 ``tokenizer``      the joint sentencepiece BPE vocabulary
 ``config``         ``RunConfig``: presets, flag overrides, validation, config.json

@@ -1,87 +1,29 @@
-"""Fetching and unpacking a Debian package without apt: HTTPS download with a
-pinned sha256, and the standard library's view of a ``.deb``.
+"""Reading one file out of a Debian package (``.deb``) with the standard library.
 
 A ``.deb`` is an ``ar`` archive (``!<arch>\\n``, then 60-byte member headers)
-holding ``debian-binary``, ``control.tar.*`` and ``data.tar.*``; the files of
-the package are in ``data.tar.xz`` (or ``.gz``, ``.bz2``, uncompressed), which
-:mod:`tarfile` reads.
+holding ``debian-binary``, ``control.tar.*`` and ``data.tar.*``; the files of the
+package are in ``data.tar.xz`` (or ``.gz``, ``.bz2``, uncompressed). Only the one
+regular file asked for is ever written, and never more than :data:`MAX_MEMBER_BYTES`
+of it (a package is input from the network: a decompression bomb is refused).
 """
-import hashlib
+import bz2
+import gzip
 import io
-import os
+import lzma
 import pathlib
 import tarfile
-import urllib.error
-import urllib.request
+import zlib
 
 from minitf.nmt.errors import DataError
 
-_AR_MAGIC = b"!<arch>\n"
+#: The most bytes unpacked: the file itself (the Ding dictionary has about 14 MB), and
+#: everything the ``data.tar`` stream holds up to it. A package beyond them is refused.
+MAX_MEMBER_BYTES = 64 << 20
+MAX_DATA_TAR_BYTES = 256 << 20
 _BLOCK = 1 << 16
 
-
-def download(urls, dest, sha256, size=None, timeout=60, what="the package"):
-    """Download the first of ``urls`` that answers into ``dest`` and check its sha256.
-
-    Writes ``dest.part`` and renames it to ``dest`` only once the digest matches,
-    so ``dest`` never holds a partial or wrong file; ``dest.part`` is removed on
-    any failure.
-
-    Raises
-    ------
-    DataError
-        Every URL failed (the last reason is named), the transfer stopped early,
-        or the bytes do not have the pinned sha256.
-    """
-    dest = pathlib.Path(dest)
-    part = dest.with_name(dest.name + ".part")
-    reasons = []
-    for url in urls:
-        try:
-            digest, received = _get(url, part, timeout)
-        except (urllib.error.URLError, OSError, ValueError) as error:
-            part.unlink(missing_ok=True)
-            if isinstance(error, urllib.error.HTTPError):
-                reason = f"HTTP {error.code} {error.reason}"
-            else:
-                reason = getattr(error, "reason", None) or error
-            reasons.append(f"{url}: {reason}")
-            continue
-        except BaseException:
-            part.unlink(missing_ok=True)
-            raise
-        if size is not None and received != size:
-            part.unlink(missing_ok=True)
-            reasons.append(f"{url}: got {received} bytes, expected {size} (the transfer stopped early)")
-            continue
-        if digest != sha256:
-            part.unlink(missing_ok=True)
-            reasons.append(f"{url}: sha256 {digest[:16]}... differs from the pinned {sha256[:16]}... "
-                           "(a corrupted or different file)")
-            continue
-        os.replace(part, dest)
-        return dest
-    raise DataError(f"could not download {what}: {reasons[-1] if reasons else 'no URL to try'}")
-
-
-def _get(url, part, timeout):
-    """Stream ``url`` into ``part``; returns (sha256 hex, bytes received)."""
-    digest, received = hashlib.sha256(), 0
-    request = urllib.request.Request(url, headers={"User-Agent": "minitf"})
-    with urllib.request.urlopen(request, timeout=timeout) as response, open(part, "wb") as out:
-        expected = response.headers.get("Content-Length")
-        while True:
-            block = response.read(_BLOCK)
-            if not block:
-                break
-            digest.update(block)
-            out.write(block)
-            received += len(block)
-        out.flush()
-        os.fsync(out.fileno())
-    if expected is not None and expected.isdigit() and int(expected) != received:
-        raise ValueError(f"the server sent {received} of {expected} bytes (the transfer stopped early)")
-    return digest.hexdigest(), received
+_AR_MAGIC = b"!<arch>\n"
+_DECOMPRESS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open, "": lambda f: f}
 
 
 def ar_members(data):
@@ -112,62 +54,64 @@ def ar_members(data):
     return members
 
 
-def extract_deb(deb_path, dest, member=None):
-    """Unpack the files of a ``.deb`` (its ``data.tar.*``) into the folder ``dest``.
+class _Capped:
+    """A read-only stream that refuses to give more than ``limit`` bytes in all."""
 
-    Parameters
-    ----------
-    deb_path : path-like
-    dest : path-like
-        Created; the package's paths (``usr/share/...``) land below it.
-    member : str or None
-        Unpack only this file of the package (e.g. ``usr/share/trans/de-en``).
+    def __init__(self, stream, limit, name):
+        self.stream, self.limit, self.name, self.count = stream, limit, name, 0
+
+    def read(self, n=-1):
+        block = self.stream.read(self.limit + 1 - self.count if n is None or n < 0 else n)
+        self.count += len(block)
+        if self.count > self.limit:
+            raise DataError(f"{self.name} unpacks to more than {self.limit >> 20} MiB (a decompression "
+                            "bomb, or not the package expected); refused")
+        return block
+
+
+def extract_member(deb_path, member, out):
+    """Copy the regular file ``member`` (``usr/share/trans/de-en``) of a ``.deb``'s
+    ``data.tar.*`` into the open binary file ``out``.
+
+    Nothing else of the package is written anywhere, so no member name (``../x``,
+    ``/etc/x``) can reach outside; the member itself must be a regular file (not a
+    symlink, hardlink or device) of at most :data:`MAX_MEMBER_BYTES`, and at most
+    :data:`MAX_DATA_TAR_BYTES` of the tar stream are unpacked to find it.
 
     Raises
     ------
     DataError
-        Not a .deb, no ``data.tar``, a damaged tar, or a path leaving ``dest``.
+        Not a .deb, no ``data.tar``, a damaged or over-large tar, no such member or
+        not a regular file.
     """
     members = ar_members(pathlib.Path(deb_path).read_bytes())
     names = [n for n in members if n.startswith("data.tar")]
     if not names:
         raise DataError(f"damaged Debian package: no data.tar member (members: {sorted(members)})")
-    dest = pathlib.Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    root = dest.resolve()
+    name = names[0]
+    suffix = name[len("data.tar"):]
+    if suffix not in _DECOMPRESS:
+        raise DataError(f"{name} is compressed in a way Python's standard library cannot read")
     try:
-        with tarfile.open(fileobj=io.BytesIO(members[names[0]]), mode="r:*") as archive:
+        stream = _Capped(_DECOMPRESS[suffix](io.BytesIO(members[name])), MAX_DATA_TAR_BYTES, name)
+        with tarfile.open(fileobj=stream, mode="r|") as archive:
             for info in archive:
                 path = info.name
                 while path.startswith("./"):
                     path = path[2:]
-                if path in ("", "."):                      # the archive's own root entry "./"
+                if path != member:
                     continue
-                if member is not None and path != member:
-                    continue
-                target = (dest / path).resolve()
-                if root not in target.parents:
-                    raise DataError(f"damaged Debian package: {info.name!r} points outside the folder")
-                if info.isdir():
-                    target.mkdir(parents=True, exist_ok=True)
-                elif info.isfile():
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with archive.extractfile(info) as source, open(target, "wb") as out:
-                        while block := source.read(_BLOCK):
-                            out.write(block)
-                # links and devices are not needed for a data file: skipped
+                if not info.isreg():
+                    raise DataError(f"{member} in the package is not a regular file (a link or device); refused")
+                if info.size > MAX_MEMBER_BYTES:
+                    raise DataError(f"{member} in the package has {info.size} bytes, more than the "
+                                    f"{MAX_MEMBER_BYTES >> 20} MiB expected of it; refused")
+                source = archive.extractfile(info)
+                while block := source.read(_BLOCK):
+                    out.write(block)
+                return
     except DataError:
         raise
-    except (tarfile.TarError, EOFError, ValueError, *_codec_errors()) as error:
-        raise DataError(f"damaged Debian package: cannot read {names[0]} ({error})") from None
-
-
-def _codec_errors():
-    """The decompressors' own exception types (a corrupted xz stream raises LZMAError)."""
-    errors = []
-    for module, name in (("lzma", "LZMAError"), ("zlib", "error")):
-        try:
-            errors.append(getattr(__import__(module), name))
-        except ImportError:
-            pass
-    return tuple(errors)
+    except (tarfile.TarError, EOFError, OSError, ValueError, lzma.LZMAError, zlib.error) as error:
+        raise DataError(f"damaged Debian package: cannot read {name} ({error})") from None
+    raise DataError(f"the package has no {member}; its layout changed")

@@ -130,7 +130,7 @@ def report_errors(prog, run, argv, memory_hint, interrupt_message="interrupted")
         return fail(error)
     except MemoryError as error:
         return fail(f"out of memory ({error or 'MemoryError'}); {memory_hint}")
-    except KeyboardInterrupt:
-        return fail(interrupt_message, 130)
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM during a download (download.Terminated)
+        return fail(interrupt_message, 128 + getattr(error, "signum", 2))
     except OSError as error:
         return fail(f"{error.strerror or error}: {error.filename or ''}")

@@ -13,7 +13,7 @@ import time
 from minitf import backend
 from minitf.nmt import checkpoint as ckpt, files, trainer as training
 from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
-from minitf.nmt.corpus import default_corpus_splits
+from minitf.nmt.corpora import default_corpus_splits
 from minitf.nmt.data import Corpus, read_splits
 from minitf.nmt.distributed import get_world, launched_by_mpi
 from minitf.nmt.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,

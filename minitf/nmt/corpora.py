@@ -1,0 +1,388 @@
+"""The corpora: each one's download, verification, unpacking and split into
+train / valid / test, cached as plain text files that ``train.py`` then reads like
+any other corpus.
+
+The default corpus is the example sentences of the Ding German-English
+dictionary, from Debian's package ``trans-de-en``: with apt where it exists, else
+over HTTPS from Debian's archive (:func:`minitf.nmt.download.download`: pinned
+size and sha256, resumed, capped); the one file needed is read from the package
+by :func:`minitf.nmt.deb.extract_member` (standard library, size-capped).
+"""
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from minitf.backend import host as np
+from minitf.nmt.data import read_lines, write_lines
+from minitf.nmt.deb import extract_member
+from minitf.nmt.download import download, mirror_base, sigterm_raises
+from minitf.nmt.errors import CommandFailed, DataError
+from minitf.nmt.files import fsync_dir
+
+# --------------------------------------------------------------------------- fetch Ding
+
+#: Where the Ding dictionary lives inside the Debian package ``trans-de-en``.
+DING_PACKAGE = "trans-de-en"
+DING_MEMBER = pathlib.Path("usr/share/trans/de-en")
+#: The package file fetched over HTTPS where apt is missing or fails: pinned by name, size
+#: and sha256 (the same file as ``apt-get download trans-de-en`` on Debian 12).
+DING_DEB = "trans-de-en_1.9-6_all.deb"
+DING_DEB_PATH = "pool/main/d/ding/" + DING_DEB
+DING_DEB_SHA256 = "45f6b4cf1c434776fba6811d7bc522efabb5425c43ba8afd0e289bf9e2e53df4"
+DING_DEB_SIZE = 6276816
+#: Debian's archive; ``MINITF_DEBIAN_MIRROR`` replaces it (another mirror, or a test's local server).
+DEBIAN_ARCHIVE = "https://deb.debian.org/debian"
+MIRROR_VARIABLE = "MINITF_DEBIAN_MIRROR"
+#: The archive's permanent copy of the same file, by its sha1 (tried when the pool no longer has it).
+DING_DEB_SNAPSHOT = "https://snapshot.debian.org/file/72c711ad89bff6de764306923b6d65ed49779bc2"
+
+_CORPUS_HINT = ("pass your own corpus with --train-src/--train-tgt --valid-src/--valid-tgt "
+                "(plain UTF-8 text, one sentence per line)")
+
+
+def fetch_default_corpus(cache_dir, use_apt=None, base_url=None, progress=True):
+    """Return the path of the Ding de-en dictionary, fetching it once if needed.
+
+    apt comes first where it exists (``apt-get download trans-de-en`` in a private
+    temp folder); without apt, or when apt cannot get or the standard library
+    cannot unpack its package, the pinned .deb is downloaded over HTTPS into the
+    cache (``trans-de-en_1.9-6_all.deb.part`` while it arrives: a cut or killed
+    download is resumed by the next start). The dictionary is unpacked into a temp
+    file renamed into place when complete; the .deb and the temp files are removed
+    on success, on error and on SIGTERM, so the cache never holds a half-written
+    corpus.
+
+    Parameters
+    ----------
+    cache_dir : str or path-like
+        Folder that holds ``trans-de-en/usr/share/trans/de-en`` once fetched.
+    use_apt : bool or None
+        None: apt where ``apt-get`` exists, unless ``MINITF_NO_APT=1``.
+    base_url : str or None
+        Debian archive to download from; default ``MINITF_DEBIAN_MIRROR`` or
+        :data:`DEBIAN_ARCHIVE` (then :data:`DING_DEB_SNAPSHOT` as a second try).
+    progress : bool or "always"
+        The download's progress bar on stderr (True: where stderr is a terminal).
+
+    Returns
+    -------
+    pathlib.Path
+        The dictionary file (UTF-8 text in Ding format, see :func:`parse_ding_entries`).
+
+    Raises
+    ------
+    DataError
+        Neither apt nor the download could provide the package (one line, saying why).
+    """
+    cache_dir = pathlib.Path(cache_dir)
+    corpus = cache_dir / DING_PACKAGE / DING_MEMBER
+    if corpus.is_file():
+        return corpus
+    if use_apt is None:
+        use_apt = shutil.which("apt-get") is not None and os.environ.get("MINITF_NO_APT") != "1"
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"cannot create the corpus cache folder {str(cache_dir)!r} ({error}); "
+                        "pass a writable --cache-dir") from None
+    with sigterm_raises():  # SIGTERM raises, so that every finally below cleans up
+        apt_error = None
+        if use_apt:
+            work = pathlib.Path(tempfile.mkdtemp(prefix=f".{DING_PACKAGE}-apt-", dir=cache_dir))
+            try:
+                _unpack_dictionary(_apt_download(work), corpus, cache_dir)
+                return corpus
+            except DataError as error:
+                apt_error = error
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        deb = _https_download(cache_dir, base_url, apt_error, progress)
+        try:
+            _unpack_dictionary(deb, corpus, cache_dir)
+        finally:
+            deb.unlink(missing_ok=True)
+    return corpus
+
+
+def _unpack_dictionary(deb, corpus, cache_dir):
+    """Unpack :data:`DING_MEMBER` of ``deb`` into a temp file in ``cache_dir``, then rename it to ``corpus``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{corpus.name}-", suffix=".tmp", dir=cache_dir)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                extract_member(deb, DING_MEMBER.as_posix(), out)
+            except DataError as error:
+                raise DataError(f"{deb.name}: {error}; {_CORPUS_HINT}") from None
+            out.flush()
+            os.fsync(out.fileno())
+        corpus.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, corpus)
+        fsync_dir(corpus.parent)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _https_download(cache_dir, base_url, apt_error, progress):
+    """Download the pinned .deb into the cache; a DataError names apt's failure too."""
+    base = (base_url or mirror_base(MIRROR_VARIABLE, DEBIAN_ARCHIVE)).rstrip("/")
+    urls = [base + "/" + DING_DEB_PATH]
+    if base == DEBIAN_ARCHIVE:
+        urls.append(DING_DEB_SNAPSHOT)
+    try:
+        return download(urls, cache_dir / DING_DEB, size=DING_DEB_SIZE, sha256=DING_DEB_SHA256,
+                        what=f"Debian package {DING_PACKAGE}", progress=progress,
+                        log=lambda note: print(note, file=sys.stderr))
+    except DataError as error:
+        apt_text = str(apt_error).replace(f"; {_CORPUS_HINT}", "")  # the hint is said once, below
+        before = f"apt failed ({apt_text}), and " if apt_error is not None else ""
+        raise DataError(f"{before}{error}; or set {MIRROR_VARIABLE} to another Debian mirror, or "
+                        f"{_CORPUS_HINT}") from None
+
+
+def _apt_download(work):
+    """Run ``apt-get download`` in ``work`` and return the path of the .deb."""
+    try:
+        _run(["apt-get", "download", DING_PACKAGE], cwd=work, what="apt-get download")
+    except CommandFailed as error:
+        if "Unable to locate package" in error.detail or error.detail.startswith("E:"):
+            raise DataError(f"apt-get cannot get package {DING_PACKAGE} ({error.detail}; "
+                            "`apt-get update` as root may help)") from None
+        raise
+    debs = sorted(work.glob(f"{DING_PACKAGE}_*.deb"))
+    if not debs:
+        raise DataError(f"apt-get download {DING_PACKAGE} reported success but wrote no .deb")
+    return debs[0]
+
+
+def _run(command, cwd, what):
+    """Run a command quietly; any failure becomes a one-line DataError."""
+    try:
+        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
+                                timeout=600, check=False)
+    except FileNotFoundError:
+        raise DataError(f"{command[0]} is not installed, so apt is unavailable; "
+                        f"{_CORPUS_HINT}") from None
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise DataError(f"{what} failed ({error}); {_CORPUS_HINT}") from None
+    if result.returncode != 0:
+        lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith("E:")]
+        detail = (errors or lines or [f"exit status {result.returncode}"])[-1].strip()
+        raise CommandFailed(what, detail, _CORPUS_HINT)
+    return result
+
+
+# --------------------------------------------------------------------------- parse Ding
+
+# Annotations Ding puts around words: {f}, {m}, {vt}, [ugs.], [Br.], (explanations).
+_ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|\([^()]*\)")
+# Placeholders mark a phrase pattern, not a sentence ("jdm. etw. geben", "to give sb. sth.").
+_PLACEHOLDER = re.compile(r"(?<!\w)(?:etw|jdn|jdm|jds|sth|sb|so)\.|(?<!\w)sb['’]s(?!\w)|\.\.\.|…")
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])")
+
+
+def _clean(text):
+    """Strip Ding annotations and collapse whitespace."""
+    previous = None
+    while previous != text:  # nested brackets, e.g. "(a (b) c)"
+        previous, text = text, _ANNOTATION.sub(" ", text)
+    text = " ".join(text.split())
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", text)
+
+
+def _is_sentence(text):
+    """True for a whole sentence: capitalised, >= 3 words, final . ! ?, no placeholders."""
+    return (len(text) > 0 and text[0].isupper() and text[-1] in ".!?"
+            and len(text.split()) >= 3 and not _PLACEHOLDER.search(text))
+
+
+def _is_phrase(text):
+    """True for a multi-word phrase: 2 to 12 words, no sentence, no leftover markup."""
+    return (2 <= len(text.split()) <= 12 and not _is_sentence(text)
+            and not _MARKUP.search(text))
+
+
+def _first_alternative(text):
+    """``sheer/pure mockery`` -> ``sheer mockery``; ``/CRSR/``-style abbreviations dropped."""
+    text = _ABBREVIATION.sub("", text)
+    return " ".join(_ALTERNATIVES.sub(r"\1", text).split())
+
+
+# Alternatives inside a phrase ("neighbours/neighbors"), an abbreviation "/CRSR/", and
+# what is left of annotations split apart by "; " inside braces, or spaced alternatives.
+_ALTERNATIVES = re.compile(r"([\w'’.-]+)(?:/[\w'’.-]+)+")
+_ABBREVIATION = re.compile(r"\s*/[\w.-]+/")
+_MARKUP = re.compile(r"[{}\[\]()<>/|;:]")
+
+
+def _line_items(line):
+    """The pairs of one Ding line (``de | de :: en | en``), in order, as
+    ``(sentences, phrases)``: whole-sentence pairs, and multi-word phrase pairs."""
+    if " :: " not in line:
+        return [], []
+    german, english = line.split(" :: ", 1)
+    de_entries, en_entries = german.split(" | "), english.split(" | ")
+    if len(de_entries) != len(en_entries):
+        return [], []
+    sentences, phrases = [], []
+    for de_entry, en_entry in zip(de_entries, en_entries):
+        de_syns, en_syns = de_entry.split("; "), en_entry.split("; ")
+        if len(de_syns) != len(en_syns):
+            if len(de_syns) != 1 and len(en_syns) != 1:
+                continue
+            # one sentence against several synonym translations: pair it with the first
+            de_syns, en_syns = de_syns[:1], en_syns[:1]
+        for de, en in zip(de_syns, en_syns):
+            if _PLACEHOLDER.search(de) or _PLACEHOLDER.search(en):
+                continue  # checked before cleaning too: "(etw.)" marks a pattern
+            de, en = _clean(de), _clean(en)
+            if _is_sentence(de) and _is_sentence(en):
+                sentences.append((de, en))
+                continue
+            de, en = _first_alternative(de), _first_alternative(en)
+            if _is_phrase(de) and _is_phrase(en):
+                phrases.append((de, en))
+    return sentences, phrases
+
+
+def split_pairs(pairs, seed=1234, n_valid=500, n_test=500):
+    """Shuffle a copy of ``pairs`` and cut it into train, valid and test.
+
+    Parameters
+    ----------
+    pairs : sequence
+        The items to split (left untouched).
+    seed : int
+        Seed of the shuffle; the same seed always gives the same split.
+    n_valid, n_test : int
+        Sizes of the validation and test sets; train gets the rest.
+
+    Returns
+    -------
+    train, valid, test : list
+    """
+    n_valid, n_test = int(n_valid), int(n_test)
+    if n_valid < 0 or n_test < 0:
+        raise DataError(f"split sizes must be >= 0, got n_valid={n_valid}, n_test={n_test}")
+    if n_valid + n_test >= len(pairs):
+        raise DataError(f"cannot hold out {n_valid} valid + {n_test} test pairs from only "
+                        f"{len(pairs)} pairs; use a bigger corpus or smaller held-out sets")
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    shuffled = [pairs[i] for i in order.tolist()]
+    valid, test = shuffled[:n_valid], shuffled[n_valid:n_valid + n_test]
+    return shuffled[n_valid + n_test:], valid, test
+
+
+def parse_ding_entries(path):
+    """Every pair of a Ding dictionary file, with the entry (line) it came from.
+
+    Lines look like ``de1 | de2 :: en1 | en2`` (``#`` starts a comment). Sub-entries
+    pair up by position (a line whose sides have different counts is skipped);
+    inside a sub-entry ``; `` separates synonyms, paired by position when both
+    sides have as many, and a single entry against several is paired with the
+    first. Annotations (``{f}``, ``[ugs.]``, ``(...)``) are stripped and whitespace
+    collapsed.
+
+    Returns
+    -------
+    list of (int, list of (str, str), list of (str, str))
+        ``(line_number, sentences, phrases)`` for each line with at least one
+        pair: the whole-sentence pairs (an uppercase first letter, at least 3 words,
+        a final ``.``, ``!`` or ``?``, no placeholder ``etw.``, ``jdm.``, ``sth.``, ``sb.``, ``...``), and the
+        multi-word phrase sub-entries (2 to 12 words a side, annotations
+        stripped, ``a/b`` alternatives reduced to the first, no placeholders).
+    """
+    entries = []
+    for number, line in enumerate(read_lines(path, "Ding dictionary", max_chars=None), start=1):
+        if not line or line.startswith("#"):
+            continue
+        sentences, phrases = _line_items(line)
+        if sentences or phrases:
+            entries.append((number, sentences, phrases))
+    return entries
+
+
+def unique_sentences(entries):
+    """The whole-sentence pairs of ``entries`` (:func:`parse_ding_entries`), each once,
+    in order of first occurrence."""
+    return list(dict.fromkeys(pair for _, line_sentences, _ in entries for pair in line_sentences))
+
+
+def split_by_entry(entries, seed=1234, n_valid=500, n_test=500):
+    """Held-out sentences as :func:`split_pairs` draws them, and a training set
+    that shares no dictionary entry with them.
+
+    The validation and test sets are the whole-sentence pairs that
+    ``split_pairs(sentences, seed, n_valid, n_test)`` holds out (the same
+    sentences as before phrases were added). Every line that holds one of them
+    is held out whole: none of its sentences or phrases is trained on, and
+    neither is any pair whose German or English side equals a held-out one.
+
+    Returns
+    -------
+    dict
+        ``train_sentences``, ``train_phrases``, ``valid``, ``test`` (lists of
+        pairs) and ``stats`` (counts for the README and the log).
+    """
+    sentences = unique_sentences(entries)
+    old_train, valid, test = split_pairs(sentences, seed=seed, n_valid=n_valid, n_test=n_test)
+    held = set(valid) | set(test)
+    held_sides = {de for de, _ in held} | {en for _, en in held}
+    clean_lines = [(s, p) for _, s, p in entries if not held.intersection(s)]
+
+    def keep(pairs):
+        out, kept = [], set()
+        for pair in pairs:
+            if pair in kept or pair in held or pair[0] in held_sides or pair[1] in held_sides:
+                continue
+            kept.add(pair)
+            out.append(pair)
+        return out
+
+    train_sentences = keep(pair for s, _ in clean_lines for pair in s)
+    sentence_set = set(train_sentences)
+    train_phrases = [pair for pair in keep(pair for _, p in clean_lines for pair in p) if pair not in sentence_set]
+    stats = dict(lines=len(entries), held_out_lines=len(entries) - len(clean_lines),
+                 sentences=len(sentences), old_train_sentences=len(old_train),
+                 train_sentences=len(train_sentences), train_phrases=len(train_phrases),
+                 removed_sentences=len(set(old_train) - set(train_sentences)))
+    return dict(train_sentences=train_sentences, train_phrases=train_phrases, valid=valid, test=test,
+                stats=stats)
+
+
+#: The cached split's folder: a new name whenever the split changes, so an old cache is never reused.
+SPLIT_FOLDER = "ding-de-en-v2"
+
+
+def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en", phrases=False):
+    """Fetch the Ding dictionary, split it by entry (:func:`split_by_entry`, seed
+    1234, 500 valid and 500 test sentences), cache the splits as text.
+
+    The training split is the clean sentences plus, with ``phrases``, the phrase
+    sub-entries (``train.*``); ``train-sentences.*`` holds the sentences alone.
+
+    Returns
+    -------
+    dict
+        ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``,
+        absolute paths of the cached split files.
+    """
+    folder = pathlib.Path(cache_dir) / SPLIT_FOLDER
+    train = "train" if phrases else "train-sentences"
+    names = {f"{s}_{side}": folder / f"{name}.{lang}"
+             for s, name in (("train", train), ("valid", "valid"), ("test", "test"))
+             for side, lang in (("src", src_lang), ("tgt", tgt_lang))}
+    files = [folder / f"{n}.{lang}" for n in ("train", "train-sentences", "valid", "test") for lang in ("de", "en")]
+    if not all(p.is_file() for p in files):
+        split = split_by_entry(parse_ding_entries(fetch_default_corpus(cache_dir)), seed=1234)
+        parts = {"train": split["train_sentences"] + split["train_phrases"],
+                 "train-sentences": split["train_sentences"], "valid": split["valid"], "test": split["test"]}
+        for name, pairs in parts.items():  # the held-out sets last: their presence marks a complete cache
+            write_lines(folder / f"{name}.de", [de for de, _ in pairs])
+            write_lines(folder / f"{name}.en", [en for _, en in pairs])
+    return {k: os.path.abspath(v) for k, v in names.items()}
