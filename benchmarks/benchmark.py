@@ -23,10 +23,11 @@ batches of the default corpus (``~/.cache/minitf/ding-de-en-v2``, its ``train-se
 split, the one ``python train.py`` trains on, cached by a first run; else ``train.*`` of
 ``--corpus``; read, tokenized with a BPE vocabulary trained as ``train.py`` does, and
 batched by minitf.nmt's own ``Corpus`` and ``token_batches``; the first ``--real-batches``
-batches of epoch 0 are used, by both frameworks in the same order); without the cached corpus, one synthetic batch of 96 x 14 tokens, and the
-padding report is skipped with a message. ``small`` and ``base`` are synthetic batches;
-``tiny`` too (not in ``all``). ``all`` = default, small, base, then the per-layer profile
-of a minitf step at ``base`` (``benchmarks/layer_profile.py``, run in its own process).
+batches of epoch 0 are used, by both frameworks in the same order); without the cached
+corpus, one synthetic batch of 96 x 14 tokens, and the padding report is skipped with a
+message. ``small`` and ``base`` are synthetic batches; ``tiny`` too (not in ``all``).
+``all`` = default, small, base, then the per-layer profile of a minitf step at ``base``
+(``benchmarks/layer_profile.py``, run in its own process).
 
 Padding (default preset, real corpus): real tokens over padded tokens per side for
 minitf's batcher (``minitf.nmt.data.token_batches``) against a length-sorted bucketing as

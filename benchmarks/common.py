@@ -14,8 +14,8 @@ module imports no script, and no script imports another (tests/test_architecture
 - Real batches: the default corpus read, tokenized and batched by minitf.nmt's own
   ``Corpus`` and ``token_batches``, with a BPE vocabulary trained as train.py trains it
   (:func:`tokenized_corpus`, :func:`first_batches`).
-- The minitf step (:class:`MinitfStep`): the default run's recipe, zero_grad, forward,
-  label-smoothed loss (0.1), backward, Adam (0.9, 0.98, 1e-9) on the warmup schedule.
+- The minitf step (:class:`MinitfStep`): zero_grad, forward, label-smoothed loss (0.1),
+  backward, Adam (0.9, 0.98, 1e-9) on the paper's warmup schedule (4000 steps).
 - PyTorch's step (:class:`TorchStep`): ``minitf.pytorch.TorchTransformer`` (minitf's
   function in ``torch.nn``), minitf's embedding init, the same loss and Adam settings.
 - Another revision (:func:`load_reference`): ``minitf/*.py`` at a git revision, imported
@@ -141,7 +141,7 @@ def build_model(c, lib=minitf):
 
 
 class MinitfStep:
-    """One minitf training step, the default run's recipe: ``step(i)`` trains on
+    """One minitf training step (see the module docstring): ``step(i)`` trains on
     ``batches[i % len(batches)]`` (copied to the device once) and returns the loss, a
     Python float; on the GPU it ends with a device synchronisation.
 
