@@ -17,34 +17,35 @@ and PyTorch's OpenMP threads then live in one process (see the README for the
 measurement). Ratios depend on the CPU, its BLAS and the load: the header prints the
 machine, the BLAS, the date and the command, so that a table can be reproduced.
 
-Configurations: ``default`` is the default training preset of ``train.py`` (d_model 128,
-2+2 layers, vocabulary 4000, ``--max-tokens 1500``) on the real batches of the default
-corpus (``~/.cache/minitf/ding-de-en-v2``, its ``train-sentences.*`` split, the one
-``python train.py`` trains on, cached by a first run; else ``train.*`` of ``--corpus``; the
-sentences are tokenized with a BPE vocabulary trained as ``train.py`` does, and the
-first ``--real-batches`` batches of epoch 0 are used, by both frameworks in the same
-order); without the cached corpus, one synthetic batch of 96 x 14 tokens, and the
-padding report is skipped with a message. ``small`` and ``base`` are synthetic batches;
-``tiny`` too (not in ``all``). ``all`` = default, small, base, then the per-layer profile
-of a minitf step at ``base`` (``benchmarks/layer_profile.py``).
+Configurations (``benchmarks/common.py``): ``default`` is the default training preset of
+``train.py`` (d_model 128, 2+2 layers, vocabulary 4000, ``--max-tokens 1500``) on the real
+batches of the default corpus (``~/.cache/minitf/ding-de-en-v2``, its ``train-sentences.*``
+split, the one ``python train.py`` trains on, cached by a first run; else ``train.*`` of
+``--corpus``; read, tokenized with a BPE vocabulary trained as ``train.py`` does, and
+batched by minitf.nmt's own ``Corpus`` and ``token_batches``; the first ``--real-batches``
+batches of epoch 0 are used, by both frameworks in the same order); without the cached
+corpus, one synthetic batch of 96 x 14 tokens, and the padding report is skipped with a
+message. ``small`` and ``base`` are synthetic batches; ``tiny`` too (not in ``all``).
+``all`` = default, small, base, then the per-layer profile of a minitf step at ``base``
+(``benchmarks/layer_profile.py``, run in its own process).
 
 Padding (default preset, real corpus): real tokens over padded tokens per side for
 minitf's batcher (``minitf.nmt.data.token_batches``) against a length-sorted bucketing as
 fairseq does it (sort by source then target length, cut when ``max(len) * count``
 exceeds ``--max-tokens``, batch sizes rounded down to a multiple of 8), over one epoch.
 
-The PyTorch model is ``torch.nn.Transformer`` with the minitf recipe: shared source,
-target and output embedding (``F.linear(h, embedding.weight)``), embeddings scaled by
-sqrt(d_model), sinusoidal positions, post-LN, dropout 0.1 on the embeddings and on every
-sublayer output, ``batch_first=True``, the same padding masks (pad id 0) and a causal
-target mask, ``nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)``, Adam with
-betas (0.9, 0.98) and eps 1e-9. To do exactly minitf's work, the two things
-``nn.Transformer`` adds are switched off: the final LayerNorm after each stack
-(``encoder.norm = decoder.norm = None``) and the extra dropouts that the paper does
-not have (on the attention weights and inside the feed-forward network). Both models
-then have the same parameter count (printed). The batch is built once on the host
-(random ids, each sentence padded to a random length in [L/2, L]) and copied to the
-device once for each framework.
+The PyTorch model is ``minitf.pytorch.TorchTransformer``: ``torch.nn.Transformer``
+(``batch_first``) made to compute minitf's function (the one tests/test_pytorch_parity.py
+checks): shared source, target and output embedding, embeddings scaled by sqrt(d_model)
+and drawn as minitf draws them, sinusoidal positions, post-LN with no final LayerNorm
+after each stack, dropout 0.1 on the embeddings and on every sublayer output and nowhere
+else (none on the attention weights or inside the feed-forward network), the same
+padding masks (pad id 0) and a causal target mask; the loss is ``minitf.pytorch.loss``
+(cross-entropy with ``ignore_index=0, label_smoothing=0.1``), Adam with betas (0.9,
+0.98) and eps 1e-9. Both models have the same parameter count (printed). Both steps
+come from ``benchmarks/common.py`` (``MinitfStep``, ``TorchStep``). The batch is built
+once on the host (random ids, each sentence padded to a random length in [L/2, L]) and
+copied to the device once for each framework.
 
 Model FLOPs per step (counted analytically, matmuls only)
 --------------------------------------------------------
@@ -116,23 +117,14 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
-from minitf.nmt.corpora import SPLIT_FOLDER  # noqa: E402
 from minitf.nmt.decode import beam_search, greedy_decode  # noqa: E402
-from minitf.nmt.train import DEFAULT_CACHE  # noqa: E402
+from benchmarks.common import (BOS, CONFIGS, CORPUS, DEFAULT_RUN, PAD, MinitfStep, TorchStep,  # noqa: E402
+                               build_model, default_corpus_paths, first_batches, make_batch, tokenized_corpus)
 
 np = backend.host
 
-CONFIGS = {
-    "default": dict(vocab=4000, d_model=128, heads=4, layers=2, d_ff=512, batch=96, src_len=14, tgt_len=14),
-    "tiny": dict(vocab=1000, d_model=64, heads=4, layers=2, d_ff=256, batch=32, src_len=20, tgt_len=20),
-    "small": dict(vocab=8000, d_model=256, heads=4, layers=3, d_ff=1024, batch=64, src_len=32, tgt_len=32),
-    "base": dict(vocab=8000, d_model=512, heads=8, layers=6, d_ff=2048, batch=16, src_len=32, tgt_len=32),
-}
 DEFAULT_STEPS = {"default": 40, "tiny": 30, "small": 10, "base": 10}
 ALL = ["default", "small", "base"]
-CORPUS = str(DEFAULT_CACHE / SPLIT_FOLDER)             # where a first `python train.py` caches the corpus
-MAX_TOKENS = 1500                                      # the default preset's --max-tokens
-PAD, BOS, EOS = 0, 2, 3
 
 
 # --------------------------------------------------------------------------- #
@@ -147,21 +139,6 @@ def model_flops(c):
                      + 4 * B * T * T * D + 4 * B * T * S * D)
     forward = c["layers"] * encoder_layer + c["layers"] * decoder_layer + 2 * Nt * D * V
     return 3 * forward
-
-
-def make_batch(c, seed=0):
-    """Host int64 arrays src (B, S), tgt_in (B, T), tgt_out (B, T); real tokens, then pad."""
-    rng = np.random.default_rng(seed)
-    B, S, T, V = c["batch"], c["src_len"], c["tgt_len"], c["vocab"]
-    src = rng.integers(4, V, (B, S))
-    tgt = rng.integers(4, V, (B, T + 1))
-    src_len = rng.integers(S // 2, S + 1, B)
-    tgt_len = rng.integers(T // 2, T + 1, B)             # tokens of tgt_out, the last one EOS
-    src[np.arange(S)[None, :] >= src_len[:, None]] = PAD
-    tgt[:, 0] = BOS
-    tgt[np.arange(B), tgt_len] = EOS
-    tgt[np.arange(T + 1)[None, :] > tgt_len[:, None]] = PAD
-    return src, tgt[:, :-1].copy(), tgt[:, 1:].copy()
 
 
 def blas_threads():
@@ -206,108 +183,6 @@ def matmul_peak_gflops(device, n=2048, repeats=5):
         backend.synchronize()
         best = min(best, time.perf_counter() - start)
     return 2 * n ** 3 / best / 1e9
-
-
-# --------------------------------------------------------------------------- #
-# minitf
-# --------------------------------------------------------------------------- #
-def build_minitf(c):
-    minitf.manual_seed(0)
-    model = minitf.Transformer(c["vocab"], c["vocab"], d_model=c["d_model"], num_heads=c["heads"],
-                               num_encoder_layers=c["layers"], num_decoder_layers=c["layers"],
-                               d_ff=c["d_ff"], dropout=0.1, share_embeddings=True, pad_id=PAD)
-    return model
-
-
-def minitf_stepper(c, batches):
-    """step(i) trains on batches[i % len(batches)] (host (src, tgt_in, tgt_out) triples)."""
-    model = build_minitf(c)
-    loss_fn = minitf.LabelSmoothedCrossEntropy(smoothing=0.1, ignore_index=PAD)
-    optimizer = minitf.Adam(model.parameters(), lr=minitf.WarmupSchedule(c["d_model"], 4000),
-                            betas=(0.9, 0.98), eps=1e-9)
-    batches = [tuple(backend.asarray(a) for a in batch) for batch in as_batches(batches)]  # on the device once
-
-    def step(i=0):
-        src, tgt_in, tgt_out = batches[i % len(batches)]
-        optimizer.zero_grad()
-        loss = loss_fn(model(src, tgt_in), tgt_out)              # a Python float: synchronises
-        model.backward(loss_fn.backward())
-        optimizer.step()
-        backend.synchronize()
-        return loss
-
-    return step, model.num_parameters()
-
-
-# --------------------------------------------------------------------------- #
-# PyTorch
-# --------------------------------------------------------------------------- #
-def as_batches(batches):
-    """One (src, tgt_in, tgt_out) triple or a list of them -> a list."""
-    return [batches] if len(batches) == 3 and hasattr(batches[0], "shape") else list(batches)
-
-
-def torch_stepper(c, batches, device):
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    dev = torch.device("cuda" if device == "gpu" else "cpu")
-    D, V = c["d_model"], c["vocab"]
-
-    class TorchTransformer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(V, D)
-            nn.init.normal_(self.embed.weight, 0.0, D ** -0.5)
-            self.core = nn.Transformer(d_model=D, nhead=c["heads"], num_encoder_layers=c["layers"],
-                                       num_decoder_layers=c["layers"], dim_feedforward=c["d_ff"],
-                                       dropout=0.1, batch_first=True, norm_first=False)
-            self.core.encoder.norm = None                        # post-LN stacks end without a norm
-            self.core.decoder.norm = None
-            for layer in list(self.core.encoder.layers) + list(self.core.decoder.layers):
-                layer.dropout = nn.Identity()                    # no dropout inside the FFN (paper: none)
-                for attn in (getattr(layer, "self_attn", None), getattr(layer, "multihead_attn", None)):
-                    if attn is not None:
-                        attn.dropout = 0.0                       # no dropout on attention weights
-            self.dropout = nn.Dropout(0.1)
-            longest = max(max(b[0].shape[1], b[1].shape[1]) for b in as_batches(batches))
-            position = torch.arange(longest, dtype=torch.float64)[:, None]
-            inv_freq = torch.exp(torch.arange(0, D, 2, dtype=torch.float64) * (-math.log(10000.0) / D))
-            table = torch.zeros(position.shape[0], D, dtype=torch.float64)
-            table[:, 0::2] = torch.sin(position * inv_freq)
-            table[:, 1::2] = torch.cos(position * inv_freq[: D // 2])
-            self.register_buffer("pe", table.float())
-
-        def forward(self, src, tgt_in):
-            scale = math.sqrt(D)
-            x = self.dropout(self.embed(src) * scale + self.pe[: src.shape[1]])
-            y = self.dropout(self.embed(tgt_in) * scale + self.pe[: tgt_in.shape[1]])
-            T = tgt_in.shape[1]                                  # bool masks throughout: True = not allowed
-            causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=src.device), diagonal=1)
-            src_pad, tgt_pad = src == PAD, tgt_in == PAD
-            h = self.core(x, y, tgt_mask=causal, src_key_padding_mask=src_pad,
-                          tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad, tgt_is_causal=True)
-            return nn.functional.linear(h, self.embed.weight)   # tied output projection
-
-    model = TorchTransformer().to(dev).train()
-    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=0.1)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    batches = [tuple(torch.from_numpy(a).to(dev) for a in batch) for batch in as_batches(batches)]
-    sync = torch.cuda.synchronize if device == "gpu" else (lambda: None)
-
-    def step(i=0):
-        src, tgt_in, tgt_out = batches[i % len(batches)]
-        optimizer.zero_grad()
-        logits = model(src, tgt_in)
-        loss = loss_fn(logits.reshape(-1, V), tgt_out.reshape(-1))
-        value = loss.item()                                      # the logged scalar: synchronises
-        loss.backward()
-        optimizer.step()
-        sync()
-        return value
-
-    return step, sum(p.numel() for p in model.parameters())
 
 
 def torch_version():
@@ -403,7 +278,7 @@ def memory_probe(framework, config_name):
     except OSError:
         pass                                             # then VmHWM also covers the imports' peak
     start = _status_bytes("VmRSS")
-    step, _ = (torch_stepper(c, batch, "cpu") if framework == "torch" else minitf_stepper(c, batch))
+    step = TorchStep(c, batch, "cpu") if framework == "torch" else MinitfStep(c, batch)
     for _ in range(3):
         step()
     # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the parent across
@@ -475,37 +350,25 @@ def padding_report(name, batches, src_lens, tgt_lens):
 def real_batches(count, corpus=CORPUS):
     """The default preset's first ``count`` batches of epoch 0 (host triples), and the
     padding report's lines; None (and a message) without the cached corpus."""
-    paths = {lang: os.path.join(corpus, f"train-sentences.{lang}") for lang in ("de", "en")}
-    if not all(os.path.isfile(path) for path in paths.values()):   # a folder of train.de, train.en
-        paths = {lang: os.path.join(corpus, f"train.{lang}") for lang in ("de", "en")}
-    if not all(os.path.isfile(path) for path in paths.values()):
+    paths = default_corpus_paths(corpus)
+    if paths is None:
         return None, [f"(no cached default corpus at {corpus}: run `python train.py` once to fetch it; "
                       "the default preset is timed on one synthetic 96 x 14 batch and the padding report "
                       "is skipped)"]
     import tempfile
-    from minitf.nmt.data import make_target_io, pad_batch, read_parallel, token_batches
-    from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
-    pairs = list(read_parallel(paths["de"], paths["en"]))
     with tempfile.TemporaryDirectory() as folder:                # the tokenizer train.py would train
-        tokenizer = train_tokenizer([s for s, _ in pairs] + [t for _, t in pairs],
-                                    os.path.join(folder, "tokenizer.model"), CONFIGS["default"]["vocab"])
-    src_ids = tokenizer.encode([s for s, _ in pairs])
-    tgt_ids = tokenizer.encode([t for _, t in pairs])
-    src_lens = np.array([len(s) + 1 for s in src_ids])          # + EOS (source), + BOS (target), as train.py
-    tgt_lens = np.array([len(t) + 1 for t in tgt_ids])
-    epoch, _ = token_batches(src_lens, tgt_lens, MAX_TOKENS, seed=1, epoch=0, max_len=100)
-    lines = [f"Padding of one epoch of the default corpus ({len(pairs):,} sentence pairs, --max-tokens "
-             f"{MAX_TOKENS}; real tokens / padded tokens per side):\n",
+        train = tokenized_corpus(paths, DEFAULT_RUN.vocab_size, os.path.join(folder, "tokenizer.model"))
+    src_lens, tgt_lens = train.lengths("train")                 # + EOS (source), + BOS (target), as train.py
+    epoch, triples = first_batches(train, count)
+    max_tokens = DEFAULT_RUN.max_tokens
+    lines = [f"Padding of one epoch of the default corpus ({len(src_lens):,} sentence pairs, --max-tokens "
+             f"{max_tokens}; real tokens / padded tokens per side):\n",
              "| batcher | batches | source efficiency | target efficiency | real target tokens per batch "
              "| padded source / target tokens per batch |",
              "|---|---:|---:|---:|---:|---:|",
              padding_report("minitf (`token_batches`)", epoch, src_lens, tgt_lens),
              padding_report("length-sorted bucketing (fairseq's `batch_by_size`, multiple of 8)",
-                            fairseq_buckets(src_lens, tgt_lens, MAX_TOKENS), src_lens, tgt_lens)]
-    triples = []
-    for index in epoch[:count]:
-        tgt_in, tgt_out = make_target_io([tgt_ids[i] for i in index], PAD_ID, BOS_ID, EOS_ID)
-        triples.append((pad_batch([src_ids[i] for i in index], PAD_ID, eos_id=EOS_ID), tgt_in, tgt_out))
+                            fairseq_buckets(src_lens, tgt_lens, max_tokens), src_lens, tgt_lens)]
     return triples, lines
 
 
@@ -529,9 +392,9 @@ def worker(framework, config_name, batch_file, steps, warmup, device, allocator=
     if framework == "torch":
         import torch
         torch.set_num_threads(blas_threads())
-        step, params = torch_stepper(c, batches, device)
+        step = TorchStep(c, batches, device)
     else:
-        step, params = minitf_stepper(c, batches)
+        step = MinitfStep(c, batches)
     for i in range(warmup):
         step(i)
     times = []
@@ -539,7 +402,7 @@ def worker(framework, config_name, batch_file, steps, warmup, device, allocator=
         start = time.perf_counter()
         step(i)
         times.append(time.perf_counter() - start)
-    print(json.dumps({"times": times, "params": params}))
+    print(json.dumps({"times": times, "params": step.num_parameters}))
 
 
 def time_in_processes(frameworks, config_name, batch_file, args, steps):
@@ -585,12 +448,13 @@ def benchmark_config(name, args, peak, have_torch):
                 import torch
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-        steppers, params = {}, {}
-        steppers["minitf"], params["minitf"] = minitf_stepper(c, batches)
+        steppers = {}
+        steppers["minitf"] = MinitfStep(c, batches)
         if have_torch:
             import torch
             torch.set_num_threads(blas_threads())
-            steppers["PyTorch"], params["PyTorch"] = torch_stepper(c, batches, args.device)
+            steppers["PyTorch"] = TorchStep(c, batches, args.device)
+        params = {name: step.num_parameters for name, step in steppers.items()}
         times = time_steps(steppers, steps, args.warmup)
         runs = {k: [v] for k, v in times.items()}
         if args.device == "gpu":
@@ -646,18 +510,22 @@ def benchmark_config(name, args, peak, have_torch):
 
 
 def print_profile(args):
-    """The per-layer profile of one minitf step at base (benchmarks/layer_profile.py)."""
-    import layer_profile
-    c = CONFIGS["base"]
-    rows, total = layer_profile.profile(c, make_batch(c), steps=args.profile_steps)
+    """The per-layer profile of one minitf step at base: benchmarks/layer_profile.py in its
+    own process (as every timing here), its table passed through."""
+    command = [sys.executable, os.path.join(HERE, "layer_profile.py"), "--config", "base",
+               "--steps", str(args.profile_steps)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if result.returncode != 0:
+        raise RuntimeError(f"layer_profile.py failed: {result.stderr.strip()[-2000:]}")
+    table = [line for line in result.stdout.splitlines() if line.startswith("|")]
     print(f"\n### where a minitf step goes at base (own time per layer class, median of "
-          f"{args.profile_steps} steps, this process)\n")
-    layer_profile.print_table(rows, total)
+          f"{args.profile_steps} steps, `benchmarks/layer_profile.py --config base` in its own process)\n")
+    print("\n".join(table))
 
 
 def benchmark_decode(name, args):
     c = dict(CONFIGS[name], batch=64)
-    model = build_minitf(c)
+    model = build_model(c)
     src, _, _ = make_batch(c, seed=1)
     src = backend.asarray(src)
     new_tokens, rows = 32, c["batch"]

@@ -16,27 +16,31 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SIZES = {"tiny": dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=512),
-         "small": dict(d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3, d_ff=1024)}
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from benchmarks.common import CONFIGS, run_config_fields, synthetic_corpus  # noqa: E402
+
+#: the model sizes timed: the tiny preset's shape (benchmark.py's `default`) and `small`
+SIZES = {"tiny": run_config_fields(CONFIGS["default"]), "small": run_config_fields(CONFIGS["small"])}
+VOCAB = 200
 
 
 def worker(size, steps, folder, out):
-    sys.path.insert(0, str(ROOT))
     from minitf.nmt.collectives import init_mpi
     from minitf.nmt.config import RunConfig
-    from minitf.nmt.data import Corpus, token_batches
+    from minitf.nmt.data import Corpus, read_splits, token_batches
     from minitf.nmt.tokenizer import Tokenizer
     from minitf.nmt.trainer import Trainer
     world = init_mpi()
-    config = RunConfig.from_preset("tiny", **SIZES[size], vocab_size=200, max_tokens=1500, dropout=0.1,
+    config = RunConfig.from_preset("tiny", **SIZES[size], vocab_size=VOCAB, max_tokens=1500, dropout=0.1,
                                    max_steps=10 ** 6)
     tok = Tokenizer(pathlib.Path(folder) / "tokenizer.model")
     paths = {f"{s}_{side}": str(pathlib.Path(folder) / f"train.{side}") for s in ("train", "valid")
              for side in ("src", "tgt")}
-    trainer = Trainer(config, pathlib.Path(folder) / "run", tok, Corpus(tok, paths, lambda m: None), lambda m: None,
+    trainer = Trainer(config, pathlib.Path(folder) / "run", tok, Corpus(tok, read_splits(paths), lambda m: None), lambda m: None,
                       progress=False, world=world)
     batches, _ = token_batches(*trainer.corpus.lengths("train"), config.max_tokens, 1, 0)
-    coll = trainer.parallel.collectives
+    coll = trainer.collectives
     reduce_time = [0.0]
     if coll is not None:  # time the all-reduce inside the step
         inner = coll.allreduce
@@ -47,8 +51,8 @@ def worker(size, steps, folder, out):
             reduce_time[0] += time.perf_counter() - start
         coll.allreduce = timed
     lengths = trainer.corpus.lengths("train")
-    step = (lambda b: trainer.parallel.step([b], lengths)) if not trainer.parallel.trivial else \
-        (lambda b: trainer.train_step(*trainer.corpus.batch("train", b)))
+    def step(b):  # the one update, for one process or N ranks alike
+        trainer.update([b], lengths)
     for b in batches[:2]:
         step(b)
     reduce_time[0] = 0.0
@@ -83,16 +87,8 @@ def main():
     args = p.parse_args()
     if args.worker:
         return worker(args.worker[0], int(args.worker[1]), *args.worker[2:])
-    sys.path.insert(0, str(ROOT))
-    from minitf.backend import host as np
-    from minitf.nmt.tokenizer import train_tokenizer
     with tempfile.TemporaryDirectory() as folder:
-        rng = np.random.default_rng(0)
-        words = [f"w{i}" for i in range(300)]
-        lines = {side: [" ".join(rng.choice(words, rng.integers(8, 30))) for _ in range(3000)] for side in ("src", "tgt")}
-        for side, text in lines.items():
-            (pathlib.Path(folder) / f"train.{side}").write_text("\n".join(text) + "\n")
-        train_tokenizer(lines["src"] + lines["tgt"], pathlib.Path(folder) / "tokenizer.model", 200)
+        synthetic_corpus(folder, VOCAB)
         print(f"cores: {os.cpu_count()}; load average before: {os.getloadavg()[0]:.2f} "
               "(another workload on the machine shows here and in the spread between rounds)")
         results = {}

@@ -18,13 +18,12 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
 minitf.backend.keep_freed_memory()  # as train.py runs (no page faults for each fresh temporary)
 from minitf import backend  # noqa: E402
+from benchmarks.common import CONFIGS, MinitfStep, load_reference, make_batch  # noqa: E402
 
 
 class Timers:
@@ -68,23 +67,10 @@ def instrument(lib, model, loss_fn, optimizer, timers):
 
 
 def _profiled_step(lib, c, batch):
-    """An instrumented training step of ``lib``'s model, its timers, and an undo."""
-    lib.manual_seed(0)
-    model = lib.Transformer(c["vocab"], c["vocab"], d_model=c["d_model"], num_heads=c["heads"],
-                            num_encoder_layers=c["layers"], num_decoder_layers=c["layers"],
-                            d_ff=c["d_ff"], dropout=0.1, share_embeddings=True, pad_id=0)
-    loss_fn = lib.LabelSmoothedCrossEntropy(smoothing=0.1, ignore_index=0)
-    optimizer = lib.Adam(model.parameters(), lr=lib.WarmupSchedule(c["d_model"], 4000))
-    src, tgt_in, tgt_out = (backend.asarray(a) for a in batch)
+    """An instrumented training step of ``lib``'s model (``MinitfStep``), its timers, and an undo."""
+    step = MinitfStep(c, batch, lib=lib)
     timers = Timers()
-    originals = instrument(lib, model, loss_fn, optimizer, timers)
-
-    def step():
-        optimizer.zero_grad()
-        loss_fn(model(src, tgt_in), tgt_out)
-        model.backward(loss_fn.backward())
-        optimizer.step()
-        backend.synchronize()
+    originals = instrument(lib, step.model, step.loss_fn, step.optimizer, timers)
 
     def undo():
         lib.attention.scaled_dot_product_attention, lib.attention.scaled_dot_product_attention_backward = originals
@@ -145,7 +131,6 @@ def print_table(rows, total):
 
 
 def main(argv=None):
-    from benchmark import CONFIGS, make_batch
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", choices=list(CONFIGS), default="base")
     parser.add_argument("--steps", type=int, default=5)
@@ -158,11 +143,8 @@ def main(argv=None):
         print_table(*profile(c, make_batch(c), args.steps))
         return
     import tempfile
-    from ab_step import extract_reference
     with tempfile.TemporaryDirectory() as folder:
-        extract_reference(args.ref, folder)
-        sys.path.insert(0, folder)
-        import minitf_ref
+        minitf_ref = load_reference(args.ref, folder)
         before, after = profile(c, make_batch(c), args.steps, libs=(minitf_ref, minitf))
     print_comparison(before, after, args.ref)
 

@@ -7,17 +7,20 @@ same sacrebleu settings.
 
 What is the same as ``python train.py`` (the tiny preset): the corpus files
 (``default_corpus_splits``: the Ding split, whole sentences as the default run), a joint
-sentencepiece BPE vocabulary trained the same way (minitf's ``train_tokenizer``),
-the batches (minitf's ``token_batches``: same token budget, same length
-bucketing and order for the same seed), the model (``minitf.pytorch.TorchTransformer``:
-the function minitf computes, post-LN with no final norms, dropout only where minitf has
-it, d_model 128, 4 heads, 2+2 layers, d_ff 512, embeddings scaled by sqrt(d_model) and
-initialised as minitf's, sinusoidal positions, source/target/output embeddings tied), label smoothing 0.1,
-Adam (0.9, 0.98, 1e-9) with the warmup schedule, and the budget: ``--max-minutes``
-is the wall time of the whole script, training stopping early enough for the
-test decoding to fit. Decoding: greedy, and beam 4 with the GNMT length penalty
-(alpha 0.6), at least one token, at most source length + 50, as minitf decodes.
-Scoring: ``sacrebleu.corpus_bleu`` on detokenized text (its defaults, as minitf).
+sentencepiece BPE vocabulary trained the same way (minitf's ``train_tokenizer``), the
+text read and encoded by minitf's ``Corpus`` and batched by its ``token_batches`` (same
+token budget, same length bucketing and order for the same seed), the model
+(``minitf.pytorch.TorchTransformer``: the function minitf computes, post-LN with no final
+norms, dropout only where minitf has it, d_model 128, 4 heads, 2+2 layers, d_ff 512,
+embeddings scaled by sqrt(d_model) and initialised as minitf's, sinusoidal positions,
+source/target/output embeddings tied), label smoothing 0.1, Adam (0.9, 0.98, 1e-9) with
+the warmup schedule (minitf's ``WarmupSchedule``, in a ``LambdaLR``), and the budget:
+``--max-minutes`` is the wall time of the whole script, training stopping early enough
+for the test decoding to fit. The model, the loss, the optimizer and the loop are
+PyTorch's, written as a PyTorch user writes them. Decoding: greedy, and beam 4 with the
+GNMT length penalty (alpha 0.6), at least one token, at most source length + 50, as
+minitf decodes. Scoring: ``sacrebleu.corpus_bleu`` on detokenized text (its defaults,
+as minitf).
 
 Not the same: no periodic validation BLEU and no checkpoint averaging (the last
 model is scored); torch uses its own kernels and all the CPU threads it likes
@@ -39,9 +42,11 @@ sys.path.insert(0, str(ROOT))
 from minitf.backend import keep_freed_memory  # noqa: E402
 from minitf.nmt.config import PRESETS, RunConfig  # noqa: E402
 from minitf.nmt.corpora import default_corpus_splits  # noqa: E402
-from minitf.nmt.data import make_target_io, pad_batch, read_parallel, token_batches  # noqa: E402
-from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
-from minitf.nmt.train import DEFAULT_CACHE  # noqa: E402
+from minitf.nmt.data import pad_batch, token_batches  # noqa: E402
+from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
+from minitf.nmt.corpora import DEFAULT_CACHE  # noqa: E402
+from minitf.optim import WarmupSchedule  # noqa: E402
+from benchmarks.common import init_embedding_as_minitf, tokenized_corpus  # noqa: E402
 
 try:
     import torch
@@ -58,7 +63,7 @@ class Seq2Seq(TorchTransformer):
 
     def __init__(self, config):
         super().__init__(config)
-        nn.init.normal_(self.src_embed.weight, 0.0, self.d_model ** -0.5)  # as minitf.layers.Embedding
+        init_embedding_as_minitf(self)  # N(0, 1/d_model), as minitf.layers.Embedding
 
     def embed_positions(self, ids, embed):
         x = embed(ids) * math.sqrt(self.d_model)
@@ -151,21 +156,19 @@ def main():
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     paths = default_corpus_splits(args.cache_dir)  # the default run's data: whole sentences
-    train = read_parallel(paths["train_src"], paths["train_tgt"])
-    test = read_parallel(paths["test_src"], paths["test_tgt"])
-    tokenizer = train_tokenizer([s for s, _ in train] + [t for _, t in train], args.out / "tokenizer.model",
-                                cfg["vocab_size"])
-    src_ids = tokenizer.encode([s for s, _ in train])
-    tgt_ids = tokenizer.encode([t for _, t in train])
+    paths["valid_src"] = None                      # no validation here (see above)
+    corpus = tokenized_corpus(paths, cfg["vocab_size"], args.out / "tokenizer.model")  # minitf.nmt.data.Corpus
+    tokenizer = corpus.tokenizer
     model = Seq2Seq(RunConfig.from_preset("tiny").model_config(tokenizer.vocab_size))
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cfg["lr_scale"] * cfg["d_model"] ** -0.5 * min(
-        (s + 1) ** -0.5, (s + 1) * cfg["warmup"] ** -1.5))
+    warmup = WarmupSchedule(cfg["d_model"], cfg["warmup"], cfg["lr_scale"])  # the lr of step s + 1 (counted from 1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup(s + 1))
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=0.1)
-    lengths = ([len(s) + 1 for s in src_ids], [len(t) + 1 for t in tgt_ids])
+    lengths = corpus.lengths("train")
+    encoded_test = corpus.ids["test"][0]
     step, epoch, decode_seconds_per_sentence = 0, 0, 0.05
     # the end: the test set greedy and with beam 4 (about 3x greedy), and a margin
-    reserve = lambda: decode_seconds_per_sentence * len(test) * 4 + 10  # noqa: E731
+    reserve = lambda: decode_seconds_per_sentence * len(encoded_test) * 4 + 10  # noqa: E731
     done = False
     model.train()
     while not done:
@@ -175,9 +178,7 @@ def main():
                     limit and time.monotonic() - start + reserve() >= limit):
                 done = True
                 break
-            src = torch.as_tensor(pad_batch([src_ids[i] for i in index], PAD_ID, eos_id=EOS_ID))
-            tgt_in, tgt_out = (torch.as_tensor(a) for a in make_target_io([tgt_ids[i] for i in index], PAD_ID,
-                                                                          BOS_ID, EOS_ID))
+            src, tgt_in, tgt_out = (torch.as_tensor(a) for a in corpus.batch("train", index))
             logits = model(src, tgt_in)
             loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
             optimizer.zero_grad()
@@ -188,7 +189,7 @@ def main():
             if step % 500 == 0:
                 model.eval()
                 timed = time.monotonic()
-                for sentence in tokenizer.encode([s for s, _ in test[:20]]):
+                for sentence in encoded_test[:20]:
                     greedy(model, sentence)
                 decode_seconds_per_sentence = (time.monotonic() - timed) / 20
                 model.train()
@@ -197,12 +198,11 @@ def main():
     train_minutes = (time.monotonic() - start) / 60
     model.eval()
     import sacrebleu
-    sources, references = [s for s, _ in test], [t for _, t in test]
-    encoded = tokenizer.encode(sources)
+    references = corpus.text["test"][1]
     results = {"steps": step, "epochs_started": epoch, "train_minutes": round(train_minutes, 2),
                "threads": torch.get_num_threads(), "torch": torch.__version__}
     for name, decoder in (("greedy", greedy), ("beam4", beam)):
-        hypotheses = tokenizer.decode([decoder(model, ids) for ids in encoded])
+        hypotheses = tokenizer.decode([decoder(model, ids) for ids in encoded_test])
         results[f"test_bleu_{name}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
     results["whole_minutes"] = round((time.monotonic() - start) / 60, 2)
     (args.out / "result.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")

@@ -1,6 +1,8 @@
-"""The layout: the core (the library a learner reads) and the translation
-application on top of it (minitf.nmt). Imports go from the application to the
-core, never back, and nowhere in a circle; no module grows past ~400 lines.
+"""The layout: the core (the library a learner reads), the translation application
+on top of it (minitf.nmt), and the tools run as files (``train.py``,
+``benchmarks/*.py``, ``scripts/*.py``). Imports go from the application to the core,
+never back; the library never imports a tool; a tool imports no other tool except a
+folder's shared module (``benchmarks/common.py``); and nothing imports in a circle.
 
 The graph is built from the source with ``ast`` (every import statement, also
 those inside functions), not by importing anything."""
@@ -11,34 +13,50 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "minitf"
+#: Folders of scripts run as ``python folder/name.py``: Python puts the script's folder first on
+#: sys.path, so ``import common`` there is the sibling ``common.py``.
+SCRIPT_FOLDERS = ("benchmarks", "scripts")
+#: The modules of the script folders that other files may import: what the folder's scripts share.
+SHARED = {"benchmarks.common"}
 #: Entry points of the application that keep a short command name in the top folder.
 APPLICATION_ENTRY_POINTS = {"minitf.translate"}
-MAX_LINES = 400
 
 
-def module_name(path):
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path, root=ROOT):
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def modules():
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+def modules(root=ROOT):
+    """{module name: path} of the package, the script folders and the top folder's scripts."""
+    paths = sorted((root / "minitf").rglob("*.py")) + sorted(root.glob("*.py"))
+    paths += [p for folder in SCRIPT_FOLDERS for p in sorted((root / folder).glob("*.py"))]
+    return {module_name(p, root): p for p in paths}
 
 
 def is_application(name):
     return name == "minitf.nmt" or name.startswith("minitf.nmt.") or name in APPLICATION_ENTRY_POINTS
 
 
-def imported_modules(path, known):
-    """The minitf modules one file imports: ``from minitf.nmt import data`` counts
-    ``minitf.nmt.data``, ``from minitf.nmt.data import Corpus`` counts ``minitf.nmt.data``.
-    The package ``minitf`` itself is left out (every submodule runs its __init__)."""
-    found = set()
+def is_library(name):
+    return name == "minitf" or name.startswith("minitf.")
 
-    def owner(name):  # the longest known module that ``name`` lies in
-        while name and name not in known:
-            name = name.rpartition(".")[0]
-        return name
+
+def imported_modules(path, name, known):
+    """The known modules that file ``path`` (module ``name``) imports: ``from minitf.nmt import
+    data`` counts ``minitf.nmt.data``, ``from minitf.nmt.data import Corpus`` counts
+    ``minitf.nmt.data``; in a script folder, ``import common`` counts the sibling
+    ``<folder>.common``. The package ``minitf`` itself is left out (every submodule runs its
+    __init__)."""
+    found = set()
+    folder = name.rpartition(".")[0] if name.partition(".")[0] in SCRIPT_FOLDERS else None
+
+    def owner(imported):  # the sibling script, else the longest known module that ``imported`` lies in
+        if folder and f"{folder}.{imported.partition('.')[0]}" in known:
+            return f"{folder}.{imported.partition('.')[0]}"
+        while imported and imported not in known:
+            imported = imported.rpartition(".")[0]
+        return imported
 
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -46,12 +64,12 @@ def imported_modules(path, known):
         elif isinstance(node, ast.ImportFrom) and node.module:
             assert node.level == 0, f"{path}: relative import (use absolute imports)"
             found.update(owner(f"{node.module}.{alias.name}") for alias in node.names)
-    return {name for name in found if name and name != "minitf"}
+    return {m for m in found if m and m != "minitf"}
 
 
-def import_graph():
-    known = modules()
-    return {name: imported_modules(path, known) - {name} for name, path in known.items()}
+def import_graph(root=ROOT):
+    known = modules(root)
+    return {name: imported_modules(path, name, known) - {name} for name, path in known.items()}
 
 
 def find_cycle(graph):
@@ -80,11 +98,39 @@ def find_cycle(graph):
     return None
 
 
+def tool_imports(graph):
+    """{importer: [scripts it imports]}: every import of a script (``train``, a module of a
+    script folder) that is not a shared module."""
+    wrong = {name: sorted(m for m in imports if not is_library(m) and m not in SHARED)
+             for name, imports in graph.items()}
+    return {k: v for k, v in wrong.items() if v}
+
+
 def test_the_graph_sees_real_imports():
     graph = import_graph()
     assert "minitf.module" in graph["minitf.layers"]
     assert "minitf.transformer" in graph["minitf.nmt.trainer"]
     assert "minitf.nmt.checkpoint" in graph["minitf.nmt.train"]
+    assert "minitf.nmt.train" in graph["train"]
+    assert "minitf.nmt.decode" in graph["scripts.compare_devices"]
+    for script in ("benchmark", "ab_step", "layer_profile", "data_parallel", "torch_equal_minutes"):
+        assert "benchmarks.common" in graph[f"benchmarks.{script}"], script
+
+
+def test_a_script_folder_sibling_import_is_seen(tmp_path):
+    (tmp_path / "minitf").mkdir()
+    (tmp_path / "minitf" / "__init__.py").write_text("")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "one.py").write_text("import two\nimport numpy\n")
+    (tmp_path / "benchmarks" / "two.py").write_text("def f():\n    from one import main\n")
+    (tmp_path / "benchmarks" / "common.py").write_text("from benchmarks.two import f\n")
+    graph = import_graph(tmp_path)
+    assert graph["benchmarks.one"] == {"benchmarks.two"}
+    assert graph["benchmarks.common"] == {"benchmarks.two"}
+    cycle = find_cycle(graph)
+    assert cycle[0] == cycle[-1] and set(cycle) == {"benchmarks.one", "benchmarks.two"}, cycle
+    assert tool_imports(graph) == {"benchmarks.one": ["benchmarks.two"], "benchmarks.two": ["benchmarks.one"],
+                                   "benchmarks.common": ["benchmarks.two"]}
 
 
 def test_no_import_cycle():
@@ -99,12 +145,21 @@ def test_find_cycle_finds_one():
 
 def test_the_core_never_imports_the_application():
     wrong = {core: sorted(m for m in imports if is_application(m))
-             for core, imports in import_graph().items() if not is_application(core)}
+             for core, imports in import_graph().items() if is_library(core) and not is_application(core)}
     wrong = {k: v for k, v in wrong.items() if v}
     assert not wrong, f"core modules importing the application: {wrong}"
 
 
-@pytest.mark.parametrize("name", sorted(modules()))
-def test_module_size(name):
-    lines = modules()[name].read_text(encoding="utf-8").count("\n")
-    assert lines <= MAX_LINES, f"{name} has {lines} lines (> {MAX_LINES}): split it by job"
+def test_the_library_never_imports_a_tool():
+    wrong = {name: sorted(m for m in imports if not is_library(m))
+             for name, imports in import_graph().items() if is_library(name)}
+    wrong = {k: v for k, v in wrong.items() if v}
+    assert not wrong, f"library modules importing a script: {wrong}"
+
+
+def test_no_script_imports_another_script():
+    """Scripts share code through a shared module (benchmarks/common.py), never by importing each other."""
+    graph = import_graph()
+    assert {name.partition(".")[0] for name in graph} >= set(SCRIPT_FOLDERS), "a script folder went unseen"
+    wrong = tool_imports(graph)
+    assert not wrong, f"scripts importing another script (move what they share into {sorted(SHARED)}): {wrong}"

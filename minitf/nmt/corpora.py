@@ -23,6 +23,9 @@ from minitf.nmt.download import download, mirror_base, sigterm_raises
 from minitf.nmt.errors import CommandFailed, DataError
 from minitf.nmt.files import fsync_dir
 
+#: Where fetched corpora are kept: $XDG_CACHE_HOME/minitf, else ~/.cache/minitf (``--cache-dir``).
+DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "minitf"
+
 # --------------------------------------------------------------------------- fetch Ding
 
 #: Where the Ding dictionary lives inside the Debian package ``trans-de-en``.

@@ -13,7 +13,7 @@ import time
 from minitf import backend
 from minitf.nmt import checkpoint as ckpt, files, trainer as training
 from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
-from minitf.nmt.corpora import default_corpus_splits
+from minitf.nmt.corpora import DEFAULT_CACHE, default_corpus_splits
 from minitf.nmt.data import Corpus, read_splits
 from minitf.nmt.distributed import get_world, launched_by_mpi
 from minitf.nmt.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,
@@ -22,7 +22,6 @@ from minitf.nmt.files import check_output_folder, check_resumable, file_sha256
 from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
 from minitf.nmt.trainer import Trainer
 
-DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "minitf"
 #: The flags that name the model, recipe or data of a run: refused with --resume.
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
                 "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "src_lang", "tgt_lang",

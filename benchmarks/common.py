@@ -1,0 +1,230 @@
+"""What the benchmark scripts share: the configurations, their batches, the one minitf
+training step they all time, PyTorch's equal step, and minitf as it was at another git
+revision (to time the working tree against).
+
+    from benchmarks.common import CONFIGS, make_batch, MinitfStep
+
+Each script puts the checkout first on ``sys.path`` and imports this module; this
+module imports no script, and no script imports another (tests/test_architecture.py).
+
+- Configurations (``CONFIGS``): ``default`` is the shape of train.py's default preset
+  (``tiny``: vocabulary 4000, d_model 128, 4 heads, 2+2 layers, d_ff 512); ``tiny``,
+  ``small`` and ``base`` are fixed shapes. ``batch``, ``src_len``, ``tgt_len`` size the
+  synthetic batch (:func:`make_batch`).
+- Real batches: the default corpus read, tokenized and batched by minitf.nmt's own
+  ``Corpus`` and ``token_batches``, with a BPE vocabulary trained as train.py trains it
+  (:func:`tokenized_corpus`, :func:`first_batches`).
+- The minitf step (:class:`MinitfStep`): zero_grad, forward, label-smoothed loss (0.1),
+  backward, Adam (0.9, 0.98, 1e-9) on the paper's warmup schedule (4000 steps).
+- PyTorch's step (:class:`TorchStep`): ``minitf.pytorch.TorchTransformer`` (minitf's
+  function in ``torch.nn``), minitf's embedding init, the same loss and Adam settings.
+- Another revision (:func:`load_reference`): ``minitf/*.py`` at a git revision, imported
+  as the package ``minitf_ref``.
+"""
+import importlib
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+import minitf  # noqa: E402
+from minitf.nmt.config import RunConfig  # noqa: E402
+from minitf.nmt.corpora import DEFAULT_CACHE, SPLIT_FOLDER  # noqa: E402
+from minitf.nmt.data import Corpus, read_parallel, read_splits, token_batches  # noqa: E402
+from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
+
+np = minitf.backend.host
+
+#: train.py's default run: its preset's shape, token budget, length limit and seed.
+DEFAULT_RUN = RunConfig.from_preset("tiny")
+CONFIGS = {
+    "default": dict(vocab=DEFAULT_RUN.vocab_size, d_model=DEFAULT_RUN.d_model, heads=DEFAULT_RUN.num_heads,
+                    layers=DEFAULT_RUN.num_encoder_layers, d_ff=DEFAULT_RUN.d_ff, batch=96, src_len=14, tgt_len=14),
+    "tiny": dict(vocab=1000, d_model=64, heads=4, layers=2, d_ff=256, batch=32, src_len=20, tgt_len=20),
+    "small": dict(vocab=8000, d_model=256, heads=4, layers=3, d_ff=1024, batch=64, src_len=32, tgt_len=32),
+    "base": dict(vocab=8000, d_model=512, heads=8, layers=6, d_ff=2048, batch=16, src_len=32, tgt_len=32),
+}
+CORPUS = str(DEFAULT_CACHE / SPLIT_FOLDER)  # where a first `python train.py` caches the default corpus
+PAD, BOS, EOS = PAD_ID, BOS_ID, EOS_ID
+
+
+def model_kwargs(c):
+    """The model's constructor arguments for config ``c`` (minitf.Transformer and TorchTransformer)."""
+    return dict(src_vocab_size=c["vocab"], tgt_vocab_size=c["vocab"], d_model=c["d_model"], num_heads=c["heads"],
+                num_encoder_layers=c["layers"], num_decoder_layers=c["layers"], d_ff=c["d_ff"], dropout=0.1,
+                share_embeddings=True, pad_id=PAD)
+
+
+def run_config_fields(c):
+    """Config ``c``'s shape as RunConfig fields (the trainer's flags)."""
+    return dict(d_model=c["d_model"], num_heads=c["heads"], num_encoder_layers=c["layers"],
+                num_decoder_layers=c["layers"], d_ff=c["d_ff"])
+
+
+# --------------------------------------------------------------------------- #
+# batches
+# --------------------------------------------------------------------------- #
+def make_batch(c, seed=0):
+    """A synthetic batch: host int64 arrays src (B, S), tgt_in (B, T), tgt_out (B, T); random
+    ids, each sentence padded to a random length in [L/2, L] (tgt_out ends in EOS)."""
+    rng = np.random.default_rng(seed)
+    B, S, T, V = c["batch"], c["src_len"], c["tgt_len"], c["vocab"]
+    src = rng.integers(4, V, (B, S))
+    tgt = rng.integers(4, V, (B, T + 1))
+    src_len = rng.integers(S // 2, S + 1, B)
+    tgt_len = rng.integers(T // 2, T + 1, B)             # tokens of tgt_out, the last one EOS
+    src[np.arange(S)[None, :] >= src_len[:, None]] = PAD
+    tgt[:, 0] = BOS
+    tgt[np.arange(B), tgt_len] = EOS
+    tgt[np.arange(T + 1)[None, :] > tgt_len[:, None]] = PAD
+    return src, tgt[:, :-1].copy(), tgt[:, 1:].copy()
+
+
+def as_batches(batches):
+    """One (src, tgt_in, tgt_out) triple or a list of them -> a list."""
+    return [batches] if len(batches) == 3 and hasattr(batches[0], "shape") else list(batches)
+
+
+def default_corpus_paths(corpus=CORPUS):
+    """{"train_src", "train_tgt"} of a cached default corpus folder (``train-sentences.de/en``,
+    the split ``python train.py`` trains on; else ``train.de/en``), or None when it has neither."""
+    for name in ("train-sentences", "train"):
+        paths = {f"train_{side}": os.path.join(corpus, f"{name}.{lang}") for side, lang in (("src", "de"),
+                                                                                          ("tgt", "en"))}
+        if all(os.path.isfile(path) for path in paths.values()):
+            return paths
+    return None
+
+
+def tokenized_corpus(paths, vocab_size, tokenizer_path):
+    """minitf.nmt's ``Corpus`` of ``paths`` (the splits whose source path is given), with a
+    joint BPE vocabulary trained on its training split as train.py trains it."""
+    pairs = read_parallel(paths["train_src"], paths["train_tgt"])
+    tokenizer = train_tokenizer([s for s, _ in pairs] + [t for _, t in pairs], tokenizer_path, vocab_size)
+    return Corpus(tokenizer, read_splits(paths), lambda message: print(message, file=sys.stderr))
+
+
+def synthetic_corpus(folder, vocab_size, sentences=3000, words=300, seed=0):
+    """Write a made-up training split, folder/train.src and folder/train.tgt (``sentences``
+    lines of 8 to 29 words drawn from ``words`` words each), and folder/tokenizer.model, a
+    joint BPE vocabulary of ``vocab_size`` trained on both."""
+    rng = np.random.default_rng(seed)
+    vocabulary = [f"w{i}" for i in range(words)]
+    lines = {side: [" ".join(rng.choice(vocabulary, rng.integers(8, 30))) for _ in range(sentences)]
+             for side in ("src", "tgt")}
+    for side, text in lines.items():
+        (pathlib.Path(folder) / f"train.{side}").write_text("\n".join(text) + "\n")
+    train_tokenizer(lines["src"] + lines["tgt"], pathlib.Path(folder) / "tokenizer.model", vocab_size)
+
+
+def first_batches(corpus, count, run=DEFAULT_RUN):
+    """Epoch 0 of the training split as ``run`` batches it (minitf.nmt.data.token_batches:
+    its --max-tokens, --max-len and seed): the batches' sentence indices, and the first
+    ``count`` batches as host (src, tgt_in, tgt_out) triples."""
+    epoch, _ = token_batches(*corpus.lengths("train"), run.max_tokens, seed=run.seed, epoch=0, max_len=run.max_len)
+    return epoch, [corpus.batch("train", index) for index in epoch[:count]]
+
+
+# --------------------------------------------------------------------------- #
+# the steps
+# --------------------------------------------------------------------------- #
+def build_model(c, lib=minitf):
+    """``lib.Transformer`` of config ``c`` (lib: minitf, or the copy of another revision), seed 0."""
+    lib.manual_seed(0)
+    return lib.Transformer(**model_kwargs(c))
+
+
+class MinitfStep:
+    """One minitf training step (see the module docstring): ``step(i)`` trains on
+    ``batches[i % len(batches)]`` (copied to the device once) and returns the loss, a
+    Python float; on the GPU it ends with a device synchronisation.
+
+    ``lib`` is the minitf package or the copy of another revision; with ``reseed`` each
+    step first seeds ``lib`` with ``i`` (two copies then draw the same dropout masks).
+    ``model``, ``loss_fn`` and ``optimizer`` are looked up at every call, so their methods
+    may be wrapped (benchmarks/layer_profile.py times them)."""
+
+    def __init__(self, c, batches, lib=minitf, reseed=False):
+        self.lib, self.reseed = lib, reseed
+        self.model = build_model(c, lib)
+        self.loss_fn = lib.LabelSmoothedCrossEntropy(smoothing=0.1, ignore_index=PAD)
+        self.optimizer = lib.Adam(self.model.parameters(), lr=lib.WarmupSchedule(c["d_model"], 4000),
+                                  betas=(0.9, 0.98), eps=1e-9)
+        self.batches = [tuple(lib.backend.asarray(a) for a in batch) for batch in as_batches(batches)]
+        self.num_parameters = self.model.num_parameters()
+
+    def __call__(self, i=0):
+        if self.reseed:
+            self.lib.manual_seed(i)
+        src, tgt_in, tgt_out = self.batches[i % len(self.batches)]
+        self.optimizer.zero_grad()
+        loss = self.loss_fn(self.model(src, tgt_in), tgt_out)       # a Python float: synchronises
+        self.model.backward(self.loss_fn.backward())
+        self.optimizer.step()
+        self.lib.backend.synchronize()
+        return loss
+
+
+def init_embedding_as_minitf(torch_model):
+    """Draw a TorchTransformer's embedding(s) N(0, 1/d_model), as minitf.layers.Embedding does
+    (nn.Embedding draws N(0, 1)); the tied output projection shares it."""
+    from torch import nn
+    for embed in {id(e): e for e in (torch_model.src_embed, torch_model.tgt_embed)}.values():
+        nn.init.normal_(embed.weight, 0.0, torch_model.d_model ** -0.5)
+    return torch_model
+
+
+class TorchStep:
+    """PyTorch's training step of the same model (``minitf.pytorch.TorchTransformer``, minitf's
+    embedding init, seed 0): the same loss (``minitf.pytorch.loss``, its value read as a
+    Python float), Adam with betas (0.9, 0.98) and eps 1e-9, on ``device`` ("cpu" or "gpu")."""
+
+    def __init__(self, c, batches, device="cpu"):
+        import torch
+        from minitf.pytorch import TorchTransformer, loss
+        torch.manual_seed(0)
+        dev = torch.device("cuda" if device == "gpu" else "cpu")
+        self.model = init_embedding_as_minitf(TorchTransformer(model_kwargs(c))).to(dev).train()
+        self.loss_fn = loss
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        self.batches = [tuple(torch.from_numpy(a).to(dev) for a in batch) for batch in as_batches(batches)]
+        self.sync = torch.cuda.synchronize if device == "gpu" else (lambda: None)
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+
+    def __call__(self, i=0):
+        src, tgt_in, tgt_out = self.batches[i % len(self.batches)]
+        self.optimizer.zero_grad()
+        loss = self.loss_fn(self.model(src, tgt_in), tgt_out, smoothing=0.1, ignore_index=PAD)
+        value = loss.item()                                          # the logged scalar: synchronises
+        loss.backward()
+        self.optimizer.step()
+        self.sync()
+        return value
+
+
+# --------------------------------------------------------------------------- #
+# minitf at another revision
+# --------------------------------------------------------------------------- #
+def load_reference(ref, folder):
+    """The package ``minitf/*.py`` as it is at git revision ``ref``, written into
+    folder/minitf_ref/ with its imports renamed, and imported as ``minitf_ref``."""
+    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{ref}:minitf"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    package = os.path.join(folder, "minitf_ref")
+    os.makedirs(package)
+    for name in names:
+        if not name.endswith(".py"):
+            continue
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:minitf/{name}"],
+                              capture_output=True, text=True, check=True).stdout
+        text = re.sub(r"\bfrom minitf\b", "from minitf_ref", text)
+        text = re.sub(r"^import minitf$", "import minitf_ref", text, flags=re.M)
+        with open(os.path.join(package, name), "w") as handle:
+            handle.write(text)
+    sys.path.insert(0, folder)
+    return importlib.import_module("minitf_ref")
