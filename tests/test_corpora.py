@@ -9,7 +9,8 @@ import tarfile
 
 import pytest
 
-from minitf.nmt import corpora, deb
+from minitf.nmt import corpora
+from minitf.nmt import corpora as deb
 from minitf.nmt.download import Terminated
 from minitf.nmt.errors import DataError
 from minitf.nmt.train import main as train_main
