@@ -24,6 +24,10 @@ settings.register_profile("quick", max_examples=5, deadline=None,  # scripts/gpu
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# `python train.py` in a subprocess runs one process unless a test asks for ranks (it would start
+# itself under mpiexec on every core: tests/test_data_parallel.py checks that path on purpose)
+os.environ["MINITF_RANKS"] = "1"
+
 
 @pytest.fixture
 def float64():

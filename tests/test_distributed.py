@@ -230,3 +230,25 @@ def test_accumulated_update_weights_its_batches_by_this_epochs_tokens(tmp_path):
             assert trainer.update(batches[first:first + 2], lengths).nonfinite is None
             assert len(weights) == 2 and abs(sum(weights) - 1.0) < 1e-12, (epoch, weights)
     assert len(segmentations) > 1  # BPE-dropout did change the lengths between epochs
+
+
+@needs_mpi
+def test_the_train_py_command_runs_a_rank_per_core_and_says_how_to_turn_it_off(tmp_path):
+    """`python train.py` on a CPU with 2 cores and MPI installed starts itself under mpiexec
+    (one rank per core); MINITF_RANKS=1 runs one process. The run is the same recipe."""
+    data = make_corpus(tmp_path)
+    env = {k: v for k, v in ENV.items() if k != "MINITF_RANKS"}
+    env["MINITF_RANKS"] = "2"  # what a 2-core machine chooses by itself (the test machine may have more)
+    common = [*data, *TINY, "--max-steps", "4", "--eval-every", "100", "--average", "0", "--bleu-sentences", "0"]
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), *common, "--out", str(tmp_path / "two")],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "2 ranks through mpiexec" in done.stderr and "MINITF_RANKS=1" in done.stderr
+    assert "data parallel: 2 ranks" in done.stderr
+    env["MINITF_RANKS"] = "1"
+    one = subprocess.run([sys.executable, str(ROOT / "train.py"), *common, "--out", str(tmp_path / "one")],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert one.returncode == 0 and "mpiexec" not in one.stderr and "data parallel" not in one.stderr, one.stderr
+    steps = [[json.loads(line)["step"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["kind"] == "train"] for run in ("two", "one")]
+    assert steps[0] == steps[1] == [1, 2, 3, 4]  # the same global batches, at either world size

@@ -6,21 +6,19 @@ its hand-written backward passes. This package uses it to train and run a
 German-English translation model; imports go from here to the core, never back.
 
 =================  ==============================================================
-``errors``         the typed errors every module raises at the boundary
-``files``          atomic writes (temp file, fsync, rename) and checksums
+``errors``         the typed errors, one-line usage errors, exit codes of both commands
+``files``          atomic writes, checksums, the run folder's checks and its lock
 ``download``       one pinned file over HTTP(S): mirrors, resume, caps, sha256
-``corpora``        each corpus: download, verify, unpack, split (the Ding dictionary)
-``deb``            one file out of a Debian package, standard library, size-capped
+``corpora``        each corpus: download, verify, unpack (.deb), split (the Ding dictionary)
+``tokenizer``      the joint sentencepiece BPE vocabulary, and BPE-dropout
 ``data``           reading text safely, token-count batching, padding, encoded splits
-``tokenizer``      the joint sentencepiece BPE vocabulary
 ``config``         ``RunConfig``: presets, flag overrides, validation, config.json
-``checkpoint``     checkpoint folders: atomic writes, verified loads, listing, averaging
-``metrics``        the metrics log (metrics.jsonl) and perplexity
-``decode``         batched greedy and beam search with a key/value cache
-``evaluate``       validation loss, BLEU, translating a list of sentences
-``trainer``        ``Trainer``: one update, the training loop, save and restore
-``train``          the ``train.py`` command: new runs, ``--resume``, end-of-run report
-``translate``      the ``python -m minitf.translate`` command
-``cli``            what both commands share: one-line usage errors, exit codes
+``checkpoint``     checkpoint folders: atomic writes, verified loads, averaging, finding
+``decode``         batched greedy and beam search, translating text, BLEU
+``distributed``    the ranks of ``mpiexec`` and their collectives (MPI, NCCL)
+``trainer``        ``Trainer``: the one update for any world size, the loop, validation,
+                   metrics, the time budget, the end of a run
+``train``          the ``train.py`` command: new runs and ``--resume``
+``translate``      the ``python -m minitf.translate`` command, interactive mode included
 =================  ==============================================================
 """

@@ -7,6 +7,7 @@ and cuts metrics.jsonl back to that checkpoint's step.
 """
 import os
 import pathlib
+import shutil
 import sys
 import time
 
@@ -292,9 +293,50 @@ def resume_run(args, given):
     return trainer.train_and_finish()
 
 
+def every_core_command(argv):
+    """The ``mpiexec`` command that runs this ``train.py`` command on every core (one rank
+    per core, one BLAS thread per rank: NumPy's elementwise work leaves a core idle in one
+    process), or None with the reason: already under mpiexec, one core, a GPU, MPI not
+    installed, or ``MINITF_RANKS=1``. ``MINITF_RANKS=N`` chooses the number of ranks.
+    The global batch and the recipe are the same at any number of ranks; only the speed changes."""
+    wanted = os.environ.get("MINITF_RANKS", "").strip()
+    if launched_by_mpi() or wanted == "1" or any(a in ("-h", "--help") for a in argv):
+        return None, None
+    device = os.environ.get("MINITF_DEVICE", "cpu")
+    for i, arg in enumerate(argv):
+        if arg == "--device" and i + 1 < len(argv):
+            device = argv[i + 1]
+        elif arg.startswith("--device="):
+            device = arg.split("=", 1)[1]
+    if device == "gpu":
+        return None, None  # on GPUs the ranks are GPUs: mpiexec -n <GPUs> python train.py --device gpu
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ranks = int(wanted) if wanted.isdigit() and int(wanted) > 1 else cores
+    if ranks < 2:
+        return None, None
+    import importlib.util
+    beside = pathlib.Path(sys.executable).parent / "mpiexec"  # the mpich wheel's, in this environment
+    mpiexec = str(beside) if beside.is_file() else shutil.which("mpiexec")
+    if importlib.util.find_spec("mpi4py") is None or mpiexec is None:
+        return None, (f"note: one process on {cores} cores; pip install -e '.[mpi]' runs one rank per core "
+                      "(data parallel, faster on the CPU)")
+    return [mpiexec, "-n", str(ranks), sys.executable, str(pathlib.Path(sys.argv[0]).resolve()), *argv], None
+
+
 def main(argv=None):
     """Entry point: runs training; bad input gives one error line and a non-zero exit.
-    Under ``mpiexec`` every rank runs it (minitf.nmt.distributed: data parallelism)."""
+    Under ``mpiexec`` every rank runs it (minitf.nmt.distributed: data parallelism). Run as
+    a command on a CPU with several cores and MPI installed, it starts itself under
+    ``mpiexec`` with one rank per core (``MINITF_RANKS=1``: one process)."""
+    if argv is None and pathlib.Path(sys.argv[0]).name == "train.py":  # the command, not a caller's call
+        command, note = every_core_command(sys.argv[1:])
+        if command is not None:
+            print(f"train.py: {command[2]} ranks through mpiexec, one per core (MINITF_RANKS=1 runs one "
+                  "process)", file=sys.stderr, flush=True)
+            threads = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+            os.execve(command[0], command, dict(os.environ, **threads))  # mpiexec takes this process's place
+        if note:
+            print(note, file=sys.stderr, flush=True)
     backend.keep_freed_memory()  # a step's large temporaries reuse freed memory: no page faults (~20% on CPU)
     with files.released_on_exit():
         if launched_by_mpi():
