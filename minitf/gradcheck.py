@@ -326,7 +326,7 @@ def worst_entry(analytic, numeric, rtol=1e-6, atol=1e-7):
 def describe_worst(name, analytic, numeric, rtol=1e-6, atol=1e-7):
     """One line: which entry is furthest off, both values, their ratio, how many entries are off."""
     index, a, n, off, size = worst_entry(analytic, numeric, rtol, atol)
-    ratio = f"{a / n:.4g}" if n != 0 else "inf" if a != 0 else "nan"
+    ratio = f"{a / n + 0.0:.4g}" if n != 0 else "inf" if a != 0 else "nan"
     where = f"{name}[{', '.join(map(str, index))}]"
     return f"  furthest off: {where}  analytic {a:.6g}  numeric {n:.6g}  (analytic/numeric {ratio}); " \
            f"{off} of {size} entries off"
