@@ -210,7 +210,7 @@ def test_each_realistic_bug_fails_with_its_message_and_the_right_line_passes(nam
 def test_a_tied_weight_passes_when_it_accumulates():
     """One weight used twice (embedding and output projection): += keeps both uses."""
     emb = testing.randomize(minitf.Embedding(5, 3), 1)
-    proj = minitf.TiedOutputProjection(emb.weight)
+    proj = minitf.OutputProjection(emb.weight)
     ids = backend.asarray(np.array([[1, 4, 1]]))
     testing.assert_gradients_match(lambda: proj(emb(ids)), lambda d: emb.backward(proj.backward(d)), {},
                                    {"weight": emb.weight})
