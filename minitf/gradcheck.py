@@ -265,15 +265,15 @@ def _build(name, rng):
         m = minitf.Softmax()
         return m.forward, m.backward, {"x": arr(B, T, D, scale=3.0)}, None
     if name == "attention":
-        Q, K, V_ = arr(B, H, T, D), arr(B, H, S, D), arr(B, H, S, D)
+        Q, K, U = arr(B, H, T, D), arr(B, H, S, D), arr(B, H, S, D)
         keep = attention_keep_mask(src_pad, False, T, S)
         saved = {}
 
-        def forward(Q, K, V_):
-            O, saved["P"] = minitf.scaled_dot_product_attention(Q, K, V_, keep)
+        def forward(Q, K, U):
+            O, saved["P"] = minitf.scaled_dot_product_attention(Q, K, U, keep)
             return O
-        return forward, (lambda dO: minitf.scaled_dot_product_attention_backward(dO, Q, K, V_, saved["P"])), \
-            {"Q": Q, "K": K, "V": V_}, None
+        return forward, (lambda dO: minitf.scaled_dot_product_attention_backward(dO, Q, K, U, saved["P"])), \
+            {"Q": Q, "K": K, "U": U}, None
     if name == "mha":
         m = randomize(minitf.MultiHeadAttention(D, H))
         return (lambda x: m.forward(x, causal=True)), (lambda dy: m.backward(dy)[0]), {"x": arr(B, T, D)}, m

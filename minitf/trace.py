@@ -16,7 +16,7 @@ instance gets its ``forward`` and ``backward`` wrapped at runtime, and the wrapp
 logs the arrays that go in and come out, under the module's dotted name (the
 attribute path from the model, as in ``named_parameters``). The two public attention
 functions of ``minitf.attention`` are wrapped the same way, so the inside of one
-attention (Q, K, V, P, O) shows too. The wrappers are removed afterwards.
+attention (Q, K, U, P, O) shows too. The wrappers are removed afterwards.
 
 A module called twice in one forward (the shared embedding: source, then target)
 gets two records; its backward calls come in reverse order (the cache stack of

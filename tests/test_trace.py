@@ -161,7 +161,7 @@ def test_printed_layernorm_matches_the_formula():
 
 def test_printed_attention_of_one_head_matches_the_formula():
     a = printed("--first", "MultiHeadAttention")
-    Q, K, U = a["f_Q"][0, 0], a["f_K"][0, 0], a["f_V"][0, 0]    # batch 0, head 0: 2x2 each
+    Q, K, U = a["f_Q"][0, 0], a["f_K"][0, 0], a["f_U"][0, 0]    # batch 0, head 0: 2x2 each
     A = Q @ K.T / np.sqrt(2)
     P = np.exp(A) / np.exp(A).sum(-1, keepdims=True)
     np.testing.assert_allclose(a["f_P"][0, 0], P, atol=3e-4)
