@@ -7,8 +7,8 @@ H heads, dk = D / H, F d_ff, V vocabulary size.
 from minitf.backend import (get_default_dtype, get_device, manual_seed, set_default_dtype, set_device,
                             to_numpy)
 from minitf.module import Module, ModuleList, Parameter, no_grad
-from minitf.layers import (Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, ReLU, Softmax,
-                           TiedOutputProjection, softmax, softmax_backward)
+from minitf.layers import (Dropout, Embedding, LayerNorm, Linear, OutputProjection, PositionalEncoding, ReLU,
+                           Softmax, TiedOutputProjection, softmax, softmax_backward)
 from minitf.attention import MultiHeadAttention, scaled_dot_product_attention, scaled_dot_product_attention_backward
 from minitf.transformer import (Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward, SublayerConnection,
                                 Transformer, TransformerConfig)

@@ -34,39 +34,41 @@ def attention_keep_mask(key_padding_mask=None, causal=False, num_queries=None, n
 
 # --------------------------------------------------------------------------- #
 # Attention(Q, K, V) = softmax(Q K^T / sqrt(dk)) V                 (paper eq. 1)
+# The values are called U here and the scores A (V is the vocabulary size, S the source
+# length; docs/README.md, the glossary).
 # --------------------------------------------------------------------------- #
-def scaled_dot_product_attention(Q, K, V, keep=None):
-    """Q (B, H, Tq, dk), K (B, H, Tk, dk), V (B, H, Tk, dk), keep bool or None.
+def scaled_dot_product_attention(Q, K, U, keep=None):
+    """Q (B, H, Tq, dk), K (B, H, Tk, dk), values U (B, H, Tk, dk), keep bool or None.
 
     Returns ``O`` (B, H, Tq, dk) and the attention weights ``P`` (B, H, Tq, Tk).
     A query whose keys are all masked gets P = 0 and O = 0, never NaN.
     """
     scale = 1.0 / math.sqrt(Q.shape[-1])
-    scores = (Q @ K.swapaxes(-1, -2)) * scale                    # S = Q K^T / sqrt(dk)  (B, H, Tq, Tk)
+    A = (Q @ K.swapaxes(-1, -2)) * scale                         # A = Q K^T / sqrt(dk)  (B, H, Tq, Tk)
     if keep is not None:
         # a very negative (finite) score: exp() makes it 0, and no inf - inf = NaN
-        scores = xp.where(keep, scores, backend.finfo(scores.dtype).min / 2)
-    e = xp.exp(scores - scores.max(axis=-1, keepdims=True))     # shifted for stability
+        A = xp.where(keep, A, backend.finfo(A.dtype).min / 2)
+    e = xp.exp(A - A.max(axis=-1, keepdims=True))               # shifted for stability
     if keep is not None:
         e *= keep                                                # exact zeros where masked
     total = e.sum(axis=-1, keepdims=True)
-    P = e / xp.where(total > 0, total, 1)                        # P = softmax(S); all-masked row -> 0
-    O = P @ V                                                    # O = P V  (B, H, Tq, dk)
+    P = e / xp.where(total > 0, total, 1)                        # P = softmax(A); all-masked row -> 0
+    O = P @ U                                                    # O = P U  (B, H, Tq, dk)
     return O, P
 
 
-def scaled_dot_product_attention_backward(dO, Q, K, V, P):
-    """From dL/dO (B, H, Tq, dk) to dQ, dK, dV, given the forward's Q, K, V, P."""
+def scaled_dot_product_attention_backward(dO, Q, K, U, P):
+    """From dL/dO (B, H, Tq, dk) to dQ, dK, dU, given the forward's Q, K, U, P."""
     scale = 1.0 / math.sqrt(Q.shape[-1])
-    # O = P V  =>  dP = dO V^T,  dV = P^T dO
-    dP = dO @ V.swapaxes(-1, -2)                                 # (B, H, Tq, Tk)
-    dV = P.swapaxes(-1, -2) @ dO                                 # (B, H, Tk, dk)
-    # P = softmax(S) row-wise  =>  dS = P * (dP - sum_j dP_j P_j); masked P = 0 gives dS = 0
-    dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))         # (B, H, Tq, Tk)
-    # S = Q K^T * scale  =>  dQ = dS K * scale,  dK = dS^T Q * scale
-    dQ = (dS @ K) * scale                                        # (B, H, Tq, dk)
-    dK = (dS.swapaxes(-1, -2) @ Q) * scale                       # (B, H, Tk, dk)
-    return dQ, dK, dV
+    # O = P U  =>  dP = dO U^T,  dU = P^T dO
+    dP = dO @ U.swapaxes(-1, -2)                                 # (B, H, Tq, Tk)
+    dU = P.swapaxes(-1, -2) @ dO                                 # (B, H, Tk, dk)
+    # P = softmax(A) row-wise  =>  dA = P * (dP - sum_j dP_j P_j); masked P = 0 gives dA = 0
+    dA = P * (dP - (dP * P).sum(axis=-1, keepdims=True))         # (B, H, Tq, Tk)
+    # A = Q K^T * scale  =>  dQ = dA K * scale,  dK = dA^T Q * scale
+    dQ = (dA @ K) * scale                                        # (B, H, Tq, dk)
+    dK = (dA.swapaxes(-1, -2) @ Q) * scale                       # (B, H, Tk, dk)
+    return dQ, dK, dU
 
 
 # --------------------------------------------------------------------------- #
@@ -129,14 +131,14 @@ class MultiHeadAttention(Module):
                 k, v = kv[..., :D], kv[..., D:]                  # each (B, Tk, D)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
-        Q, K, V = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # (B, H, Tq|Tk, dk)
+        Q, K, U = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # (B, H, Tq|Tk, dk)
         keep = attention_keep_mask(key_padding_mask, causal, Q.shape[2], K.shape[2])
-        O, P = scaled_dot_product_attention(Q, K, V, keep)       # each head attends
+        O, P = scaled_dot_product_attention(Q, K, U, keep)       # each head attends
         if self.record_weights:                                  # for pictures (docs/figures)
             self.weights = P
         o = self.merge_heads(O)                                  # Concat(head_1..head_H)  (B, Tq, D)
         y = matmul_rows(o, self.w_o.data) + self.b_o.data        # y = o W^O + b^O  (B, Tq, D)
-        self.save_for_backward(x=x, memory=memory, Q=Q, K=K, V=V, P=P, o=o)
+        self.save_for_backward(x=x, memory=memory, Q=Q, K=K, U=U, P=P, o=o)
         return y
 
     def backward(self, dy):
@@ -149,10 +151,10 @@ class MultiHeadAttention(Module):
         self.b_o.grad += dy.reshape(-1, D).sum(axis=0)                          # (D,)
         do = matmul_rows(dy, self.w_o.data.T)                                   # (B, Tq, D)
         # o = merge_heads(O)  =>  dO = split_heads(do)
-        dQ, dK, dV = scaled_dot_product_attention_backward(
-            self.split_heads(do), saved.Q, saved.K, saved.V, saved.P)           # (B, H, Tq|Tk, dk)
+        dQ, dK, dU = scaled_dot_product_attention_backward(
+            self.split_heads(do), saved.Q, saved.K, saved.U, saved.P)           # (B, H, Tq|Tk, dk)
         # Q = split_heads(q) ... => dq = merge_heads(dQ) ...
-        dq, dk, dv = self.merge_heads(dQ), self.merge_heads(dK), self.merge_heads(dV)  # (B, Tq|Tk, D)
+        dq, dk, dv = self.merge_heads(dQ), self.merge_heads(dK), self.merge_heads(dU)  # (B, Tq|Tk, D)
         W = self.w_qkv.data
         if memory is None:
             # [q k v] = x W_qkv + b  =>  dW_qkv = x^T [dq dk dv],  dx = [dq dk dv] W_qkv^T

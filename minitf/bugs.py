@@ -84,24 +84,24 @@ def _attention_scale(rng, buggy):
     keep = attention_keep_mask(pad, False, T, S)
     saved = {}
 
-    def forward(Q, K, V_):
-        saved["QKV"] = Q, K, V_
-        O, saved["P"] = scaled_dot_product_attention(Q, K, V_, keep)
+    def forward(Q, K, U):
+        saved["QKV"] = Q, K, U
+        O, saved["P"] = scaled_dot_product_attention(Q, K, U, keep)
         return O
 
     def backward(dO):
-        (Q, K, V_), P = saved["QKV"], saved["P"]
+        (Q, K, U), P = saved["QKV"], saved["P"]
         scale = 1.0 / math.sqrt(Q.shape[-1])
-        dP = dO @ V_.swapaxes(-1, -2)
-        dV = P.swapaxes(-1, -2) @ dO
-        dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
+        dP = dO @ U.swapaxes(-1, -2)
+        dU = P.swapaxes(-1, -2) @ dO
+        dA = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
         if buggy:
-            dQ, dK = dS @ K, dS.swapaxes(-1, -2) @ Q  # S = Q K^T * scale, but the scale is dropped
+            dQ, dK = dA @ K, dA.swapaxes(-1, -2) @ Q  # A = Q K^T * scale, but the scale is dropped
         else:
-            dQ, dK = (dS @ K) * scale, (dS.swapaxes(-1, -2) @ Q) * scale
-        return dQ, dK, dV
+            dQ, dK = (dA @ K) * scale, (dA.swapaxes(-1, -2) @ Q) * scale
+        return dQ, dK, dU
 
-    inputs = {"Q": _arr(rng, B, H, T, DK), "K": _arr(rng, B, H, S, DK), "V": _arr(rng, B, H, S, DK)}
+    inputs = {"Q": _arr(rng, B, H, T, DK), "K": _arr(rng, B, H, S, DK), "U": _arr(rng, B, H, S, DK)}
     return forward, backward, inputs, {}
 
 
@@ -120,24 +120,24 @@ def _attention_causal(rng, buggy):
     keep = attention_keep_mask(None, True, T, T)  # the forward's mask is the library's (right)
     saved = {}
 
-    def forward(Q, K, V_):
-        saved["QKV"] = Q, K, V_
-        return scaled_dot_product_attention(Q, K, V_, keep)[0]
+    def forward(Q, K, U):
+        saved["QKV"] = Q, K, U
+        return scaled_dot_product_attention(Q, K, U, keep)[0]
 
     def backward(dO):
-        Q, K, V_ = saved["QKV"]
+        Q, K, U = saved["QKV"]
         if buggy:
             future = xp.triu(xp.ones((T, T), dtype=bool), k=0)  # k=0 also masks the diagonal: i may not see i
         else:
             future = xp.triu(xp.ones((T, T), dtype=bool), k=1)  # key j is in query i's future when j > i
         P = _recomputed_probabilities(Q, K, future)
-        dP = dO @ V_.swapaxes(-1, -2)
-        dV = P.swapaxes(-1, -2) @ dO
-        dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
+        dP = dO @ U.swapaxes(-1, -2)
+        dU = P.swapaxes(-1, -2) @ dO
+        dA = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
         scale = 1.0 / math.sqrt(Q.shape[-1])
-        return (dS @ K) * scale, (dS.swapaxes(-1, -2) @ Q) * scale, dV
+        return (dA @ K) * scale, (dA.swapaxes(-1, -2) @ Q) * scale, dU
 
-    inputs = {"Q": _arr(rng, B, H, T, DK), "K": _arr(rng, B, H, T, DK), "V": _arr(rng, B, H, T, DK)}
+    inputs = {"Q": _arr(rng, B, H, T, DK), "K": _arr(rng, B, H, T, DK), "U": _arr(rng, B, H, T, DK)}
     return forward, backward, inputs, {}
 
 
@@ -220,14 +220,14 @@ def _mha(rng, buggy):
         x, W, b = saved["x"], mha.w_qkv.data, mha.b_qkv.data
         qkv = (x.reshape(-1, D) @ W + b).reshape(B, T, 3 * D)
         # the forward's Q, K, V and P, recomputed with the right split
-        Q, K, V_ = (qkv[..., i * D:(i + 1) * D].reshape(B, T, H, DK).transpose(0, 2, 1, 3) for i in range(3))
-        O, P = scaled_dot_product_attention(Q, K, V_, keep)
+        Q, K, U = (qkv[..., i * D:(i + 1) * D].reshape(B, T, H, DK).transpose(0, 2, 1, 3) for i in range(3))
+        O, P = scaled_dot_product_attention(Q, K, U, keep)
         o = O.transpose(0, 2, 1, 3).reshape(B, T, D)
         mha.w_o.grad += o.reshape(-1, D).T @ dy.reshape(-1, D)
         mha.b_o.grad += dy.reshape(-1, D).sum(axis=0)
         do = (dy.reshape(-1, D) @ mha.w_o.data.T).reshape(B, T, D)
-        dQ, dK, dV = scaled_dot_product_attention_backward(split(do), Q, K, V_, P)
-        dqkv = xp.concatenate([merge(dQ), merge(dK), merge(dV)], axis=-1).reshape(-1, 3 * D)
+        dQ, dK, dU = scaled_dot_product_attention_backward(split(do), Q, K, U, P)
+        dqkv = xp.concatenate([merge(dQ), merge(dK), merge(dU)], axis=-1).reshape(-1, 3 * D)
         mha.w_qkv.grad += x.reshape(-1, D).T @ dqkv
         mha.b_qkv.grad += dqkv.sum(axis=0)
         return (dqkv @ W.T).reshape(B, T, D)
@@ -324,8 +324,8 @@ BUGS = {bug.name: bug for bug in [
         "dx is off, dgamma and dbeta are right: within each row the error is proportional to xhat, "
         "the missing -xhat * mean(dxhat * xhat) term (sigma depends on x too)", _layernorm),
     Bug("no-scale", "attention", "the 1/sqrt(dk) scale forgotten in attention backward",
-        "dV is right; dQ and dK are off everywhere by one constant factor, analytic/numeric = sqrt(dk): "
-        "a scale on the path through the scores S = Q K^T / sqrt(dk)", _attention_scale),
+        "dU is right; dQ and dK are off everywhere by one constant factor, analytic/numeric = sqrt(dk): "
+        "a scale on the path through the scores A = Q K^T / sqrt(dk)", _attention_scale),
     Bug("causal-off-by-one", "attention", "backward recomputes P with a causal mask one diagonal off",
         "analytic dQ is exactly 0 at query 1 and numeric is not: backward's P lets query 1 see key 0 "
         "only, the forward's keys 0 and 1; the recomputed mask hides the diagonal (triu k=0, not k=1)", _attention_causal),

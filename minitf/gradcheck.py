@@ -56,6 +56,14 @@ def _as_tuple(value):
     return value if isinstance(value, tuple) else (value,)
 
 
+def upstream_gradients(outputs, seed):
+    """The random upstream gradient G (one array per output, N(0, 1)) that makes
+    ``L = sum(forward(inputs) * G)`` a scalar: a stream of its own, so that G does not
+    repeat the values the inputs were drawn with."""
+    rng = backend.host_rng([seed, 0x5EED])
+    return tuple(backend.asarray(rng.standard_normal(o.shape), dtype=o.dtype) for o in outputs)
+
+
 def compare_gradients(forward, backward, inputs, params=(), seed=0, h=1e-6, reseed=None):
     """Run ``forward(*inputs)`` and ``backward(G)`` once, then every numerical gradient.
 
@@ -66,12 +74,11 @@ def compare_gradients(forward, backward, inputs, params=(), seed=0, h=1e-6, rese
     reseed: if set, ``backend.manual_seed(reseed)`` before every forward, so
         that dropout draws the same mask each time.
 
-    Returns a list of ``(name, analytic, numeric, relative_error)``.
+    Returns a list of ``(name, analytic, numeric, relative_error)``. Inputs without a
+    returned gradient are left out here; :func:`protocol_problems` reports them.
     """
     names, arrays = list(inputs), list(inputs.values())
     params = dict(params)
-    # a stream of its own: G must not repeat the values the inputs were drawn with
-    upstream_rng = backend.host_rng([seed, 0x5EED])
 
     def run_forward():
         if reseed is not None:
@@ -79,10 +86,10 @@ def compare_gradients(forward, backward, inputs, params=(), seed=0, h=1e-6, rese
         return _as_tuple(forward(*arrays))
 
     outputs = run_forward()
-    G = tuple(backend.asarray(upstream_rng.standard_normal(o.shape), dtype=o.dtype) for o in outputs)
+    G = upstream_gradients(outputs, seed)
     for p in params.values():
         p.grad[...] = 0
-    input_grads = _as_tuple(backward(G if len(G) > 1 else G[0]))
+    input_grads = _as_tuple(backward(tuple(g.copy() for g in G) if len(G) > 1 else G[0].copy()))
 
     def loss():
         with no_grad():
@@ -90,7 +97,7 @@ def compare_gradients(forward, backward, inputs, params=(), seed=0, h=1e-6, rese
 
     report = []
     for name, array, analytic in zip(names, arrays, input_grads):
-        if analytic is None:
+        if analytic is None or getattr(analytic, "shape", None) != array.shape:
             continue
         numeric = numerical_gradient(loss, array, h)
         report.append((name, analytic, numeric, relative_error(analytic, numeric)))
@@ -99,6 +106,122 @@ def compare_gradients(forward, backward, inputs, params=(), seed=0, h=1e-6, rese
         numeric = numerical_gradient(loss, p.data, h)
         report.append((name, analytic, numeric, relative_error(analytic, numeric)))
     return report
+
+
+def _is_float_array(value):
+    return backend.is_array(value) and value.dtype.kind == "f"
+
+
+def _changed(before, after):
+    """The first index where two arrays differ, as "[i, j]", or None when equal."""
+    a, b = backend.to_numpy(before), backend.to_numpy(after)
+    if a.shape != b.shape:
+        return f"(shape {a.shape} -> {b.shape})"
+    differs = ~((a == b) | (backend.host.isnan(a) & backend.host.isnan(b)))
+    if not differs.any():
+        return None
+    index = backend.host.unravel_index(int(differs.argmax()), a.shape)
+    return "[" + ", ".join(str(int(i)) for i in index) + "]"
+
+
+def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None):
+    """The rules of the forward/backward protocol (minitf.module) that matching numbers
+    alone do not enforce. Returns one line per broken rule (empty: none broken):
+
+    - forward does not change its inputs or the parameters in place;
+    - backward does not change the incoming gradient, its inputs or the parameters;
+    - every float input gets a gradient of its own shape (not None, not missing);
+    - parameter gradients accumulate: backward on a ``.grad`` that already holds an
+      array R must leave R + (this gradient), so that ``=`` instead of ``+=`` fails.
+
+    Runs forward and backward twice (the second time on pre-filled gradients) with the
+    same upstream gradient G as :func:`compare_gradients`; leaves every ``.grad`` at 0.
+    """
+    names, arrays = list(inputs), list(inputs.values())
+    params = dict(params)
+    problems = []
+
+    def run_forward():
+        if reseed is not None:
+            backend.manual_seed(reseed)
+        return _as_tuple(forward(*arrays))
+
+    def snapshot():
+        return ({n: backend.to_numpy(a).copy() for n, a in inputs.items() if backend.is_array(a)},
+                {n: backend.to_numpy(p.data).copy() for n, p in params.items()})
+
+    def mutations(before, stage):
+        found = []
+        for name, old in before[0].items():
+            where = _changed(old, inputs[name])
+            if where is not None:
+                found.append(f"input {name}: {stage} changed it in place (first at {name}{where}); a layer "
+                             f"must not write into its inputs: the caller (and the skip path of a residual "
+                             f"block) still reads them. Write x = x * m, not x *= m")
+        for name, old in before[1].items():
+            where = _changed(old, params[name].data)
+            if where is not None:
+                found.append(f"parameter {name}: {stage} changed its values (first at {name}{where}); only "
+                             f"the optimizer may change a parameter, backward only adds into .grad")
+        return found
+
+    before = snapshot()
+    outputs = run_forward()
+    problems += mutations(before, "forward")
+    before = snapshot()
+    G = upstream_gradients(outputs, seed)
+    G_before = [backend.to_numpy(g).copy() for g in G]
+    for p in params.values():
+        p.grad[...] = 0
+    grads = _as_tuple(backward(G if len(G) > 1 else G[0]))
+    for i, (g, old) in enumerate(zip(G, G_before)):
+        where = _changed(old, g)
+        if where is not None:
+            which = f"dy{i}" if len(G) > 1 else "dy"
+            problems.append(f"incoming gradient {which}: backward changed it in place (first at {which}{where}); "
+                            f"the caller may still need it (a residual block sends the same dy down the skip "
+                            f"path and into the sublayer). Compute a new array: dx = dy * m, not dy *= m")
+    problems += mutations(before, "backward")
+    for i, (name, array) in enumerate(inputs.items()):
+        if not _is_float_array(array):
+            continue
+        if i >= len(grads):
+            problems.append(f"input {name}: no gradient; backward returned {len(grads)} value(s) for "
+                            f"{len(inputs)} inputs ({', '.join(names)}); return one gradient per input, "
+                            f"in order (return dx, dz)")
+        elif grads[i] is None:
+            problems.append(f"input {name}: backward returned None for it, and it is a float input that "
+                            f"needs dL/d{name} (a forgotten `return dx`?)")
+        elif getattr(grads[i], "shape", None) != array.shape:
+            got = getattr(grads[i], "shape", type(grads[i]).__name__)
+            problems.append(f"input {name}: its gradient has shape {tuple(got) if isinstance(got, tuple) else got}, "
+                            f"{name} has {tuple(array.shape)}; dL/d{name} has the shape of {name} (sum over "
+                            f"the axes that broadcasting added)")
+    if params:
+        first = {n: backend.to_numpy(p.grad).copy() for n, p in params.items()}
+        rng = backend.host_rng([seed, 0xACC])
+        held = {n: rng.standard_normal(p.shape) for n, p in params.items()}
+        for name, p in params.items():
+            p.grad[...] = backend.asarray(held[name], dtype=p.grad.dtype)
+        run_forward()
+        backward(tuple(backend.asarray(g) for g in G_before) if len(G) > 1 else backend.asarray(G_before[0]))
+        for name, p in params.items():
+            after = backend.to_numpy(p.grad)
+            scale = max(float(abs(held[name]).max(initial=0)), float(abs(first[name]).max(initial=0)))
+            if float(abs(after - held[name] - first[name]).max(initial=0)) <= 1e-9 * scale:
+                continue
+            if float(abs(after - first[name]).max(initial=0)) <= 1e-9 * scale:
+                problems.append(f"parameter {name}: backward overwrote .grad (= instead of +=): a .grad that "
+                                f"already held an array held only this backward's gradient afterwards. A weight "
+                                f"used twice (tied embeddings, a layer called twice) or gradients accumulated "
+                                f"over micro-batches keep only the last use; write {name}.grad += ...")
+            else:
+                problems.append(f"parameter {name}: a .grad that already held an array R did not end at "
+                                f"R + this backward's gradient; backward must only add into .grad (+=), "
+                                f"never scale, clear or overwrite it")
+        for p in params.values():
+            p.grad[...] = 0
+    return problems
 
 
 # --------------------------------------------------------------------------- #
@@ -142,15 +265,15 @@ def _build(name, rng):
         m = minitf.Softmax()
         return m.forward, m.backward, {"x": arr(B, T, D, scale=3.0)}, None
     if name == "attention":
-        Q, K, V_ = arr(B, H, T, D), arr(B, H, S, D), arr(B, H, S, D)
+        Q, K, U = arr(B, H, T, D), arr(B, H, S, D), arr(B, H, S, D)
         keep = attention_keep_mask(src_pad, False, T, S)
         saved = {}
 
-        def forward(Q, K, V_):
-            O, saved["P"] = minitf.scaled_dot_product_attention(Q, K, V_, keep)
+        def forward(Q, K, U):
+            O, saved["P"] = minitf.scaled_dot_product_attention(Q, K, U, keep)
             return O
-        return forward, (lambda dO: minitf.scaled_dot_product_attention_backward(dO, Q, K, V_, saved["P"])), \
-            {"Q": Q, "K": K, "V": V_}, None
+        return forward, (lambda dO: minitf.scaled_dot_product_attention_backward(dO, Q, K, U, saved["P"])), \
+            {"Q": Q, "K": K, "U": U}, None
     if name == "mha":
         m = randomize(minitf.MultiHeadAttention(D, H))
         return (lambda x: m.forward(x, causal=True)), (lambda dy: m.backward(dy)[0]), {"x": arr(B, T, D)}, m
@@ -200,25 +323,146 @@ def worst_entry(analytic, numeric, rtol=1e-6, atol=1e-7):
     return index, float(a[index]), float(n[index]), int((diff > rtol * scale + atol).sum()), int(a.size)
 
 
-def describe_worst(name, analytic, numeric):
+def describe_worst(name, analytic, numeric, rtol=1e-6, atol=1e-7):
     """One line: which entry is furthest off, both values, their ratio, how many entries are off."""
-    index, a, n, off, size = worst_entry(analytic, numeric)
-    ratio = f"{a / n:.4g}" if n != 0 else "inf" if a != 0 else "nan"
+    index, a, n, off, size = worst_entry(analytic, numeric, rtol, atol)
+    ratio = f"{a / n + 0.0:.4g}" if n != 0 else "inf" if a != 0 else "nan"
     where = f"{name}[{', '.join(map(str, index))}]"
     return f"  furthest off: {where}  analytic {a:.6g}  numeric {n:.6g}  (analytic/numeric {ratio}); " \
            f"{off} of {size} entries off"
 
 
+def diagnose(analytic, numeric, upstream=None, rtol=1e-6, atol=1e-7):
+    """A hint from the pattern of the difference, for any layer: a gradient never
+    written, a constant factor or a flipped sign, exactly the upstream gradient
+    (a skip path), a few entries, or a missing term."""
+    np = backend.host
+    a, n = backend.to_numpy(analytic), backend.to_numpy(numeric)
+    scale = max(float(abs(a).max(initial=0)), float(abs(n).max(initial=0)), 1e-300)
+    if not a.any():
+        return "analytic is 0 everywhere, numeric is not: this gradient is never computed (a path dropped, " \
+               "or a .grad never added to)"
+    if float(abs(n).max(initial=0)) <= atol:
+        return "numeric is 0: the output does not depend on this array, yet backward gives it a gradient"
+    big = abs(n) > 1e-3 * scale
+    ratios = a[big] / n[big]
+    c = float(np.median(ratios))
+    if abs(c) > 1e-12 and float(abs(ratios - c).max(initial=0)) <= 1e-4 * abs(c) and \
+            float(abs(a - c * n).max(initial=0)) <= rtol * scale + atol:
+        if abs(c + 1) < 1e-4:
+            return "analytic = -numeric in every entry: the sign is flipped"
+        return f"analytic = {c:.4g} x numeric in every entry: a constant factor is missing or extra " \
+               f"(a scale such as 1/sqrt(dk), the 1/N of a mean, a factor 2)"
+    if upstream is not None:
+        G = backend.to_numpy(upstream)
+        if G.shape == a.shape:
+            for sign, what in ((-1, "missing"), (1, "counted twice")):
+                if float(abs(a - n - sign * G).max(initial=0)) <= rtol * scale + atol:
+                    return f"analytic - numeric = {'-' if sign < 0 else '+'}dy, the upstream gradient, in every " \
+                           f"entry: a path where dy passes straight through (a skip y = x + ...) is {what}"
+    index, _, _, off, size = worst_entry(a, n, rtol, atol)
+    if off <= size // 2:
+        return f"only {off} of {size} entries are off: look at what they share (a repeated id, a masked or " \
+               f"padded position, one row or column)"
+    return "off almost everywhere, by no single factor: a term is missing or wrong (the product rule's " \
+           "second term, the part through a mean or a normaliser of the row)"
+
+
+def load_object(spec):
+    """``"path/to/file.py:NAME"`` -> the object NAME defined in that file (the file runs
+    as a module, as ``python file.py`` would run it). A one-line ValueError when the file
+    or the name is missing."""
+    import importlib.util
+    import pathlib
+    path, _, name = spec.rpartition(":")
+    if not path or not name:
+        raise ValueError(f"expected FILE.py:NAME, got {spec!r}")
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise ValueError(f"no such file: {path}")
+    module_spec = importlib.util.spec_from_file_location(f"_gradcheck_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise ValueError(f"{path} defines no {name!r}")
+    return getattr(module, name)
+
+
+def _build_user(spec, shapes, rng):
+    """FILE.py:NAME, where NAME() (a Module class or a function) returns a Module, or a tuple
+    (module, input, ...); without inputs, random float64 arrays of ``shapes``."""
+    import inspect
+
+    from minitf.module import Module
+    made = load_object(spec)()
+    module, *given = made if isinstance(made, tuple) else (made,)
+    if not isinstance(module, Module):
+        raise ValueError(f"{spec}() returned {type(module).__name__}, not a minitf Module")
+    arrays = given or [backend.asarray(rng.normal(0.0, 1.0, shape)) for shape in shapes]
+    names = [n for n, p in inspect.signature(module.forward).parameters.items()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:len(arrays)]
+    return module.forward, module.backward, dict(zip(names, arrays)), dict(module.named_parameters())
+
+
+def print_check(forward, backward, inputs, params, seed=0, reseed=None, entries=4, wrong=False, hint=None):
+    """The command-line report of one check: the protocol's problems (each a FAIL line),
+    then analytic against numeric, entry by entry, for every input and parameter, and
+    for each array that fails its entry furthest off and a hint (``hint``, or the
+    pattern's :func:`diagnose`). Returns the number of failures."""
+    problems = protocol_problems(forward, backward, inputs, params, seed=seed, reseed=reseed)
+    report = compare_gradients(forward, backward, inputs, params, seed=seed, reseed=reseed)
+    upstream = None
+    for problem in problems:
+        print(f"FAIL {problem}")
+    print(f"{'array':42s} {'shape':>12s}  {'analytic':>12s} {'numeric':>12s}  rel. error")
+    failed, worst = 0, []
+    for name, analytic, numeric, _ in report:
+        analytic = backend.to_numpy(analytic).copy()
+        numeric = backend.to_numpy(numeric)
+        if wrong:
+            analytic.reshape(-1)[0] *= -1  # the kind of slip a sign error in one term makes
+        error = relative_error(analytic, numeric)
+        status = "ok" if gradients_match(analytic, numeric) else "FAIL"
+        failed += status == "FAIL"
+        a, n = analytic.reshape(-1), numeric.reshape(-1)
+        for i in range(min(entries, a.size)):
+            label = name if i == 0 else ""
+            shape = str(tuple(analytic.shape)) if i == 0 else ""
+            tail = f"{error:.1e}  {status}" if i == 0 else ""
+            print(f"{label:42s} {shape:>12s}  {a[i]:12.8f} {n[i]:12.8f}  {tail}")
+        if status == "FAIL":
+            worst.append(describe_worst(name, analytic, numeric))
+            if hint is None:
+                if upstream is None:
+                    with no_grad():
+                        outputs = _as_tuple(forward(*inputs.values()))
+                    upstream = upstream_gradients(outputs, seed)
+                worst.append(f"  hint: {diagnose(analytic, numeric, upstream[0] if len(upstream) == 1 else None)}")
+    print(f"{len(report) - failed} of {len(report)} arrays match (max |a - n| <= 1e-6 max(|a|, |n|) + 1e-7)")
+    if failed:
+        print("\n".join(worst))
+        if hint is not None:
+            print(f"hint: {hint}")
+    return failed + len(problems)
+
+
 def main(argv=None):
-    """Print analytical vs numerical gradients of one layer, side by side.
-    With --bug NAME the layer's backward is replaced by one with a realistic bug
-    (see minitf/bugs.py and docs/bugs.md)."""
+    """Print analytical vs numerical gradients of one layer, side by side, after the
+    protocol checks (every float input gets a gradient of its shape, the incoming gradient
+    is left unchanged, parameter gradients accumulate with +=, nothing changes an input).
+    LAYER is one of the library's layers, or FILE.py:NAME, your own: NAME() (a Module class
+    or a function) returns a Module, or a tuple (module, input, ...); without inputs, random
+    arrays of the --shape shapes are drawn. With --bug NAME the layer's backward is replaced
+    by one with a realistic bug (see minitf/bugs.py and docs/bugs.md)."""
     import argparse
 
     from minitf import bugs
     parser = argparse.ArgumentParser(prog="python -m minitf.gradcheck", description=main.__doc__)
-    parser.add_argument("layer", nargs="?", choices=LAYERS + sorted({b.layer for b in bugs.BUGS.values()} - set(LAYERS)),
-                        help="the layer to check (optional with --bug)")
+    parser.add_argument("layer", nargs="?", metavar="LAYER",
+                        help="one of: " + ", ".join(LAYERS) + "; or FILE.py:NAME (optional with --bug)")
+    parser.add_argument("--shape", action="append", metavar="2,3,4",
+                        help="with FILE.py:NAME: the shape of one random input (repeat for each input; "
+                             "default one input of shape 2,3,4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bug", choices=list(bugs.BUGS),
                         help="a backward with this bug in it: " + "; ".join(
@@ -235,6 +479,7 @@ def main(argv=None):
         for b in bugs.BUGS.values():
             print(f"{b.layer:10s} --bug {b.name:22s} {b.summary}")
         return 0
+    user = args.layer is not None and ":" in args.layer
     if args.bug is not None:
         layer = bugs.BUGS[args.bug].layer
         if args.layer not in (None, layer):
@@ -242,44 +487,36 @@ def main(argv=None):
         args.layer = layer
     elif args.layer is None:
         parser.error("give a LAYER, or --bug NAME")
-    elif args.layer not in LAYERS:
-        parser.error(f"layer {args.layer!r} is only checked with a --bug (try --list-bugs)")
+    elif args.layer in {b.layer for b in bugs.BUGS.values()} - set(LAYERS):
+        parser.error(f"{args.layer!r} is only checked with a --bug (try --list-bugs)")
+    elif not user and args.layer not in LAYERS:
+        parser.error(f"unknown layer {args.layer!r}: give one of {', '.join(LAYERS)}, or FILE.py:NAME")
     if args.fixed and args.bug is None:
         parser.error("--fixed needs --bug NAME")
+    if args.shape and not user:
+        parser.error("--shape is for FILE.py:NAME")
+    try:
+        shapes = [tuple(int(n) for n in s.split(",")) for s in (args.shape or ["2,3,4"])]
+    except ValueError:
+        parser.error(f"--shape takes integers separated by commas, such as 2,3,4; got {args.shape}")
     rng = backend.host_rng(args.seed)
     with backend.default_dtype("float64"):
         backend.manual_seed(args.seed)
         if args.bug is not None:
             forward, backward, inputs, params = bugs.build(args.bug, rng, buggy=not args.fixed)
+        elif user:
+            try:
+                forward, backward, inputs, params = _build_user(args.layer, shapes, rng)
+            except ValueError as error:
+                parser.error(str(error))
         else:
             forward, backward, inputs, module = _build(args.layer, rng)
             params = dict(module.named_parameters()) if module is not None else {}
-        report = compare_gradients(forward, backward, inputs, params, seed=args.seed, reseed=args.seed)
-    title = args.layer + (f" --bug {args.bug}" + (" --fixed" if args.fixed else "") if args.bug else "")
-    print(f"{title}: float64, central differences h=1e-6, L = sum(forward(x) * G) for a random G")
-    print(f"{'array':42s} {'shape':>12s}  {'analytic':>12s} {'numeric':>12s}  rel. error")
-    failed, worst = 0, []
-    for name, analytic, numeric, _ in report:
-        analytic = backend.to_numpy(analytic).copy()
-        numeric = backend.to_numpy(numeric)
-        if args.wrong:
-            analytic.reshape(-1)[0] *= -1  # the kind of slip a sign error in one term makes
-        error = relative_error(analytic, numeric)
-        status = "ok" if gradients_match(analytic, numeric) else "FAIL"
-        failed += status == "FAIL"
-        a, n = analytic.reshape(-1), numeric.reshape(-1)
-        for i in range(min(args.entries, a.size)):
-            label = name if i == 0 else ""
-            shape = str(tuple(analytic.shape)) if i == 0 else ""
-            tail = f"{error:.1e}  {status}" if i == 0 else ""
-            print(f"{label:42s} {shape:>12s}  {a[i]:12.8f} {n[i]:12.8f}  {tail}")
-        if status == "FAIL":
-            worst.append(describe_worst(name, analytic, numeric))
-    print(f"{len(report) - failed} of {len(report)} arrays match (max |a - n| <= 1e-6 max(|a|, |n|) + 1e-7)")
-    if failed:
-        print("\n".join(worst))
-        if args.bug is not None and not args.fixed:
-            print(f"hint: {bugs.BUGS[args.bug].hint}")
+        title = args.layer + (f" --bug {args.bug}" + (" --fixed" if args.fixed else "") if args.bug else "")
+        print(f"{title}: float64, central differences h=1e-6, L = sum(forward(x) * G) for a random G")
+        hint = bugs.BUGS[args.bug].hint if args.bug is not None and not args.fixed else None
+        failed = print_check(forward, backward, inputs, params, seed=args.seed, reseed=args.seed,
+                             entries=args.entries, wrong=args.wrong, hint=hint)
     return 1 if failed else 0
 
 

@@ -91,9 +91,10 @@ class Embedding(Module):
         return None
 
 
-class TiedOutputProjection(Module):
-    """Pre-softmax projection ``logits = h @ W^T`` with ``W`` (V, D) possibly the
-    embedding's own weight (paper 3.4: one matrix for both embeddings and this).
+class OutputProjection(Module):
+    """Pre-softmax projection ``logits = h @ W^T``, ``W`` (V, D). Tied (paper 3.4: one matrix
+    for both embeddings and this) when ``weight`` is the embedding's own Parameter; untied
+    when it is a Parameter of its own.
 
     Input ``h`` (B, T, D), output (B, T, V).
     """
@@ -113,6 +114,9 @@ class TiedOutputProjection(Module):
         self.weight.grad += dlogits.reshape(-1, V).T @ h.reshape(-1, D)
         # logits = h @ W^T  =>  dh = dlogits W
         return matmul_rows(dlogits, self.weight.data)
+
+
+TiedOutputProjection = OutputProjection  # the older name, from when the projection was always tied
 
 
 # --------------------------------------------------------------------------- #

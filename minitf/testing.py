@@ -27,8 +27,9 @@ import inspect
 from hypothesis import strategies as st
 
 from minitf import backend
-from minitf.gradcheck import compare_gradients, gradients_match
-from minitf.module import Module
+from minitf.gradcheck import (compare_gradients, describe_worst, diagnose, gradients_match, protocol_problems,
+                              upstream_gradients as _upstream)
+from minitf.module import Module, no_grad
 
 np = backend.host
 
@@ -121,9 +122,15 @@ def assert_gradients_match(target, *args, params=None, seed=0, rtol=None, atol=A
     max |a - n| <= rtol * max(|a|, |n|) + atol; ``reseed``: reseed the backend before every
     forward (the same dropout mask each time).
 
-    Also asserts that nothing was checked in less than float64, that something was checked,
-    and that the inputs and parameters are unchanged afterwards (backward must not mutate).
-    Returns the report of :func:`minitf.gradcheck.compare_gradients`.
+    Before the numbers, the protocol (:func:`minitf.gradcheck.protocol_problems`): every float
+    input gets a gradient of its shape (None, a missing one or too few fail, naming the
+    input); the incoming gradient is unchanged after backward; parameter gradients
+    accumulate (``=`` instead of ``+=`` fails); neither forward nor backward changes an input
+    or a parameter. Also asserts that nothing was checked in less than float64 and that
+    something was checked. A numeric mismatch names the array, its relative error, the entry
+    furthest off (analytic, numeric, their ratio), how many entries are off, and a hint
+    (:func:`minitf.gradcheck.diagnose`). Returns the report of
+    :func:`minitf.gradcheck.compare_gradients`.
     """
     rtol = RTOL if rtol is None and tol is None else (rtol if rtol is not None else tol)
     if isinstance(target, Module):
@@ -149,16 +156,22 @@ def assert_gradients_match(target, *args, params=None, seed=0, rtol=None, atol=A
     if low:
         raise TypeError(f"gradient checks need float64 (central differences lose everything in float32), got "
                         f"{low}; build the layer and its inputs under minitf.backend.default_dtype('float64')")
-    before = {name: backend.to_numpy(a).copy() for name, a in inputs.items() if backend.is_array(a)}
-    params_before = {name: backend.to_numpy(p.data).copy() for name, p in params.items()}
+    # the protocol first: a mutated input or upstream gradient also spoils the numbers measured after it
+    problems = protocol_problems(forward, backward, inputs, params, seed=seed, reseed=reseed)
+    assert not problems, "the backward breaks the layer protocol:\n" + "\n".join(problems)
     report = compare_gradients(forward, backward, inputs, params, seed=seed, reseed=reseed)
     assert report, "nothing was checked: no float input with a gradient and no parameter"
-    # mutation first: a mutated input also spoils the numeric gradients measured after it
-    for name, a in before.items():  # backward must not mutate its inputs
-        assert np.array_equal(a, backend.to_numpy(inputs[name])), f"input {name} was mutated"
-    for name, p in params.items():
-        assert np.array_equal(params_before[name], backend.to_numpy(p.data)), f"parameter {name} was mutated"
+    failures = []
+    upstream = None
     for name, analytic, numeric, error in report:
-        assert gradients_match(analytic, numeric, rtol, atol), \
-            f"{name}: relative error {error:.2e} > rtol {rtol:g}\nanalytic={analytic}\nnumeric={numeric}"
+        if gradients_match(analytic, numeric, rtol, atol):
+            continue
+        if upstream is None:  # drawn as compare_gradients draws it (only the one-output case is used)
+            with no_grad():
+                outputs = forward(*inputs.values())
+            upstream = _upstream(outputs if isinstance(outputs, tuple) else (outputs,), seed)
+        failures.append(f"{name}: relative error {error:.2e} > rtol {rtol:g}\n"
+                        f"{describe_worst(name, analytic, numeric, rtol, atol)}\n"
+                        f"  hint: {diagnose(analytic, numeric, upstream[0] if len(upstream) == 1 else None, rtol, atol)}")
+    assert not failures, "\n".join(failures)
     return report

@@ -8,7 +8,7 @@ import dataclasses
 
 from minitf import backend
 from minitf.attention import MultiHeadAttention
-from minitf.layers import Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, ReLU, TiedOutputProjection
+from minitf.layers import Dropout, Embedding, LayerNorm, Linear, OutputProjection, PositionalEncoding, ReLU
 from minitf.module import Module, ModuleList
 
 
@@ -230,7 +230,8 @@ class Transformer(Module):
         self.tgt_dropout = Dropout(dropout)
         self.encoder = Encoder(num_encoder_layers, d_model, num_heads, d_ff, dropout, pre_norm)
         self.decoder = Decoder(num_decoder_layers, d_model, num_heads, d_ff, dropout, pre_norm)
-        self.generator = TiedOutputProjection(
+        # tied: the embedding's own weight; untied: a weight of its own, initialised as an embedding's
+        self.generator = OutputProjection(
             self.tgt_embed.weight if share_embeddings else Embedding(tgt_vocab_size, d_model).weight)
 
     @classmethod

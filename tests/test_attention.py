@@ -28,7 +28,7 @@ def test_scaled_dot_product_attention_gradients(data, B, H, Tq, Tk, dk, seed, ca
     def backward(dO):
         return scaled_dot_product_attention_backward(dO, Q, K, V, saved["P"])
 
-    assert_gradients_match(forward, backward, {"Q": Q, "K": K, "V": V}, seed=seed)
+    assert_gradients_match(forward, backward, {"Q": Q, "K": K, "U": V}, seed=seed)
 
 
 @given(B=small, Tq=small, Tk=small, seed=seeds)

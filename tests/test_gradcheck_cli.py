@@ -15,3 +15,84 @@ def test_every_layer_passes_its_gradcheck(layer, capsys):
 def test_a_wrong_gradient_is_reported(layer, capsys):
     assert gradcheck.main([layer, "--wrong"]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+# --- users' own modules: python -m minitf.gradcheck FILE.py:NAME ------------------------------
+USER_LAYERS = '''
+import minitf
+from minitf import backend
+
+
+class Scale(minitf.Module):
+    """y = x * g; BUG picks a wrong backward."""
+    BUG = None
+
+    def __init__(self):
+        self.g = minitf.Parameter(backend.asarray(backend.host.linspace(0.5, 1.5, 4)))
+
+    def forward(self, x):
+        self.save_for_backward(x)
+        return x * self.g.data
+
+    def backward(self, dy):
+        (x,) = self.saved_tensors()
+        dg = (dy * x).reshape(-1, 4).sum(axis=0)
+        if self.BUG == "assign":
+            self.g.grad = dg
+        else:
+            self.g.grad += dg
+        if self.BUG == "no-return":
+            return None
+        return dy * self.g.data
+
+
+class Product(minitf.Module):
+    def forward(self, x, z):
+        self.save_for_backward(x, z)
+        return x * z
+
+    def backward(self, dy):
+        x, z = self.saved_tensors()
+        return dy * z  # dz forgotten
+
+
+class Assign(Scale):
+    BUG = "assign"
+
+
+class NoReturn(Scale):
+    BUG = "no-return"
+
+
+def product():
+    return Product(), backend.asarray(backend.host.ones((2, 4))), backend.asarray(backend.host.ones((2, 4)))
+'''
+
+
+@pytest.mark.parametrize("name, code, message", [
+    ("Scale", 0, None),
+    ("Assign", 1, "FAIL parameter g: backward overwrote .grad (= instead of +=)"),
+    ("NoReturn", 1, "FAIL input x: backward returned None"),
+    ("product", 1, "FAIL input z: no gradient; backward returned 1 value(s) for 2 inputs (x, z)"),
+])
+def test_a_users_module_gets_the_same_checks(name, code, message, tmp_path, capsys):
+    path = tmp_path / "my_layers.py"
+    path.write_text(USER_LAYERS)
+    assert gradcheck.main([f"{path}:{name}", "--shape", "2,3,4"]) == code
+    out = capsys.readouterr().out
+    assert (message in out) if message else "FAIL" not in out
+
+
+def test_a_missing_file_or_name_is_one_line(tmp_path, capsys):
+    for spec in [f"{tmp_path}/none.py:X", f"{tmp_path}:X"]:
+        with pytest.raises(SystemExit) as error:
+            gradcheck.main([spec])
+        assert error.value.code == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_help_lists_only_layers_that_check_on_their_own(capsys):
+    with pytest.raises(SystemExit):
+        gradcheck.main(["--help"])
+    layers = capsys.readouterr().out.split("one of:")[1].split(";")[0]
+    assert "residual" not in layers and "tied" not in layers and "linear" in layers

@@ -1,12 +1,15 @@
 """minitf.testing, the public gradient-test kit: the module form of assert_gradients_match
-checks inputs and parameters, fails on a wrong backward, refuses float32 and catches a
-backward that mutates its input; the strategies draw what they promise.
+checks inputs and parameters, refuses float32, and fails every layer of a catalogue of wrong
+backward passes with a message that names what is wrong (a None or missing input gradient,
+= instead of +=, a changed upstream gradient, an input changed by forward or backward, a
+wrong shape, wrong numbers, and the realistic bugs of minitf.bugs), while the right layers
+pass; the strategies draw what they promise.
 Tolerances: the defaults RTOL 1e-6, ATOL 1e-7 (float64 central differences)."""
 import pytest
 from hypothesis import given, strategies as st
 
 import minitf
-from minitf import backend, testing
+from minitf import backend, bugs, testing
 from minitf.backend import xp
 
 np = backend.host
@@ -38,6 +41,115 @@ class _WrongScale(minitf.Module):
         return dy
 
 
+def test_a_wrong_backward_fails():
+    with pytest.raises(AssertionError, match="x: relative error") as error:
+        testing.assert_gradients_match(_WrongScale(), testing.random_array(0, (2, 3)))
+    message = str(error.value)
+    assert "furthest off: x[" in message and "(analytic/numeric 0.5)" in message and "6 of 6 entries off" in message
+    assert "hint: analytic = 0.5 x numeric in every entry: a constant factor" in message
+
+
+# --- a catalogue of wrong layers: each must fail, naming what is wrong ------------------------
+class _Scale(minitf.Module):
+    """y = x * g with a parameter g (D,); ``mistake`` picks a wrong backward."""
+    def __init__(self, mistake=None, d=3):
+        self.g = minitf.Parameter(testing.random_array(7, (d,)))
+        self.mistake = mistake
+
+    def forward(self, x):
+        if self.mistake == "forward-mutates-x":
+            x *= 1.0  # an in-place op on the caller's array (harmless here, but it writes)
+            x[..., 0] = x[..., 0] * 1.5
+        self.save_for_backward(x)
+        return x * self.g.data
+
+    def backward(self, dy):
+        (x,) = self.saved_tensors()
+        dg = (dy * x).reshape(-1, x.shape[-1]).sum(axis=0)
+        if self.mistake == "grad-assign":
+            self.g.grad = dg                       # replaces the array: = instead of +=
+        elif self.mistake == "grad-assign-view":
+            self.g.grad[...] = dg                  # writes into it: = instead of +=
+        elif self.mistake == "grad-scaled":
+            self.g.grad *= 0.5
+            self.g.grad += dg
+        else:
+            self.g.grad += dg
+        if self.mistake == "backward-mutates-param":
+            self.g.data -= 0.1 * dg
+        if self.mistake == "no-return":
+            return                                  # forgets `return dx`
+        if self.mistake == "mutates-dy":
+            dy *= self.g.data                       # changes the caller's gradient in place
+            return dy
+        if self.mistake == "wrong-shape":
+            return (dy * self.g.data).sum(axis=0)   # summed over the batch: not x's shape
+        return dy * self.g.data
+
+
+class _Product(minitf.Module):
+    """y = x * z, two float inputs."""
+    def __init__(self, mistake=None):
+        self.mistake = mistake
+
+    def forward(self, x, z):
+        self.save_for_backward(x, z)
+        return x * z
+
+    def backward(self, dy):
+        x, z = self.saved_tensors()
+        if self.mistake == "only-dx":
+            return dy * z                           # dz forgotten: one gradient for two inputs
+        if self.mistake == "dz-none":
+            return dy * z, None
+        return dy * z, dy * x
+
+
+class _SkipBlock(minitf.Module):
+    """y = x + tanh(x); ``mistake`` drops the skip path's gradient."""
+    def __init__(self, mistake=None):
+        self.mistake = mistake
+
+    def forward(self, x):
+        t = xp.tanh(x)
+        self.save_for_backward(t)
+        return x + t
+
+    def backward(self, dy):
+        (t,) = self.saved_tensors()
+        return dy * (1 - t * t) + (0 if self.mistake else dy)
+
+
+def _x(shape=(2, 2, 3), seed=0):
+    return testing.random_array(seed, shape)
+
+
+CATALOGUE = [  # (id, layer, inputs, what the message must say)
+    ("no-return", lambda: _Scale("no-return"), lambda: [_x()], r"input x: backward returned None"),
+    ("one-gradient-for-two-inputs", lambda: _Product("only-dx"), lambda: [_x(), _x(seed=1)],
+     r"input z: no gradient; backward returned 1 value\(s\) for 2 inputs"),
+    ("none-for-a-float-input", lambda: _Product("dz-none"), lambda: [_x(), _x(seed=1)],
+     r"input z: backward returned None"),
+    ("grad-assigned", lambda: _Scale("grad-assign"), lambda: [_x()],
+     r"parameter g: backward overwrote .grad \(= instead of \+=\).*tied embeddings"),
+    ("grad-assigned-in-place", lambda: _Scale("grad-assign-view"), lambda: [_x()],
+     r"parameter g: backward overwrote .grad \(= instead of \+=\)"),
+    ("grad-scaled", lambda: _Scale("grad-scaled"), lambda: [_x()],
+     r"parameter g: a .grad that already held an array R did not end at R \+"),
+    ("upstream-gradient-changed", lambda: _Scale("mutates-dy"), lambda: [_x()],
+     r"incoming gradient dy: backward changed it in place"),
+    ("forward-changes-its-input", lambda: _Scale("forward-mutates-x"), lambda: [_x()],
+     r"input x: forward changed it in place"),
+    ("backward-changes-a-parameter", lambda: _Scale("backward-mutates-param"), lambda: [_x()],
+     r"parameter g: backward changed its values"),
+    ("wrong-shape", lambda: _Scale("wrong-shape"), lambda: [_x()],
+     r"input x: its gradient has shape \(2, 3\), x has \(2, 2, 3\)"),
+    ("skip-path-dropped", lambda: _SkipBlock("drop"), lambda: [_x()],
+     r"x: relative error.*\n.*furthest off: x\[.*\n  hint: analytic - numeric = -dy"),
+    ("backward-mutates-input", lambda: _Mutating(), lambda: [_x()], r"input x: backward changed it in place"),
+]
+
+
 class _Mutating(minitf.Module):
     def forward(self, x):
         self.x = x
@@ -48,14 +160,60 @@ class _Mutating(minitf.Module):
         return dy * self.x
 
 
-def test_a_wrong_backward_fails():
-    with pytest.raises(AssertionError, match="x: relative error"):
-        testing.assert_gradients_match(_WrongScale(), testing.random_array(0, (2, 3)))
+@pytest.mark.parametrize("make, inputs, message", [c[1:] for c in CATALOGUE], ids=[c[0] for c in CATALOGUE])
+def test_each_wrong_layer_fails_naming_what_is_wrong(make, inputs, message):
+    with pytest.raises(AssertionError, match=message):
+        testing.assert_gradients_match(make(), *inputs())
 
 
-def test_a_mutating_backward_fails():
-    with pytest.raises(AssertionError, match="input x was mutated"):
-        testing.assert_gradients_match(_Mutating(), testing.random_array(0, (2, 3)))
+@pytest.mark.parametrize("make, inputs", [(lambda: _Scale(), lambda: [_x()]),
+                                          (lambda: _Product(), lambda: [_x(), _x(seed=1)]),
+                                          (lambda: _SkipBlock(), lambda: [_x()])], ids=["scale", "product", "skip"])
+def test_the_right_versions_of_the_catalogue_pass(make, inputs):
+    testing.assert_gradients_match(make(), *inputs())
+
+
+#: for each realistic bug: the array its message must name first, and a word of its hint
+BUG_MESSAGES = {
+    "no-variance-term": r"^x: relative error.*\n  furthest off: x\[",
+    "no-scale": r"^Q: relative error.*\n.*\n  hint: analytic = 1.414 x numeric",
+    "causal-off-by-one": r"^Q: relative error.*\n  furthest off: Q\[",
+    "no-skip-gradient": r"^x: relative error.*\n.*\n  hint: analytic - numeric = -dy",
+    "fancy-index-add": r"^weight: relative error.*\n.*\n  hint: only \d+ of 28 entries are off",
+    "reshape-heads": r"^x: relative error",
+    "mean-over-all-tokens": r"^logits: relative error.*\n.*\n  hint: analytic = 0.5 x numeric",
+    "no-subtracted-sum": r"^x: relative error",
+    "tied-overwrite": r"parameter weight: backward overwrote .grad \(= instead of \+=\)",
+}
+
+
+def _bug(name, buggy):
+    rng = backend.host_rng(0)
+    backend.manual_seed(0)
+    forward, backward, inputs, params = bugs.build(name, rng, buggy=buggy)
+    return forward, backward, inputs, params
+
+
+def test_every_realistic_bug_has_an_expected_message():
+    assert set(BUG_MESSAGES) == set(bugs.BUGS)
+
+
+@pytest.mark.parametrize("name", list(bugs.BUGS))
+def test_each_realistic_bug_fails_with_its_message_and_the_right_line_passes(name):
+    forward, backward, inputs, params = _bug(name, buggy=True)
+    with pytest.raises(AssertionError, match=BUG_MESSAGES[name]) as error:
+        testing.assert_gradients_match(forward, backward, inputs, params, reseed=0)
+    assert "hint: " in str(error.value) or "parameter" in str(error.value)
+    testing.assert_gradients_match(*_bug(name, buggy=False), reseed=0)
+
+
+def test_a_tied_weight_passes_when_it_accumulates():
+    """One weight used twice (embedding and output projection): += keeps both uses."""
+    emb = testing.randomize(minitf.Embedding(5, 3), 1)
+    proj = minitf.OutputProjection(emb.weight)
+    ids = backend.asarray(np.array([[1, 4, 1]]))
+    testing.assert_gradients_match(lambda: proj(emb(ids)), lambda d: emb.backward(proj.backward(d)), {},
+                                   {"weight": emb.weight})
 
 
 def test_float32_is_refused():

@@ -6,16 +6,21 @@
 2. the numbers it prints for the hand-checked steps (LayerNorm, the 2x2 attention of
    one head, the loss and its gradient) match a computation from the printed inputs
    with plain NumPy, written here from the formulas and not from minitf;
-3. the wrappers are gone afterwards.
+3. the wrappers are gone afterwards;
+4. the views of minitf.walk: the LayerNorm variance term is the derivative of the loss
+   along the row (scale invariance where docs/trace.md says so), the walk's file:line
+   references point at the lines it prints and its tied-weight sum adds up, and the
+   gradient norms of --grad-norms agree with central differences.
 """
 import contextlib
 import io
+import pathlib
 import re
 
 import numpy as np
 import pytest
 
-from minitf import backend, trace
+from minitf import backend, trace, walk
 from minitf.backend import default_dtype
 from minitf.module import FlatBuffers
 
@@ -147,7 +152,7 @@ def printed(*argv):
 
 
 def test_printed_layernorm_matches_the_formula():
-    a = printed("--first", "LayerNorm")
+    a = printed("--only", "decoder.layers.0.ff_block.norm")     # the norm docs/trace.md works through
     x = a["f_x"]
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
@@ -155,13 +160,16 @@ def test_printed_layernorm_matches_the_formula():
     np.testing.assert_allclose(a["f_y"], y, atol=2e-4)
     # backward with gamma = 1: dx = r (dy - mean(dy) - xhat mean(dy xhat))
     dy, r = a["b_dy"], 1 / np.sqrt(var + 1e-5)
-    dx = r * (dy - dy.mean(-1, keepdims=True) - y * (dy * y).mean(-1, keepdims=True))
+    variance_term = (dy * y).mean(-1, keepdims=True)
+    dx = r * (dy - dy.mean(-1, keepdims=True) - y * variance_term)
     np.testing.assert_allclose(a["b_dx"], dx, atol=3e-4)
+    assert np.abs(variance_term).max() > 1e-2       # the example shows all three terms at work
+    assert np.abs(a["b_dx"] - r * (dy - dy.mean(-1, keepdims=True))).max() > 1e-2
 
 
 def test_printed_attention_of_one_head_matches_the_formula():
     a = printed("--first", "MultiHeadAttention")
-    Q, K, U = a["f_Q"][0, 0], a["f_K"][0, 0], a["f_V"][0, 0]    # batch 0, head 0: 2x2 each
+    Q, K, U = a["f_Q"][0, 0], a["f_K"][0, 0], a["f_U"][0, 0]    # batch 0, head 0: 2x2 each
     A = Q @ K.T / np.sqrt(2)
     P = np.exp(A) / np.exp(A).sum(-1, keepdims=True)
     np.testing.assert_allclose(a["f_P"][0, 0], P, atol=3e-4)
@@ -178,3 +186,138 @@ def test_printed_loss_and_its_gradient_match_the_formula():
     loss = -(q * np.log(p)).sum(-1).mean()           # two tokens, no padding
     assert abs(a["f_y"] - loss) < 1e-5
     np.testing.assert_allclose(a["b_dlogits"][0], (p - q) / len(target), atol=2e-4)
+
+
+# --------------------------------------------------------------------------- #
+# minitf.walk: --norm-terms, --walk, --grad-norms
+# --------------------------------------------------------------------------- #
+def scaled_loss(model, name, row, factor):
+    """The loss with row ``row`` (batch 0) of the output of module ``name`` multiplied by ``factor``."""
+    module = dict(trace.named_modules(model))[name]
+    original = module.forward
+
+    def forward(*args, **kwargs):
+        y = original(*args, **kwargs).copy()
+        y[0, row] *= factor
+        return y
+
+    module.forward = forward
+    try:
+        return loss_of(model)
+    finally:
+        del module.forward
+
+
+SCALE_INVARIANT = {"encoder.layers.0.attn_block.norm", "decoder.layers.0.cross_attn_block.norm"}
+
+
+def test_layernorm_variance_term_is_the_derivative_along_the_row(traced):
+    """D mean(dxhat * xhat) = d/dc L(c y_row) at c = 1, measured by scaling the row; it vanishes
+    (to the epsilon of the next LayerNorm) exactly for the two norms that feed a zero-bias
+    feed-forward block and then a LayerNorm, as docs/trace.md explains."""
+    tracer, model, _ = traced
+    D = trace.CONFIG["d_model"]
+    small = set()
+    with default_dtype("float64"):
+        rows = walk.norm_terms(tracer)
+        assert len(rows) == 10                          # 5 norms x 2 positions
+        for name, row, _, variance_term in rows:
+            numeric = (scaled_loss(model, name, row, 1 + H) - scaled_loss(model, name, row, 1 - H)) / (2 * H)
+            assert abs(D * variance_term - numeric) <= 1e-6, (name, row)
+            if abs(numeric) < 1e-5:
+                small.add(name)
+            else:
+                assert abs(numeric) > 1e-3, (name, row)  # clearly apart from the invariant ones
+    assert small == SCALE_INVARIANT
+
+
+def walk_output(*argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert trace.main(["--walk", *argv]) == 0
+    return out.getvalue()
+
+
+def test_walk_points_at_the_lines_it_prints_and_its_tied_sum_adds_up(traced):
+    _, model, _ = traced
+    text = walk_output()
+    root = pathlib.Path(__file__).resolve().parents[1]
+    places = re.findall(r"^   (minitf/\S+\.py):(\d+)  (.+)$", text, re.M)
+    assert len(places) >= 20
+    for path, number, code in places:
+        line = (root / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
+        assert line.strip().startswith(code), (path, number, code, line)
+    # tied uses 1, 2, 3 and their sum: row 4 of each, as printed
+    rows = [np.array([float(v) for v in re.findall(r"-?\d+\.\d+", row)])
+            for row in re.findall(r"^   \(5, 4\)\s+norm \S+\s+row (\[.*\])$", text, re.M)]
+    assert len(rows) == 4
+    np.testing.assert_allclose(rows[0] + rows[1] + rows[2], rows[3], atol=3e-4)
+    np.testing.assert_allclose(rows[3], backend.to_numpy(model.src_embed.weight.grad)[4], atol=6e-5)
+    steps = re.findall(r"^\s*(\d+) ", text, re.M)
+    assert [int(n) for n in steps] == list(range(1, len(steps) + 1))
+
+
+def test_source_line_needs_exactly_one_match():
+    from minitf.layers import LayerNorm
+    where, code = walk.source_line(LayerNorm.backward, "return rstd * (dxhat")
+    assert where.startswith("minitf/layers.py:") and code.startswith("return rstd")
+    with pytest.raises(LookupError, match="0 lines"):
+        walk.source_line(LayerNorm.backward, "no such code")
+    with pytest.raises(LookupError, match="lines contain"):
+        walk.source_line(LayerNorm.backward, "dxhat")
+
+
+def test_the_trace_views_take_no_other_option(capsys):
+    with pytest.raises(SystemExit) as error:
+        trace.main(["--walk", "--no-params"])
+    assert error.value.code == 2 and "take no other option" in capsys.readouterr().err
+
+
+SMALL = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=8, num_heads=2, num_encoder_layers=2,
+             num_decoder_layers=2, d_ff=16, dropout=0.0, share_embeddings=True, pad_id=0)
+
+
+def stack_loss(model, batch, point, delta):
+    """The loss of gradient_norms' batch with ``delta`` added to ``point``: the output of a
+    stack ("decoder out") or the input of a layer ("encoder.layers.1 in")."""
+    import minitf
+    name, where = point.split(" ")
+    module = dict(trace.named_modules(model))[name]
+    original = module.forward
+
+    def forward(x, *args, **kwargs):
+        if where == "in":
+            return original(x + delta, *args, **kwargs)
+        return original(x, *args, **kwargs) + delta
+
+    src, tgt = batch
+    loss_fn = minitf.LabelSmoothedCrossEntropy(smoothing=trace.SMOOTHING, ignore_index=0)
+    module.forward = forward
+    try:
+        with minitf.no_grad():
+            return loss_fn(model(src[:, 1:], tgt[:, :-1]), tgt[:, 1:])
+    finally:
+        del module.forward
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_gradient_norms_agree_with_finite_differences(pre_norm):
+    import minitf
+    batch = (2, 3)
+    points, blocks = walk.gradient_norms(pre_norm, SMALL, batch, seed=1)
+    assert list(points) == ["decoder out", "decoder.layers.1 in", "decoder.layers.0 in",
+                            "encoder out", "encoder.layers.1 in", "encoder.layers.0 in"]
+    assert len(blocks) == (0 if pre_norm else 3 * 2 + 2 * 2)
+    with default_dtype("float64"):
+        backend.manual_seed(1)                          # the same model and batch as gradient_norms
+        model = minitf.Transformer(**dict(SMALL, pre_norm=pre_norm))
+        rng = np.random.default_rng(1)
+        data = tuple(rng.integers(2, SMALL["src_vocab_size"], (batch[0], batch[1] + 1)) for _ in range(2))
+        shape = (batch[0], batch[1], SMALL["d_model"])
+        for point, norm in points.items():
+            numeric = np.zeros(shape)
+            for index in np.ndindex(*shape):
+                delta = np.zeros(shape)
+                delta[index] = H
+                numeric[index] = (stack_loss(model, data, point, delta) - stack_loss(model, data, point, -delta)) / (2 * H)
+            assert abs(norm - np.linalg.norm(numeric)) <= 1e-6 * norm, point

@@ -1,0 +1,166 @@
+"""Backward-pass exercises (cs231n style): the forward is written, the backward is yours,
+and one command says whether it is right and, if not, which input or parameter is wrong
+and how (docs/exercises.md).
+
+    python -m minitf.exercise list                   # the exercises
+    python -m minitf.exercise start layernorm        # copies the exercise to ./layernorm.py
+    python -m minitf.exercise check layernorm.py     # exit 0 when every check passes
+
+The check is the gradient test of minitf.testing, with the same protocol checks: every
+float input gets a gradient of its shape, the incoming gradient is left unchanged, the
+parameters' ``.grad`` accumulate with +=, and every entry matches float64 central
+differences (max |a - n| <= 1e-6 max(|a|, |n|) + 1e-7). The inputs are small and fixed,
+with what each layer needs to show its mistakes: repeated ids, padding, two heads, dk > 1.
+"""
+import argparse
+import dataclasses
+import pathlib
+import shutil
+import sys
+
+from minitf import backend
+from minitf.gradcheck import load_object, print_check
+
+EXERCISES_DIR = pathlib.Path(__file__).resolve().parent / "exercises"
+B, T, D, V = 2, 3, 4, 7
+
+
+@dataclasses.dataclass(frozen=True)
+class Exercise:
+    name: str
+    class_name: str
+    summary: str
+    page: str
+    build: object  # build(cls, rng) -> (forward, backward, inputs, module)
+
+
+def _arr(rng, *shape, scale=1.0):
+    return backend.asarray(rng.normal(0.0, scale, shape), dtype=backend.host.float64)
+
+
+def _randomize(module, rng):
+    for p in module.parameters():  # random biases and gains too: every gradient term matters
+        p.data[...] = _arr(rng, *p.shape, scale=0.5)
+    return module
+
+
+def _plain(make):
+    """An exercise whose forward takes float inputs only: f(cls, rng) -> (module, inputs)."""
+    def build(cls, rng):
+        module, inputs = make(cls, rng)
+        return module.forward, module.backward, inputs, module
+    return build
+
+
+def _relu_input(rng):
+    x = rng.normal(0.0, 1.0, (B, T, D))
+    return backend.asarray(x + 0.1 * ((x >= 0) * 2.0 - 1.0))  # |x| >= 0.1: no difference straddles the kink
+
+
+def _attention(cls, rng):
+    from minitf.attention import attention_keep_mask
+    H, S, dk = 2, 4, 2
+    pad = backend.asarray(backend.host.arange(S)[None, :] >= backend.host.array([[S], [S - 1]]))  # row 1: last key pads
+    keep = attention_keep_mask(pad, False, T, S)
+    module = cls()
+    inputs = {"Q": _arr(rng, B, H, T, dk), "K": _arr(rng, B, H, S, dk), "U": _arr(rng, B, H, S, dk)}
+    return (lambda Q, K, U: module.forward(Q, K, U, keep)), module.backward, inputs, module
+
+
+def _loss(cls, rng):
+    module = cls(0.1, ignore_index=0)
+    target = rng.integers(1, V, (B, T))
+    target[0, -1] = target[1, -2:] = 0  # padding: 3 real tokens of 6
+    target = backend.asarray(target)
+    return (lambda z: backend.asarray(module.forward(z, target))), (lambda g: module.backward(float(g))), \
+        {"logits": _arr(rng, B, T, V, scale=2.0)}, module
+
+
+def _embedding(cls, rng):
+    module = _randomize(cls(V, D), rng)
+    ids = rng.integers(0, V, (B, T))
+    ids[1, 0] = ids[0, 0] = ids[0, 2]  # one id three times
+    ids = backend.asarray(ids)
+    return (lambda: module.forward(ids)), module.backward, {}, module
+
+
+EXERCISES = {e.name: e for e in [
+    Exercise("linear", "Linear", "y = x W + b: dW, db and dx", "layers/linear.md",
+             _plain(lambda cls, rng: (_randomize(cls(D, 3), rng), {"x": _arr(rng, B, T, D)}))),
+    Exercise("relu", "ReLU", "y = max(x, 0): dx", "layers/relu.md",
+             _plain(lambda cls, rng: (cls(), {"x": _relu_input(rng)}))),
+    Exercise("softmax", "Softmax", "y = softmax(x): dx without the Jacobian", "layers/softmax.md",
+             _plain(lambda cls, rng: (cls(), {"x": _arr(rng, B, T, 5, scale=2.0)}))),
+    Exercise("layernorm", "LayerNorm", "LayerNorm: dgamma, dbeta and the three terms of dx", "layers/layernorm.md",
+             _plain(lambda cls, rng: (_randomize(cls(D), rng), {"x": _arr(rng, B, T, D)}))),
+    Exercise("attention", "Attention", "softmax(Q K^T / sqrt(dk)) U with a padding mask: dQ, dK, dU",
+             "layers/attention.md", _attention),
+    Exercise("loss", "LabelSmoothedCrossEntropy", "label-smoothed cross-entropy over non-pad tokens: dlogits",
+             "layers/loss.md", _loss),
+    Exercise("embedding", "Embedding", "y = W[ids] sqrt(D): the scatter-add into dW", "layers/embedding.md",
+             _embedding),
+]}
+
+
+def check(path, seed=0):
+    """Check the exercise in the file ``path``; prints the report, returns 0 (right) or 1."""
+    path = pathlib.Path(path)
+    try:
+        name = load_object(f"{path}:EXERCISE")
+    except ValueError as error:
+        print(f"error: {error} (an exercise file sets EXERCISE = \"linear\", ...; "
+              f"start one with python -m minitf.exercise start NAME)", file=sys.stderr)
+        return 2
+    if name not in EXERCISES:
+        print(f"error: {path} says EXERCISE = {name!r}; known: {', '.join(EXERCISES)}", file=sys.stderr)
+        return 2
+    exercise = EXERCISES[name]
+    cls = load_object(f"{path}:{exercise.class_name}")
+    rng = backend.host_rng(seed)
+    print(f"{path.name}: exercise {name} ({exercise.summary}), float64 central differences")
+    with backend.default_dtype("float64"):
+        backend.manual_seed(seed)
+        forward, backward, inputs, module = exercise.build(cls, rng)
+        try:
+            failed = print_check(forward, backward, inputs, dict(module.named_parameters()), seed=seed, entries=3)
+        except NotImplementedError as error:
+            print(f"not written yet: {error}")
+            return 1
+    if failed:
+        print(f"{exercise.class_name}.backward is wrong: see the FAIL lines above "
+              f"(docs/{exercise.page} derives it)")
+        return 1
+    print(f"{exercise.class_name}.backward is right: every check passed")
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m minitf.exercise", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="list the exercises")
+    start = commands.add_parser("start", help="copy an exercise into a directory (default: here)")
+    start.add_argument("name", choices=list(EXERCISES))
+    start.add_argument("--to", default=".", help="directory to write NAME.py into")
+    checker = commands.add_parser("check", help="check your backward in FILE")
+    checker.add_argument("file")
+    checker.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for e in EXERCISES.values():
+            print(f"{e.name:10s} {e.summary}  (docs/{e.page})")
+        return 0
+    if args.command == "start":
+        target = pathlib.Path(args.to) / f"{args.name}.py"
+        if target.exists():
+            parser.error(f"{target} exists already; check it with python -m minitf.exercise check {target}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(EXERCISES_DIR / f"{args.name}.py", target)
+        print(f"wrote {target}: write the backward, then: python -m minitf.exercise check {target}")
+        return 0
+    if not pathlib.Path(args.file).is_file():
+        parser.error(f"no such file: {args.file}")
+    return check(args.file, args.seed)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""The exercises of ``python -m minitf.exercise``: each, filled with the library's own
+backward (the solution), passes the checker; filled with a planted bug, it fails with a
+message naming the wrong array and how it is wrong; an unfilled one says "not written yet".
+The checker is minitf.gradcheck's (float64 central differences, rtol 1e-6, atol 1e-7)."""
+import pytest
+
+from minitf import exercise
+
+#: exercise -> the library's backward, as a line of the filled file (the solution)
+SOLUTIONS = {
+    "linear": "backward = minitf.Linear.backward",
+    "relu": "backward = minitf.ReLU.backward",
+    "softmax": "backward = minitf.Softmax.backward",
+    "layernorm": "backward = minitf.LayerNorm.backward",
+    "attention": "def backward(self, dO):\n        return minitf.scaled_dot_product_attention_backward(dO, *self.saved_tensors())",
+    "loss": "backward = minitf.LabelSmoothedCrossEntropy.backward",
+    "embedding": "backward = minitf.Embedding.backward",
+}
+
+#: exercise -> (a planted bug, what the checker must print about it)
+BUGS = {
+    "linear": ("""def backward(self, dy):
+        (x,) = self.saved_tensors()
+        self.weight.grad += x.reshape(-1, x.shape[-1]).T @ dy.reshape(-1, dy.shape[-1])
+        return dy @ self.weight.data.T          # db forgotten""",
+               "hint: analytic is 0 everywhere"),
+    "relu": ("""def backward(self, dy):
+        (y,) = self.saved_tensors()
+        return dy * (y >= 0)                    # y >= 0 is True everywhere: no mask""",
+             "furthest off: x["),
+    "softmax": ("""def backward(self, dy):
+        (y,) = self.saved_tensors()
+        return y * dy                           # the -y y^T part forgotten""",
+                "furthest off: x["),
+    "layernorm": ("""def backward(self, dy):
+        xhat, rstd = self.saved_tensors()
+        self.gamma.grad += (dy * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)
+        self.beta.grad += dy.reshape(-1, xhat.shape[-1]).sum(axis=0)
+        dxhat = dy * self.gamma.data
+        return rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True))   # the variance term forgotten""",
+                  "furthest off: x["),
+    "attention": ("""def backward(self, dO):
+        Q, K, U, P = self.saved_tensors()
+        dQ, dK, dU = minitf.scaled_dot_product_attention_backward(dO, Q, K, U, P)
+        return dQ * 2 ** 0.5, dK * 2 ** 0.5, dU  # the 1/sqrt(dk) scale forgotten""",
+                  "hint: analytic = 1.414 x numeric in every entry"),
+    "loss": ("""def backward(self, dloss=1.0):
+        saved = self.saved_tensors()
+        V = saved.p.shape[-1]
+        q = 0.1 / V + 0.9 * (xp.arange(V) == saved.safe_target[..., None])
+        return dloss * (saved.p - q) * saved.keep[..., None] / saved.keep.size  # over all B*T positions""",
+             "hint: analytic = 0.5 x numeric in every entry"),
+    "embedding": ("""def backward(self, dy):
+        (ids,) = self.saved_tensors()
+        self.weight.grad[ids.reshape(-1)] += dy.reshape(-1, dy.shape[-1]) * self.scale  # not a scatter-add""",
+                  "hint: only"),
+}
+
+
+def filled(tmp_path, name, body):
+    """A learner's file: the exercise with ``body`` as its class's backward."""
+    cls = exercise.EXERCISES[name].class_name
+    path = tmp_path / f"my_{name}.py"
+    path.write_text(f"import minitf\nfrom minitf.exercises.{name} import *\n"
+                    f"from minitf.exercises.{name} import {cls} as _Exercise\n\n\n"
+                    f"class {cls}(_Exercise):\n    {body}\n")
+    return path
+
+
+def test_there_are_at_least_six_exercises_each_with_a_solution_and_a_bug():
+    assert len(exercise.EXERCISES) >= 6
+    assert set(SOLUTIONS) == set(BUGS) == set(exercise.EXERCISES)
+    for name in exercise.EXERCISES:
+        assert (exercise.EXERCISES_DIR / f"{name}.py").is_file()
+
+
+@pytest.mark.parametrize("name", list(exercise.EXERCISES))
+def test_the_librarys_backward_passes(name, tmp_path, capsys):
+    assert exercise.main(["check", str(filled(tmp_path, name, SOLUTIONS[name]))]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and "backward is right" in out
+
+
+@pytest.mark.parametrize("name", list(exercise.EXERCISES))
+def test_a_planted_bug_fails_and_says_how(name, tmp_path, capsys):
+    body, message = BUGS[name]
+    assert exercise.main(["check", str(filled(tmp_path, name, body))]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and message in out and "backward is wrong" in out, out
+
+
+@pytest.mark.parametrize("name", list(exercise.EXERCISES))
+def test_a_fresh_copy_says_not_written_yet(name, tmp_path, capsys):
+    assert exercise.main(["start", name, "--to", str(tmp_path)]) == 0
+    assert exercise.main(["check", str(tmp_path / f"{name}.py")]) == 1
+    assert "not written yet" in capsys.readouterr().out
+
+
+def test_a_file_that_is_no_exercise_is_one_line(tmp_path, capsys):
+    path = tmp_path / "other.py"
+    path.write_text("x = 1\n")
+    assert exercise.main(["check", str(path)]) == 2
+    assert "defines no 'EXERCISE'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as error:
+        exercise.main(["check", str(tmp_path / "missing.py")])
+    assert error.value.code == 2
+
+
+def test_the_output_shown_in_docs_exercises_md_is_current(tmp_path, capsys):
+    import pathlib
+    import re
+
+    from minitf import backend
+    from tests.test_docs import output_matches
+    if backend.get_device() != "cpu":
+        pytest.skip("the shown output is from the CPU backend")
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "exercises.md").read_text(encoding="utf-8")
+    shown = re.search(r"^```text recorded: python -m minitf.exercise check my_linear.py[^\n]*\n(.*?)^```",
+                      page, re.M | re.S).group(1)
+    exercise.main(["check", str(filled(tmp_path, "linear", BUGS["linear"][0]))])
+    assert output_matches(shown, capsys.readouterr().out)
