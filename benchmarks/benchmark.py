@@ -13,7 +13,7 @@ PyTorch, PyTorch, minitf, ... (``--repeats`` pairs); each process warms up, then
 spread (lowest and highest process median), and the ratio of the two frameworks in each
 pair. ``--in-process`` instead runs both in this process, alternating step by step (the
 first round's method); that biases the ratio on a CPU, where NumPy's OpenBLAS threads
-and PyTorch's OpenMP threads then live in one process (see the README for the
+and PyTorch's OpenMP threads then live in one process (see docs/benchmarks.md for the
 measurement). Ratios depend on the CPU, its BLAS and the load: the header prints the
 machine, the BLAS, the date and the command, so that a table can be reproduced.
 

@@ -330,3 +330,47 @@ def test_shown_output_is_what_the_command_prints(page, command, shown, line):
         actual = run_command(command)
     assert output_matches(shown, actual), (
         f"{rel(page)}:{line}: the block no longer matches `{command}`; it prints now:\n{actual}")
+
+
+# --------------------------------------------------------------------------- #
+# THE FRONT PAGE AND THE TENSE OF THE DOCS. README.md is a front page (the rest lives in
+# docs/), with the study guide on its first screen; user documentation speaks of the
+# software as it is, so the words of a work log (rounds, issues, dates) stay out of its
+# prose. Fenced blocks are not prose: a recorded translation may say "today".
+# --------------------------------------------------------------------------- #
+README_MAX_LINES = 160
+NOTEBOOK_WORDS = re.compile(
+    r"\b(this round|first round|second round|last round|the issue|before this change|this session|today)\b"
+    r"|\b20\d\d-\d\d\b|\bon 20\d\d\b"
+    r"|\b(January|February|March|April|June|July|August|September|October|November|December)\b", re.I)
+#: docs/README.md (the study guide) is being reworded elsewhere; it joins the check once that lands.
+TENSE_EXEMPT = {"docs/README.md"}
+
+
+def notebook_words(text):
+    """[(line number, word)] of work-log words in the prose of a page."""
+    return [(number, m.group(0)) for number, line in enumerate(prose(text).splitlines(), 1)
+            for m in NOTEBOOK_WORDS.finditer(line)]
+
+
+def test_readme_is_a_front_page_with_the_study_guide_on_its_first_screen():
+    lines = read(ROOT / "README.md").splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move detail to docs/"
+    assert any("(docs/README.md)" in line for line in lines[:30]), "link the study guide in README's first 30 lines"
+
+
+def test_notebook_words_are_found():
+    """The check itself can fail, and ignores fenced blocks."""
+    assert [w for _, w in notebook_words("As measured in the first round,\nat 2026-12-01\n")] == \
+        ["first round", "2026-12"]
+    assert notebook_words("measured on 2026 hardware") and notebook_words("the issue says")
+    assert notebook_words("Since December the budget") and notebook_words("measured Today")
+    assert not notebook_words("```text recorded: x\nThe weather is well today.\n```\n")
+    assert not notebook_words("Vaswani et al., 2017; a roundabout; the issues of a checkpoint\n")
+
+
+@pytest.mark.parametrize("page", [p for p in TEXT_PAGES if rel(p) not in TENSE_EXEMPT], ids=rel)
+def test_docs_speak_of_the_software_as_it_is(page):
+    found = notebook_words(read(page))
+    assert not found, f"{rel(page)}: work-log words in prose (history lives in git log):\n" + "\n".join(
+        f"  line {n}: {w!r}" for n, w in found)

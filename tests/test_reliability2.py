@@ -1,8 +1,8 @@
 """Reliability, second round (issue 14): one process per run folder, hostile
 checkpoints refused before they cost memory or poison a resume, and the last
 rough edges of the two commands. Each test names the reproduction it covers
-(R1..R10 in the order of the issue); the README's "Resuming and what is
-guaranteed" names these tests.
+(R1..R10 in the order of the issue); docs/reliability.md ("Resuming and what is
+guaranteed") names these tests.
 
 Everything runs on the tiny corpus and model of tests/runs.py.
 """

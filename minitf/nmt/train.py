@@ -1,6 +1,6 @@
 """The ``train.py`` command: a new run, or ``--resume`` of an earlier one.
 
-What a kill costs (README, "Resuming and what is guaranteed"): the steps since the
+What a kill costs (docs/reliability.md): the steps since the
 last checkpoint. ``--resume`` takes the newest checkpoint that passes its checks
 (checksums, model shape, tokenizer), moves newer bad ones aside with a warning,
 and cuts metrics.jsonl back to that checkpoint's step.
@@ -100,7 +100,7 @@ def build_parser():
     g.add_argument("--tgt-lang", default="en")
     g.add_argument("--phrases", action="store_true",
                    help="also train on the dictionary's 64,832 phrase sub-entries (default: whole sentences only; "
-                   "README, 'Recipe arms': at the CPU budget the phrases did not help)")
+                   "docs/results.md, 'Recipe arms': at the CPU budget the phrases did not help)")
     g.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE)
     return p
 
