@@ -15,7 +15,7 @@ def readme_commands():
 
 def test_readme_opens_with_the_two_commands():
     train, test = readme_commands()[:2]
-    assert "pip install -e ." in train and train.endswith("python train.py")
+    assert 'pip install -e ".[mpi]"' in train and train.endswith("python train.py")  # mpi: a rank per core
     assert 'pip install -e ".[test,mpi]"' in test  # mpi: the data-parallel tests run in CI too
 
 
