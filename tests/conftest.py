@@ -64,13 +64,14 @@ def corpus(tmp_path):
     return make_corpus(tmp_path)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def world(tmp_path_factory):
-    """Reference runs shared by the tests of this module (each ~0.3 s):
-    ``ref``: 6 steps, checkpoints at 2, 4, 6; ``vocab48``, ``dmodel32``, ``othertok``:
-    runs whose checkpoints do not fit ``ref`` (another vocabulary size, model width,
-    tokenizer)."""
-    from tests.runs import QUIET, TINY, make_corpus, train
+    """Reference runs built once per session and shared by every test that needs one
+    (each ~0.3 s): ``ref``: 6 steps, checkpoints at 2, 4, 6; ``vocab48``, ``dmodel32``,
+    ``othertok``: runs whose checkpoints do not fit ``ref`` (another vocabulary size,
+    model width, tokenizer). Tests only read them (a test that changes a run works on
+    a copy, ``tests.runs.copy_run``); the end of the session checks that none changed."""
+    from tests.runs import QUIET, TINY, make_corpus, snapshot, train
     base = tmp_path_factory.mktemp("world")
     corpus = make_corpus(base)
     other_corpus_dir = base / "other"
@@ -81,4 +82,7 @@ def world(tmp_path_factory):
             "dmodel32": (corpus, ["--d-model", "32"]), "othertok": (other_corpus, [])}
     for name, (data, extra) in runs.items():
         assert train(data + common + extra + ["--out", base / name]) == 0, name
-    return dict(base=base, corpus=corpus, common=common, **{name: base / name for name in runs})
+    before = {name: snapshot(base / name) for name in runs}
+    yield dict(base=base, corpus=corpus, common=common, **{name: base / name for name in runs})
+    changed = [name for name in runs if snapshot(base / name) != before[name]]
+    assert not changed, f"a test changed the shared reference runs {changed}: work on a copy (copy_run)"

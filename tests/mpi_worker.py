@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py under ``mpiexec -n 2``: data parallelism through the
+"""Run by tests/test_data_parallel.py under ``mpiexec -n 2``: data parallelism through the
 library in float64, compared on rank 0 with one process (a LocalWorld trainer in the
 same rank) on the same global batches. Writes the relative differences as JSON."""
 import json

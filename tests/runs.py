@@ -1,10 +1,17 @@
 """What the application's tests share: a tiny learnable corpus, tiny model flags,
-the metrics of a run, and the catalogue of bad train.py inputs."""
+the metrics of a run, the catalogues of bad train.py inputs and of bad checkpoints,
+and running train.py as a command (on one process or under mpiexec)."""
 import hashlib
 import json
+import os
 import pathlib
 import shutil
+import struct
+import subprocess
 import sys
+import zipfile
+
+import pytest
 
 from minitf.backend import host as np
 from minitf.nmt import checkpoint as ckpt
@@ -135,3 +142,167 @@ def assert_resumed_past_bad_step_4(run, ref, code, err, reason):
     assert any("resumed from" in line and "step-00000002" in line for line in err)
     assert (run / "checkpoints" / "step-00000004.bad").is_dir()
     assert same_params(params_of(ckpt.checkpoint_path(run, 6)), params_of(ckpt.checkpoint_path(ref, 6)))
+
+
+# --------------------------------------------------------------------------- subprocesses and MPI
+CPU_ENV = dict(os.environ, MINITF_DEVICE="cpu", PYTHONPATH=str(ROOT))  # train.py / translate as commands
+CPU_ENV.pop("MINITF_TEST_SLOW_CHECKPOINT", None)
+MPIEXEC = shutil.which("mpiexec")
+try:
+    import mpi4py  # noqa: F401
+    HAVE_MPI = MPIEXEC is not None
+except ImportError:
+    HAVE_MPI = False
+needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and mpiexec (pip install '.[mpi]')")
+MPI_ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+def mpiexec(n, *args, env=MPI_ENV, timeout=120):
+    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *map(str, args)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def train_py(*args, ranks=1, env=MPI_ENV, timeout=120):
+    """train.py as a command, on one process or under ``mpiexec -n ranks``."""
+    if ranks == 1:
+        return subprocess.run([sys.executable, str(ROOT / "train.py"), *map(str, args)], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout)
+    return mpiexec(ranks, ROOT / "train.py", *args, env=env, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- damaging a checkpoint
+class Payload:
+    """Unpickling this creates ``marker``: proof that code ran."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+def truncate_model(path):
+    data = (path / "model.npz").read_bytes()
+    (path / "model.npz").write_bytes(data[:len(data) // 2])
+
+
+def flip_byte(path):
+    data = bytearray((path / "optimizer.npz").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (path / "optimizer.npz").write_bytes(bytes(data))
+
+
+def resign(folder):
+    """Recompute the checksums in meta.json, so that only the content checks can catch a change."""
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["sha256"] = {name: ckpt.file_sha256(folder / name) for name in meta["sha256"]}
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def rewrite_npz(path, change):
+    """Rewrite an .npz with ``change(arrays)`` (a dict, changed in place), as np.savez does."""
+    arrays = ckpt.read_npz(path)
+    change(arrays)
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+def npy_bytes(shape, descr="<f4", fortran=False, data=b""):
+    """An npy 1.0 member whose header says anything, followed by ``data``."""
+    header = repr({"descr": descr, "fortran_order": fortran, "shape": tuple(shape)}).encode("latin1")
+    header += b" " * (-(len(header) + 11) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + data
+
+
+def replace_member(path, name, payload, compress=zipfile.ZIP_STORED):
+    """Replace member ``name``.npy of the archive ``path`` by raw ``payload`` bytes."""
+    members = {}
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            members[info.filename] = archive.read(info)
+    members[f"{name}.npy"] = payload
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, data in members.items():
+            archive.writestr(member, data, compress_type=compress if member == f"{name}.npy" else zipfile.ZIP_STORED)
+
+
+def _transplant(source):
+    def damage(path, world):
+        shutil.rmtree(path)
+        shutil.copytree(ckpt.checkpoint_path(world[source], 4), path)
+    return damage
+
+
+def _pickle(path, world):
+    """A model.npz whose first array is an object array holding a Payload, with
+    checksums recomputed so that only the pickle check stands in the way."""
+    state = ckpt.read_checkpoint(path)
+    params = dict(state["params"])
+    name = sorted(params)[0]
+    params[name] = np.array([Payload(world["base"] / "PWNED")], dtype=object)
+    meta = {k: v for k, v in state["meta"].items() if k not in ("sha256", "format_version")}
+    shutil.rmtree(path)
+    ckpt.write_checkpoint(path, params, meta, state["tokenizer_bytes"], state["optimizer"])
+
+
+def _resigned(change):
+    """A damage made behind the checksums' back: they are recomputed afterwards."""
+    def damage(path, world):
+        change(path)
+        resign(path)
+    return damage
+
+
+def _set_first(file, value, last=False):
+    def change(path):
+        rewrite_npz(path / file, lambda a: a[sorted(a)[-1 if last else 0]].flat.__setitem__(0, value))
+    return change
+
+
+def _astype(kind):
+    def change(path):
+        def cast(arrays):
+            name = sorted(arrays)[0]
+            arrays[name] = arrays[name].astype(kind)
+        rewrite_npz(path / "model.npz", cast)
+    return change
+
+
+def _huge_header(path):
+    name = sorted(ckpt.read_npz(path / "model.npz"))[0]
+    replace_member(path / "model.npz", name, npy_bytes((10 ** 12,), data=b"\0" * 64))
+
+
+def _deflated(path):
+    """A member declaring 40 MB, deflated to ~40 KB (as a declared 3 GB would be in 3 MB)."""
+    name = sorted(ckpt.read_npz(path / "model.npz"))[0]
+    replace_member(path / "model.npz", name, npy_bytes((10_000_000,), data=b"\0" * 40_000_000), zipfile.ZIP_DEFLATED)
+
+
+def _negative_v(path):
+    rewrite_npz(path / "optimizer.npz", lambda a: a["v"].__setitem__(0, -1.0))
+
+
+# name: (damage(checkpoint folder, world), words of the reason). The cases after the first eight have their
+# checksums recomputed (a crafted file): sizes, dtypes and values are caught by the content checks alone.
+BAD_CHECKPOINTS = {
+    "truncated file": (lambda path, world: truncate_model(path), "checksum"),
+    "corrupted byte": (lambda path, world: flip_byte(path), "checksum"),
+    "missing file": (lambda path, world: (path / "optimizer.npz").unlink(), "missing optimizer.npz"),
+    "missing meta.json": (lambda path, world: (path / "meta.json").unlink(), "no meta.json"),
+    "other vocabulary size": (_transplant("vocab48"), "another tokenizer"),
+    "other d_model": (_transplant("dmodel32"), "d_model 32 (run: 16)"),
+    "other tokenizer": (_transplant("othertok"), "another tokenizer"),
+    "pickled array": (_pickle, "pickle"),
+    "header declares shape (10**12,)": (_resigned(_huge_header), "declares shape"),
+    "deflated member declares 40 MB": (_resigned(_deflated), "compressed"),
+    "int64 parameters": (_resigned(_astype(np.int64)), "int64"),
+    "complex128 parameters": (_resigned(_astype(np.complex128)), "complex128"),
+    "string parameters": (_resigned(_astype("U8")), "<U8"),
+    "float64 parameters": (_resigned(_astype(np.float64)), "float64"),
+    "NaN parameter": (_resigned(_set_first("model.npz", np.nan)), "NaN or inf"),
+    "inf parameter": (_resigned(_set_first("model.npz", np.inf, last=True)), "NaN or inf"),
+    "negative Adam second moment": (_resigned(_negative_v), "negative"),
+}
+# the crafted checkpoints that minitf.translate (which reads no Adam moments) must refuse too
+CRAFTED_MODEL_FILES = list(BAD_CHECKPOINTS)[8:-1]

@@ -8,7 +8,9 @@
 5. every ```py block (a quote of the source) still matches the code line for line;
 6. every page has balanced $$ display-math delimiters;
 7. every ```text block in docs/ and in the top-level README says what it is, and the
-   command output it shows is what the command prints now (see OUTPUT LABELS below).
+   command output it shows is what the command prints now (see OUTPUT LABELS below);
+8. every test file (`tests/test_*.py`) and test (`test_*`) that docs/ or the README names
+   as evidence exists.
 
     python -m pytest tests/test_docs.py -q -p no:warnings
 """
@@ -106,6 +108,21 @@ def anchors(page):
 def test_docs_exist():
     assert (DOCS / "README.md").is_file(), "docs/README.md is missing"
     assert len(list((DOCS / "layers").glob("*.md"))) >= 10
+
+
+def test_every_named_test_exists():
+    """A promise that names its test (README "Resuming and what is guaranteed") must name
+    one that runs: renaming or merging a test updates the docs."""
+    defined = {name for path in (ROOT / "tests").glob("test_*.py")
+               for name in re.findall(r"^def (test_\w+)", path.read_text(encoding="utf-8"), re.M)}
+    missing = []
+    for page in PAGES + [ROOT / "README.md"]:
+        for number, line in enumerate(read(page).splitlines(), 1):
+            missing += [f"{rel(page)}:{number}: {path}" for path in re.findall(r"tests/test_\w+\.py", line)
+                        if not (ROOT / path).is_file()]
+            missing += [f"{rel(page)}:{number}: {name}" for name in re.findall(r"`(test_\w+)`", line)
+                        if name not in defined]
+    assert not missing, "tests named in the docs that do not exist:\n" + "\n".join(missing)
 
 
 def test_every_minitf_reference_resolves():

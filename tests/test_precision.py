@@ -16,12 +16,7 @@ from minitf.nmt.config import RunConfig
 from minitf.nmt.data import Corpus, read_splits
 from minitf.nmt.tokenizer import Tokenizer
 from minitf.nmt.train import main as train_main
-from tests.runs import TINY, make_corpus, metrics
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    return make_corpus(tmp_path)
+from tests.runs import TINY, metrics
 
 
 def small_fp16_model():

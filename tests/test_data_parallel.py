@@ -4,11 +4,10 @@ The MPI tests launch ``mpiexec -n 2`` in subprocesses (2 cores: tiny model, few
 steps) and compare with one process in the same test; they skip where mpi4py or
 mpiexec is missing (CI installs the ``mpi`` extra, so they run there). The NCCL path
 runs on the strict CuPy stand-in with an MPI-backed stand-in for NCCL's communicator
-(tests/mpi_worker.py): no GPU was used for it here."""
+(tests/mpi_worker.py): no GPU was used for it here. (Resuming across world sizes:
+tests/test_resume.py.)"""
 import json
 import os
-import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,34 +22,13 @@ from minitf.module import Parameter
 from minitf.nmt.config import RunConfig
 from minitf.nmt.distributed import rank_share, shard_range
 from minitf.nmt.errors import UsageError
-from tests.runs import ROOT, TINY, make_corpus
-
-MPIEXEC = shutil.which("mpiexec")
-try:
-    import mpi4py  # noqa: F401
-    HAVE_MPI4PY = True
-except ImportError:
-    HAVE_MPI4PY = False
-needs_mpi = pytest.mark.skipif(not (MPIEXEC and HAVE_MPI4PY), reason="needs mpi4py and mpiexec (pip install '.[mpi]')")
-ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-
-
-def mpiexec(n, *args, timeout=120):
-    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *args], env=ENV, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def train(*args, ranks=1, timeout=120):
-    if ranks == 1:
-        return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env=ENV, cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout)
-    return mpiexec(ranks, str(ROOT / "train.py"), *args, timeout=timeout)
+from tests.runs import MPI_ENV, MPIEXEC, ROOT, TINY, make_corpus, mpiexec, needs_mpi, train_py
 
 
 def test_one_process_never_imports_mpi4py():
     code = ("import sys, minitf, minitf.nmt.train, minitf.nmt.trainer, minitf.nmt.distributed; "
             "assert 'mpi4py' not in sys.modules, 'imported mpi4py'")
-    env = {k: v for k, v in ENV.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env = {k: v for k, v in MPI_ENV.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
 
 
@@ -121,7 +99,7 @@ def test_library_two_ranks_equal_one_process_float64(tmp_path):
     from minitf.nmt.tokenizer import train_tokenizer
     lines = [line for side in ("src", "tgt") for line in (tmp_path / f"train.{side}").read_text().splitlines()]
     train_tokenizer(lines, tmp_path / "tokenizer.model", 40)
-    done = mpiexec(2, str(ROOT / "tests" / "mpi_worker.py"), str(tmp_path), str(tmp_path / "result.json"))
+    done = mpiexec(2, ROOT / "tests" / "mpi_worker.py", tmp_path, tmp_path / "result.json")
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["size"] == 2 and r["changed"] > 0.01  # the parameters did move
@@ -133,46 +111,10 @@ def test_library_two_ranks_equal_one_process_float64(tmp_path):
     assert r["nccl_vs_one"] <= 1e-12 and r["nccl_zero_vs_one"] <= 1e-12  # the NCCL path (stand-ins), 5 updates
 
 
-def final_params(run_dir):
-    from minitf.nmt import checkpoint as ckpt
-    state = ckpt.read_checkpoint(ckpt.list_checkpoints(run_dir)[-1])
-    d = state["meta"]["config"]["d_model"]  # key biases left out (see test_library_two_ranks_...)
-    return state["meta"]["step"], np.concatenate([np.delete(np.ravel(a), np.s_[d:2 * d]) if name.endswith("attn.b_qkv")
-                                                  else np.ravel(a) for name, a in sorted(state["params"].items())])
-
-
-@needs_mpi
-def test_train_py_two_ranks_resume_across_world_sizes(tmp_path):
-    """float32 through train.py, dropout 0, 8 updates: one process uninterrupted; 2 ranks
-    for 4 then 1 process to 8; 1 process for 4 then 2 ranks (--zero 1) to 8. Parameters
-    (key biases apart) agree within relative 1e-5: float32 sums in another order."""
-    data = make_corpus(tmp_path)
-    common = data + TINY + ["--dropout", "0", "--save-every", "4", "--eval-every", "100", "--average", "0",
-                            "--bleu-sentences", "0"]
-    one = train(*common, "--max-steps", "8", "--out", str(tmp_path / "one"))
-    assert one.returncode == 0, one.stderr[-2000:]
-    a = train(*common, "--max-steps", "4", "--out", str(tmp_path / "a"), ranks=2)
-    assert a.returncode == 0, a.stderr[-2000:]
-    assert "data parallel: 2 ranks" in a.stderr and "rank 1" not in a.stderr.replace("pids", "")
-    a2 = train("--resume", str(tmp_path / "a"), "--max-steps", "8", "--no-progress")
-    assert a2.returncode == 0, a2.stderr[-2000:]
-    b = train(*common, "--max-steps", "4", "--out", str(tmp_path / "b"))
-    b2 = train("--resume", str(tmp_path / "b"), "--max-steps", "8", "--zero", "1", "--no-progress", ranks=2)
-    assert b.returncode == 0 and b2.returncode == 0, b2.stderr[-2000:]
-    step, reference = final_params(tmp_path / "one")
-    assert step == 8
-    for run in ("a", "b"):
-        step, got = final_params(tmp_path / run)
-        assert step == 8
-        assert np.abs(got - reference).max() <= 1e-5 * np.abs(reference).max(), run
-    train_records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in train_records if r["kind"] == "train"] == list(range(1, 9))  # rank 0 alone wrote
-
-
 @needs_mpi
 def test_bad_input_under_mpiexec_is_one_line(tmp_path):
     data = make_corpus(tmp_path)
-    done = train(*data, *TINY, "--d-model", "10", "--num-heads", "3", "--out", str(tmp_path / "r"), ranks=2)
+    done = train_py(*data, *TINY, "--d-model", "10", "--num-heads", "3", "--out", tmp_path / "r", ranks=2)
     assert done.returncode != 0
     ours = [line for line in done.stderr.splitlines() if "error:" in line and "train.py" in line]
     assert len(ours) == 1 and "--d-model must be divisible" in ours[0], done.stderr
@@ -184,7 +126,7 @@ def test_a_killed_rank_ends_the_job(tmp_path):
     data = make_corpus(tmp_path)
     proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, str(ROOT / "train.py"), *data, *TINY,
                              "--max-steps", "100000", "--eval-every", "100000", "--out", str(tmp_path / "r")],
-                            env=ENV, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                            env=MPI_ENV, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stderr:
             if "data parallel:" in line:

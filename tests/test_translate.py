@@ -1,0 +1,114 @@
+"""minitf.translate: a file or a pipe in, translations out, BLEU against references;
+interactive under a terminal (each line answered as soon as it is typed, the same
+answers as a pipe); and which checkpoint of a run folder it uses. (Bad input:
+tests/test_cli_errors.py; damaged checkpoints: tests/test_checkpoint.py.)"""
+import json
+import os
+import pathlib
+import select
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from minitf.nmt import checkpoint as ckpt
+from tests.runs import ROOT, TINY, copy_run, make_corpus, train, translate
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A run of 30 steps (enough for non-empty answers) and its corpus; tests only read it."""
+    folder = tmp_path_factory.mktemp("translate")
+    run = folder / "run"
+    corpus = make_corpus(folder)
+    assert train(corpus + TINY + ["--max-steps", "30", "--eval-every", "100", "--save-every", "30",
+                                  "--out", run]) == 0
+    return dict(run=run, corpus=corpus)
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def test_translate_cli_reads_stdin_and_scores_references(tiny_run):
+    corpus = tiny_run["corpus"]
+    src = pathlib.Path(corpus[corpus.index("--test-src") + 1])
+    ref = pathlib.Path(corpus[corpus.index("--test-tgt") + 1])
+    result = subprocess.run([sys.executable, "-m", "minitf.translate", "--checkpoint", str(tiny_run["run"]),
+                             "--beam", "2", "--ref", str(ref)], input=src.read_bytes(), capture_output=True,
+                            cwd=ROOT, env=_env(), timeout=120)
+    assert result.returncode == 0, result.stderr.decode()
+    lines = result.stdout.decode().splitlines()
+    assert len(lines) == len(src.read_text().splitlines())
+    assert "BLEU" in result.stderr.decode()
+
+
+# --------------------------------------------------------------------------- interactive
+def _read_line(fd, timeout=60):
+    """One line from a pipe, or fail after ``timeout`` seconds."""
+    data, deadline = b"", time.monotonic() + timeout
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        assert left > 0, f"no answer within {timeout} s (got {data!r})"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 1)
+            assert chunk, f"the command closed its output after {data!r}"
+            data += chunk
+    return data.decode("utf-8").rstrip("\n")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
+def test_each_line_is_answered_as_it_is_typed(tiny_run):
+    import pty
+    sentences = ["Der hund sieht ein haus.", "Die katze mag den vogel.", "Ein kleine baum."]
+    master, slave = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "minitf.translate", "--checkpoint", str(tiny_run["run"]),
+                                "--beam", "2"], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=ROOT, env=_env())
+    os.close(slave)
+    try:
+        answers = []
+        for sentence in sentences:  # the next line is typed only after the answer to this one came
+            os.write(master, sentence.encode("utf-8") + b"\n")
+            answers.append(_read_line(process.stdout.fileno()))
+        os.write(master, b"\n")  # an empty line gets an empty answer
+        assert _read_line(process.stdout.fileno()) == ""
+        os.write(master, b"\x04")  # Ctrl-D: end of input on a terminal
+        assert process.wait(timeout=60) == 0
+        err = process.stderr.read().decode()
+    finally:
+        os.close(master)
+        if process.poll() is None:
+            process.kill()
+    assert "Ctrl-D" in err and "error" not in err
+    assert all(answers), answers
+    batched = subprocess.run([sys.executable, "-m", "minitf.translate", "--checkpoint", str(tiny_run["run"]),
+                              "--beam", "2"], input="\n".join(sentences) + "\n", capture_output=True, text=True,
+                             cwd=ROOT, env=_env(), timeout=120)
+    assert batched.returncode == 0 and batched.stdout.splitlines() == answers
+
+
+# --------------------------------------------------------------------------- which checkpoint of a run folder
+def test_best_json_is_relative_so_a_run_folder_can_move(world, tmp_path, capsys, monkeypatch):
+    moved = tmp_path / "moved"
+    shutil.copytree(world["ref"], moved)
+    assert json.loads((moved / "best.json").read_text())["checkpoint"] == "checkpoints/step-00000006"
+    code, err, out = translate(["--checkpoint", moved, "--beam", 1], capsys, b"Der hund.\n", monkeypatch, tmp_path)
+    assert code == 0 and err == [] and len(out.splitlines()) == 1
+
+
+def test_best_json_pointing_outside_its_run_folder_is_ignored_with_a_warning(world, tmp_path, capsys, monkeypatch):
+    run = copy_run(world["ref"], tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere" / "ck"
+    shutil.copytree(ckpt.checkpoint_path(world["othertok"], 4), elsewhere)
+    (run / "best.json").write_text(json.dumps({"model": "last", "checkpoint": "../elsewhere/ck"}))
+    seen = []
+    real = ckpt.load_checkpoint_model
+    monkeypatch.setattr(ckpt, "load_checkpoint_model", lambda folder: seen.append(pathlib.Path(folder)) or real(folder))
+    code, err, out = translate(["--checkpoint", run, "--beam", 1, "--src", world["corpus"][1]], capsys)
+    assert code == 0 and len(err) == 1, err
+    assert err[0].startswith("warning: ignoring best.json") and "outside the run folder" in err[0]
+    assert seen == [ckpt.checkpoint_path(run, 6)]
