@@ -179,7 +179,7 @@ def test_the_train_py_command_runs_a_rank_per_core_and_says_how_to_turn_it_off(t
     """`python train.py` on a CPU with 2 cores and MPI installed starts itself under mpiexec
     (one rank per core); MINITF_RANKS=1 runs one process. The run is the same recipe."""
     data = make_corpus(tmp_path)
-    env = {k: v for k, v in ENV.items() if k != "MINITF_RANKS"}
+    env = {k: v for k, v in MPI_ENV.items() if k != "MINITF_RANKS"}
     env["MINITF_RANKS"] = "2"  # what a 2-core machine chooses by itself (the test machine may have more)
     common = [*data, *TINY, "--max-steps", "4", "--eval-every", "100", "--average", "0", "--bleu-sentences", "0"]
     done = subprocess.run([sys.executable, str(ROOT / "train.py"), *common, "--out", str(tmp_path / "two")],
