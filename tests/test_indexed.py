@@ -134,3 +134,24 @@ def test_a_damaged_prepared_folder_is_refused(prepared):
         IndexedCorpus(corpus.folder)
     with pytest.raises(DataError, match="has no manifest.json"):
         IndexedCorpus(corpus.folder.parent)
+
+
+def test_word_by_word_encoding_equals_the_tokenizer(prepared):
+    from minitf.nmt import prepare
+
+    _, corpus = prepared
+    tokenizer = corpus.tokenizer
+    texts = ["Der Hund sieht ein Haus.", "  mehrere   Leerzeichen\tund\tTabs  ", "no\u00a0break\u2009thin space",
+             "don\u00b4t caf\u00e9 \ufb01ne \u00a8x \u00b8y", "Katze", "", "   ", "emoji \U0001f600 und \u200b zero width",
+             "Zahlen 1-2-3 und 20-j\u00e4hrige", "der hund der hund der hund"]
+    prepare._init_worker(tokenizer.model_bytes(), "int32")
+    for cache_words in (prepare.CACHE_WORDS, 0):   # with the cache, and with a full cache
+        prepare.CACHE_WORDS, saved = cache_words, prepare.CACHE_WORDS
+        try:
+            for _ in range(2):                     # the second round reads the cache
+                flat, lens = prepare.encode_flat(texts)
+                expected = tokenizer.encode(texts)
+                assert lens.tolist() == [len(ids) for ids in expected]
+                assert flat.tolist() == [i for ids in expected for i in ids]
+        finally:
+            prepare.CACHE_WORDS = saved

@@ -32,11 +32,14 @@ import multiprocessing
 import os
 import pathlib
 import shutil
+import signal
+import sys
 import tempfile
 import time
 
 from minitf.backend import host as np
 from minitf.nmt import indexed
+from minitf.nmt.download import sigterm_raises
 from minitf.nmt.errors import DataError
 from minitf.nmt.files import file_sha256, write_atomic, write_json_atomic
 from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
@@ -156,21 +159,51 @@ def clean_pass(pairs, rules):
 # --------------------------------------------------------------------------- encoding
 
 _WORKER = {}
+#: Words whose pieces a worker remembers (about 100 bytes each); rarer words are encoded every time.
+CACHE_WORDS = 1_000_000
 
 
-def _init_worker(model_bytes, dtype):
-    _WORKER["tokenizer"], _WORKER["dtype"] = Tokenizer.from_bytes(model_bytes), dtype
+def _init_worker(model_bytes, dtype, worker=False):
+    if worker:  # a forked worker inherits sigterm_raises' handler; Pool.terminate's SIGTERM must just end it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _WORKER.update(tokenizer=Tokenizer.from_bytes(model_bytes), dtype=dtype, cache={})
+
+
+def encode_flat(texts):
+    """Token ids of ``texts`` as one flat array (dtype of the worker) and lengths (N,) int32:
+    the same ids as ``Tokenizer.encode``, found word by word through a cache.
+
+    The tokenizer's BPE never merges across whitespace (sentencepiece's
+    ``split_by_whitespace``; its pieces carry the word-start mark only in front), so a
+    sentence's ids are its words' ids one after another, and a word once encoded need
+    not be encoded again: the Zipfian head of the vocabulary is looked up, only the rare
+    words go through sentencepiece (in one call per chunk). tests/test_indexed.py checks
+    the equality on text with tabs, no-break spaces, ligatures and accents that Unicode
+    normalisation turns into a space plus a combining mark.
+    """
+    tokenizer, dtype, cache = _WORKER["tokenizer"], _WORKER["dtype"], _WORKER["cache"]
+    words = [text.split() for text in texts]
+    missing = list({word for sentence in words for word in sentence if word not in cache})
+    lookup = cache.__getitem__
+    if missing:
+        new = dict(zip(missing, map(tuple, tokenizer.encode(missing))))
+        if len(cache) + len(new) <= CACHE_WORDS:
+            cache.update(new)
+        else:
+            lookup = lambda word: cache[word] if word in cache else new[word]  # noqa: E731
+    pieces = [lookup(word) for sentence in words for word in sentence]
+    piece_lens = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))       # (words,)
+    word_counts = np.fromiter(map(len, words), dtype=np.int64, count=len(words))        # (N,)
+    sentence_of_word = np.repeat(np.arange(len(words)), word_counts)                    # (words,)
+    lens = np.bincount(sentence_of_word, weights=piece_lens, minlength=len(words)).astype(np.int32)
+    flat = np.fromiter(itertools.chain.from_iterable(pieces), dtype=dtype, count=int(piece_lens.sum()))
+    return flat, lens
 
 
 def _encode_chunk(chunk):
     """(sources, targets) -> (src ids, src lengths, tgt ids, tgt lengths) as flat arrays."""
-    tokenizer, dtype = _WORKER["tokenizer"], _WORKER["dtype"]
-    out = []
-    for texts in chunk:
-        ids = tokenizer.encode(texts)
-        lens = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
-        out += [np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lens.sum())), lens]
-    return tuple(out)
+    src, tgt = chunk
+    return (*encode_flat(src), *encode_flat(tgt))
 
 
 def _chunks(pairs, keep, size):
@@ -187,6 +220,15 @@ def _chunks(pairs, keep, size):
         yield src, tgt
 
 
+def _pool_context():
+    """fork where it is safe (quick, and a calling script needs no ``__main__`` guard); spawn in a
+    process that has initialised MPI, which must not be forked (an ``mpiexec`` rank)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if "fork" in multiprocessing.get_all_start_methods() and not (mpi is not None and mpi.Is_initialized()):
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
 def encode_into(writer, chunks, model_bytes, dtype, workers):
     """Encode chunks in ``workers`` processes (0: in this process), appending results in order.
 
@@ -196,8 +238,7 @@ def encode_into(writer, chunks, model_bytes, dtype, workers):
         for chunk in chunks:
             writer.add(*_encode_chunk(chunk))
         return
-    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold MPI or threads
-    with context.Pool(workers, initializer=_init_worker, initargs=(model_bytes, dtype)) as pool:
+    with _pool_context().Pool(workers, initializer=_init_worker, initargs=(model_bytes, dtype, True)) as pool:
         pending = collections.deque()
         for chunk in chunks:
             pending.append(pool.apply_async(_encode_chunk, (chunk,)))
@@ -220,7 +261,8 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
         The prepared folder (:mod:`minitf.nmt.indexed` describes its files).
     sources : dict
         ``{"train": (src_path, tgt_path), "valid": (...), "test": (...)}``; test is optional.
-        Plain UTF-8 text, one sentence per line, aligned by line.
+        Plain UTF-8 text, one sentence per line, aligned by line. A split may also be a
+        list of such pairs (several corpora, read one after another).
     vocab_size : int
         Of the joint BPE (the paper: about 37,000).
     sample_sentences : int
@@ -232,8 +274,8 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
     rules : CleanRules
         For the training split.
     source_digests : dict or None
-        ``{split: (src_sha256, tgt_sha256)}`` when the caller knows them (pinned
-        downloads); None: hash the files.
+        ``{split: [[src_sha256, tgt_sha256], ...]}`` (one pair per file pair), or any
+        JSON-able identity the caller vouches for (pinned archives); None: hash the files.
     languages : (str, str)
         Recorded in the manifest, e.g. ``("en", "de")``.
     rebuild : bool
@@ -256,9 +298,10 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
         if split not in sources:
             raise DataError(f"preparing a corpus needs a {split} split (source and target files), got "
                             f"{sorted(sources)}")
+    sources = {split: _file_pairs(paths) for split, paths in sources.items()}
     if source_digests is None:
-        source_digests = {split: tuple(_digest(p) for p in paths) for split, paths in sources.items()}
-    recipe = dict(sources={split: list(source_digests[split]) for split in sources}, vocab_size=int(vocab_size),
+        source_digests = {split: [[_digest(p) for p in pair] for pair in pairs] for split, pairs in sources.items()}
+    recipe = dict(sources={split: _plain(source_digests[split]) for split in sources}, vocab_size=int(vocab_size),
                   sample_sentences=int(sample_sentences), seed=int(seed), rules=dataclasses.asdict(rules),
                   languages=list(languages))
     if _reusable(out_dir, recipe, rebuild):
@@ -267,13 +310,32 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
-        manifest = _build(work, sources, recipe, rules, workers, chunk_pairs, log)
-        write_json_atomic(work / "manifest.json", manifest)  # last: its presence marks a complete folder
-        indexed.finish_folder(work)
-        _move_into_place(work, out_dir)
+        with sigterm_raises():  # SIGTERM too runs the finally below: no temp folder is left
+            manifest = _build(work, sources, recipe, rules, workers, chunk_pairs, log)
+            write_json_atomic(work / "manifest.json", manifest)  # last: its presence marks a complete folder
+            indexed.finish_folder(work)
+            _move_into_place(work, out_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out_dir
+
+
+def _file_pairs(paths):
+    """One ``(src, tgt)`` pair, or a list of them (corpora read one after another), as a list of pairs."""
+    if len(paths) == 2 and all(isinstance(p, (str, os.PathLike)) for p in paths):
+        return [tuple(paths)]
+    return [tuple(pair) for pair in paths]
+
+
+def iter_corpora(pairs):
+    """The line pairs of several aligned file pairs, one corpus after another."""
+    for src, tgt in pairs:
+        yield from iter_pairs(src, tgt)
+
+
+def _plain(value):
+    """Tuples to lists, as JSON gives them back (a manifest compares equal to its recipe)."""
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def _digest(path):
@@ -323,13 +385,13 @@ def _move_into_place(work, out_dir):
 
 def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
     started = time.perf_counter()
-    train_src, train_tgt = sources["train"]
-    keep, dropped = clean_pass(iter_pairs(train_src, train_tgt), rules)
+    train = sources["train"]
+    keep, dropped = clean_pass(iter_corpora(train), rules)
     n_kept = int(keep.sum())
     log(f"cleaned the training pairs: {keep.size:,} read, {n_kept:,} kept, dropped {dropped} "
         f"({time.perf_counter() - started:.0f} s)")
     if n_kept == 0:
-        raise DataError(f"no training pair of {str(train_src)!r} / {str(train_tgt)!r} is left after cleaning "
+        raise DataError(f"no training pair of {[str(p) for pair in train for p in pair]} is left after cleaning "
                         f"(dropped: {dropped}); check the files and their alignment")
 
     # pass 2: the tokenizer's sample
@@ -339,7 +401,7 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
     in_sample = np.zeros(keep.size, dtype=bool)
     in_sample[rng.choice(kept_index, size=n_sample, replace=False)] = True
     texts = []
-    for (src, tgt), chosen in zip(iter_pairs(train_src, train_tgt), in_sample):
+    for (src, tgt), chosen in zip(iter_corpora(train), in_sample):
         if chosen:
             texts += (src, tgt)
     start = time.perf_counter()
@@ -355,7 +417,7 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
     splits = {}
     writer = indexed.SplitWriter(work, "train", dtype)
     try:
-        encode_into(writer, _chunks(iter_pairs(train_src, train_tgt), keep, chunk_pairs),
+        encode_into(writer, _chunks(iter_corpora(train), keep, chunk_pairs),
                     tokenizer.model_bytes(), dtype, workers)
     except BaseException:
         writer.abort()
@@ -366,7 +428,7 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
     for split in ("valid", "test"):
         if split not in sources:
             continue
-        pairs = [(s, t) for s, t in iter_pairs(*sources[split]) if s and t]
+        pairs = [(s, t) for s, t in iter_corpora(sources[split]) if s and t]
         if not pairs:
             raise DataError(f"the {split} files {sources[split]} have no line pair with both sides; check them")
         src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
