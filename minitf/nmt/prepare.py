@@ -24,6 +24,7 @@ when complete, so a prepared folder is either whole or absent. A folder whose
 manifest records the same sources (by sha256) and settings is reused; a different
 one is refused, or rebuilt with ``rebuild=True``.
 """
+import array
 import collections
 import dataclasses
 import hashlib
@@ -131,7 +132,7 @@ def clean_pass(pairs, rules):
         ``{"empty": n, "length": n, "ratio": n, "duplicate": n}``.
     """
     keep = bytearray()
-    candidates, hashes = [], []   # index and hash of the pairs that pass the rules
+    candidates, hashes = array.array("q"), array.array("Q")   # index and hash of the pairs that pass the rules
     dropped = collections.Counter({"empty": 0, "length": 0, "ratio": 0, "duplicate": 0})
     index = -1
     for index, (src, tgt) in enumerate(pairs):
@@ -146,8 +147,8 @@ def clean_pass(pairs, rules):
             hashes.append(_pair_hash(src, tgt))
     keep = np.frombuffer(bytes(keep), dtype=np.uint8).astype(bool)
     if rules.dedup and hashes:
-        hashes = np.array(hashes, dtype=np.uint64)
-        candidates = np.array(candidates, dtype=np.int64)
+        hashes = np.frombuffer(hashes, dtype=np.uint64)
+        candidates = np.frombuffer(candidates, dtype=np.int64)
         _, first = np.unique(hashes, return_index=True)         # first occurrence of each hash
         repeated = np.ones(candidates.size, dtype=bool)
         repeated[first] = False
