@@ -5,7 +5,7 @@ import pathlib
 import pytest
 
 from minitf.backend import host as np
-from minitf.nmt.data import Corpus, token_batches
+from minitf.nmt.data import Corpus, read_splits, token_batches
 from minitf.nmt.errors import DataError
 from minitf.nmt.indexed import IndexedCorpus
 from minitf.nmt.prepare import CleanRules, clean_pass, prepare_corpus
@@ -35,7 +35,7 @@ def prepared(tmp_path):
 def test_memory_map_gives_the_in_memory_corpus_batches(prepared):
     sources, corpus = prepared
     paths = {f"{split}_{side}": sources[split][i] for split in sources for i, side in enumerate(("src", "tgt"))}
-    reference = Corpus(corpus.tokenizer, paths, quiet)
+    reference = Corpus(corpus.tokenizer, read_splits(paths), quiet)
     for split in ("train", "valid", "test"):
         for ours, theirs in zip(corpus.lengths(split), reference.lengths(split)):
             np.testing.assert_array_equal(ours, theirs)

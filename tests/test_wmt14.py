@@ -95,7 +95,7 @@ def prepare(cache, archives):
 def test_fetch_prepare_train_and_evaluate_end_to_end(tmp_path, mirror):
     from minitf.nmt.bleu import report
     from minitf.nmt.config import RunConfig
-    from minitf.nmt.evaluate import translate_texts
+    from minitf.nmt.decode import translate_texts
     from minitf.nmt.trainer import Trainer
 
     contents, archives, expected = build_archives()
@@ -109,12 +109,13 @@ def test_fetch_prepare_train_and_evaluate_end_to_end(tmp_path, mirror):
     prepare(tmp_path / "cache", archives)            # the second time: no download, the same folder
     assert len(server.requests) == requests
     config = RunConfig.from_preset("tiny", d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
-                                   d_ff=32, vocab_size=60, max_tokens=120, warmup=20, seed=3, max_steps=3)
+                                   d_ff=32, vocab_size=60, max_tokens=120, warmup=20, seed=3, max_steps=3,
+                                   eval_every=100, save_every=100, bleu_sentences=0, beam=1)
     (tmp_path / "run").mkdir()
     trainer = Trainer(config, tmp_path / "run", corpus.tokenizer, corpus, lambda m: None, progress=False)
-    trainer.run(eval_every=100, save_every=100, bleu_sentences=0, beam=1, alpha=0.6)
+    trainer.run()
     assert trainer.step == 3
-    record = trainer.validate(bleu_sentences=4, beam=1, alpha=0.6, split="test", samples=0)
+    record = trainer.validate(bleu_sentences=4, beam=1, split="test", samples=0)
     assert math.isfinite(record["loss"]) and record["bleu_sentences"] == 4
     hypotheses = translate_texts(trainer.model, corpus.tokenizer, corpus.text["test"][0], beam_size=1)
     scores = report(hypotheses, corpus.text["test"][1])
