@@ -197,3 +197,17 @@ def test_metrics_are_cut_back_to_the_checkpoint_step(tmp_path):
     assert log.truncate(2) == 0 and log.path.read_text().endswith("}\n")
     log.write(kind="train", step=3, loss=1.0)
     assert [json.loads(x)["step"] for x in log.path.read_text().splitlines()] == [1, 2, 2, 3]
+
+
+def test_a_metrics_path_that_is_not_a_file_is_refused_before_any_step(world, tmp_path, capsys):
+    """metrics.jsonl replaced by a folder: --resume refuses in one line naming what it is, trains
+    no step and writes no checkpoint (it used to train a step, save, and advise freeing disk space)."""
+    run = copy_run(world["ref"], tmp_path / "run")
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").mkdir()
+    before = snapshot(run / "checkpoints")
+    code, err = train(["--resume", run, "--max-steps", 8, "--no-progress"], capsys)
+    line = one_error_line(err)
+    assert code == 1 and "metrics.jsonl is a folder" in line and "move it away" in line, err
+    assert "disk space" not in line
+    assert snapshot(run / "checkpoints") == before

@@ -91,6 +91,33 @@ def test_each_line_is_answered_as_it_is_typed(tiny_run):
     assert batched.returncode == 0 and batched.stdout.splitlines() == answers
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
+def test_a_line_longer_than_the_terminal_passes_is_answered_with_a_warning(tiny_run):
+    """A terminal (canonical mode) passes at most 4,095 bytes of a typed line and drops the rest:
+    the answer comes with a one-line warning that says so and what to do, never silently."""
+    import pty
+    master, slave = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "minitf.translate", "--checkpoint", str(tiny_run["run"]),
+                                "--beam", "1"], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=ROOT, env=_env())
+    os.close(slave)
+    try:
+        long_line = ("Der hund sieht ein haus. " * 240).encode("utf-8")  # 6,000 bytes
+        for start in range(0, len(long_line), 512):  # typed in pieces, as a paste arrives
+            os.write(master, long_line[start:start + 512])
+        os.write(master, b"\n")
+        _read_line(process.stdout.fileno())
+        os.write(master, b"\x04")
+        assert process.wait(timeout=60) == 0
+        err = process.stderr.read().decode()
+    finally:
+        os.close(master)
+        if process.poll() is None:
+            process.kill()
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "4095 bytes" in warnings[0] and "--src FILE" in warnings[0], err
+
+
 # --------------------------------------------------------------------------- which checkpoint of a run folder
 def test_best_json_is_relative_so_a_run_folder_can_move(world, tmp_path, capsys, monkeypatch):
     moved = tmp_path / "moved"
