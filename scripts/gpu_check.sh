@@ -13,7 +13,10 @@
 # 3. the gradient/property tests and tests/test_gpu.py (each kernel against its NumPy
 #    reference) on the CuPy backend (hypothesis profile "quick": 5 examples per test);
 # 4. one training step on NumPy and on CuPy compared (scripts/compare_devices.py);
-# 5. the base configuration timed on the GPU (benchmarks/benchmark.py).
+# 5. the base configuration timed on the GPU (benchmarks/benchmark.py);
+# 6. the base preset trained for about 3 minutes on a prepared synthetic corpus of WMT 2014
+#    English-German's shape (scripts/wmt_gpu_throughput.py): target tokens/s, the fraction
+#    of the GPU's peak, GPU memory (skipped where train.py has no --corpus-dir).
 # Exit status: 0 when every step passed, 1 otherwise (each step still runs).
 #
 # tests/test_gpu_check_script.py runs this script on the CPU (a dry run: nvidia-smi and
@@ -28,6 +31,7 @@ PY=${PYTHON:-python3}
 TESTS=${GPU_CHECK_TESTS:-tests/test_layers.py tests/test_attention.py tests/test_transformer.py \
 tests/test_loss_optim.py tests/test_decode.py tests/test_gpu.py}
 BENCH=${GPU_CHECK_BENCH:---config base --steps 10}
+WMT=${GPU_CHECK_WMT:---pairs 200000 --minutes 3}
 
 step() { printf '\n=== %s  (%s)\n' "$1" "$(date +%T)"; }
 fail() { echo "*** FAILED: $1"; status=1; }
@@ -74,6 +78,10 @@ timeout 45 $PY scripts/compare_devices.py || fail "compare_devices.py (exit $?)"
 step "benchmark on the GPU ($BENCH)"
 # shellcheck disable=SC2086
 timeout 120 $PY benchmarks/benchmark.py --device gpu --in-process $BENCH || fail "benchmark (exit $?)"
+
+step "base preset on a WMT-shaped prepared corpus ($WMT)"
+# shellcheck disable=SC2086
+timeout 420 $PY scripts/wmt_gpu_throughput.py $WMT || fail "wmt_gpu_throughput.py (exit $?; 124 = timed out)"
 
 step "done"
 [ $status -eq 0 ] && echo "all GPU checks passed" || echo "some GPU checks FAILED (see *** above)"

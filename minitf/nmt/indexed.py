@@ -21,6 +21,7 @@ is gathered from the flat arrays with one vectorised read: :class:`IndexedCorpus
 hands the trainer the same arrays as the in-memory :class:`minitf.nmt.data.Corpus`.
 """
 import json
+import os
 import pathlib
 
 from minitf.backend import host as np
@@ -95,8 +96,6 @@ class SplitWriter:
 
 
 def _fsync(handle):
-    import os
-
     os.fsync(handle.fileno())
 
 
