@@ -4,6 +4,7 @@ and evaluated on the test set; cut, corrupted, oversized and misshapen archives 
 import dataclasses
 import hashlib
 import io
+import json
 import math
 import re
 import tarfile
@@ -177,3 +178,44 @@ def test_the_pinned_table_and_the_mirror_variable(monkeypatch):
 def test_sgm_is_read_as_sacrebleu_reads_it():
     text = '<refset>\n<doc docid="a">\n<seg id="1">  Ein   Satz. </seg>\n<p>\n<seg id="2">A &amp; B</seg>\n</doc>\n'
     assert wmt14.parse_sgm(text) == ["Ein Satz.", "A &amp; B"]
+
+
+def test_train_py_corpus_wmt14_end_to_end_and_resume(tmp_path, mirror, monkeypatch, capsys):
+    """`train.py --corpus wmt14-en-de` on a loopback mirror serving archives of the real layout:
+    fetched and prepared once into --cache-dir, trained from the memory map, the test set scored
+    both ways (sacreBLEU with its signature, tokenized BLEU with compound splitting), resumable."""
+    from tests.runs import QUIET, TINY, metrics, train
+    contents, archives, _ = build_archives()
+    server = mirror(contents)
+    monkeypatch.setattr(wmt14, "ARCHIVES", archives)
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    tiny = [a for a in TINY if a not in ("--vocab-size", "40")] + ["--vocab-size", "60"]
+    code, err = train(["--corpus", "wmt14-en-de", "--cache-dir", cache, *tiny, *QUIET, "--max-steps", "4",
+                       "--save-every", "2", "--out", run], capsys)
+    assert code == 0, err
+    config = json.loads((run / "config.json").read_text())
+    assert config["data"]["corpus"] == "wmt14-en-de" and (config["src_lang"], config["tgt_lang"]) == ("en", "de")
+    test = metrics(run, "test")[0]
+    assert test["sacrebleu_signature"].startswith("nrefs:1") and 0 <= test["tokenized_bleu"] <= 100
+    assert any("tokenized BLEU with compound splitting" in line for line in err), err
+    requests = len(server.requests)
+    code, err = train(["--resume", run, "--max-steps", "6", "--no-progress"], capsys)
+    assert code == 0 and any("resumed from" in line for line in err), err
+    assert len(server.requests) == requests  # nothing fetched again
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_train_py_prepares_a_users_files_into_corpus_dir_once(tmp_path, capsys):
+    """`--train-src ... --corpus-dir DIR`: the files are prepared into DIR (memory-mapped) and trained
+    on; a second run with `--corpus-dir DIR` alone reuses them; a folder without a manifest is refused."""
+    from tests.runs import QUIET, TINY, make_corpus, train
+    corpus = make_corpus(tmp_path)
+    prepared = tmp_path / "prepared"
+    code, err = train(corpus + TINY + QUIET + ["--max-steps", "2", "--corpus-dir", prepared, "--out",
+                                               tmp_path / "a"], capsys)
+    assert code == 0 and (prepared / "manifest.json").is_file(), err
+    code, err = train(TINY + QUIET + ["--max-steps", "2", "--corpus-dir", prepared, "--out", tmp_path / "b"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "a" / "tokenizer.model").read_bytes() == (tmp_path / "b" / "tokenizer.model").read_bytes()
+    code, err = train(TINY + ["--corpus-dir", tmp_path, "--out", tmp_path / "c"], capsys)
+    assert code == 2 and any("no prepared corpus" in line for line in err), err

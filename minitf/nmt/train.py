@@ -26,7 +26,8 @@ from minitf.nmt.trainer import Trainer
 #: The flags that name the model, recipe or data of a run: refused with --resume.
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
                 "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "src_lang", "tgt_lang",
-                "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "phrases")
+                "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "phrases", "corpus",
+                "corpus_dir")
 
 
 def default(name):
@@ -101,6 +102,13 @@ def build_parser():
     g.add_argument("--phrases", action="store_true",
                    help="also train on the dictionary's 64,832 phrase sub-entries (default: whole sentences only; "
                    "docs/results.md, 'Recipe arms': at the CPU budget the phrases did not help)")
+    g.add_argument("--corpus", choices=["ding", "wmt14-en-de"], default="ding",
+                   help="ding: the Ding dictionary's sentences (default); wmt14-en-de: the paper's WMT 2014 "
+                   "English-German (about 4.5 million pairs, fetched and prepared once into --cache-dir; "
+                   "docs/paper.md)")
+    g.add_argument("--corpus-dir", type=pathlib.Path, metavar="DIR",
+                   help="a prepared corpus (memory-mapped token arrays): train from DIR; with --train-src etc., "
+                   "prepare those files into DIR first (once; a changed source is refused)")
     g.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE)
     return p
 
@@ -189,6 +197,8 @@ def run(argv=None):
     world = get_world()
     check_output_folder(run_dir)
     setup_device(config.precision, args.device)
+    if args.corpus != "ding" or args.corpus_dir is not None:
+        return new_prepared_run(args, given_options(argv), config, run_dir, world)
     paths = data_paths(args)
     splits = read_splits(paths)  # fail on bad data before writing anything
     train_pairs = splits["train"]
@@ -219,6 +229,67 @@ def run(argv=None):
         f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, on {backend.get_device()}; "
         f"{len(corpus.ids['train'][0])} training pairs; run folder {run_dir}")
     return trainer.train_and_finish()
+
+
+def new_prepared_run(args, given, config, run_dir, world):
+    """A new run on a prepared corpus (memory-mapped token arrays, :mod:`minitf.nmt.indexed`):
+    WMT 2014 English-German, or a user's files prepared into --corpus-dir. Rank 0 prepares
+    (once: a prepared folder is reused); every rank then maps the same files."""
+    from minitf.nmt.indexed import IndexedCorpus
+    if config.bpe_dropout > 0:
+        raise UsageError("--bpe-dropout needs the text of every epoch; a prepared corpus holds token ids only")
+    if args.corpus == "wmt14-en-de" and config.preset in ("base", "big") and not {"max_steps", "epochs",
+                                                                                  "max_minutes"} & given:
+        config.max_steps, config.epochs = 100_000, None  # the paper's length (section 5.2)
+    if world.is_root:
+        folder = prepare_data(args, given, config)
+    world.barrier()
+    if not world.is_root:
+        folder = prepare_data(args, given, config, reuse_only=True)
+    corpus = IndexedCorpus(folder)
+    tokenizer = corpus.tokenizer
+    config.vocab_size = tokenizer.vocab_size
+    config.src_lang, config.tgt_lang = corpus.manifest["recipe"]["languages"]
+    config.data = {"prepared": str(pathlib.Path(folder).resolve()), "corpus": args.corpus}
+    config.data_sha256 = {"manifest": file_sha256(pathlib.Path(folder) / "manifest.json")}
+    if world.is_root:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        files.lock_run_folder(run_dir)
+        check_output_folder(run_dir)  # again, under the lock
+        files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
+        config.write(run_dir)
+    world.barrier()
+    trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    log(f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
+        f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, on {backend.get_device()}; "
+        f"{len(corpus.ids['train'][0]):,} training pairs (prepared in {folder}); run folder {run_dir}")
+    return trainer.train_and_finish()
+
+
+def prepare_data(args, given, config, reuse_only=False):
+    """The prepared folder of this run: WMT 2014 (fetched and prepared once into the cache), an
+    existing --corpus-dir, or the --train-src ... files prepared into --corpus-dir."""
+    from minitf.nmt import prepare
+    vocab = config.vocab_size if "vocab_size" in given else None
+    if args.corpus == "wmt14-en-de":
+        from minitf.nmt import wmt14
+        src, tgt = (args.src_lang, args.tgt_lang) if {"src_lang", "tgt_lang"} & given else ("en", "de")
+        if reuse_only:  # the other ranks: the folder rank 0 has just prepared
+            return wmt14.prepared_folder(args.cache_dir, src, tgt, vocab or wmt14.VOCAB_SIZE)
+        return wmt14.prepare_wmt14(args.cache_dir, src_lang=src, tgt_lang=tgt, vocab_size=vocab or wmt14.VOCAB_SIZE,
+                                   progress=not args.no_progress, log=log)
+    given_files = any(getattr(args, f"{s}_{side}") is not None for s in ("train", "valid", "test")
+                      for side in ("src", "tgt"))
+    if not given_files or reuse_only:
+        if not (args.corpus_dir / "manifest.json").is_file():
+            raise UsageError(f"--corpus-dir {args.corpus_dir} holds no prepared corpus (no manifest.json); "
+                             "prepare one with --train-src ... --valid-tgt ... --corpus-dir DIR")
+        return args.corpus_dir
+    paths = data_paths(args)
+    sources = {split: (paths[f"{split}_src"], paths[f"{split}_tgt"]) for split in ("train", "valid", "test")
+               if paths.get(f"{split}_src") is not None}
+    return prepare.prepare_corpus(args.corpus_dir, sources, vocab or config.vocab_size,
+                                  languages=(args.src_lang, args.tgt_lang), log=log)
 
 
 # --------------------------------------------------------------------------- #
@@ -252,12 +323,19 @@ def resume_run(args, given):
         setattr(config, name, RunConfig.__dataclass_fields__[name].default if value is None else value)
     setup_device(config.precision, args.device)
     for key, digest in config.data_sha256.items():
-        data_file = config.data.get(key)
+        data_file = config.data.get(key) if key != "manifest" else pathlib.Path(config.data["prepared"]) / "manifest.json"
         if data_file and pathlib.Path(data_file).is_file() and file_sha256(data_file) != digest:
             log(f"warning: {data_file} changed since the run started: the resumed run will not repeat an "
                 "uninterrupted one (restore the original file for an exact resume)")
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
-    corpus = Corpus(tokenizer, read_splits(config.data), log)
+    if "prepared" in config.data:  # memory-mapped token arrays: the run's tokenizer must be theirs
+        from minitf.nmt.indexed import IndexedCorpus
+        corpus = IndexedCorpus(config.data["prepared"])
+        if corpus.tokenizer.sha256 != tokenizer.sha256:
+            raise DataError(f"--resume {run_dir}: the prepared corpus {config.data['prepared']} has another "
+                            "tokenizer than the run (it was prepared again); restore it or start a new run")
+    else:
+        corpus = Corpus(tokenizer, read_splits(config.data), log)
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     if not world.is_root:
         world.barrier()  # rank 0 recovers and checks the checkpoints (moving bad ones aside) first

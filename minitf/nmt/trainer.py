@@ -480,6 +480,9 @@ class Trainer:
             sources, references = (t[:bleu_sentences] for t in self.corpus.text[split])
             bleu, hypotheses = bleu_score(self.model, self.tokenizer, sources, references, beam, self.config.alpha)
             record.update(bleu=round(bleu, 2), bleu_sentences=len(sources), beam=beam)
+            if split == "test" and self.config.data.get("corpus") == "wmt14-en-de":  # as the field reports it
+                from minitf.nmt.bleu import report
+                record.update(report(hypotheses, references, lang=self.config.tgt_lang))
         self.metrics.write(**record)
         message = f"step {self.step} {split}: loss {loss:.3f}  ppl {ppl:.2f}" + (
             f"  BLEU {record['bleu']:.2f} ({record['bleu_sentences']} sentences, beam {beam})" if "bleu" in record else "")
@@ -687,6 +690,10 @@ class Trainer:
             self.log(f"test BLEU {record['bleu']:.2f} with the {best[0]} model (beam {config.beam}, alpha "
                      f"{config.alpha}, {time.perf_counter() - start:.0f} s to translate {record['bleu_sentences']} "
                      "sentences)")
+            if "tokenized_bleu" in record:  # WMT 2014: the paper's Table 2 counts tokenized, compound-split BLEU
+                self.log(f"  sacreBLEU {record['sacrebleu']:.2f} ({record['sacrebleu_signature']}); tokenized BLEU "
+                         f"with compound splitting {record['tokenized_bleu']:.2f} ({record['tokenized_bleu_tokenizer']}"
+                         "; the paper's figure; docs/paper.md says why the two differ)")
         self.log(f"translate with: python -m minitf.translate --checkpoint {run_dir}")
         if config.src_lang == "de":
             outputs = translate_texts(self.model, self.tokenizer, list(EVERYDAY_GERMAN), config.beam, config.alpha)

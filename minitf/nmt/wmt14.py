@@ -194,6 +194,11 @@ def _write_member(handle, target, sgm):
 
 # --------------------------------------------------------------------------- the whole
 
+def prepared_folder(cache_dir, src_lang="en", tgt_lang="de", vocab_size=VOCAB_SIZE, seed=1):
+    """Where :func:`prepare_wmt14` puts (and finds) the prepared corpus of these settings."""
+    return pathlib.Path(cache_dir) / FOLDER / f"prepared-{src_lang}-{tgt_lang}-v{vocab_size}-s{seed}"
+
+
 def prepare_wmt14(cache_dir, *, src_lang="en", tgt_lang="de", vocab_size=VOCAB_SIZE, sample_sentences=1_000_000,
                   seed=1, workers=None, archives=None, progress=True, log=print):
     """Fetch, unpack and prepare WMT 2014 English-German (once; later calls reuse it).
@@ -219,7 +224,7 @@ def prepare_wmt14(cache_dir, *, src_lang="en", tgt_lang="de", vocab_size=VOCAB_S
         raise DataError(f"WMT 2014 English-German is en-de or de-en, got {src_lang}-{tgt_lang}")
     archives = ARCHIVES if archives is None else archives
     folder = pathlib.Path(cache_dir) / FOLDER
-    out = folder / f"prepared-{src_lang}-{tgt_lang}-v{vocab_size}-s{seed}"
+    out = prepared_folder(cache_dir, src_lang, tgt_lang, vocab_size, seed)
     with sigterm_raises():
         paths = fetch_archives(folder / "archives", archives, progress, log)
         texts = extract_texts(paths, folder / "text", archives)
