@@ -6,7 +6,8 @@ the fraction of the GPU's peak it reaches, and the GPU memory it takes.
 1. a synthetic corpus of ``--pairs`` pairs with WMT 2014 English-German's shape
    (benchmarks/make_synthetic_wmt.py), prepared as memory-mapped arrays with the
    paper's 37,000-token BPE (minitf.nmt.prepare);
-2. ``train.py --corpus-dir PREPARED --preset base --device gpu --max-minutes M``;
+2. ``train.py --corpus-dir PREPARED --preset base --device gpu``, stopped with SIGTERM after
+   ``--minutes`` (it saves a checkpoint and exits; no end-of-run decoding);
 3. from the run's metrics.jsonl: target tokens/s (the trainer's own figure, over the
    second half of the steps, after warm-up), the model FLOPs per second that makes
    (:func:`train_flops`), their fraction of the GPU's dense peak for the precision
@@ -17,6 +18,7 @@ skips (exit 0).
 """
 import argparse
 import json
+import signal
 import pathlib
 import subprocess
 import sys
@@ -74,6 +76,7 @@ def main(argv=None):
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"))
     parser.add_argument("--vocab-size", type=int, default=37000)
+    parser.add_argument("--max-tokens", type=int, default=None, help="default: the base preset's 25000")
     parser.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/minitf-wmt-gpu"))
     args = parser.parse_args(argv)
     help_text = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True,
@@ -93,17 +96,22 @@ def main(argv=None):
     samples, stop = [], threading.Event()
     threading.Thread(target=gpu_memory_sampler, args=(samples, stop), daemon=True).start()
     command = [sys.executable, str(ROOT / "train.py"), "--corpus-dir", str(prepared), "--preset", "base",
-               "--device", "gpu", "--precision", args.precision, "--max-minutes", str(args.minutes),
-               "--eval-every", "1000000", "--save-every", "1000000", "--bleu-sentences", "0", "--average", "0",
-               "--no-progress", "--out", str(run)]
+               "--device", "gpu", "--precision", args.precision, "--eval-every", "1000000",
+               "--save-every", "1000000", "--bleu-sentences", "0", "--average", "0", "--no-progress", "--out", str(run)]
+    command += ["--max-tokens", str(args.max_tokens)] if args.max_tokens else []
     print("$ " + " ".join(command), flush=True)
-    result = subprocess.run(command)
+    process = subprocess.Popen(command)
+    try:  # training only: after --minutes, SIGTERM (train.py saves and exits 143), no end-of-run decoding
+        returncode = process.wait(timeout=60 * args.minutes)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)
+        returncode = process.wait()
     stop.set()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] \
         if (run / "metrics.jsonl").is_file() else []
     train = [r for r in records if r.get("kind") == "train"]
-    if result.returncode != 0 or len(train) < 2:
-        print(f"train.py exited with {result.returncode} after {len(train)} steps; nothing measured")
+    if returncode not in (0, 143) or len(train) < 2:
+        print(f"train.py exited with {returncode} after {len(train)} steps; nothing measured")
         return 1
     later = train[len(train) // 2:]                               # after warm-up (the first half of the steps)
     seconds = later[-1]["elapsed"] - train[len(train) // 2 - 1]["elapsed"]

@@ -33,17 +33,19 @@ def test_the_script_installs_nothing_and_uses_python3():
 def test_dry_run_of_gpu_check_passes_on_the_cpu(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python3").symlink_to(sys.executable)
+    # this interpreter with its packages (a symlink would lose a virtual environment's site-packages)
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (bin_dir / "python").write_text("#!/bin/sh\necho 'python: not on the GPU machine' >&2\nexit 127\n")
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'dry run (no GPU), 0.0, 0 MiB'\n")
     (bin_dir / "pip").write_text("#!/bin/sh\necho 'pip: no network on the GPU machine' >&2\nexit 1\n")
-    for name in ("python", "nvidia-smi", "pip"):
+    for name in ("python3", "python", "nvidia-smi", "pip"):
         (bin_dir / name).chmod(0o755)
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "MINITF_DEVICE")}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
                PYTHONPATH=str(ROOT / "tests" / "fake_gpu"),
                GPU_CHECK_TESTS="tests/test_gpu.py",
-               GPU_CHECK_BENCH="--config tiny --steps 1 --warmup 0")
+               GPU_CHECK_BENCH="--config tiny --steps 1 --warmup 0",
+               GPU_CHECK_WMT=f"--pairs 400 --minutes 0.4 --max-tokens 150 --vocab-size 300 --work {tmp_path / 'wmt'}")
     result = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=900)
     output = result.stdout + result.stderr
@@ -52,3 +54,4 @@ def test_dry_run_of_gpu_check_passes_on_the_cpu(tmp_path):
     assert f"minitf from {ROOT / 'minitf' / '__init__.py'}" in output   # the checkout, not an installed copy
     assert "11 passed" in output                                        # tests/test_gpu.py ran, none skipped
     assert "all CPU/GPU comparisons within tolerance" in output
+    assert "base preset," in output and "target tokens/s" in output     # the WMT-shaped throughput part ran
