@@ -194,3 +194,24 @@ def test_the_train_py_command_runs_a_rank_per_core_and_says_how_to_turn_it_off(t
     steps = [[json.loads(line)["step"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()
               if json.loads(line)["kind"] == "train"] for run in ("two", "one")]
     assert steps[0] == steps[1] == [1, 2, 3, 4]  # the same global batches, at either world size
+
+
+@needs_mpi
+def test_the_ranks_share_validation_and_the_end_of_run_decoding(tmp_path):
+    """Validation loss and BLEU decoding are split over the ranks (no rank idles while rank 0
+    decodes): with dropout 0 the 2-rank run's validation records and end-of-run choice match one
+    process's (float32 sums in another order: relative 1e-4), and the report is written once."""
+    data = make_corpus(tmp_path)
+    common = [*data, *TINY, "--dropout", "0", "--max-steps", "4", "--save-every", "2", "--eval-every", "2",
+              "--bleu-sentences", "12", "--average", "2"]
+    one = train_py(*common, "--out", tmp_path / "one")
+    two = train_py(*common, "--out", tmp_path / "two", ranks=2)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    records = [[json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+               for run in ("one", "two")]
+    valid = [[r for r in rs if r["kind"] in ("valid", "test")] for rs in records]
+    assert [(r["kind"], r["step"], r.get("model")) for r in valid[0]] == \
+        [(r["kind"], r["step"], r.get("model")) for r in valid[1]]
+    for a, b in zip(*valid):
+        assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]) and a["bleu_sentences"] == b["bleu_sentences"]
+    assert two.stderr.count("test BLEU") == 1 and json.loads((tmp_path / "two" / "best.json").read_text())

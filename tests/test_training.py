@@ -80,7 +80,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(trainer_module, "clock", clock)
     monkeypatch.setattr(trainer_module, "_command_start", None)  # train.py marks the start: not left to later tests
     update = Trainer.update
-    evaluate_loss, bleu_score = Trainer.evaluate_loss, trainer_module.bleu_score
+    evaluate_loss, translate_shared = Trainer.evaluate_loss, Trainer.translate_shared
     steps = []
 
     def slow_step(self, *args):
@@ -93,13 +93,13 @@ def fake(monkeypatch):
         clock.t += VALIDATION
         return evaluate_loss(*args, **kwargs)
 
-    def slow_bleu(model, tokenizer, sources, references, beam, alpha):
+    def slow_decode(self, sources, beam):
         clock.t += PER_SENTENCE * len(sources) * (1 if beam == 1 else 2)
-        return bleu_score(model, tokenizer, sources, references, beam, alpha)
+        return translate_shared(self, sources, beam)
 
     monkeypatch.setattr(Trainer, "update", slow_step)
     monkeypatch.setattr(Trainer, "evaluate_loss", slow_loss)
-    monkeypatch.setattr(trainer_module, "bleu_score", slow_bleu)
+    monkeypatch.setattr(Trainer, "translate_shared", slow_decode)
     return clock
 
 

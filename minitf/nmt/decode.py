@@ -405,9 +405,8 @@ def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=
     return tokenizer.decode(outputs)
 
 
-def bleu_score(model, tokenizer, sources, references, beam, alpha):
-    """Corpus BLEU (sacrebleu, detokenized text) and the hypotheses."""
+def bleu_score(hypotheses, references):
+    """Corpus BLEU of translations (sacrebleu on detokenized text)."""
     import sacrebleu
 
-    hypotheses = translate_texts(model, tokenizer, sources, beam_size=beam, alpha=alpha)
-    return sacrebleu.corpus_bleu(hypotheses, [references]).score, hypotheses
+    return sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score

@@ -46,6 +46,12 @@ class LocalWorld:
 
     max_host = sum_host
 
+    def gather_objects(self, value):
+        return [value]
+
+    def bcast_object(self, value):
+        return value
+
     def gather_shards(self, shard, n):
         return backend.to_numpy(shard)
 
@@ -97,6 +103,15 @@ class MpiWorld:
         values = np.array(values, dtype=np.float64)
         self.comm.Allreduce(self.MPI.IN_PLACE, values, op=self.MPI.MAX)
         return values
+
+    def gather_objects(self, value):
+        """Every rank's ``value`` (a few Python objects: a share of decoded sentences), as a list
+        in rank order on rank 0; None on the other ranks."""
+        return self.comm.gather(value, root=0)
+
+    def bcast_object(self, value):
+        """Rank 0's ``value`` on every rank (a decision only rank 0 can take: the kept model)."""
+        return self.comm.bcast(value, root=0)
 
     def gather_shards(self, shard, n):
         """The full host array on rank 0 from every rank's shard (None elsewhere)."""

@@ -453,46 +453,70 @@ class Trainer:
 
     # -- validation ----------------------------------------------------------------------
     def evaluate_loss(self, split):
-        """Mean per-token loss and perplexity (from the unsmoothed NLL) over a split."""
+        """Mean per-token loss and perplexity (from the unsmoothed NLL) over a split; the ranks
+        share its batches (every rank must call this)."""
         batches, _ = token_batches(*self.corpus.lengths(split), self.config.max_tokens, seed=0, epoch=0)
         total_loss = total_nll = total_tokens = 0.0
         with inference_mode(self.model):
-            for index in batches:
+            for index in batches[self.world.rank::self.world.size]:  # this rank's share
                 src, tgt_in, tgt_out = self.corpus.batch(split, index)
                 loss = self.loss_fn(self.model(src, tgt_in), tgt_out)
                 total_loss += loss * self.loss_fn.num_tokens
                 total_nll += self.loss_fn.nll_sum
                 total_tokens += self.loss_fn.num_tokens
+        if self.world.size > 1:
+            total_loss, total_nll, total_tokens = (float(t) for t in self.world.sum_host(
+                [total_loss, total_nll, total_tokens]))
         tokens = max(total_tokens, 1.0)
         return total_loss / tokens, perplexity(total_nll / tokens)
 
+    def translate_shared(self, sources, beam):
+        """``sources`` translated by every rank together (each decodes every size-th sentence), on
+        rank 0 in their order (None elsewhere). Every rank must call this."""
+        world = self.world
+        mine = translate_texts(self.model, self.tokenizer, list(sources[world.rank::world.size]), beam,
+                               self.config.alpha)
+        if world.size == 1:
+            return mine
+        shares = world.gather_objects(mine)
+        if not world.is_root:
+            return None
+        hypotheses = [None] * len(sources)
+        for rank, share in enumerate(shares):
+            hypotheses[rank::world.size] = share
+        return hypotheses
+
     def validate(self, bleu_sentences, beam, bar=None, split="valid", samples=3, model_name=None):
         """Loss, perplexity and (``bleu_sentences`` > 0) BLEU on ``split``, logged and written to
-        metrics.jsonl. Rank 0 validates; the other ranks wait at the next step."""
-        if not self.world.is_root:
-            return {}
+        metrics.jsonl. Every rank takes part (each evaluates and decodes a share); rank 0 reports
+        and returns the record, the others return {}."""
         started = self.budget.now()
         loss, ppl = self.evaluate_loss(split)
         record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3))
         if model_name is not None:  # the end-of-run candidates: "last", "average of last N", "best"
             record["model"] = model_name
+        hypotheses = None
         if bleu_sentences > 0:
             sources, references = (t[:bleu_sentences] for t in self.corpus.text[split])
-            bleu, hypotheses = bleu_score(self.model, self.tokenizer, sources, references, beam, self.config.alpha)
-            record.update(bleu=round(bleu, 2), bleu_sentences=len(sources), beam=beam)
+            hypotheses = self.translate_shared(sources, beam)  # on rank 0 only
+        periodic = split == "valid" and model_name is None
+        if periodic:  # every rank: the ranks agree on when the time budget ends training
+            self.valid_ppl[self.step] = ppl
+            if bleu_sentences > 0:  # times the end's estimate
+                self.budget.note_validation(self.budget.now() - started, len(sources))
+        if not self.world.is_root:
+            return {}
+        if hypotheses is not None:
+            record.update(bleu=round(bleu_score(hypotheses, references), 2), bleu_sentences=len(sources), beam=beam)
             if split == "test" and self.config.data.get("corpus") == "wmt14-en-de":  # as the field reports it
                 from minitf.nmt.bleu import report
                 record.update(report(hypotheses, references, lang=self.config.tgt_lang))
         self.metrics.write(**record)
         message = f"step {self.step} {split}: loss {loss:.3f}  ppl {ppl:.2f}" + (
             f"  BLEU {record['bleu']:.2f} ({record['bleu_sentences']} sentences, beam {beam})" if "bleu" in record else "")
-        for i in range(min(samples, len(sources)) if bleu_sentences > 0 else 0):
+        for i in range(min(samples, len(sources)) if hypotheses is not None else 0):
             message += f"\n  src: {sources[i]}\n  ref: {references[i]}\n  out: {hypotheses[i]}"
         (bar.write if bar is not None else self.log)(message)
-        if split == "valid" and model_name is None:
-            self.valid_ppl[self.step] = ppl
-        if split == "valid" and model_name is None and bleu_sentences > 0:  # periodic: times the end's estimate
-            self.budget.note_validation(self.budget.now() - started, record.get("bleu_sentences", 0))
         return record
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -622,8 +646,6 @@ class Trainer:
                 self.log(f"stopped at step {self.step}; checkpoint {final}; continue with: "
                          f"python train.py --resume {self.run_dir}")
                 return 128 + int(self.stop_requested)  # 130 after Ctrl-C, 143 after SIGTERM
-            if not self.world.is_root:  # rank 0 averages, chooses and reports
-                return 0
             signal.signal(signal.SIGINT, on_signal)
             self._stopping_now = True
             try:
@@ -660,40 +682,49 @@ class Trainer:
         --average checkpoints (paper 6.1: the last 5) and, when validation perplexity has
         turned up, the checkpoint of the best periodic validation; the one with the best
         validation BLEU (greedy, whole validation set) is named by best.json and reported
-        on the test set with beam search."""
-        config, run_dir = self.config, self.run_dir
-        # first: the last checkpoint, so that a signal during the evaluation leaves a valid choice behind
-        write_json_atomic(run_dir / "best.json", {"model": "last", "checkpoint": str(pathlib.Path("checkpoints") / final.name)})
-        checkpoints = ckpt.list_checkpoints(run_dir)[-config.average:] if config.average > 1 else []
-        candidates = [("last", final, self.model.state_dict())]
-        if len(checkpoints) > 1:
-            averaged = ckpt.average_checkpoints(checkpoints, run_dir / "checkpoints" / "averaged")
-            candidates.append((f"average of last {len(checkpoints)}", averaged, ckpt.read_checkpoint(averaged)["params"]))
-        best_valid = self._best_validated_checkpoint()
-        if best_valid is not None and best_valid != final and best_valid not in checkpoints:
-            candidates.append(("best validation perplexity", best_valid, ckpt.read_checkpoint(best_valid)["params"]))
-        best = None
-        for name, path, params in candidates:  # pick on validation BLEU (greedy, quick), report test with beam
-            self.model.load_state_dict(params)
+        on the test set with beam search. Every rank decodes a share; rank 0 decides and writes."""
+        config, run_dir, world = self.config, self.run_dir, self.world
+        plan = None
+        if world.is_root:
+            # first: the last checkpoint, so that a signal during the evaluation leaves a valid choice behind
+            write_json_atomic(run_dir / "best.json", {"model": "last", "checkpoint": str(pathlib.Path("checkpoints")
+                                                                                        / final.name)})
+            checkpoints = ckpt.list_checkpoints(run_dir)[-config.average:] if config.average > 1 else []
+            plan = [("last", str(final))]
+            if len(checkpoints) > 1:
+                averaged = ckpt.average_checkpoints(checkpoints, run_dir / "checkpoints" / "averaged")
+                plan.append((f"average of last {len(checkpoints)}", str(averaged)))
+            best_valid = self._best_validated_checkpoint()
+            if best_valid is not None and best_valid != final and best_valid not in checkpoints:
+                plan.append(("best validation perplexity", str(best_valid)))
+        plan = world.bcast_object(plan)  # every rank evaluates the same candidates
+        last = self.model.state_dict()
+        scores = []
+        for name, path in plan:  # pick on validation BLEU (greedy, quick), report test with beam
+            self.model.load_state_dict(last if name == "last" else ckpt.read_checkpoint(path)["params"])
             # on the whole validation set: on 200 sentences the choice flipped between identical runs
             record = self.validate(len(self.corpus.text["valid"][0]), beam=1, samples=0, model_name=name)
             self.log(f"  ({name})")
-            if best is None or record.get("bleu", 0) > best[1].get("bleu", 0):
-                best = (name, record, params, path)
-        self.model.load_state_dict(best[2])
-        # relative to the run folder, so that the run can be moved or used from another working directory
-        write_json_atomic(run_dir / "best.json", {"model": best[0], "checkpoint": str(
-            pathlib.Path("checkpoints") / pathlib.Path(best[3]).name)})
+            scores.append(record.get("bleu", 0))
+        chosen = world.bcast_object(max(range(len(plan)), key=lambda i: (scores[i], -i)) if world.is_root else None)
+        name, path = plan[chosen]
+        self.model.load_state_dict(last if name == "last" else ckpt.read_checkpoint(path)["params"])
+        if world.is_root:  # relative to the run folder, so that the run can be moved or used elsewhere
+            write_json_atomic(run_dir / "best.json", {"model": name, "checkpoint": str(
+                pathlib.Path("checkpoints") / pathlib.Path(path).name)})
         if "test" in self.corpus.text:
             start = time.perf_counter()
             record = self.validate(len(self.corpus.text["test"][0]), beam=config.beam, split="test", samples=5)
-            self.log(f"test BLEU {record['bleu']:.2f} with the {best[0]} model (beam {config.beam}, alpha "
-                     f"{config.alpha}, {time.perf_counter() - start:.0f} s to translate {record['bleu_sentences']} "
-                     "sentences)")
+            if world.is_root:
+                self.log(f"test BLEU {record['bleu']:.2f} with the {name} model (beam {config.beam}, alpha "
+                         f"{config.alpha}, {time.perf_counter() - start:.0f} s to translate "
+                         f"{record['bleu_sentences']} sentences)")
             if "tokenized_bleu" in record:  # WMT 2014: the paper's Table 2 counts tokenized, compound-split BLEU
                 self.log(f"  sacreBLEU {record['sacrebleu']:.2f} ({record['sacrebleu_signature']}); tokenized BLEU "
                          f"with compound splitting {record['tokenized_bleu']:.2f} ({record['tokenized_bleu_tokenizer']}"
                          "; the paper's figure; docs/paper.md says why the two differ)")
+        if not world.is_root:
+            return
         self.log(f"translate with: python -m minitf.translate --checkpoint {run_dir}")
         if config.src_lang == "de":
             outputs = translate_texts(self.model, self.tokenizer, list(EVERYDAY_GERMAN), config.beam, config.alpha)
