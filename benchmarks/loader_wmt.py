@@ -22,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from minitf.backend import host as np  # noqa: E402
 from minitf.nmt.data import token_batches  # noqa: E402
-from minitf.nmt.indexed import IndexedCorpus  # noqa: E402
+from minitf.nmt.data import IndexedCorpus  # noqa: E402
 
 
 def memory():

@@ -18,8 +18,8 @@ skips (exit 0).
 """
 import argparse
 import json
-import signal
 import pathlib
+import signal
 import subprocess
 import sys
 import threading
@@ -84,12 +84,12 @@ def main(argv=None):
     if "--corpus-dir" not in help_text:
         print("skipped: this train.py has no --corpus-dir (the prepared-corpus flag); nothing measured")
         return 0
-    from benchmarks.make_synthetic_wmt import main as make_corpus
     from minitf.nmt.prepare import prepare_corpus
 
     text, prepared, run = args.work / "text", args.work / "prepared", args.work / f"run-{int(time.time())}"
     start = time.perf_counter()
-    make_corpus(["--pairs", str(args.pairs), "--out", str(text)])
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_synthetic_wmt.py"), "--pairs", str(args.pairs),
+                    "--out", str(text)], check=True)  # a command of its own, as a user would run it
     prepare_corpus(prepared, {s: (str(text / f"{s}.en"), str(text / f"{s}.de")) for s in ("train", "valid", "test")},
                    args.vocab_size, languages=("en", "de"), rebuild=True, log=print)
     print(f"corpus made and prepared in {time.perf_counter() - start:.0f} s", flush=True)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from minitf.nmt.bleu import report, sacrebleu_score, split_compounds, tokenized_bleu
+from minitf.nmt.decode import report, sacrebleu_score, split_compounds, tokenized_bleu
 
 
 def test_compounds_split_as_perl_does():

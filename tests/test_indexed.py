@@ -7,7 +7,7 @@ import pytest
 from minitf.backend import host as np
 from minitf.nmt.data import Corpus, read_splits, token_batches
 from minitf.nmt.errors import DataError
-from minitf.nmt.indexed import IndexedCorpus
+from minitf.nmt.data import IndexedCorpus
 from minitf.nmt.prepare import CleanRules, clean_pass, prepare_corpus
 from tests.runs import make_corpus
 

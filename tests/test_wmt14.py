@@ -12,9 +12,9 @@ import tarfile
 import pytest
 
 from minitf.backend import host as np
-from minitf.nmt import wmt14
+from minitf.nmt import corpora as wmt14
 from minitf.nmt.errors import DataError
-from minitf.nmt.indexed import IndexedCorpus
+from minitf.nmt.data import IndexedCorpus
 from tests.loopback import Server
 from tests.runs import WORDS
 
@@ -94,7 +94,7 @@ def prepare(cache, archives):
 
 
 def test_fetch_prepare_train_and_evaluate_end_to_end(tmp_path, mirror):
-    from minitf.nmt.bleu import report
+    from minitf.nmt.decode import report
     from minitf.nmt.config import RunConfig
     from minitf.nmt.decode import translate_texts
     from minitf.nmt.trainer import Trainer

@@ -1,6 +1,6 @@
 """Preparing a large parallel corpus once: clean it, train the joint BPE on a sample,
 encode every pair in worker processes, and write memory-mapped token arrays
-(:mod:`minitf.nmt.indexed`) with a manifest that says what they were made from.
+(:mod:`minitf.nmt.data` (its prepared-corpora section)) with a manifest that says what they were made from.
 
 The text is streamed, never held whole: three passes over the training files.
 
@@ -39,7 +39,7 @@ import tempfile
 import time
 
 from minitf.backend import host as np
-from minitf.nmt import indexed
+from minitf.nmt import data as indexed
 from minitf.nmt.download import sigterm_raises
 from minitf.nmt.errors import DataError
 from minitf.nmt.files import file_sha256, write_atomic, write_json_atomic
@@ -259,7 +259,7 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
     Parameters
     ----------
     out_dir : str or path-like
-        The prepared folder (:mod:`minitf.nmt.indexed` describes its files).
+        The prepared folder (:mod:`minitf.nmt.data` (its prepared-corpora section) describes its files).
     sources : dict
         ``{"train": (src_path, tgt_path), "valid": (...), "test": (...)}``; test is optional.
         Plain UTF-8 text, one sentence per line, aligned by line. A split may also be a
@@ -286,7 +286,7 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
     Returns
     -------
     pathlib.Path
-        ``out_dir``; open it with :class:`minitf.nmt.indexed.IndexedCorpus`.
+        ``out_dir``; open it with :class:`minitf.nmt.data.IndexedCorpus`.
 
     Raises
     ------

@@ -232,10 +232,10 @@ def run(argv=None):
 
 
 def new_prepared_run(args, given, config, run_dir, world):
-    """A new run on a prepared corpus (memory-mapped token arrays, :mod:`minitf.nmt.indexed`):
+    """A new run on a prepared corpus (memory-mapped token arrays, :mod:`minitf.nmt.data` (its prepared-corpora section)):
     WMT 2014 English-German, or a user's files prepared into --corpus-dir. Rank 0 prepares
     (once: a prepared folder is reused); every rank then maps the same files."""
-    from minitf.nmt.indexed import IndexedCorpus
+    from minitf.nmt.data import IndexedCorpus
     if config.bpe_dropout > 0:
         raise UsageError("--bpe-dropout needs the text of every epoch; a prepared corpus holds token ids only")
     if args.corpus == "wmt14-en-de" and config.preset in ("base", "big") and not {"max_steps", "epochs",
@@ -272,7 +272,7 @@ def prepare_data(args, given, config, reuse_only=False):
     from minitf.nmt import prepare
     vocab = config.vocab_size if "vocab_size" in given else None
     if args.corpus == "wmt14-en-de":
-        from minitf.nmt import wmt14
+        from minitf.nmt import corpora as wmt14
         src, tgt = (args.src_lang, args.tgt_lang) if {"src_lang", "tgt_lang"} & given else ("en", "de")
         if reuse_only:  # the other ranks: the folder rank 0 has just prepared
             return wmt14.prepared_folder(args.cache_dir, src, tgt, vocab or wmt14.VOCAB_SIZE)
@@ -329,7 +329,7 @@ def resume_run(args, given):
                 "uninterrupted one (restore the original file for an exact resume)")
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
     if "prepared" in config.data:  # memory-mapped token arrays: the run's tokenizer must be theirs
-        from minitf.nmt.indexed import IndexedCorpus
+        from minitf.nmt.data import IndexedCorpus
         corpus = IndexedCorpus(config.data["prepared"])
         if corpus.tokenizer.sha256 != tokenizer.sha256:
             raise DataError(f"--resume {run_dir}: the prepared corpus {config.data['prepared']} has another "

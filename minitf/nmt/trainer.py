@@ -509,7 +509,7 @@ class Trainer:
         if hypotheses is not None:
             record.update(bleu=round(bleu_score(hypotheses, references), 2), bleu_sentences=len(sources), beam=beam)
             if split == "test" and self.config.data.get("corpus") == "wmt14-en-de":  # as the field reports it
-                from minitf.nmt.bleu import report
+                from minitf.nmt.decode import report
                 record.update(report(hypotheses, references, lang=self.config.tgt_lang))
         self.metrics.write(**record)
         message = f"step {self.step} {split}: loss {loss:.3f}  ppl {ppl:.2f}" + (
