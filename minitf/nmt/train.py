@@ -199,7 +199,11 @@ def run(argv=None):
     setup_device(config.precision, args.device)
     if args.corpus != "ding" or args.corpus_dir is not None:
         return new_prepared_run(args, given_options(argv), config, run_dir, world)
+    if not world.is_root:  # rank 0 fetches the default corpus once; the others then find it in the cache
+        world.barrier()
     paths = data_paths(args)
+    if world.is_root:
+        world.barrier()
     splits = read_splits(paths)  # fail on bad data before writing anything
     train_pairs = splits["train"]
     world.barrier()  # every rank has checked its input before rank 0 writes anything
