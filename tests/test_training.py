@@ -3,6 +3,7 @@ saves and ends with the translate command and examples; the same seed gives the 
 run; --max-minutes bounds the whole command; no NaN or inf from edge-case batches, and
 a non-finite step stops the run (or is skipped and counted) without touching Adam; an
 out-of-memory batch says what to do. No network, no apt."""
+import json
 import re
 import subprocess
 import sys
@@ -317,3 +318,26 @@ def test_out_of_memory_batch_suggests_a_smaller_max_tokens(world, tmp_path, caps
     code, err = train(["--resume", run, "--max-tokens", 60, "--no-progress", "--bleu-sentences", 2], capsys)
     assert code == 0 and any("changed --max-tokens to 60" in line for line in err)
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_when_validation_perplexity_turns_up_its_best_checkpoint_is_kept_and_a_candidate(tmp_path, corpus,
+                                                                                         monkeypatch):
+    """A run whose periodic validation perplexity rises after step 2 (scripted: 10, 20, 30, 40): the step-2
+    checkpoint survives --keep 2, and the end of the run weighs it as a third candidate beside the last
+    checkpoint and the average; best.json names whichever had the best validation BLEU."""
+    scripted = {2: 10.0, 4: 20.0, 6: 30.0, 8: 40.0}
+    real = Trainer.evaluate_loss
+
+    def evaluate_loss(self, split):
+        loss, ppl = real(self, split)
+        return (loss, scripted[self.step]) if split == "valid" and self.step in scripted and not self._stopping_now \
+            else (loss, ppl)
+    monkeypatch.setattr(Trainer, "evaluate_loss", evaluate_loss)
+    run = tmp_path / "run"
+    assert train(corpus + TINY + ["--max-steps", "8", "--eval-every", "2", "--save-every", "2", "--keep", "2",
+                                  "--average", "2", "--bleu-sentences", "4", "--out", run]) == 0
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-00000002", "step-00000006", "step-00000008"]
+    candidates = [r["model"] for r in metrics(run, "valid") if "model" in r]
+    assert candidates == ["last", "average of last 2", "best validation perplexity"]
+    chosen = json.loads((run / "best.json").read_text())
+    assert chosen["model"] in candidates and (run / chosen["checkpoint"] / "meta.json").is_file()

@@ -334,10 +334,12 @@ def checkpoint_path(run_dir, step):
     return pathlib.Path(run_dir) / "checkpoints" / f"step-{step:08d}"
 
 
-def prune_checkpoints(run_dir, keep):
-    """Delete all but the newest ``keep`` checkpoints (and stale temporary folders)."""
+def prune_checkpoints(run_dir, keep, protect=()):
+    """Delete all but the newest ``keep`` checkpoints and those in ``protect`` (the run's best
+    validation so far: an end-of-run candidate), and stale temporary folders."""
     checkpoints = list_checkpoints(run_dir)
-    for path in checkpoints[:-keep] if keep > 0 else []:
+    protect = {pathlib.Path(p).name for p in protect}
+    for path in [p for p in checkpoints[:-keep] if p.name not in protect] if keep > 0 else []:
         doomed = path.with_name(f".{path.name}.deleting")  # one rename: a kill never leaves half a checkpoint listed
         os.rename(path, doomed)
         shutil.rmtree(doomed, ignore_errors=True)

@@ -562,7 +562,9 @@ class Trainer:
             path = ckpt.write_checkpoint(path, params, meta, self.tokenizer.model_bytes(), optimizer)
         except CheckpointError as error:
             raise CheckpointError(f"{error}; last good checkpoint: {self.last_checkpoint or 'none yet'}") from None
-        ckpt.prune_checkpoints(self.run_dir, self.config.keep)
+        best = min(self.valid_ppl, key=self.valid_ppl.get) if self.valid_ppl else None  # a candidate at the end
+        ckpt.prune_checkpoints(self.run_dir, self.config.keep,
+                               protect=[ckpt.checkpoint_path(self.run_dir, best)] if best is not None else [])
         self.last_checkpoint = path
         self.world.barrier()
         return path
@@ -689,7 +691,8 @@ class Trainer:
             # first: the last checkpoint, so that a signal during the evaluation leaves a valid choice behind
             write_json_atomic(run_dir / "best.json", {"model": "last", "checkpoint": str(pathlib.Path("checkpoints")
                                                                                         / final.name)})
-            checkpoints = ckpt.list_checkpoints(run_dir)[-config.average:] if config.average > 1 else []
+            recent = ckpt.list_checkpoints(run_dir)[-config.keep:]  # not an older best kept beside them
+            checkpoints = recent[-config.average:] if config.average > 1 else []
             plan = [("last", str(final))]
             if len(checkpoints) > 1:
                 averaged = ckpt.average_checkpoints(checkpoints, run_dir / "checkpoints" / "averaged")
