@@ -26,7 +26,7 @@ VOCAB = 200
 
 
 def worker(size, steps, folder, out):
-    from minitf.nmt.collectives import init_mpi
+    from minitf.nmt.distributed import init_mpi
     from minitf.nmt.config import RunConfig
     from minitf.nmt.data import Corpus, read_splits, token_batches
     from minitf.nmt.tokenizer import Tokenizer

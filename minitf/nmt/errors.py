@@ -51,7 +51,7 @@ class StepOutOfMemory(MemoryError):
 
 
 class RunFolderBusy(ValueError):
-    """Another process holds the lock of a run folder (``minitf.nmt.runlock``).
+    """Another process holds the lock of a run folder (``minitf.nmt.files.lock_run_folder``).
 
     Attributes
     ----------
