@@ -1,4 +1,4 @@
-"""PyTorch at equal minutes: the minitf recipe with ``torch.nn.Transformer`` on the
+"""PyTorch at equal minutes: the minitf recipe and model in PyTorch (``minitf.pytorch.TorchTransformer``) on the
 same split, for the same wall-clock minutes, scored on the same test set with the
 same sacrebleu settings.
 
