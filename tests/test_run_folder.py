@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from minitf.nmt import checkpoint as ckpt, files as runlock, trainer as trainer_module
+from minitf.nmt import checkpoint as ckpt, files, trainer as trainer_module
 from minitf.nmt.trainer import MetricsLog
 from tests.runs import (CPU_ENV, QUIET, ROOT, TINY, copy_run, make_corpus, metrics, one_error_line, params_of,
                         same_params, snapshot, train)
@@ -53,7 +53,7 @@ def test_a_locked_run_folder_refuses_resume_and_a_second_new_run(world, tmp_path
         try:
             code, err = train(world["corpus"] + TINY + QUIET + ["--max-steps", 2, "--out", fresh], capsys)
             assert code == 1 and f"process {other.pid}" in one_error_line(err)
-            assert sorted(p.name for p in fresh.iterdir()) == [runlock.LOCK_NAME]
+            assert sorted(p.name for p in fresh.iterdir()) == [files.LOCK_NAME]
         finally:
             other.kill()
             other.wait()
@@ -63,7 +63,7 @@ def test_a_locked_run_folder_refuses_resume_and_a_second_new_run(world, tmp_path
     code, err = train(["--resume", run, "--max-steps", 8, "--no-progress", "--bleu-sentences", 2], capsys)
     assert code == 0, err
     assert [r["step"] for r in metrics(run)] == list(range(1, 9))
-    assert not (run / runlock.LOCK_NAME).exists()  # released and removed at the end
+    assert not (run / files.LOCK_NAME).exists()  # released and removed at the end
 
 
 def test_the_lock_is_held_while_train_py_runs(tmp_path):

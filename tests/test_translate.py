@@ -60,29 +60,40 @@ def _read_line(fd, timeout=60):
     return data.decode("utf-8").rstrip("\n")
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
-def test_each_line_is_answered_as_it_is_typed(tiny_run):
+def _on_a_terminal(run, beam, type_lines):
+    """``python -m minitf.translate`` with a pseudo-terminal as stdin: ``type_lines(write, read_answer)``
+    types, then Ctrl-D ends the session. Returns what it returned and stderr."""
     import pty
-    sentences = ["Der hund sieht ein haus.", "Die katze mag den vogel.", "Ein kleine baum."]
     master, slave = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "minitf.translate", "--checkpoint", str(tiny_run["run"]),
-                                "--beam", "2"], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-m", "minitf.translate", "--checkpoint", str(run), "--beam",
+                                str(beam)], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                cwd=ROOT, env=_env())
     os.close(slave)
     try:
-        answers = []
-        for sentence in sentences:  # the next line is typed only after the answer to this one came
-            os.write(master, sentence.encode("utf-8") + b"\n")
-            answers.append(_read_line(process.stdout.fileno()))
-        os.write(master, b"\n")  # an empty line gets an empty answer
-        assert _read_line(process.stdout.fileno()) == ""
+        typed = type_lines(lambda data: os.write(master, data), lambda: _read_line(process.stdout.fileno()))
         os.write(master, b"\x04")  # Ctrl-D: end of input on a terminal
         assert process.wait(timeout=60) == 0
-        err = process.stderr.read().decode()
+        return typed, process.stderr.read().decode()
     finally:
         os.close(master)
         if process.poll() is None:
             process.kill()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
+def test_each_line_is_answered_as_it_is_typed(tiny_run):
+    sentences = ["Der hund sieht ein haus.", "Die katze mag den vogel.", "Ein kleine baum."]
+
+    def type_lines(write, read_answer):
+        answers = []
+        for sentence in sentences:  # the next line is typed only after the answer to this one came
+            write(sentence.encode("utf-8") + b"\n")
+            answers.append(read_answer())
+        write(b"\n")  # an empty line gets an empty answer
+        assert read_answer() == ""
+        return answers
+
+    answers, err = _on_a_terminal(tiny_run["run"], 2, type_lines)
     assert "Ctrl-D" in err and "error" not in err
     assert all(answers), answers
     batched = subprocess.run([sys.executable, "-m", "minitf.translate", "--checkpoint", str(tiny_run["run"]),
@@ -95,25 +106,14 @@ def test_each_line_is_answered_as_it_is_typed(tiny_run):
 def test_a_line_longer_than_the_terminal_passes_is_answered_with_a_warning(tiny_run):
     """A terminal (canonical mode) passes at most 4,095 bytes of a typed line and drops the rest:
     the answer comes with a one-line warning that says so and what to do, never silently."""
-    import pty
-    master, slave = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "minitf.translate", "--checkpoint", str(tiny_run["run"]),
-                                "--beam", "1"], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               cwd=ROOT, env=_env())
-    os.close(slave)
-    try:
+    def type_lines(write, read_answer):
         long_line = ("Der hund sieht ein haus. " * 240).encode("utf-8")  # 6,000 bytes
         for start in range(0, len(long_line), 512):  # typed in pieces, as a paste arrives
-            os.write(master, long_line[start:start + 512])
-        os.write(master, b"\n")
-        _read_line(process.stdout.fileno())
-        os.write(master, b"\x04")
-        assert process.wait(timeout=60) == 0
-        err = process.stderr.read().decode()
-    finally:
-        os.close(master)
-        if process.poll() is None:
-            process.kill()
+            write(long_line[start:start + 512])
+        write(b"\n")
+        return read_answer()
+
+    _, err = _on_a_terminal(tiny_run["run"], 1, type_lines)
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "4095 bytes" in warnings[0] and "--src FILE" in warnings[0], err
 

@@ -12,7 +12,7 @@ import tarfile
 import pytest
 
 from minitf.backend import host as np
-from minitf.nmt import corpora as wmt14
+from minitf.nmt import corpora
 from minitf.nmt.errors import DataError
 from minitf.nmt.data import IndexedCorpus
 from tests.loopback import Server
@@ -52,21 +52,21 @@ def build_archives(seed=0):
     pinned Archive table for them, and the expected test set."""
     rng = np.random.default_rng(seed)
     contents, expected = {}, {}
-    for name in wmt14.TRAIN:
+    for name in corpora.WMT14_TRAIN:
         en, de = sentences(rng, 60)
         en[5], de[5] = "", "Leer."                       # cleaned away: an empty side
-        members = dict(zip(wmt14.ARCHIVES[name].members.values(), ("\n".join(en) + "\n", "\n".join(de) + "\n")))
+        members = dict(zip(corpora.WMT14_ARCHIVES[name].members.values(), ("\n".join(en) + "\n", "\n".join(de) + "\n")))
         members["training/europarl-v7.fr-en.fr"] = "Bonjour.\n"
         contents[name] = tgz(members)
     valid_en, valid_de = sentences(rng, 8)
     test_en, test_de = sentences(rng, 9)
     test_en[0] = "Spaces   inside &amp; an entity"        # collapsed, not unescaped (as sacreBLEU)
-    dev = wmt14.ARCHIVES["dev"].members
+    dev = corpora.WMT14_ARCHIVES["dev"].members
     contents["dev"] = tgz({dev["newstest2013.en"]: "\n".join(valid_en) + "\n",
                            dev["newstest2013.de"]: "\n".join(valid_de) + "\n",
                            dev["newstest2014.en"]: sgm("src", "en", test_en),
                            dev["newstest2014.de"]: sgm("ref", "de", test_de)})
-    archives = {name: dataclasses.replace(wmt14.ARCHIVES[name], size=len(data),
+    archives = {name: dataclasses.replace(corpora.WMT14_ARCHIVES[name], size=len(data),
                                           sha256=hashlib.sha256(data).hexdigest())
                 for name, data in contents.items()}
     expected = dict(test=(["Spaces inside &amp; an entity"] + test_en[1:], test_de), valid=(valid_en, valid_de))
@@ -78,9 +78,9 @@ def mirror(monkeypatch):
     servers = []
 
     def start(contents):
-        server = Server({f"/{wmt14.ARCHIVES[name].filename}": data for name, data in contents.items()})
+        server = Server({f"/{corpora.WMT14_ARCHIVES[name].filename}": data for name, data in contents.items()})
         servers.append(server)
-        monkeypatch.setenv(wmt14.MIRROR_ENV, server.url + "/")
+        monkeypatch.setenv(corpora.WMT14_MIRROR_ENV, server.url + "/")
         return server
 
     yield start
@@ -89,7 +89,7 @@ def mirror(monkeypatch):
 
 
 def prepare(cache, archives):
-    return wmt14.prepare_wmt14(cache, vocab_size=60, sample_sentences=400, workers=0, archives=archives,
+    return corpora.prepare_wmt14(cache, vocab_size=60, sample_sentences=400, workers=0, archives=archives,
                                progress=False, log=lambda m: None)
 
 
@@ -140,12 +140,12 @@ def test_a_bad_archive_is_refused_in_one_line_with_nothing_half_written(tmp_path
                                       "oversized": data + b"\0" * 64}.get(damage, data)
     server = mirror(contents)
     if damage == "cut":
-        server.routes[f"/{wmt14.ARCHIVES['news-commentary-v9'].filename}"] = cut(data)
+        server.routes[f"/{corpora.WMT14_ARCHIVES['news-commentary-v9'].filename}"] = cut(data)
     with pytest.raises(DataError) as error:
         prepare(tmp_path / "cache", archives)
     message = str(error.value)
-    assert "\n" not in message and "training-parallel-nc-v9.tgz" in message and wmt14.MIRROR_ENV in message
-    folder = tmp_path / "cache" / wmt14.FOLDER
+    assert "\n" not in message and "training-parallel-nc-v9.tgz" in message and corpora.WMT14_MIRROR_ENV in message
+    folder = tmp_path / "cache" / corpora.WMT14_FOLDER
     left = sorted(p.name for p in (folder / "archives").iterdir())
     assert "training-parallel-nc-v9.tgz" not in left            # never a wrong or partial archive
     assert all(not name.endswith(".part") for name in left) or damage == "cut"  # a cut one is resumed later
@@ -160,24 +160,24 @@ def test_an_archive_without_its_member_is_refused(tmp_path, mirror):
     mirror(contents)
     with pytest.raises(DataError, match=r"dev.tgz has no member dev/newstest2013.de; the archive's layout"):
         prepare(tmp_path / "cache", archives)
-    text = tmp_path / "cache" / wmt14.FOLDER / "text"
+    text = tmp_path / "cache" / corpora.WMT14_FOLDER / "text"
     assert not [p.name for p in text.iterdir() if p.name.startswith(".")]   # no temp file left
-    assert not any((tmp_path / "cache" / wmt14.FOLDER).glob("prepared-*"))
+    assert not any((tmp_path / "cache" / corpora.WMT14_FOLDER).glob("prepared-*"))
 
 
 def test_the_pinned_table_and_the_mirror_variable(monkeypatch):
-    for archive in wmt14.ARCHIVES.values():
+    for archive in corpora.WMT14_ARCHIVES.values():
         assert re.fullmatch(r"[0-9a-f]{64}", archive.sha256) and archive.size > 10_000_000
         assert len(archive.members) in (2, 4)
-    monkeypatch.delenv(wmt14.MIRROR_ENV, raising=False)
-    assert wmt14.archive_urls(wmt14.ARCHIVES["dev"]) == ["https://data.statmt.org/wmt19/translation-task/dev.tgz"]
-    monkeypatch.setenv(wmt14.MIRROR_ENV, "http://mirror.example/wmt/")
-    assert wmt14.archive_urls(wmt14.ARCHIVES["dev"]) == ["http://mirror.example/wmt/dev.tgz"]
+    monkeypatch.delenv(corpora.WMT14_MIRROR_ENV, raising=False)
+    assert corpora.archive_urls(corpora.WMT14_ARCHIVES["dev"]) == ["https://data.statmt.org/wmt19/translation-task/dev.tgz"]
+    monkeypatch.setenv(corpora.WMT14_MIRROR_ENV, "http://mirror.example/wmt/")
+    assert corpora.archive_urls(corpora.WMT14_ARCHIVES["dev"]) == ["http://mirror.example/wmt/dev.tgz"]
 
 
 def test_sgm_is_read_as_sacrebleu_reads_it():
     text = '<refset>\n<doc docid="a">\n<seg id="1">  Ein   Satz. </seg>\n<p>\n<seg id="2">A &amp; B</seg>\n</doc>\n'
-    assert wmt14.parse_sgm(text) == ["Ein Satz.", "A &amp; B"]
+    assert corpora.parse_sgm(text) == ["Ein Satz.", "A &amp; B"]
 
 
 def test_train_py_corpus_wmt14_end_to_end_and_resume(tmp_path, mirror, monkeypatch, capsys):
@@ -187,7 +187,7 @@ def test_train_py_corpus_wmt14_end_to_end_and_resume(tmp_path, mirror, monkeypat
     from tests.runs import QUIET, TINY, metrics, train
     contents, archives, _ = build_archives()
     server = mirror(contents)
-    monkeypatch.setattr(wmt14, "ARCHIVES", archives)
+    monkeypatch.setattr(corpora, "WMT14_ARCHIVES", archives)
     run, cache = tmp_path / "run", tmp_path / "cache"
     tiny = [a for a in TINY if a not in ("--vocab-size", "40")] + ["--vocab-size", "60"]
     code, err = train(["--corpus", "wmt14-en-de", "--cache-dir", cache, *tiny, *QUIET, "--max-steps", "4",

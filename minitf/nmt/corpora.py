@@ -27,7 +27,7 @@ from minitf.backend import host as np
 from minitf.nmt.data import read_lines, write_lines
 from minitf.nmt.download import download, mirror_base, sigterm_raises
 from minitf.nmt.errors import CommandFailed, DataError
-from minitf.nmt.files import fsync_dir
+from minitf.nmt.files import atomic_writer
 from minitf.nmt.prepare import prepare_corpus
 
 #: Where fetched corpora are kept: $XDG_CACHE_HOME/minitf, else ~/.cache/minitf (``--cache-dir``).
@@ -120,21 +120,11 @@ def fetch_default_corpus(cache_dir, use_apt=None, base_url=None, progress=True):
 
 def _unpack_dictionary(deb, corpus, cache_dir):
     """Unpack :data:`DING_MEMBER` of ``deb`` into a temp file in ``cache_dir``, then rename it to ``corpus``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{corpus.name}-", suffix=".tmp", dir=cache_dir)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                extract_member(deb, DING_MEMBER.as_posix(), out)
-            except DataError as error:
-                raise DataError(f"{deb.name}: {error}; {_CORPUS_HINT}") from None
-            out.flush()
-            os.fsync(out.fileno())
-        corpus.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, corpus)
-        fsync_dir(corpus.parent)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(corpus, temp_dir=cache_dir) as out:
+        try:
+            extract_member(deb, DING_MEMBER.as_posix(), out)
+        except DataError as error:
+            raise DataError(f"{deb.name}: {error}; {_CORPUS_HINT}") from None
 
 
 def _https_download(cache_dir, base_url, apt_error, progress):
@@ -533,11 +523,11 @@ def extract_member(deb_path, member, out):
 # Disk: the archives are 1.7 GB, the extracted text 1.3 GB, the prepared arrays about
 # 0.5 GB, under ``CACHE/wmt14-en-de``.
 #: Replaces the download addresses (a base URL with the archives by file name under it).
-MIRROR_ENV = "MINITF_WMT_MIRROR"
-FOLDER = "wmt14-en-de"
+WMT14_MIRROR_ENV = "MINITF_WMT_MIRROR"
+WMT14_FOLDER = "wmt14-en-de"
 #: The paper's shared vocabulary: "about 37000 tokens".
-VOCAB_SIZE = 37000
-_HINT = (f"set {MIRROR_ENV} to a mirror that holds the archives by file name, or train on your own "
+WMT14_VOCAB_SIZE = 37000
+WMT14_HINT = (f"set {WMT14_MIRROR_ENV} to a mirror that holds the archives by file name, or train on your own "
          "files with --train-src/--train-tgt")
 
 
@@ -566,7 +556,7 @@ class Archive:
         return self.url.rsplit("/", 1)[-1]
 
 
-ARCHIVES = {
+WMT14_ARCHIVES = {
     "europarl-v7": Archive(
         "https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz", 657632379,
         "0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7",
@@ -586,14 +576,14 @@ ARCHIVES = {
         {"newstest2013.en": "dev/newstest2013.en", "newstest2013.de": "dev/newstest2013.de",
          "newstest2014.en": "dev/newstest2014-deen-src.en.sgm", "newstest2014.de": "dev/newstest2014-deen-ref.de.sgm"}),
 }
-TRAIN = ("europarl-v7", "commoncrawl", "news-commentary-v9")
+WMT14_TRAIN = ("europarl-v7", "commoncrawl", "news-commentary-v9")
 
 
 # --------------------------------------------------------------------------- fetching
 
 def archive_urls(archive):
     """The URL to fetch ``archive`` from: under ``MINITF_WMT_MIRROR`` when set, else its own."""
-    base = mirror_base(MIRROR_ENV, "")
+    base = mirror_base(WMT14_MIRROR_ENV, "")
     return [f"{base}/{archive.filename}"] if base else [archive.url]
 
 
@@ -605,7 +595,7 @@ def fetch_archives(folder, archives=None, progress=True, log=print):
     dict
         ``{name: path}``.
     """
-    archives = ARCHIVES if archives is None else archives
+    archives = WMT14_ARCHIVES if archives is None else archives
     folder = pathlib.Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -615,13 +605,13 @@ def fetch_archives(folder, archives=None, progress=True, log=print):
     paths = {}
     for name, archive in archives.items():
         if not (isinstance(archive.sha256, str) and len(archive.sha256) == 64):
-            raise DataError(f"{archive.filename} has no pinned sha256, so it is not fetched; {_HINT}")
+            raise DataError(f"{archive.filename} has no pinned sha256, so it is not fetched; {WMT14_HINT}")
         try:
             paths[name] = download(archive_urls(archive), folder / archive.filename, size=archive.size,
                                    sha256=archive.sha256, what=f"WMT 2014 archive {archive.filename}",
                                    progress=progress, log=log)
         except DataError as error:
-            raise DataError(f"{error}; {_HINT}") from None
+            raise DataError(f"{error}; {WMT14_HINT}") from None
     return paths
 
 
@@ -646,7 +636,7 @@ def extract_texts(paths, text_dir, archives=None):
     dict
         ``{name: path}`` of every extracted file (``train.en`` style names of ``members``).
     """
-    archives = ARCHIVES if archives is None else archives
+    archives = WMT14_ARCHIVES if archives is None else archives
     text_dir = pathlib.Path(text_dir)
     text_dir.mkdir(parents=True, exist_ok=True)
     out = {}
@@ -669,37 +659,28 @@ def extract_texts(paths, text_dir, archives=None):
                             "downloaded again") from None
         if wanted:
             raise DataError(f"{archive.filename} has no member {sorted(wanted)[0]}; the archive's layout is not "
-                            f"the expected one, so {_HINT}")
+                            f"the expected one, so {WMT14_HINT}")
     return out
 
 
 def _write_member(handle, target, sgm):
     """Copy one member to ``target`` through a temp file (SGM: parsed to plain lines)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            if sgm:
-                lines = parse_sgm(handle.read().decode("utf-8"))
-                out.write("".join(line + "\n" for line in lines).encode("utf-8"))
-            else:
-                shutil.copyfileobj(handle, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(target.parent)
+    with atomic_writer(target) as out:
+        if sgm:
+            lines = parse_sgm(handle.read().decode("utf-8"))
+            out.write("".join(line + "\n" for line in lines).encode("utf-8"))
+        else:
+            shutil.copyfileobj(handle, out, 1 << 20)
 
 
 # --------------------------------------------------------------------------- the whole
 
-def prepared_folder(cache_dir, src_lang="en", tgt_lang="de", vocab_size=VOCAB_SIZE, seed=1):
+def wmt14_prepared_folder(cache_dir, src_lang="en", tgt_lang="de", vocab_size=WMT14_VOCAB_SIZE, seed=1):
     """Where :func:`prepare_wmt14` puts (and finds) the prepared corpus of these settings."""
-    return pathlib.Path(cache_dir) / FOLDER / f"prepared-{src_lang}-{tgt_lang}-v{vocab_size}-s{seed}"
+    return pathlib.Path(cache_dir) / WMT14_FOLDER / f"prepared-{src_lang}-{tgt_lang}-v{vocab_size}-s{seed}"
 
 
-def prepare_wmt14(cache_dir, *, src_lang="en", tgt_lang="de", vocab_size=VOCAB_SIZE, sample_sentences=1_000_000,
+def prepare_wmt14(cache_dir, *, src_lang="en", tgt_lang="de", vocab_size=WMT14_VOCAB_SIZE, sample_sentences=1_000_000,
                   seed=1, workers=None, archives=None, progress=True, log=print):
     """Fetch, unpack and prepare WMT 2014 English-German (once; later calls reuse it).
 
@@ -712,7 +693,7 @@ def prepare_wmt14(cache_dir, *, src_lang="en", tgt_lang="de", vocab_size=VOCAB_S
     vocab_size, sample_sentences, seed, workers
         As :func:`minitf.nmt.prepare.prepare_corpus`.
     archives : dict or None
-        Replaces :data:`ARCHIVES` (tests serve small archives of the same layout).
+        Replaces :data:`WMT14_ARCHIVES` (tests serve small archives of the same layout).
 
     Returns
     -------
@@ -722,9 +703,9 @@ def prepare_wmt14(cache_dir, *, src_lang="en", tgt_lang="de", vocab_size=VOCAB_S
     """
     if {src_lang, tgt_lang} != {"en", "de"}:
         raise DataError(f"WMT 2014 English-German is en-de or de-en, got {src_lang}-{tgt_lang}")
-    archives = ARCHIVES if archives is None else archives
-    folder = pathlib.Path(cache_dir) / FOLDER
-    out = prepared_folder(cache_dir, src_lang, tgt_lang, vocab_size, seed)
+    archives = WMT14_ARCHIVES if archives is None else archives
+    folder = pathlib.Path(cache_dir) / WMT14_FOLDER
+    out = wmt14_prepared_folder(cache_dir, src_lang, tgt_lang, vocab_size, seed)
     with sigterm_raises():
         paths = fetch_archives(folder / "archives", archives, progress, log)
         texts = extract_texts(paths, folder / "text", archives)
@@ -732,13 +713,13 @@ def prepare_wmt14(cache_dir, *, src_lang="en", tgt_lang="de", vocab_size=VOCAB_S
     def pair(stem):
         return (str(texts[f"{stem}.{src_lang}"]), str(texts[f"{stem}.{tgt_lang}"]))
 
-    train_stems = [next(iter(archives[name].members)).rsplit(".", 1)[0] for name in TRAIN]
+    train_stems = [next(iter(archives[name].members)).rsplit(".", 1)[0] for name in WMT14_TRAIN]
     sources = {"train": [pair(stem) for stem in train_stems], "valid": pair("newstest2013"),
                "test": pair("newstest2014")}
     # the archives are pinned: their sha256 and the member names identify the text
     identity = {name: archives[name].sha256 for name in archives}
     digests = {"train": [[identity[name], f"{stem}.{src_lang}", f"{stem}.{tgt_lang}"]
-                         for name, stem in zip(TRAIN, train_stems)],
+                         for name, stem in zip(WMT14_TRAIN, train_stems)],
                "valid": [[identity["dev"], f"newstest2013.{src_lang}", f"newstest2013.{tgt_lang}"]],
                "test": [[identity["dev"], f"newstest2014.{src_lang}", f"newstest2014.{tgt_lang}"]]}
     return prepare_corpus(out, sources, vocab_size, sample_sentences=sample_sentences, seed=seed, workers=workers,

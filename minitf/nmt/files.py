@@ -46,26 +46,34 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def write_atomic(path, data):
-    """Write ``data`` (bytes, or str as UTF-8) to ``path`` atomically.
-
-    The temp file ``.<name>.<random>.tmp`` is removed again if anything fails,
-    a KeyboardInterrupt included."""
+@contextlib.contextmanager
+def atomic_writer(path, temp_dir=None):
+    """A binary handle whose bytes become ``path`` in one step when the block ends: a temp
+    file ``.<name>.<random>.tmp`` (beside ``path``, or in ``temp_dir`` on the same file
+    system), flushed to disk (fsync), renamed into place. If the block raises (a
+    KeyboardInterrupt included), the temp file is removed; with ``temp_dir``, ``path``'s
+    folders are made only once the file is complete, so a failure leaves none behind."""
     path = pathlib.Path(path)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if temp_dir is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=temp_dir or path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
+        path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, path)
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def write_atomic(path, data):
+    """Write ``data`` (bytes, or str as UTF-8) to ``path`` atomically (:func:`atomic_writer`)."""
+    with atomic_writer(path) as handle:
+        handle.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def write_json_atomic(path, value):

@@ -39,7 +39,7 @@ import tempfile
 import time
 
 from minitf.backend import host as np
-from minitf.nmt import data as indexed
+from minitf.nmt import data
 from minitf.nmt.download import sigterm_raises
 from minitf.nmt.errors import DataError
 from minitf.nmt.files import file_sha256, write_atomic, write_json_atomic
@@ -314,7 +314,7 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
         with sigterm_raises():  # SIGTERM too runs the finally below: no temp folder is left
             manifest = _build(work, sources, recipe, rules, workers, chunk_pairs, log)
             write_json_atomic(work / "manifest.json", manifest)  # last: its presence marks a complete folder
-            indexed.finish_folder(work)
+            data.finish_folder(work)
             _move_into_place(work, out_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -358,7 +358,7 @@ def _reusable(out_dir, recipe, rebuild):
                             "choose another folder")
         return False
     try:
-        manifest = indexed.read_manifest(out_dir)
+        manifest = data.read_manifest(out_dir)
     except DataError:
         if rebuild:
             return False
@@ -413,10 +413,10 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
 
     # pass 3: encode
     start = time.perf_counter()
-    dtype = indexed.token_dtype(tokenizer.vocab_size)
+    dtype = data.token_dtype(tokenizer.vocab_size)
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     splits = {}
-    writer = indexed.SplitWriter(work, "train", dtype)
+    writer = data.SplitWriter(work, "train", dtype)
     try:
         encode_into(writer, _chunks(iter_corpora(train), keep, chunk_pairs),
                     tokenizer.model_bytes(), dtype, workers)
@@ -433,7 +433,7 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
         if not pairs:
             raise DataError(f"the {split} files {sources[split]} have no line pair with both sides; check them")
         src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
-        writer = indexed.SplitWriter(work, split, dtype)
+        writer = data.SplitWriter(work, split, dtype)
         _init_worker(tokenizer.model_bytes(), dtype)
         writer.add(*_encode_chunk((src, tgt)))
         splits[split] = writer.close()
@@ -441,6 +441,6 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
             write_atomic(work / f"{split}.{side}.txt", "".join(line + "\n" for line in lines))
     log(f"prepared the corpus in {time.perf_counter() - started:.0f} s: "
         + ", ".join(f"{s} {c['pairs']:,} pairs" for s, c in splits.items()))
-    return dict(format_version=indexed.FORMAT_VERSION, recipe=recipe, tokenizer_sha256=tokenizer.sha256,
+    return dict(format_version=data.FORMAT_VERSION, recipe=recipe, tokenizer_sha256=tokenizer.sha256,
                 vocab_size=tokenizer.vocab_size, dtype=dtype, splits=splits,
                 cleaning=dict(read=int(keep.size), kept=n_kept, dropped=dropped))

@@ -12,10 +12,10 @@ import sys
 import time
 
 from minitf import backend
-from minitf.nmt import checkpoint as ckpt, files, trainer as training
+from minitf.nmt import checkpoint as ckpt, corpora, files, prepare, trainer as training
 from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
 from minitf.nmt.corpora import DEFAULT_CACHE, default_corpus_splits
-from minitf.nmt.data import Corpus, read_splits
+from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
 from minitf.nmt.distributed import get_world, launched_by_mpi
 from minitf.nmt.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,
                                report_errors)
@@ -228,18 +228,22 @@ def run(argv=None):
     if not world.is_root:
         tokenizer = Tokenizer(run_dir / "tokenizer.model")
     corpus = Corpus(tokenizer, splits, log)
+    return train_new_run(config, run_dir, tokenizer, corpus, args)
+
+
+def train_new_run(config, run_dir, tokenizer, corpus, args, where=""):
+    """The trainer of a new run, one line saying what it trains, then the run."""
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     log(f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
         f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, on {backend.get_device()}; "
-        f"{len(corpus.ids['train'][0])} training pairs; run folder {run_dir}")
+        f"{len(corpus.ids['train'][0]):,} training pairs{where}; run folder {run_dir}")
     return trainer.train_and_finish()
 
 
 def new_prepared_run(args, given, config, run_dir, world):
-    """A new run on a prepared corpus (memory-mapped token arrays, :mod:`minitf.nmt.data` (its prepared-corpora section)):
+    """A new run on a prepared corpus (memory-mapped token arrays, :class:`minitf.nmt.data.IndexedCorpus`):
     WMT 2014 English-German, or a user's files prepared into --corpus-dir. Rank 0 prepares
     (once: a prepared folder is reused); every rank then maps the same files."""
-    from minitf.nmt.data import IndexedCorpus
     if config.bpe_dropout > 0:
         raise UsageError("--bpe-dropout needs the text of every epoch; a prepared corpus holds token ids only")
     if args.corpus == "wmt14-en-de" and config.preset in ("base", "big") and not {"max_steps", "epochs",
@@ -263,24 +267,18 @@ def new_prepared_run(args, given, config, run_dir, world):
         files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
         config.write(run_dir)
     world.barrier()
-    trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
-    log(f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
-        f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, on {backend.get_device()}; "
-        f"{len(corpus.ids['train'][0]):,} training pairs (prepared in {folder}); run folder {run_dir}")
-    return trainer.train_and_finish()
+    return train_new_run(config, run_dir, tokenizer, corpus, args, where=f" (prepared in {folder})")
 
 
 def prepare_data(args, given, config, reuse_only=False):
     """The prepared folder of this run: WMT 2014 (fetched and prepared once into the cache), an
     existing --corpus-dir, or the --train-src ... files prepared into --corpus-dir."""
-    from minitf.nmt import prepare
     vocab = config.vocab_size if "vocab_size" in given else None
     if args.corpus == "wmt14-en-de":
-        from minitf.nmt import corpora as wmt14
         src, tgt = (args.src_lang, args.tgt_lang) if {"src_lang", "tgt_lang"} & given else ("en", "de")
         if reuse_only:  # the other ranks: the folder rank 0 has just prepared
-            return wmt14.prepared_folder(args.cache_dir, src, tgt, vocab or wmt14.VOCAB_SIZE)
-        return wmt14.prepare_wmt14(args.cache_dir, src_lang=src, tgt_lang=tgt, vocab_size=vocab or wmt14.VOCAB_SIZE,
+            return corpora.wmt14_prepared_folder(args.cache_dir, src, tgt, vocab or corpora.WMT14_VOCAB_SIZE)
+        return corpora.prepare_wmt14(args.cache_dir, src_lang=src, tgt_lang=tgt, vocab_size=vocab or corpora.WMT14_VOCAB_SIZE,
                                    progress=not args.no_progress, log=log)
     given_files = any(getattr(args, f"{s}_{side}") is not None for s in ("train", "valid", "test")
                       for side in ("src", "tgt"))
@@ -333,7 +331,6 @@ def resume_run(args, given):
                 "uninterrupted one (restore the original file for an exact resume)")
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
     if "prepared" in config.data:  # memory-mapped token arrays: the run's tokenizer must be theirs
-        from minitf.nmt.data import IndexedCorpus
         corpus = IndexedCorpus(config.data["prepared"])
         if corpus.tokenizer.sha256 != tokenizer.sha256:
             raise DataError(f"--resume {run_dir}: the prepared corpus {config.data['prepared']} has another "
@@ -368,6 +365,7 @@ def resume_run(args, given):
         log(f"warning: skipping a bad checkpoint, moved aside to {ckpt.set_aside(bad).name}: {error}")
     if world.is_root:
         world.barrier()
+    trainer.valid_ppl = trainer.metrics.validations()  # the run's validations so far (end-of-run candidates)
     if state is not None:
         log(f"resumed from {path} at step {trainer.step} (epoch {trainer.epoch + 1})")
     else:

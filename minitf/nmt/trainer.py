@@ -114,6 +114,19 @@ class MetricsLog:
             self.unwritten.append(record)
             raise MetricsWriteError(self.path, error.strerror or str(error)) from None
 
+    def validations(self):
+        """{step: perplexity} of the periodic validations in the log (a resumed run's history)."""
+        found = {}
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines() if self.path.is_file() else []:
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line torn by a kill
+                continue
+            if isinstance(record, dict) and record.get("kind") == "valid" and "model" not in record and \
+                    isinstance(record.get("step"), int) and isinstance(record.get("ppl"), (int, float)):
+                found[record["step"]] = record["ppl"]
+        return found
+
     def append_unwritten(self, records):
         """Append the records a run could not write before its checkpoint was saved
         (``unwritten_metrics`` in meta.json), so that the log is whole again."""
@@ -272,7 +285,7 @@ class Trainer:
         self.budget = WallBudget(config.max_minutes)  # --max-minutes: wall time of the whole command
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.world.is_root)
         self.last_checkpoint = None
-        self.valid_ppl = {}  # step -> perplexity of this invocation's periodic validations
+        self.valid_ppl = {}  # step -> perplexity of the periodic validations (a resumed run: from metrics.jsonl)
         self.stop_requested = False
         self._stopping_now = False  # signals raise EndOfRunInterrupted during the end-of-run evaluation
         if self.world.size > 1:
@@ -741,21 +754,9 @@ class Trainer:
     def _best_validated_checkpoint(self):
         """The kept checkpoint whose step had the lowest periodic validation perplexity, when
         that is lower than the last validation's (perplexity has turned up); else None."""
-        records = {}
-        path = self.metrics.path
-        if not path.is_file():
-            return None
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("kind") == "valid" and "model" not in record:
-                records[record.get("step")] = record.get("ppl")
         kept = {int(p.name.split("-")[1]): p for p in ckpt.list_checkpoints(self.run_dir)}
-        scored = [(ppl, step) for step, ppl in records.items() if step in kept and isinstance(ppl, (int, float))]
-        if not scored or not records:
+        scored = [(ppl, step) for step, ppl in self.valid_ppl.items() if step in kept]
+        if not scored:
             return None
         best_ppl, best_step = min(scored)
-        last_ppl = records[max(records)]
-        return kept[best_step] if best_ppl < last_ppl else None
+        return kept[best_step] if best_ppl < self.valid_ppl[max(self.valid_ppl)] else None
