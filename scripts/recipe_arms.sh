@@ -29,8 +29,10 @@ declare -A ARMS=(
   [dropout-0]="--preset tiny --bpe-dropout 0 --dropout 0"
   [vocab-2000]="--preset tiny --bpe-dropout 0 --dropout 0.1 --vocab-size 2000"
   [vocab-8000]="--preset tiny --bpe-dropout 0 --dropout 0.1 --vocab-size 8000"
+  [lexicon-0.5]="--preset tiny --bpe-dropout 0 --dropout 0.1 --lexicon 0.5"
+  [lexicon-2]="--preset tiny --bpe-dropout 0 --dropout 0.1 --lexicon 2"
 )
-ORDER=(sentences phrases bpe-dropout-0.1 dropout-0.2 dropout-0.3 label-smoothing-0.2 lr-scale-2 lr-scale-0.5 warmup-400 dropout-0 vocab-2000 vocab-8000)
+ORDER=(sentences phrases bpe-dropout-0.1 dropout-0.2 dropout-0.3 label-smoothing-0.2 lr-scale-2 lr-scale-0.5 warmup-400 dropout-0 vocab-2000 vocab-8000 lexicon-0.5 lexicon-2)
 [ $# -gt 0 ] && ORDER=("$@")
 for arm in "${ORDER[@]}"; do
   run="$OUT/$arm"

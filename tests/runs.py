@@ -70,6 +70,9 @@ BAD_TRAIN_INPUTS = {
     "dropout out of range": lambda d, c: c + ["--dropout", "1.5"],
     "vocabulary too small": lambda d, c: c + ["--vocab-size", "4"],
     "vocabulary too large for the text": lambda d, c: c + ["--vocab-size", "100000"],
+    "lexicon without the dictionary": lambda d, c: c + ["--lexicon", "0.5"],
+    "lexicon ratio too large": lambda d, c: c + ["--lexicon", "11"],
+    "negative lexicon ratio": lambda d, c: c + ["--lexicon", "-1"],
 }
 
 

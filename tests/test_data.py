@@ -1,6 +1,7 @@
 """Tests of the host-side data pipeline: Ding parsing (sentences and phrases, split by
 entry), reading, splitting, batching, padding, the sentencepiece tokenizer and
 BPE-dropout. All data is made here (no network, no apt)."""
+import pathlib
 import pickle
 import random
 import subprocess
@@ -362,6 +363,62 @@ def test_split_by_entry_holds_out_whole_lines(entries):
     assert split["stats"]["held_out_lines"] == 10
 
 
+def test_the_lexicon_holds_headwords_and_phrases_and_nothing_held_out(entries):
+    split = ding.split_by_entry(entries, seed=3, n_valid=5, n_test=5)
+    lexicon = set(split["train_lexicon"])
+    assert set(split["train_phrases"]) < lexicon  # --phrases: the lexicon's pairs of 2+ words a side
+    assert all(len(de.split()) >= 2 and len(en.split()) >= 2 for de, en in split["train_phrases"])
+    assert ("blank", "sheer") in lexicon and ("Nachbar", "neighbour") in lexicon  # headword translations
+    held = set(split["valid"] + split["test"])
+    for _, line_sentences, line_lexicon in entries:
+        if held & set(line_sentences):  # a held-out sentence's line gives nothing to the lexicon either
+            assert not lexicon & set(line_lexicon)
+    assert not lexicon & set(split["train_sentences"])
+    assert split["stats"]["train_lexicon"] == len(split["train_lexicon"])
+
+
+def _lexicon_corpus(bpe_tokenizer, tmp_path, n_sentences=40, n_lexicon=30):
+    texts = {"train": TEXTS[:n_sentences], "valid": TEXTS[:5], "lexicon": [f"Wort {i}" for i in range(n_lexicon)]}
+    paths = {}
+    for split, lines in texts.items():
+        for side in ("src", "tgt"):
+            path = tmp_path / f"{split}.{side}"
+            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            paths[f"{split}_{side}"] = str(path)
+    return Corpus(bpe_tokenizer, read_splits(paths), log=print)
+
+
+def test_lexicon_pairs_are_a_new_sample_each_epoch_and_the_same_on_resume(bpe_tokenizer, tmp_path):
+    corpus = _lexicon_corpus(bpe_tokenizer, tmp_path)
+    sentences = corpus.ids["train"]
+    corpus.set_lexicon(0.5)
+    corpus.start_epoch(1, 0)
+    src, tgt = corpus.ids["train"]
+    assert len(src) == len(tgt) == 40 + 20  # 0.5 lexicon pairs per sentence
+    assert (src[:40], tgt[:40]) == sentences  # the sentences themselves, first and unchanged
+    lexicon_src = corpus.ids["lexicon"][0]
+    epoch0 = src[40:]
+    assert all(ids in lexicon_src for ids in epoch0) and len(set(map(tuple, epoch0))) == 20  # no repeats
+    corpus.start_epoch(1, 1)
+    assert corpus.ids["train"][0][40:] != epoch0  # another sample: the run covers the lexicon
+    resumed = _lexicon_corpus(bpe_tokenizer, tmp_path)  # a resumed run builds its corpus anew
+    resumed.set_lexicon(0.5)
+    resumed.start_epoch(1, 0)
+    assert resumed.ids["train"][0][40:] == epoch0
+    big = _lexicon_corpus(bpe_tokenizer, tmp_path)
+    big.set_lexicon(10)  # more asked than there is: every lexicon pair once
+    big.start_epoch(1, 0)
+    assert len(big.ids["train"][0]) == 40 + 30
+
+
+def test_lexicon_needs_a_lexicon_split(bpe_tokenizer, tmp_path):
+    paths = {f"{split}_{side}": str(tmp_path / f"{split}.{side}") for split in ("train", "valid") for side in ("src", "tgt")}
+    for path in paths.values():
+        pathlib.Path(path).write_text("\n".join(TEXTS[:10]) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match="--lexicon"):
+        Corpus(bpe_tokenizer, read_splits(paths), log=print).set_lexicon(0.5)
+
+
 def test_default_splits_write_both_training_sets(tmp_path, monkeypatch):
     dictionary = tmp_path / "trans-de-en" / "usr/share/trans/de-en"
     dictionary.parent.mkdir(parents=True)
@@ -372,9 +429,13 @@ def test_default_splits_write_both_training_sets(tmp_path, monkeypatch):
     folder = tmp_path / ding.SPLIT_FOLDER
     assert paths["train_src"] == str(folder / "train.de")
     assert ding.default_corpus_splits(tmp_path)["train_src"] == str(folder / "train-sentences.de")
+    with_lexicon = ding.default_corpus_splits(tmp_path, lexicon=True)
+    assert with_lexicon["lexicon_src"] == str(folder / "lexicon.de") and with_lexicon["lexicon_tgt"] == str(folder / "lexicon.en")
+    assert "lexicon_src" not in paths
     n_all = len((folder / "train.de").read_text(encoding="utf-8").splitlines())
     n_sentences = len((folder / "train-sentences.de").read_text(encoding="utf-8").splitlines())
-    assert n_all > n_sentences > 0
+    n_lexicon = len((folder / "lexicon.de").read_text(encoding="utf-8").splitlines())
+    assert n_lexicon > n_all - n_sentences > 0 and n_sentences > 0  # the lexicon: the phrases and headwords
 
 
 # --------------------------------------------------------------------------- BPE-dropout: only the training side,

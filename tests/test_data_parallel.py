@@ -86,6 +86,10 @@ def test_config_validates_accumulate_and_zero():
         old["schema_version"] = version
         config = RunConfig.from_dict(old)
         assert (config.accumulate, config.zero, config.bpe_dropout) == (1, 0, 0.0)
+    old = RunConfig.from_preset("tiny").to_dict()
+    del old["lexicon"]
+    old["schema_version"] = 4  # a run written before --lexicon
+    assert RunConfig.from_dict(old).lexicon == 0.0
 
 
 @needs_mpi

@@ -18,10 +18,11 @@ from minitf.transformer import TransformerConfig
 #: Bumped whenever a field changes meaning; config.json records it.
 #: 3: ``accumulate`` and ``zero`` (data parallelism) or ``bpe_dropout`` (two branches each wrote a version
 #: 3); 4: both, and ``max_minutes`` is the wall time of the whole command (it counted training steps only).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _ADDED_SINCE_2 = {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0}
 #: Fields added since an older schema, with the values that keep the old meaning (a file's own values win).
-ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2}
+_ADDED_SINCE_4 = {"lexicon": 0.0}
+ADDED_FIELDS = {2: {**_ADDED_SINCE_2, **_ADDED_SINCE_4}, 3: {**_ADDED_SINCE_2, **_ADDED_SINCE_4}, 4: _ADDED_SINCE_4}
 
 # Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement
 # (see docs/training.md: more updates of a small, fast model win a 15-minute budget; the recipe arms
@@ -77,6 +78,7 @@ class RunConfig:
     max_len: int = 100
     label_smoothing: float = 0.1
     bpe_dropout: float = 0.0
+    lexicon: float = 0.0  # dictionary pairs mixed into each epoch, per training sentence (--lexicon)
     clip_norm: float = 0.0
     precision: str = "fp32"
     seed: int = 1
@@ -136,6 +138,9 @@ class RunConfig:
         for name in ("dropout", "label_smoothing", "bpe_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UsageError(f"{flag(name)} must be in [0, 1), got {getattr(self, name)}")
+        if not (isinstance(self.lexicon, (int, float)) and 0 <= self.lexicon <= 10):
+            raise UsageError(f"--lexicon must be a ratio in [0, 10] (lexicon pairs per training sentence), "
+                             f"got {self.lexicon}")
         if self.d_model % self.num_heads:
             raise UsageError(f"--d-model must be divisible by --num-heads, got {self.d_model} and {self.num_heads}")
         if not self.clip_norm >= 0:

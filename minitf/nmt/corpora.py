@@ -201,10 +201,15 @@ def _is_sentence(text):
             and len(text.split()) >= 3 and not _PLACEHOLDER.search(text))
 
 
-def _is_phrase(text):
-    """True for a multi-word phrase: 2 to 12 words, no sentence, no leftover markup."""
-    return (2 <= len(text.split()) <= 12 and not _is_sentence(text)
+def _is_lexicon_item(text):
+    """True for a headword or phrase: 1 to 12 words, no sentence, no leftover markup."""
+    return (1 <= len(text.split()) <= 12 and not _is_sentence(text)
             and not _MARKUP.search(text))
+
+
+def _is_phrase(pair):
+    """True for a lexicon pair of at least two words a side (``--phrases``)."""
+    return all(len(side.split()) >= 2 for side in pair)
 
 
 def _first_alternative(text):
@@ -222,14 +227,14 @@ _MARKUP = re.compile(r"[{}\[\]()<>/|;:]")
 
 def _line_items(line):
     """The pairs of one Ding line (``de | de :: en | en``), in order, as
-    ``(sentences, phrases)``: whole-sentence pairs, and multi-word phrase pairs."""
+    ``(sentences, lexicon)``: whole-sentence pairs, and headword and phrase pairs."""
     if " :: " not in line:
         return [], []
     german, english = line.split(" :: ", 1)
     de_entries, en_entries = german.split(" | "), english.split(" | ")
     if len(de_entries) != len(en_entries):
         return [], []
-    sentences, phrases = [], []
+    sentences, lexicon = [], []
     for de_entry, en_entry in zip(de_entries, en_entries):
         de_syns, en_syns = de_entry.split("; "), en_entry.split("; ")
         if len(de_syns) != len(en_syns):
@@ -245,9 +250,9 @@ def _line_items(line):
                 sentences.append((de, en))
                 continue
             de, en = _first_alternative(de), _first_alternative(en)
-            if _is_phrase(de) and _is_phrase(en):
-                phrases.append((de, en))
-    return sentences, phrases
+            if _is_lexicon_item(de) and _is_lexicon_item(en):
+                lexicon.append((de, en))
+    return sentences, lexicon
 
 
 def split_pairs(pairs, seed=1234, n_valid=500, n_test=500):
@@ -291,19 +296,19 @@ def parse_ding_entries(path):
     Returns
     -------
     list of (int, list of (str, str), list of (str, str))
-        ``(line_number, sentences, phrases)`` for each line with at least one
+        ``(line_number, sentences, lexicon)`` for each line with at least one
         pair: the whole-sentence pairs (an uppercase first letter, at least 3 words,
         a final ``.``, ``!`` or ``?``, no placeholder ``etw.``, ``jdm.``, ``sth.``, ``sb.``, ``...``), and the
-        multi-word phrase sub-entries (2 to 12 words a side, annotations
+        headwords and phrase sub-entries (1 to 12 words a side, annotations
         stripped, ``a/b`` alternatives reduced to the first, no placeholders).
     """
     entries = []
     for number, line in enumerate(read_lines(path, "Ding dictionary", max_chars=None), start=1):
         if not line or line.startswith("#"):
             continue
-        sentences, phrases = _line_items(line)
-        if sentences or phrases:
-            entries.append((number, sentences, phrases))
+        sentences, lexicon = _line_items(line)
+        if sentences or lexicon:
+            entries.append((number, sentences, lexicon))
     return entries
 
 
@@ -326,8 +331,9 @@ def split_by_entry(entries, seed=1234, n_valid=500, n_test=500):
     Returns
     -------
     dict
-        ``train_sentences``, ``train_phrases``, ``valid``, ``test`` (lists of
-        pairs) and ``stats`` (counts for the README and the log).
+        ``train_sentences``, ``train_lexicon`` (headwords and phrases),
+        ``train_phrases`` (its pairs of at least two words a side), ``valid``, ``test``
+        (lists of pairs) and ``stats`` (counts for the README and the log).
     """
     sentences = unique_sentences(entries)
     old_train, valid, test = split_pairs(sentences, seed=seed, n_valid=n_valid, n_test=n_test)
@@ -346,42 +352,47 @@ def split_by_entry(entries, seed=1234, n_valid=500, n_test=500):
 
     train_sentences = keep(pair for s, _ in clean_lines for pair in s)
     sentence_set = set(train_sentences)
-    train_phrases = [pair for pair in keep(pair for _, p in clean_lines for pair in p) if pair not in sentence_set]
+    train_lexicon = [pair for pair in keep(pair for _, p in clean_lines for pair in p) if pair not in sentence_set]
+    train_phrases = [pair for pair in train_lexicon if _is_phrase(pair)]
     stats = dict(lines=len(entries), held_out_lines=len(entries) - len(clean_lines),
                  sentences=len(sentences), old_train_sentences=len(old_train),
-                 train_sentences=len(train_sentences), train_phrases=len(train_phrases),
-                 removed_sentences=len(set(old_train) - set(train_sentences)))
-    return dict(train_sentences=train_sentences, train_phrases=train_phrases, valid=valid, test=test,
-                stats=stats)
+                 train_sentences=len(train_sentences), train_lexicon=len(train_lexicon),
+                 train_phrases=len(train_phrases), removed_sentences=len(set(old_train) - set(train_sentences)))
+    return dict(train_sentences=train_sentences, train_lexicon=train_lexicon, train_phrases=train_phrases,
+                valid=valid, test=test, stats=stats)
 
 
 #: The cached split's folder: a new name whenever the split changes, so an old cache is never reused.
 SPLIT_FOLDER = "ding-de-en-v2"
 
 
-def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en", phrases=False):
+def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en", phrases=False, lexicon=False):
     """Fetch the Ding dictionary, split it by entry (:func:`split_by_entry`, seed
     1234, 500 valid and 500 test sentences), cache the splits as text.
 
     The training split is the clean sentences plus, with ``phrases``, the phrase
-    sub-entries (``train.*``); ``train-sentences.*`` holds the sentences alone.
+    sub-entries (``train.*``); ``train-sentences.*`` holds the sentences alone, and
+    ``lexicon.*`` the headwords and phrases that ``--lexicon`` mixes into each epoch.
 
     Returns
     -------
     dict
         ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``,
-        absolute paths of the cached split files.
+        absolute paths of the cached split files; with ``lexicon``, also ``lexicon_src`` and ``lexicon_tgt``.
     """
     folder = pathlib.Path(cache_dir) / SPLIT_FOLDER
-    train = "train" if phrases else "train-sentences"
+    splits = {"train": "train" if phrases else "train-sentences", "valid": "valid", "test": "test"}
+    if lexicon:
+        splits["lexicon"] = "lexicon"
     names = {f"{s}_{side}": folder / f"{name}.{lang}"
-             for s, name in (("train", train), ("valid", "valid"), ("test", "test"))
-             for side, lang in (("src", src_lang), ("tgt", tgt_lang))}
-    files = [folder / f"{n}.{lang}" for n in ("train", "train-sentences", "valid", "test") for lang in ("de", "en")]
+             for s, name in splits.items() for side, lang in (("src", src_lang), ("tgt", tgt_lang))}
+    files = [folder / f"{n}.{lang}" for n in ("train", "train-sentences", "lexicon", "valid", "test")
+             for lang in ("de", "en")]
     if not all(p.is_file() for p in files):
         split = split_by_entry(parse_ding_entries(fetch_default_corpus(cache_dir)), seed=1234)
         parts = {"train": split["train_sentences"] + split["train_phrases"],
-                 "train-sentences": split["train_sentences"], "valid": split["valid"], "test": split["test"]}
+                 "train-sentences": split["train_sentences"], "lexicon": split["train_lexicon"],
+                 "valid": split["valid"], "test": split["test"]}
         for name, pairs in parts.items():  # the held-out sets last: their presence marks a complete cache
             write_lines(folder / f"{name}.de", [de for de, _ in pairs])
             write_lines(folder / f"{name}.en", [en for _, en in pairs])

@@ -157,10 +157,11 @@ def read_parallel(src_path, tgt_path, max_chars=MAX_CHARS):
 
 def read_splits(paths):
     """Every split of a corpus, read once: ``{"train": Pairs, "valid": ..., "test": ...}`` from
-    ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``;
+    ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``
+    (and ``lexicon_src``/``lexicon_tgt``: pairs mixed into each epoch, ``--lexicon``);
     a split whose source path is None is left out."""
     return {split: read_parallel(paths[f"{split}_src"], paths[f"{split}_tgt"])
-            for split in ("train", "valid", "test") if paths.get(f"{split}_src") is not None}
+            for split in ("train", "valid", "test", "lexicon") if paths.get(f"{split}_src") is not None}
 
 
 def write_lines(path, lines):
@@ -309,7 +310,9 @@ class Corpus:
                 log(f"{split}: dropped {pairs.n_dropped} line pairs with an empty side")
             self.text[split] = ([s for s, _ in pairs], [t for _, t in pairs])
             self.ids[split] = (tokenizer.encode(self.text[split][0]), tokenizer.encode(self.text[split][1]))
+        self.sentence_ids = self.ids.get("train")  # the training split's own ids, before any lexicon is mixed in
         self._samplers, self._sampled_epoch = None, None  # BPE-dropout (set_bpe_dropout)
+        self.lexicon_ratio = 0.0
 
     def set_bpe_dropout(self, p):
         """Segment the training split anew each epoch with BPE-dropout ``p`` (0: never);
@@ -319,12 +322,30 @@ class Corpus:
             self._samplers = tuple(BpeDropout(self.tokenizer, side, p) for side in self.text["train"])
         self._sampled_epoch = None
 
+    def set_lexicon(self, ratio):
+        """Mix ``ratio`` lexicon pairs per training sentence into each epoch (``--lexicon``): a new
+        sample of the ``lexicon`` split every epoch, so the dictionary is covered over the run."""
+        if ratio > 0 and "lexicon" not in self.ids:
+            raise DataError("--lexicon needs the dictionary's lexicon split (the default corpus)")
+        self.lexicon_ratio = ratio
+        self._sampled_epoch = None
+
     def start_epoch(self, seed, epoch):
-        """Training ids for ``epoch``: with BPE-dropout, the sample of ``(seed, epoch)``
-        (the same on a resumed run); otherwise unchanged."""
-        if self._samplers and self._sampled_epoch != (seed, epoch):
-            self.ids["train"] = tuple(sampler.sample(seed, epoch) for sampler in self._samplers)
-            self._sampled_epoch = (seed, epoch)
+        """Training ids for ``epoch``, the same on a resumed run: with BPE-dropout, the sentences'
+        sample of ``(seed, epoch)``; with a lexicon, the sentences and that epoch's lexicon pairs."""
+        if (not self._samplers and not self.lexicon_ratio) or self._sampled_epoch == (seed, epoch):
+            return
+        src, tgt = self.sentence_ids
+        if self._samplers:
+            src, tgt = (sampler.sample(seed, epoch) for sampler in self._samplers)
+        if self.lexicon_ratio:
+            lex_src, lex_tgt = self.ids["lexicon"]
+            count = min(len(lex_src), round(self.lexicon_ratio * len(src)))
+            # its own stream: the batches' shuffle of (seed, epoch) stays what it is without the lexicon
+            chosen = np.random.default_rng([seed, epoch, 0x1E81C0]).choice(len(lex_src), count, replace=False)
+            src, tgt = src + [lex_src[i] for i in chosen], tgt + [lex_tgt[i] for i in chosen]
+        self.ids["train"] = (src, tgt)
+        self._sampled_epoch = (seed, epoch)
 
     def lengths(self, split):
         """Host int arrays (N,), (N,): tokens per sentence with EOS (source) and BOS (target) added."""

@@ -26,7 +26,7 @@ from minitf.nmt.trainer import Trainer
 #: The flags that name the model, recipe or data of a run: refused with --resume.
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
                 "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "src_lang", "tgt_lang",
-                "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "phrases", "corpus",
+                "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "phrases", "lexicon", "corpus",
                 "corpus_dir")
 
 
@@ -102,6 +102,10 @@ def build_parser():
     g.add_argument("--phrases", action="store_true",
                    help="also train on the dictionary's 64,832 phrase sub-entries (default: whole sentences only; "
                    "docs/results.md, 'Recipe arms': at the CPU budget the phrases did not help)")
+    g.add_argument("--lexicon", type=non_negative, metavar="RATIO",
+                   help="mix the dictionary's headwords and phrases into each epoch, RATIO pairs per training "
+                   "sentence, a new sample every epoch; the tokenizer is trained on the sentences alone "
+                   "(default: 0; docs/results.md, 'Recipe arms')")
     g.add_argument("--corpus", choices=["ding", "wmt14-en-de"], default="ding",
                    help="ding: the Ding dictionary's sentences (default); wmt14-en-de: the paper's WMT 2014 "
                    "English-German (about 4.5 million pairs, fetched and prepared once into --cache-dir; "
@@ -131,6 +135,7 @@ def config_from_args(args):
         pre_norm=args.pre_norm, vocab_size=args.vocab_size, warmup=args.warmup, lr_scale=args.lr_scale,
         max_tokens=args.max_tokens, max_minutes=args.max_minutes, max_steps=args.max_steps, epochs=args.epochs,
         max_len=args.max_len, seed=args.seed, label_smoothing=args.label_smoothing, bpe_dropout=args.bpe_dropout, clip_norm=args.clip_norm,
+        lexicon=args.lexicon,
         src_lang=args.src_lang, tgt_lang=args.tgt_lang, skip_nonfinite=args.skip_nonfinite,
         precision=args.precision, accumulate=args.accumulate, zero=args.zero, **layers, **{name: getattr(args, name) for name in RUN_OPTIONS})
 
@@ -153,6 +158,9 @@ def data_paths(args):
     """The six corpus files, from the flags or from the default corpus (fetched once)."""
     given = {f"{s}_{side}": getattr(args, f"{s}_{side}") for s in ("train", "valid", "test") for side in ("src", "tgt")}
     if any(v is not None for v in given.values()):
+        if args.lexicon:
+            raise UsageError("--lexicon mixes in the Ding dictionary's lexicon: it needs the default corpus, "
+                             "not --train-src etc.")
         for split in ("train", "valid"):
             if given[f"{split}_src"] is None or given[f"{split}_tgt"] is None:
                 raise UsageError(f"a custom corpus needs --{split}-src and --{split}-tgt "
@@ -164,7 +172,10 @@ def data_paths(args):
     if {args.src_lang, args.tgt_lang} != {"de", "en"}:
         raise UsageError(f"the default corpus is German-English: --src-lang/--tgt-lang must be de/en, "
                          f"got {args.src_lang}/{args.tgt_lang}; pass --train-src etc. for another corpus")
-    return default_corpus_splits(args.cache_dir, args.src_lang, args.tgt_lang, phrases=args.phrases)
+    if args.lexicon and args.phrases:
+        raise UsageError("--phrases (every phrase, every epoch) and --lexicon (a sample each epoch) exclude each other")
+    return default_corpus_splits(args.cache_dir, args.src_lang, args.tgt_lang, phrases=args.phrases,
+                                 lexicon=bool(args.lexicon))
 
 
 def prepare_tokenizer(run_dir, train_texts, vocab_size, log):
@@ -234,6 +245,10 @@ def run(argv=None):
 def train_new_run(config, run_dir, tokenizer, corpus, args, where=""):
     """The trainer of a new run, one line saying what it trains, then the run."""
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    if config.lexicon:
+        lexicon_size = len(corpus.ids['lexicon'][0])
+        where += (f", and {min(lexicon_size, round(config.lexicon * len(corpus.ids['train'][0]))):,} of "
+                  f"{lexicon_size:,} lexicon pairs each epoch")
     log(f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
         f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, on {backend.get_device()}; "
         f"{len(corpus.ids['train'][0]):,} training pairs{where}; run folder {run_dir}")
@@ -244,6 +259,8 @@ def new_prepared_run(args, given, config, run_dir, world):
     """A new run on a prepared corpus (memory-mapped token arrays, :class:`minitf.nmt.data.IndexedCorpus`):
     WMT 2014 English-German, or a user's files prepared into --corpus-dir. Rank 0 prepares
     (once: a prepared folder is reused); every rank then maps the same files."""
+    if config.lexicon:
+        raise UsageError("--lexicon mixes in the Ding dictionary's lexicon: it needs the default corpus")
     if config.bpe_dropout > 0:
         raise UsageError("--bpe-dropout needs the text of every epoch; a prepared corpus holds token ids only")
     if args.corpus == "wmt14-en-de" and config.preset in ("base", "big") and not {"max_steps", "epochs",

@@ -270,6 +270,8 @@ class Trainer:
         with backend.default_dtype("float16" if self.mixed else backend.get_default_dtype()):
             self.model = Transformer.from_config(config.model_config(tokenizer.vocab_size))
         corpus.set_bpe_dropout(config.bpe_dropout)
+        if config.lexicon:
+            corpus.set_lexicon(config.lexicon)
         self.loss_fn = LabelSmoothedCrossEntropy(config.label_smoothing, ignore_index=PAD_ID)
         self.schedule = WarmupSchedule(config.d_model, config.warmup, config.lr_scale)
         # the gradient sums over ranks: MPI on host buffers, NCCL on the GPU (None for one process)
