@@ -3,6 +3,7 @@ with 1 thread each, on `tiny` and `small`, timed alternately in one run, and the
 all-reduce's share of the 2-rank step.
 
     python benchmarks/data_parallel.py [--steps 12] [--rounds 2]
+    python benchmarks/data_parallel.py --binding [--rounds 3]   # mpiexec's placement of the 2 ranks
 
 Each measurement runs ``mpiexec -n R`` on this file with ``--worker`` (R = 1 or 2):
 the worker builds a Trainer on a synthetic corpus and times updates after a warm-up."""
@@ -69,12 +70,16 @@ def worker(size, steps, folder, out):
                                                      n_params=int(trainer.optimizer.flat.data.size))))
 
 
-def measure(size, ranks, steps, folder):
+#: mpiexec (hydra) placements compared by --binding: its default, and each rank bound to its own core
+BINDINGS = {"default": [], "bind-to core": ["-bind-to", "core"]}
+
+
+def measure(size, ranks, steps, folder, binding=()):
     threads = str(2 // ranks)
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads,
                MKL_NUM_THREADS=threads)
     out = pathlib.Path(folder) / "result.json"
-    subprocess.run(["mpiexec", "-n", str(ranks), sys.executable, __file__, "--worker", size, str(steps), folder,
+    subprocess.run(["mpiexec", *binding, "-n", str(ranks), sys.executable, __file__, "--worker", size, str(steps), folder,
                     str(out)], env=env, check=True)
     return json.loads(out.read_text())
 
@@ -83,6 +88,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--binding", action="store_true", help="compare mpiexec's placements of 2 ranks on tiny")
     p.add_argument("--worker", nargs=4)
     args = p.parse_args()
     if args.worker:
@@ -91,6 +97,8 @@ def main():
         synthetic_corpus(folder, VOCAB)
         print(f"cores: {os.cpu_count()}; load average before: {os.getloadavg()[0]:.2f} "
               "(another workload on the machine shows here and in the spread between rounds)")
+        if args.binding:
+            return compare_bindings(args, folder)
         results = {}
         for round_ in range(args.rounds):  # alternate: 1 process, 2 ranks, 1 process, 2 ranks ...
             for size in SIZES:
@@ -107,6 +115,22 @@ def main():
             print(f"{size}: best of {args.rounds}: 2 ranks / 1 process = {two / one:.2f}x "
                   f"({results[(size, 1)][0]['n_params']:,} parameters)")
         print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def compare_bindings(args, folder):
+    """2 ranks on tiny under each mpiexec placement, alternating, with 1 process as the reference."""
+    results = {}
+    for round_ in range(args.rounds):
+        for name, flags in [("1 process", None), *BINDINGS.items()]:
+            r = measure("tiny", 1 if flags is None else 2, args.steps, folder, flags or ())
+            results.setdefault(name, []).append(r["tokens_per_s"])
+            print(f"round {round_ + 1} {name:13s}: {r['tokens_per_s']:8.0f} target tokens/s", flush=True)
+    one = sorted(results["1 process"])[len(results["1 process"]) // 2]
+    for name, values in results.items():
+        median = sorted(values)[len(values) // 2]
+        print(f"{name:13s}: median {median:8.0f} target tokens/s ({min(values):.0f}-{max(values):.0f}), "
+              f"{median / one:.2f}x one process")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
