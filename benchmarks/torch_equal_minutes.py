@@ -140,6 +140,8 @@ def main():
     p.add_argument("--max-steps", type=int, help="stop after this many steps instead")
     p.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--lexicon", type=float, default=PRESETS["tiny"].get("lexicon", 0.0),
+                   help="dictionary pairs mixed into each epoch per sentence, as train.py's --lexicon")
     p.add_argument("--threads", type=int, help="torch.set_num_threads")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "runs" / "torch")
     p.add_argument("--allocator", choices=["retain", "system"], default="retain",
@@ -155,16 +157,17 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    paths = default_corpus_splits(args.cache_dir)  # the default run's data: whole sentences
+    paths = default_corpus_splits(args.cache_dir, lexicon=args.lexicon > 0)  # the default run's data
     paths["valid_src"] = None                      # no validation here (see above)
     corpus = tokenized_corpus(paths, cfg["vocab_size"], args.out / "tokenizer.model")  # minitf.nmt.data.Corpus
     tokenizer = corpus.tokenizer
+    if args.lexicon:
+        corpus.set_lexicon(args.lexicon)  # a new sample of the lexicon each epoch, as train.py's
     model = Seq2Seq(RunConfig.from_preset("tiny").model_config(tokenizer.vocab_size))
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     warmup = WarmupSchedule(cfg["d_model"], cfg["warmup"], cfg["lr_scale"])  # the lr of step s + 1 (counted from 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup(s + 1))
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=0.1)
-    lengths = corpus.lengths("train")
     encoded_test = corpus.ids["test"][0]
     step, epoch, decode_seconds_per_sentence = 0, 0, 0.05
     # the end: the test set greedy and with beam 4 (about 3x greedy), and a margin
@@ -172,6 +175,8 @@ def main():
     done = False
     model.train()
     while not done:
+        corpus.start_epoch(args.seed, epoch)
+        lengths = corpus.lengths("train")
         batches, _ = token_batches(*lengths, cfg["max_tokens"], args.seed, epoch, 100)
         for index in batches:
             if (args.max_steps and step >= args.max_steps) or (
