@@ -1,23 +1,9 @@
-"""Downloading one pinned file (a corpus archive) over HTTP(S), with the standard library.
+"""Downloading one file of pinned size and sha256 (a corpus archive) over HTTP(S) with the standard library.
 
-:func:`download` gets a file whose size and sha256 are known in advance from the
-first of several mirrors that delivers it:
-
-- the bytes go to ``DEST.part`` beside ``DEST``; a ``.part`` left by a cut or
-  killed run is resumed with an HTTP ``Range`` request (a server that answers
-  ``200`` instead of ``206`` is read again from byte 0);
-- never more than the pinned size is written: a server that sends more is refused;
-- a mirror that trickles (fewer than ``min_rate`` bytes/s averaged over the last
-  ``rate_window`` seconds, as curl's ``--speed-limit``/``--speed-time``) is given
-  up, and each read also has a socket timeout;
-- only a file with the pinned sha256 is renamed (atomically, after fsync) to ``DEST``;
-  a wrong one is deleted;
-- every network failure (HTTP status, a reply that is not HTTP, a body cut short,
-  too many headers, a redirect loop, a timeout, a reset, TLS) is one line in a
-  :class:`~minitf.nmt.errors.DataError`;
-- SIGTERM while downloading raises :class:`Terminated` (a KeyboardInterrupt), so
-  ``finally`` blocks clean up; what is left is at most ``DEST.part``, which the
-  next start resumes.
+The bytes go to ``DEST.part``, which a later start resumes with an HTTP ``Range`` request; never more than the
+pinned size is written; a trickling mirror is given up (as curl's ``--speed-limit``); only a file with the
+pinned sha256 is renamed (after fsync) to ``DEST``. Every network failure is one line in a DataError, and
+SIGTERM raises :class:`Terminated` so that ``finally`` blocks clean up.
 """
 import collections
 import contextlib
@@ -39,11 +25,8 @@ _BLOCK = 1 << 16
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived while a download (or an unpacking) was running.
-
-    A KeyboardInterrupt, so that nothing on the way swallows it and the commands
-    report it as an interruption. Attributes: ``signum``.
-    """
+    """SIGTERM arrived while a download (or an unpacking) ran: a KeyboardInterrupt, so that nothing on the way
+    swallows it and the commands report an interruption."""
 
     def __init__(self, signum):
         super().__init__(signum)
@@ -52,11 +35,8 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def sigterm_raises():
-    """Inside the block SIGTERM raises :class:`Terminated` instead of killing the
-    process on the spot, so ``finally`` blocks remove their temp files.
-
-    Only in the main thread, and only where SIGTERM still has its default action
-    (a command that handles SIGTERM itself keeps its handler)."""
+    """Inside the block SIGTERM raises :class:`Terminated`, so ``finally`` blocks remove their temp files;
+    only in the main thread and where SIGTERM has its default action (a command's own handler is kept)."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
         yield
@@ -73,8 +53,8 @@ def sigterm_raises():
 
 
 def mirror_base(env_var, default):
-    """The base URL from the environment variable ``env_var`` (say
-    ``MINITF_DEBIAN_MIRROR``) when set and not empty, else ``default``; no trailing ``/``."""
+    """The base URL in ``env_var`` (``MINITF_DEBIAN_MIRROR``) when set and not empty, else ``default``; no
+    trailing ``/``."""
     return (os.environ.get(env_var, "").strip() or default).rstrip("/")
 
 
@@ -88,39 +68,15 @@ class _MirrorFailed(Exception):
 
 def download(urls, dest, *, size, sha256, what, progress=True, min_rate=1024, rate_window=60.0,
              read_timeout=60.0, log=None):
-    """Download the file of pinned ``size`` and ``sha256`` to ``dest``, from the first
-    of ``urls`` that delivers it; return ``dest``.
+    """Download the file of pinned ``size`` (bytes, the most ever written) and ``sha256`` to ``dest`` from
+    the first of ``urls`` (one URL or mirrors in order) that delivers it; return ``dest`` (at once if it is
+    already there and right).
 
-    Parameters
-    ----------
-    urls : str or sequence of str
-        One URL, or mirrors tried in order (one that fails: the next).
-    dest : path-like
-        The final file. ``dest`` already there with the pinned size and sha256 is
-        returned as it is. The bytes arrive in ``dest.part`` (same folder).
-    size : int
-        The pinned size in bytes: the most that is ever written.
-    sha256 : str
-        The pinned digest (hex).
-    what : str
-        What is fetched, for the messages (``"Debian package trans-de-en"``).
-    progress : bool or "always"
-        A progress bar (bytes, MB/s, ETA) on stderr: True where stderr is a
-        terminal, "always" anywhere, False never.
-    min_rate, rate_window : float
-        A mirror that delivers fewer than ``min_rate`` bytes/s averaged over the
-        last ``rate_window`` seconds is given up (the next one is tried).
-    read_timeout : float
-        Seconds one read (or the connection) may wait for data.
-    log : callable or None
-        Called with one-line notes (a resumed download, a mirror given up).
-
-    Raises
-    ------
-    DataError
-        One line: every URL failed (each one's reason), or ``dest``'s folder is not
-        writable. It ends with what to do; callers append their own hint (a
-        mirror variable, their own corpus).
+    ``what`` names the file in messages; ``progress``: a bar on stderr (True: where it is a terminal,
+    "always", False); a mirror giving fewer than ``min_rate`` bytes/s over the last ``rate_window`` s, or no
+    data for ``read_timeout`` s, is given up; ``log`` takes one-line notes (a resume, a mirror given up).
+    Raises a one-line DataError (each URL's reason, or an unwritable folder) ending with what to do, to which
+    callers append their own hint.
     """
     urls = [urls] if isinstance(urls, str) else list(urls)
     dest = pathlib.Path(dest)
@@ -249,10 +205,8 @@ def _read(response, n, read_timeout):
 
 
 def _check_rate(samples, received, min_rate, rate_window):
-    """Give up when fewer than ``min_rate`` bytes/s arrived over the last ``rate_window`` s.
-
-    ``samples``: (time, bytes so far) pairs; the oldest one kept is the last one at
-    least ``rate_window`` old, so the average always spans a whole window."""
+    """Give up when fewer than ``min_rate`` bytes/s arrived over the last ``rate_window`` s; ``samples`` are
+    (time, bytes so far), the oldest kept the last one at least a window old (the average spans a window)."""
     now = time.monotonic()
     samples.append((now, received))
     while len(samples) > 2 and samples[1][0] <= now - rate_window:
