@@ -1,9 +1,6 @@
-"""The corpora: each one's download, verification, unpacking and split, cached under ``--cache-dir``.
-
-The default corpus is the Ding German-English dictionary from Debian's package ``trans-de-en`` (apt where it
-exists, else the pinned .deb over HTTPS), split into plain text files; WMT 2014 English-German (the paper's
-corpus) is fetched from pinned archives and prepared as memory-mapped token arrays.
-"""
+"""The corpora, each fetched, verified, unpacked and split once under ``--cache-dir``: the default Ding
+German-English dictionary (Debian's ``trans-de-en``: apt, else the pinned .deb over HTTPS) as text files, and
+WMT 2014 English-German (the paper's) from pinned archives as memory-mapped token arrays."""
 import bz2
 import dataclasses
 import gzip
@@ -47,14 +44,10 @@ _CORPUS_HINT = ("pass your own corpus with --train-src/--train-tgt --valid-src/-
 
 
 def fetch_default_corpus(cache_dir, use_apt=None, base_url=None, progress=True):
-    """The path of the Ding dictionary file ``CACHE/trans-de-en/usr/share/trans/de-en``, fetched once.
-
-    apt first (``use_apt`` None: where ``apt-get`` exists, unless ``MINITF_NO_APT=1``), else the pinned .deb
-    over HTTPS from ``base_url`` (default ``MINITF_DEBIAN_MIRROR`` or Debian's archive, then its snapshot);
-    a cut download is resumed by the next start. The dictionary is renamed into place when complete, and the
-    .deb and temp files are removed on success, error and SIGTERM. Raises a one-line DataError saying why
-    neither apt nor the download gave the package.
-    """
+    """The Ding dictionary file ``CACHE/trans-de-en/usr/share/trans/de-en``, fetched once: by apt (``use_apt``
+    None: where ``apt-get`` exists, unless ``MINITF_NO_APT=1``), else the pinned .deb from ``base_url`` (default
+    ``MINITF_DEBIAN_MIRROR`` or Debian's archive, then its snapshot), a cut download resumed next time. The file
+    is renamed into place whole; temp files go on success, error and SIGTERM. A one-line DataError says why not."""
     cache_dir = pathlib.Path(cache_dir)
     corpus = cache_dir / DING_PACKAGE / DING_MEMBER
     if corpus.is_file():
@@ -116,36 +109,26 @@ def _https_download(cache_dir, base_url, apt_error, progress):
 
 
 def _apt_download(work):
-    """Run ``apt-get download`` in ``work`` and return the path of the .deb."""
+    """Run ``apt-get download`` quietly in ``work`` and return the path of the .deb; a failure is one line."""
+    what = "apt-get download"
     try:
-        _run(["apt-get", "download", DING_PACKAGE], cwd=work, what="apt-get download")
-    except CommandFailed as error:
-        if "Unable to locate package" in error.detail or error.detail.startswith("E:"):
-            raise DataError(f"apt-get cannot get package {DING_PACKAGE} ({error.detail}; "
-                            "`apt-get update` as root may help)") from None
-        raise
-    debs = sorted(work.glob(f"{DING_PACKAGE}_*.deb"))
-    if not debs:
-        raise DataError(f"apt-get download {DING_PACKAGE} reported success but wrote no .deb")
-    return debs[0]
-
-
-def _run(command, cwd, what):
-    """Run a command quietly; any failure becomes a one-line DataError."""
-    try:
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
+        result = subprocess.run(["apt-get", "download", DING_PACKAGE], cwd=work, capture_output=True, text=True,
                                 timeout=600, check=False)
     except FileNotFoundError:
-        raise DataError(f"{command[0]} is not installed, so apt is unavailable; "
-                        f"{_CORPUS_HINT}") from None
+        raise DataError(f"apt-get is not installed, so apt is unavailable; {_CORPUS_HINT}") from None
     except (OSError, subprocess.TimeoutExpired) as error:
         raise DataError(f"{what} failed ({error}); {_CORPUS_HINT}") from None
     if result.returncode != 0:
         lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
         errors = [line for line in lines if line.startswith("E:")]
         detail = (errors or lines or [f"exit status {result.returncode}"])[-1].strip()
+        if "Unable to locate package" in detail or detail.startswith("E:"):
+            raise DataError(f"apt-get cannot get package {DING_PACKAGE} ({detail}; `apt-get update` as root may help)")
         raise CommandFailed(what, detail, _CORPUS_HINT)
-    return result
+    debs = sorted(work.glob(f"{DING_PACKAGE}_*.deb"))
+    if not debs:
+        raise DataError(f"apt-get download {DING_PACKAGE} reported success but wrote no .deb")
+    return debs[0]
 
 
 # Annotations Ding puts around words: {f}, {m}, {vt}, [ugs.], [Br.], (explanations).
@@ -153,8 +136,7 @@ _ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|\([^()]*\)")
 # Placeholders mark a phrase pattern, not a sentence ("jdm. etw. geben", "to give sb. sth.").
 _PLACEHOLDER = re.compile(r"(?<!\w)(?:etw|jdn|jdm|jds|sth|sb|so)\.|(?<!\w)sb['’]s(?!\w)|\.\.\.|…")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])")
-# Alternatives inside a phrase ("neighbours/neighbors"), an abbreviation "/CRSR/", and
-# what is left of annotations split apart by "; " inside braces, or spaced alternatives.
+# Alternatives ("neighbours/neighbors"), an abbreviation "/CRSR/", and leftover markup (annotations split by "; ").
 _ALTERNATIVES = re.compile(r"([\w'’.-]+)(?:/[\w'’.-]+)+")
 _ABBREVIATION = re.compile(r"\s*/[\w.-]+/")
 _MARKUP = re.compile(r"[{}\[\]()<>/|;:]")
@@ -225,18 +207,15 @@ def split_pairs(pairs, seed=1234, n_valid=500, n_test=500):
                         f"{len(pairs)} pairs; use a bigger corpus or smaller held-out sets")
     order = np.random.default_rng(seed).permutation(len(pairs))
     shuffled = [pairs[i] for i in order.tolist()]
-    valid, test = shuffled[:n_valid], shuffled[n_valid:n_valid + n_test]
-    return shuffled[n_valid + n_test:], valid, test
+    return shuffled[n_valid + n_test:], shuffled[:n_valid], shuffled[n_valid:n_valid + n_test]
 
 
 def parse_ding_entries(path):
-    """``[(line_number, sentences, phrases)]`` for each line of a Ding file with at least one pair.
-
-    Lines look like ``de1 | de2 :: en1 | en2`` (``#`` starts a comment); sub-entries pair up by position (a
-    line whose sides have different counts is skipped), and so do ``; ``-separated synonyms (a single one
-    against several: with the first). Annotations (``{f}``, ``[ugs.]``, ``(...)``) are stripped. Sentences:
+    """``[(line_number, sentences, phrases)]`` for each line ``de1 | de2 :: en1 | en2`` of a Ding file with a pair
+    (``#`` starts a comment). Sub-entries, and ``; ``-separated synonyms, pair by position (a line with unequal
+    sides is skipped; a single synonym against several takes the first); annotations are stripped. Sentences:
     capitalised, >= 3 words, a final ``.!?``, no placeholder (``etw.``, ``jdm.``, ``sth.``, ``sb.``, ``...``);
-    phrases: 2 to 12 words a side, ``a/b`` alternatives reduced to the first, no placeholders.
+    phrases: 2 to 12 words a side, ``a/b`` reduced to ``a``, no placeholders.
     """
     entries = []
     for number, line in enumerate(read_lines(path, "Ding dictionary", max_chars=None), start=1):
@@ -296,8 +275,7 @@ def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en", phrases=False
     """Fetch the Ding dictionary, split it by entry (:func:`split_by_entry`, seed 1234, 500 valid and 500
     test sentences) and cache the splits as text; returns absolute paths ``{"train_src", "train_tgt",
     "valid_src", "valid_tgt", "test_src", "test_tgt"}``. Training is the sentences plus, with ``phrases``, the
-    phrase sub-entries (``train.*``); ``train-sentences.*`` holds the sentences alone.
-    """
+    phrase sub-entries (``train.*``); ``train-sentences.*`` holds the sentences alone."""
     folder = pathlib.Path(cache_dir) / SPLIT_FOLDER
     train = "train" if phrases else "train-sentences"
     names = {f"{s}_{side}": folder / f"{name}.{lang}"
@@ -363,12 +341,9 @@ class _Capped:
 
 
 def extract_member(deb_path, member, out):
-    """Copy the regular file ``member`` of a .deb's ``data.tar.*`` into the open binary file ``out``.
-
-    Nothing else is written, so no member name (``../x``) can reach outside. The member must be a regular
-    file (no link or device) of at most :data:`MAX_MEMBER_BYTES`, found within :data:`MAX_DATA_TAR_BYTES` of
-    the tar stream; anything else (not a .deb, damaged, too large, missing) is a one-line DataError.
-    """
+    """Copy the regular file ``member`` of a .deb's ``data.tar.*`` into the open binary file ``out``; nothing
+    else is written, so no member name can reach outside. A link or device, a member over :data:`MAX_MEMBER_BYTES`,
+    over :data:`MAX_DATA_TAR_BYTES` of tar stream, a damaged or foreign package: a one-line DataError."""
     members = ar_members(pathlib.Path(deb_path).read_bytes())
     names = [n for n in members if n.startswith("data.tar")]
     if not names:
@@ -381,10 +356,7 @@ def extract_member(deb_path, member, out):
         stream = _Capped(_DECOMPRESS[suffix](io.BytesIO(members[name])), MAX_DATA_TAR_BYTES, name)
         with tarfile.open(fileobj=stream, mode="r|") as archive:
             for info in archive:
-                path = info.name
-                while path.startswith("./"):
-                    path = path[2:]
-                if path != member:
+                if re.sub(r"^(?:\./)+", "", info.name) != member:
                     continue
                 if not info.isreg():
                     raise DataError(f"{member} in the package is not a regular file (a link or device); refused")
@@ -402,12 +374,10 @@ def extract_member(deb_path, member, out):
     raise DataError(f"the package has no {member}; its layout changed")
 
 
-# WMT 2014 English-German, as fairseq's ``prepare-wmt14en2de.sh --icml17``: train on Europarl v7, Common Crawl
-# and News Commentary v9 (4.5 million pairs), validate on newstest2013, test on newstest2014 (all 3,003
-# sentences, from SGM as sacreBLEU reads it). The archives are pinned by size and sha256 (tensorflow/datasets'
-# values). Both test sets come from WMT 2019's dev.tgz, which is pinned; WMT 2014's own dev.tgz and
-# test-full.tgz are not, and an unpinned archive is never used. Disk under CACHE/wmt14-en-de: archives 1.7 GB,
-# text 1.3 GB, prepared arrays about 0.5 GB.
+# WMT 2014 English-German as fairseq's ``prepare-wmt14en2de.sh --icml17``: 4.5 million training pairs, newstest2013
+# to validate, newstest2014 to test (all 3,003 sentences, from SGM as sacreBLEU reads it). The archives are pinned
+# by size and sha256 (tensorflow/datasets' values); both test sets come from WMT 2019's pinned dev.tgz (WMT 2014's
+# own are unpinned, never used). Disk: archives 1.7 GB, text 1.3 GB, prepared arrays about 0.5 GB.
 #: A base URL with the archives by file name under it (a local mirror, a test's server) replaces their addresses.
 WMT14_MIRROR_ENV = "MINITF_WMT_MIRROR"
 WMT14_FOLDER = "wmt14-en-de"
@@ -534,11 +504,9 @@ def wmt14_prepared_folder(cache_dir, src_lang="en", tgt_lang="de", vocab_size=WM
 
 def prepare_wmt14(cache_dir, *, src_lang="en", tgt_lang="de", vocab_size=WMT14_VOCAB_SIZE, sample_sentences=1_000_000,
                   seed=1, workers=None, archives=None, progress=True, log=print):
-    """Fetch, unpack and prepare WMT 2014 en-de or de-en once under ``CACHE/wmt14-en-de``; returns the
-    prepared folder (open it with :class:`minitf.nmt.data.IndexedCorpus`). ``vocab_size``,
-    ``sample_sentences``, ``seed``, ``workers``: as :func:`minitf.nmt.prepare.prepare_corpus`; ``archives``
-    replaces :data:`WMT14_ARCHIVES` (tests serve small archives of the same layout).
-    """
+    """Fetch, unpack and prepare WMT 2014 en-de or de-en once under ``CACHE/wmt14-en-de`` and return the
+    prepared folder (an :class:`minitf.nmt.data.IndexedCorpus`); other arguments as
+    :func:`minitf.nmt.prepare.prepare_corpus`, ``archives`` replacing :data:`WMT14_ARCHIVES` (for tests)."""
     if {src_lang, tgt_lang} != {"en", "de"}:
         raise DataError(f"WMT 2014 English-German is en-de or de-en, got {src_lang}-{tgt_lang}")
     archives = WMT14_ARCHIVES if archives is None else archives

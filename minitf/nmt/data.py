@@ -1,9 +1,6 @@
-"""Host-side data pipeline: reading text safely, token-count batching, padding, the encoded splits of a
-run, and prepared corpora (memory-mapped token arrays).
-
-Everything runs on the CPU with host NumPy; the trainer copies finished batches to the device. Bad input
-is a one-line :class:`~minitf.nmt.errors.DataError` saying what was expected, what came and what to do.
-"""
+"""Host-side data pipeline (host NumPy): reading text safely, token-count batching, padding, the encoded
+splits of a run, and prepared corpora (memory-mapped token arrays). Bad input is a one-line DataError saying
+what was expected, what came and what to do."""
 import json
 import os
 import pathlib
@@ -26,18 +23,13 @@ class Pairs(list):
 
 
 def read_lines(path, what="input", max_chars=MAX_CHARS):
-    """A UTF-8 text file as a list of stripped lines (empty lines kept).
-
-    Split on ``\\n`` only (``\\r\\n`` accepted), so line numbers match ``wc -l`` and parallel files stay
-    aligned; a leading BOM is ignored. ``what`` names the file's role in errors (``"source"``); ``max_chars``
-    is the longest line accepted (None: no limit). A DataError for a missing, empty, non-UTF-8 or all-blank
-    file, a directory, or a too-long line.
-    """
+    """A UTF-8 text file as stripped lines (empty ones kept), split on ``\\n`` only so that line numbers match
+    ``wc -l`` (a BOM ignored); ``what`` names its role in errors, ``max_chars`` is the longest line (None: any).
+    A DataError for a missing, empty, non-UTF-8 or all-blank file, a directory, or a too-long line."""
     path = pathlib.Path(path)
     data = _read_bytes(path, what)
     if not data:
-        raise DataError(f"{what} file {str(path)!r} is empty (0 bytes); "
-                        "expected plain text with one sentence per line")
+        raise DataError(f"{what} file {str(path)!r} is empty (0 bytes); expected plain text with one sentence per line")
     lines = decode_lines(data, f"{what} file {str(path)!r}", max_chars)
     if not any(lines):
         raise DataError(f"{what} file {str(path)!r} has only empty lines; "
@@ -62,9 +54,8 @@ def decode_lines(data, origin, max_chars=MAX_CHARS):
     if max_chars is not None:
         for number, line in enumerate(lines, start=1):
             if len(line) > max_chars:
-                raise DataError(f"{origin}: line {number} has {len(line)} "
-                                f"characters, more than the limit {max_chars}; expected one "
-                                "sentence per line, split or drop that line")
+                raise DataError(f"{origin}: line {number} has {len(line)} characters, more than the limit "
+                                f"{max_chars}; expected one sentence per line, split or drop that line")
     return lines
 
 
@@ -88,9 +79,8 @@ def read_parallel(src_path, tgt_path, max_chars=MAX_CHARS):
     src = read_lines(src_path, "source", max_chars)
     tgt = read_lines(tgt_path, "target", max_chars)
     if len(src) != len(tgt):
-        raise DataError(f"source {str(src_path)!r} has {len(src)} lines but target "
-                        f"{str(tgt_path)!r} has {len(tgt)}; parallel files need one "
-                        "translation per line, so fix the alignment")
+        raise DataError(f"source {str(src_path)!r} has {len(src)} lines but target {str(tgt_path)!r} has {len(tgt)}; "
+                        "parallel files need one translation per line, so fix the alignment")
     pairs = [(s, t) for s, t in zip(src, tgt) if s and t]
     if not pairs:
         raise DataError(f"no line of {str(src_path)!r} / {str(tgt_path)!r} has both a source "
@@ -118,21 +108,17 @@ def write_lines(path, lines):
 
 
 def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, max_len=None):
-    """``(batches, n_skipped)``: int64 index arrays of sentences of similar length under a token budget.
-
-    Lengths count any BOS/EOS the padded batch carries. Sentences are sorted by (source, target) length with
-    random ties and cut into runs with ``max(len) * count <= max_tokens`` on each side (one sentence over the
-    budget is a batch of its own); the batch order is shuffled. The same ``(seed, epoch)`` gives the same
-    batches. Sentences longer than ``max_len`` on either side are skipped and counted in ``n_skipped``.
+    """``(batches, n_skipped)``: int64 index arrays of sentences of similar length under a token budget. Sorted by
+    (source, target) length with random ties, cut into runs with ``max(len) * count <= max_tokens`` a side
+    (lengths counting the BOS/EOS a batch carries; one sentence over budget is a batch), shuffled; the same
+    ``(seed, epoch)`` gives the same batches. Sentences over ``max_len`` on either side are skipped and counted.
     """
     src = np.asarray(src_lens, dtype=np.int64).reshape(-1)
     tgt = np.asarray(tgt_lens, dtype=np.int64).reshape(-1)
     if src.shape != tgt.shape:
-        raise DataError(f"token_batches needs one target length per source length, "
-                        f"got {src.size} and {tgt.size}")
+        raise DataError(f"token_batches needs one target length per source length, got {src.size} and {tgt.size}")
     if int(max_tokens) < 1:
-        raise DataError(f"max_tokens must be a positive number of tokens, got {max_tokens}; "
-                        "raise --max-tokens")
+        raise DataError(f"max_tokens must be a positive number of tokens, got {max_tokens}; raise --max-tokens")
     rng = np.random.default_rng([int(seed), int(epoch)])
     keep = np.arange(src.size)
     if max_len is not None:
@@ -287,8 +273,7 @@ class SplitWriter:
 
 
 class _Side:
-    """The sentences of one split and side: ``len()`` and ``[i]`` (an id array), for
-    code that asks ``len(corpus.ids["train"][0])``; training itself never indexes it."""
+    """The sentences of one split and side: ``len()`` and ``[i]`` (an id array); training never indexes it."""
 
     def __init__(self, flat, offsets):
         self.flat, self.offsets = flat, offsets
@@ -301,11 +286,9 @@ class _Side:
 
 
 class IndexedCorpus:
-    """A folder of :func:`minitf.nmt.prepare.prepare_corpus` opened for training, with the interface of
-    :class:`Corpus`: ``tokenizer``, ``manifest``, ``text`` (``{split: (sources, references)}``, valid and test)
-    and ``ids`` (``{split: (src, tgt)}``, each with ``len()`` and ``[i]``). Batches are gathered from the flat
-    arrays with one vectorised read. A DataError for anything but a whole folder of this format version.
-    """
+    """A folder of :func:`minitf.nmt.prepare.prepare_corpus` opened as a :class:`Corpus` is: ``tokenizer``,
+    ``manifest``, ``text`` (valid and test), ``ids`` (``len()`` and ``[i]``); a batch is one vectorised read
+    of the flat arrays. A DataError for anything but a whole folder of this format version."""
 
     def __init__(self, folder):
         self.folder = folder = pathlib.Path(folder)

@@ -1,17 +1,13 @@
-"""Greedy decoding and beam search (paper 6.1: beam 4, length penalty alpha 0.6, output length up to input
-length + 50), translating text, and BLEU both ways.
+"""Greedy decoding and beam search (paper 6.1: beam 4, length penalty alpha 0.6, outputs up to input length
++ 50), translating text, and BLEU both ways.
 
-Both decoders are batched: each step runs the decoder once on all live rows (B sentences or B * K beams),
-one position with the key/value cache; finished sentences leave the batch. The only Python loop is over
-steps, each copying a few flags to the host. Conventions of both:
-
-* ``src_ids``: a host or device int array (B, S), ``pad_id`` after the real tokens, or a list of id lists.
-* A hypothesis has no bos and no final eos; its length ``|Y|`` for the length penalty counts the eos.
-* ``max_len`` caps a hypothesis's tokens counting its eos; default: each sentence's non-pad source tokens +
-  ``max_len_offset`` (50). A hypothesis reaching it without eos is kept as is.
-* pad is never generated (-inf after the log-softmax, so other scores are the model's log-probabilities).
-* The model runs in eval mode under no_grad; every module's training flag is restored afterwards.
-
+Both decoders are batched: each step runs the decoder once on all live rows (B sentences or B * K beams), one
+position with the key/value cache, and finished sentences leave the batch. ``src_ids`` is a host or device
+int array (B, S), ``pad_id`` after the real tokens, or a list of id lists. A hypothesis has no bos and no
+final eos; its ``|Y|`` counts the eos. ``max_len`` caps its tokens counting eos (default: each sentence's
+non-pad source tokens + ``max_len_offset``, 50); one reaching it without eos is kept. pad is never generated
+(-inf after the log-softmax, so other scores are the model's log-probabilities). The model runs in eval mode
+under no_grad; every module's training flag is restored afterwards.
 Shapes: B batch, S source length, K beam size, V vocabulary, D d_model, L cached positions.
 """
 import contextlib
@@ -31,12 +27,9 @@ def length_penalty(length, alpha):
 
 
 def reorder_cache(cache, index, names=None):
-    """Keep rows ``index`` (M,) of every array of a decoder cache, in place, and return it.
-
-    ``cache``: ``{layer: {"self": {"k": (N, L, D), "v": ...}, "cross": {"k": (N, S, D), ...}}}`` as
-    ``model.decode(..., cache=cache)`` fills it. ``index`` may repeat rows (a beam with several children);
-    ``names`` (e.g. ``("self",)``) limits it to those sub-caches (None: all).
-    """
+    """Keep rows ``index`` (M,) (repeats allowed) of every array of a decoder cache, in place, and return it:
+    ``{layer: {"self": {"k": (N, L, D), "v": ...}, "cross": ...}}`` as ``model.decode(..., cache=cache)`` fills
+    it; ``names`` (e.g. ``("self",)``) limits it to those sub-caches."""
     for key, value in cache.items():
         if isinstance(value, dict):
             if isinstance(key, str) and names is not None and key not in names:
@@ -48,16 +41,9 @@ def reorder_cache(cache, index, names=None):
     return cache
 
 
-def _log_softmax(x):
-    """log softmax over the last axis, shifted by the max for stability."""
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 @contextlib.contextmanager
 def inference_mode(model):
-    """Eval mode (no dropout) and no_grad for the duration; every module's own
-    training flag is put back afterwards, even if modes were mixed."""
+    """Eval mode and no_grad for the block; every module's own training flag is restored afterwards."""
     previous = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
@@ -81,8 +67,7 @@ def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
     B = src.shape[0]
     if max_len is None:
         # one small copy to the host: the caps drive the host-side loop
-        src_len = backend.to_numpy((src != pad_id).sum(axis=1)).astype(backend.host.int64)
-        max_lens = src_len + int(max_len_offset)
+        max_lens = backend.to_numpy((src != pad_id).sum(axis=1)).astype(backend.host.int64) + int(max_len_offset)
     else:
         max_lens = backend.host.broadcast_to(backend.host.asarray(max_len, dtype=backend.host.int64), (B,)).copy()
     if (max_lens < 1).any():
@@ -97,7 +82,8 @@ def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eo
         logits = model.decode(tokens, memory, src_mask, cache=cache, start=t)[:, -1]
     else:
         logits = model.decode(prefix, memory, src_mask)[:, -1]
-    logp = _log_softmax(logits)
+    shifted = logits - logits.max(axis=-1, keepdims=True)  # log softmax, shifted by the max for stability
+    logp = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
     logp[:, pad_id] = -xp.inf  # never generate padding (fresh array: safe to write)
     if t < min_len:
         logp[:, eos_id] = -xp.inf  # no eos before min_len tokens (a weak model likes the empty output)
@@ -106,12 +92,9 @@ def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eo
 
 def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID,
                   use_cache=True, min_len=0):
-    """The B outputs (lists of ids, no bos or eos), taking the most probable token at every step.
-
-    ``max_len``: an int or (B,) array (see the module's conventions). ``use_cache=False`` re-runs the decoder
-    on the whole prefix each step (reference and benchmark). ``min_len``: fewest tokens before eos may be
-    chosen (translating uses 1: no empty translations).
-    """
+    """The B outputs (id lists without bos and eos), taking the most probable token each step. ``max_len``: an
+    int or (B,) array; ``use_cache=False`` re-runs the decoder on the whole prefix (reference and benchmark);
+    ``min_len``: fewest tokens before eos (translating uses 1: no empty translations)."""
     with inference_mode(model):
         src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
         B, steps = src.shape[0], int(max_lens.max())
@@ -147,16 +130,12 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=BOS_ID
 
 def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_len_offset=50, max_len=None,
                       bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, use_cache=True, min_len=0):
-    """Beam search with the GNMT length penalty: for each of the B sentences, its ``n_best`` (1 to K, None:
-    K) best ``(tokens, score)``, best first, ``score = log P(Y | X) / lp(|Y|)``; fewer only when fewer
-    distinct hypotheses exist within ``max_len``. Other arguments as :func:`greedy_decode`.
-
-    Each step extends the K live beams by every token and takes the top 2K of K * V: those among the top K
-    ending in eos are finished (all of the top K at a sentence's last step), and the best K not ending in eos
-    live on. At step 0 only beam 0 is live, so the K beams are not copies. A sentence keeps its ``n_best``
-    best finished hypotheses and stops when the worst of them beats every continuation of a live beam: a
-    beam of log-probability ``s <= 0`` ends with at most ``s`` and a length in ``(t + 1, max_len]``, so it
-    scores at most ``s / max(lp(t + 2), lp(max_len))``. The stop is exact: it never loses a better hypothesis.
+    """Beam search with the GNMT length penalty: per sentence its ``n_best`` (1 to K; None: K) best ``(tokens,
+    score)``, best first, ``score = log P(Y | X) / lp(|Y|)``; fewer only when fewer exist within ``max_len``.
+    Each step extends the K live beams by every token and takes the top 2K: those in the top K ending in eos
+    finish (all of the top K at the last step), the best K others live on; at step 0 only beam 0 is live. A
+    sentence stops when its ``n_best``-th finished beats every continuation: a live beam of log-probability
+    ``s <= 0`` can score at most ``s / max(lp(t + 2), lp(max_len))``, so the stop never loses a better one.
     """
     K = int(beam_size)
     nb = K if n_best is None else int(n_best)
@@ -294,11 +273,9 @@ def bleu_score(hypotheses, references):
     return sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score
 
 
-# BLEU as the field reports it (sacrebleu_score, quoted with its signature) and as the paper's table computed
-# it (tokenized_bleu: tensor2tensor's get_ende_bleu.sh). Splitting compounds makes one word three tokens, two
-# matched by any hyphenated hypothesis, so the latter is higher (0.7 to 1 BLEU on newstest2014, tensor2tensor
-# issue #317). Without sacremoses, sacreBLEU's 13a stands in for Moses' tokenizer.perl (it splits "-" after a
-# digit, so "20-jährige" is no compound to it), and the result names the tokenizer used.
+# BLEU as reported today (sacrebleu_score, with its signature) and as the paper's table (tokenized_bleu: t2t's
+# get_ende_bleu.sh), which is 0.7 to 1 higher on newstest2014 (t2t issue #317): a split compound is three tokens,
+# two matched by any hyphenated hypothesis. Without sacremoses, sacreBLEU's 13a stands in for tokenizer.perl.
 #: t2t's get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' (non-overlapping, as in Perl).
 _COMPOUND = re.compile(r"(\S)-(\S)")
 

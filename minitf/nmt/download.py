@@ -1,10 +1,6 @@
-"""Downloading one file of pinned size and sha256 (a corpus archive) over HTTP(S) with the standard library.
-
-The bytes go to ``DEST.part``, which a later start resumes with an HTTP ``Range`` request; never more than the
-pinned size is written; a trickling mirror is given up (as curl's ``--speed-limit``); only a file with the
-pinned sha256 is renamed (after fsync) to ``DEST``. Every network failure is one line in a DataError, and
-SIGTERM raises :class:`Terminated` so that ``finally`` blocks clean up.
-"""
+"""Downloading one file of pinned size and sha256 over HTTP(S) with the standard library: resumed from
+``DEST.part``, never more than the pinned size, trickling mirrors given up, renamed to ``DEST`` only with the
+pinned sha256, every network failure one line, SIGTERM raising :class:`Terminated` so ``finally`` cleans up."""
 import collections
 import contextlib
 import http.client
@@ -68,15 +64,11 @@ class _MirrorFailed(Exception):
 
 def download(urls, dest, *, size, sha256, what, progress=True, min_rate=1024, rate_window=60.0,
              read_timeout=60.0, log=None):
-    """Download the file of pinned ``size`` (bytes, the most ever written) and ``sha256`` to ``dest`` from
-    the first of ``urls`` (one URL or mirrors in order) that delivers it; return ``dest`` (at once if it is
-    already there and right).
-
-    ``what`` names the file in messages; ``progress``: a bar on stderr (True: where it is a terminal,
-    "always", False); a mirror giving fewer than ``min_rate`` bytes/s over the last ``rate_window`` s, or no
-    data for ``read_timeout`` s, is given up; ``log`` takes one-line notes (a resume, a mirror given up).
-    Raises a one-line DataError (each URL's reason, or an unwritable folder) ending with what to do, to which
-    callers append their own hint.
+    """Download the file of pinned ``size`` and ``sha256`` to ``dest`` from the first of ``urls`` (one or mirrors
+    in order) that delivers it, and return ``dest`` (at once when it is already right). ``progress``: a bar on
+    stderr (True: on a terminal, "always", False). A mirror giving under ``min_rate`` bytes/s over
+    ``rate_window`` s, or nothing for ``read_timeout`` s, is given up. ``log`` takes one-line notes. A one-line
+    DataError (each URL's reason, or an unwritable folder) ends with what to do.
     """
     urls = [urls] if isinstance(urls, str) else list(urls)
     dest = pathlib.Path(dest)
@@ -117,8 +109,7 @@ def download(urls, dest, *, size, sha256, what, progress=True, min_rate=1024, ra
             fsync_dir(dest.parent)
             return dest
     kept = part.stat().st_size if part.is_file() else 0
-    todo = (f"run again to resume ({kept} of {size} bytes kept in {part.name})" if kept
-            else "run again later")
+    todo = (f"run again to resume ({kept} of {size} bytes kept in {part.name})" if kept else "run again later")
     raise DataError(f"could not download {what}: {'; '.join(reasons) or 'no URL to try'}; {todo}")
 
 
@@ -132,8 +123,7 @@ def _fetch(url, part, size, what, progress, min_rate, rate_window, read_timeout,
         if have:
             headers["Range"] = f"bytes={have}-"
         try:
-            response = urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                              timeout=read_timeout)
+            response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=read_timeout)
         except urllib.error.HTTPError as error:
             error.close()
             if error.code == 416 and have:
@@ -178,13 +168,10 @@ def _receive(response, url, part, have, size, what, progress, min_rate, rate_win
                 received += len(block)
                 bar.update(len(block))
                 _check_rate(samples, received, min_rate, rate_window)
-            if received == size and _read(response, 1, read_timeout):
-                out.flush()
-                os.fsync(out.fileno())
-                raise _MirrorFailed(f"the server sent more than the pinned {size} bytes (a different file)",
-                                    keep=False)
             out.flush()
             os.fsync(out.fileno())
+            if received == size and _read(response, 1, read_timeout):
+                raise _MirrorFailed(f"the server sent more than the pinned {size} bytes (a different file)", keep=False)
     except OSError as error:  # our own disk, not the network (network errors arrive as _MirrorFailed)
         raise DataError(f"cannot write {part} ({error.strerror or error}); free disk space or choose "
                         "another cache folder") from None
@@ -213,8 +200,7 @@ def _check_rate(samples, received, min_rate, rate_window):
         samples.popleft()
     start, start_bytes = samples[0]
     if now - start >= rate_window and (received - start_bytes) / (now - start) < min_rate:
-        raise _MirrorFailed(f"slower than {_rate_text(min_rate)} for {rate_window:g} s "
-                            f"({received} bytes so far)")
+        raise _MirrorFailed(f"slower than {_rate_text(min_rate)} for {rate_window:g} s ({received} bytes so far)")
 
 
 def _rate_text(rate):

@@ -1,16 +1,11 @@
-"""Preparing a large parallel corpus once into memory-mapped token arrays (the layout: :mod:`minitf.nmt.data`),
-with a manifest of what they were made from. The text is streamed in three passes over the training files:
-
-1. Clean with :class:`CleanRules` (fairseq's ``prepare-wmt14en2de.sh``), then drop repeated pairs, keeping the
-   first; duplicates are found by a 64-bit hash per pair in one NumPy array, not a set of strings.
-2. Train the tokenizer on ``sample_sentences`` sentences (sources and targets of pairs drawn with ``seed``):
-   sentencepiece's ``input_sentence_size``, done here so the sample is reproducible and small in memory.
-3. Encode the kept pairs in chunks in ``workers`` processes, appending the ids in order.
-
-Valid and test only lose pairs with an empty side (as :func:`minitf.nmt.data.read_parallel`): the yardstick
-stays whole. The folder is built privately and renamed into place, so it is whole or absent; one whose
-manifest records the same sources (by sha256) and settings is reused, another refused (or ``rebuild=True``).
-"""
+"""Preparing a large parallel corpus once into memory-mapped token arrays (layout: :mod:`minitf.nmt.data`)
+with a manifest of what they were made from, streaming the training files three times: (1) clean with
+:class:`CleanRules` and drop repeated pairs (one 64-bit hash per pair in a NumPy array, not a set of
+strings); (2) train the tokenizer on ``sample_sentences`` sentences of pairs drawn with ``seed``
+(sentencepiece's ``input_sentence_size``, done here to be reproducible and small); (3) encode the kept pairs
+in chunks in ``workers`` processes, in order. Valid and test only lose pairs with an empty side. The folder
+is built privately and renamed into place (whole or absent); one whose manifest records the same sources
+(sha256) and settings is reused, another refused (or ``rebuild=True``)."""
 import array
 import collections
 import dataclasses
@@ -64,7 +59,6 @@ def iter_pairs(src_path, tgt_path):
             raise DataError(f"corpus file {str(path)!r} {kind}; expected a plain UTF-8 text file with one "
                             "sentence per line")
     with open(src_path, "rb") as src_file, open(tgt_path, "rb") as tgt_file:
-        number = 0
         for number, (src, tgt) in enumerate(itertools.zip_longest(src_file, tgt_file), start=1):
             if src is None or tgt is None:
                 shorter, n = (src_path, number - 1) if src is None else (tgt_path, number - 1)
@@ -95,15 +89,12 @@ def clean_pass(pairs, rules):
     keep = bytearray()
     candidates, hashes = array.array("q"), array.array("Q")   # index and hash of the pairs that pass the rules
     dropped = collections.Counter({"empty": 0, "length": 0, "ratio": 0, "duplicate": 0})
-    index = -1
     for index, (src, tgt) in enumerate(pairs):
         why = rules.reason(len(src.split()), len(tgt.split()))
+        keep.append(why is None)
         if why is not None:
             dropped[why] += 1
-            keep.append(0)
-            continue
-        keep.append(1)
-        if rules.dedup:
+        elif rules.dedup:
             candidates.append(index)
             hashes.append(_pair_hash(src, tgt))
     keep = np.frombuffer(bytes(keep), dtype=np.uint8).astype(bool)
@@ -130,13 +121,9 @@ def _init_worker(model_bytes, dtype, worker=False):
 
 
 def encode_flat(texts):
-    """The ids of ``texts`` as one flat array (the worker's dtype) and lengths (N,) int32: the ids of
-    ``Tokenizer.encode``, found word by word through a cache.
-
-    BPE never merges across whitespace (sentencepiece's ``split_by_whitespace``), so a sentence's ids are its
-    words' ids in turn: frequent words are looked up, only new ones go through sentencepiece (one call per
-    chunk). tests/test_indexed.py checks the equality on tabs, no-break spaces, ligatures and accents.
-    """
+    """The ids ``Tokenizer.encode`` gives ``texts``, as one flat array (the worker's dtype) and lengths (N,) int32,
+    found word by word through a cache: BPE never merges across whitespace, so only new words go through
+    sentencepiece (tests/test_indexed.py checks the equality on tabs, no-break spaces, ligatures and accents)."""
     tokenizer, dtype, cache = _WORKER["tokenizer"], _WORKER["dtype"], _WORKER["cache"]
     words = [text.split() for text in texts]
     missing = list({word for sentence in words for word in sentence if word not in cache})
@@ -180,9 +167,8 @@ def _pool_context():
     """fork where it is safe (quick, and a calling script needs no ``__main__`` guard); spawn in a
     process that has initialised MPI, which must not be forked (an ``mpiexec`` rank)."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if "fork" in multiprocessing.get_all_start_methods() and not (mpi is not None and mpi.Is_initialized()):
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("spawn")
+    fork = "fork" in multiprocessing.get_all_start_methods() and not (mpi is not None and mpi.Is_initialized())
+    return multiprocessing.get_context("fork" if fork else "spawn")
 
 
 def encode_into(writer, chunks, model_bytes, dtype, workers):
@@ -206,17 +192,13 @@ def encode_into(writer, chunks, model_bytes, dtype, workers):
 def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, seed=1, workers=None,
                    rules=CleanRules(), source_digests=None, languages=("src", "tgt"), rebuild=False,
                    chunk_pairs=10_000, log=print):
-    """Prepare (or reuse) ``out_dir``, a corpus of memory-mapped token arrays; returns it (open it with
-    :class:`minitf.nmt.data.IndexedCorpus`).
-
-    ``sources``: ``{"train": (src_path, tgt_path), "valid": ..., "test": ...}`` (test optional), aligned UTF-8
-    text; a split may be a list of such pairs, read one after another. ``vocab_size``: of the joint BPE (the
-    paper: about 37,000); ``seed``: of the tokenizer's sample and sentencepiece; ``workers``: encoding
-    processes (None: one per CPU, 0: this process); ``rules``: for train only; ``source_digests``:
-    ``{split: [[src_sha256, tgt_sha256], ...]}`` or any JSON-able identity the caller vouches for (None: hash
-    the files); ``languages``: recorded in the manifest; ``rebuild``: replace a folder made from other sources
-    or settings instead of refusing it. A DataError for bad input, no training pair left after cleaning, or
-    a foreign folder.
+    """Prepare (or reuse) ``out_dir``, a corpus of memory-mapped token arrays, and return it (open it with
+    :class:`minitf.nmt.data.IndexedCorpus`). ``sources``: ``{"train": (src_path, tgt_path), "valid": ...,
+    "test": ...}`` (test optional; a split may be a list of pairs, read in turn). ``workers``: None one per CPU,
+    0 this process. ``rules``: for train only. ``source_digests``: ``{split: [[src_sha256, tgt_sha256], ...]}``
+    or another JSON identity the caller vouches for (None: hash the files). ``rebuild``: replace a folder made
+    otherwise instead of refusing it. A DataError for bad input, no training pair left after cleaning, or a
+    foreign folder.
     """
     out_dir = pathlib.Path(out_dir)
     for split in ("train", "valid"):
@@ -325,10 +307,7 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
     rng = np.random.default_rng(recipe["seed"])
     in_sample = np.zeros(keep.size, dtype=bool)
     in_sample[rng.choice(kept_index, size=n_sample, replace=False)] = True
-    texts = []
-    for (src, tgt), chosen in zip(iter_corpora(train), in_sample):
-        if chosen:
-            texts += (src, tgt)
+    texts = [text for pair, chosen in zip(iter_corpora(train), in_sample) if chosen for text in pair]
     start = time.perf_counter()
     tokenizer = train_tokenizer(texts, work / "tokenizer.model", recipe["vocab_size"], seed=recipe["seed"])
     del texts
@@ -342,14 +321,12 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
     splits = {}
     writer = data.SplitWriter(work, "train", dtype)
     try:
-        encode_into(writer, _chunks(iter_corpora(train), keep, chunk_pairs),
-                    tokenizer.model_bytes(), dtype, workers)
+        encode_into(writer, _chunks(iter_corpora(train), keep, chunk_pairs), tokenizer.model_bytes(), dtype, workers)
     except BaseException:
         writer.abort()
         raise
     splits["train"] = writer.close()
-    log(f"encoded {n_kept:,} training pairs with {workers or 1} process(es) "
-        f"({time.perf_counter() - start:.0f} s)")
+    log(f"encoded {n_kept:,} training pairs with {workers or 1} process(es) ({time.perf_counter() - start:.0f} s)")
     for split in ("valid", "test"):
         if split not in sources:
             continue

@@ -1,9 +1,6 @@
-"""The joint source/target BPE tokenizer (a thin wrapper around sentencepiece), and BPE-dropout.
-
-One vocabulary serves both languages (so embeddings can be shared); the special ids are fixed. The model is
-stored inside checkpoints (:meth:`Tokenizer.model_bytes`), so a checkpoint always decodes with the vocabulary
-it was trained with (:attr:`Tokenizer.sha256` identifies it).
-"""
+"""The joint source/target BPE tokenizer (sentencepiece, fixed special ids), and BPE-dropout. The model is
+stored in checkpoints (:meth:`Tokenizer.model_bytes`), so a checkpoint always decodes with the vocabulary it
+was trained with (:attr:`Tokenizer.sha256` identifies it)."""
 import hashlib
 import io
 import pathlib
@@ -31,13 +28,11 @@ def _spm():
 def train_tokenizer(texts, model_path, vocab_size, seed=None):
     """Train a joint BPE :class:`Tokenizer` of ``vocab_size`` ids (specials included) on ``texts`` (sources
     and targets together) and write it atomically to ``model_path``. ``seed`` pins sentencepiece's random
-    generator. A DataError for no text, or a vocabulary too small for the specials or too large for the text.
-    """
+    generator. A DataError for no text, or a vocabulary too small for the specials or too large for the text."""
     spm = _spm()
     texts = [text for text in texts if text and text.strip()]
     if not texts:
-        raise DataError("cannot train a tokenizer on no text; expected a non-empty "
-                        "training corpus")
+        raise DataError("cannot train a tokenizer on no text; expected a non-empty training corpus")
     vocab_size = int(vocab_size)
     if vocab_size <= len(_SPECIALS):
         raise DataError(f"vocab size must exceed the {len(_SPECIALS)} special tokens, got "
@@ -154,12 +149,10 @@ _WORD_START = "\u2581"  # sentencepiece's "▁": a piece starting with it starts
 
 
 class BpeDropout:
-    """BPE-dropout (Provilkov et al., 2020) of a fixed list of texts: each epoch every word is rebuilt from
-    its characters with the tokenizer's merges, best first, each dropped with probability ``p`` in [0, 1)
-    (``p = 0``: the tokenizer's own segmentation). Not sentencepiece's ``enable_sampling``: its samples
-    differ between processes for one seed, and a resumed run must repeat an uninterrupted one. A word type
-    seen ``n`` times gets ``min(n, SAMPLES_PER_TYPE)`` samples an epoch, so an epoch costs about a second.
-    """
+    """BPE-dropout (Provilkov et al., 2020) of fixed texts: each epoch every word is rebuilt from its characters
+    with the tokenizer's merges, best first, each dropped with probability ``p`` (0: the tokenizer's own
+    segmentation). Not sentencepiece's sampling: it differs between processes for one seed, and a resumed run
+    must repeat an uninterrupted one. A word type gets at most SAMPLES_PER_TYPE samples an epoch (about 1 s)."""
 
     def __init__(self, tokenizer, texts, p):
         processor = tokenizer._processor
@@ -169,7 +162,7 @@ class BpeDropout:
         self._id = {processor.id_to_piece(i): i for i in merged}
         self._rank = {processor.id_to_piece(i): -processor.get_score(i) for i in merged}  # lower: merged first
         self._unk = tokenizer.unk_id
-        types, index, sentences = [], {}, []
+        index, sentences = {}, []  # word type -> its number, in order of first occurrence
         for pieces in processor.encode(list(texts), out_type=str):
             words = []
             for piece in pieces:
@@ -177,25 +170,16 @@ class BpeDropout:
                     words.append(piece)
                 else:
                     words[-1] += piece
-            row = []
-            for word in words:
-                if word not in index:
-                    index[word] = len(types)
-                    types.append(word)
-                row.append(index[word])
-            sentences.append(row)
-        self.types = types
+            sentences.append([index.setdefault(word, len(index)) for word in words])
+        self.types = list(index)
         self.sentences = sentences
         flat = [t for row in sentences for t in row]
         self._flat = np.asarray(flat, dtype=np.int64)
-        self._counts = np.bincount(self._flat, minlength=len(types)) if flat else np.zeros(0, np.int64)
+        self._counts = np.bincount(self._flat, minlength=len(index)) if flat else np.zeros(0, np.int64)
 
     def segment(self, word, rnd=None):
-        """Ids of one word (with its leading ``▁``); merges dropped with ``p`` when ``rnd`` is given.
-
-        Each step applies the best-ranked merge that survives: walking the candidates
-        from the best, each is dropped with probability ``p`` (the same choice as
-        dropping every candidate independently and taking the best survivor)."""
+        """Ids of one word (with its leading ``▁``); with ``rnd``, each step takes the best-ranked merge that
+        survives dropping each with ``p`` (the same as dropping all independently and taking the best survivor)."""
         symbols = list(word)
         rank, p = self._rank, self.p
         ranks = [rank.get(a + b) for a, b in zip(symbols, symbols[1:])]
