@@ -167,8 +167,7 @@ def _first_alternative(text):
 
 
 def _line_items(line):
-    """The pairs of one Ding line (``de | de :: en | en``), in order, as
-    ``(sentences, phrases)``: whole-sentence pairs, and multi-word phrase pairs."""
+    """``(sentences, phrases)``: the sentence and phrase pairs of one Ding line ``de | de :: en | en``."""
     if " :: " not in line:
         return [], []
     german, english = line.split(" :: ", 1)
@@ -215,8 +214,7 @@ def parse_ding_entries(path):
     (``#`` starts a comment). Sub-entries, and ``; ``-separated synonyms, pair by position (a line with unequal
     sides is skipped; a single synonym against several takes the first); annotations are stripped. Sentences:
     capitalised, >= 3 words, a final ``.!?``, no placeholder (``etw.``, ``jdm.``, ``sth.``, ``sb.``, ``...``);
-    phrases: 2 to 12 words a side, ``a/b`` reduced to ``a``, no placeholders.
-    """
+    phrases: 2 to 12 words a side, ``a/b`` reduced to ``a``, no placeholders."""
     entries = []
     for number, line in enumerate(read_lines(path, "Ding dictionary", max_chars=None), start=1):
         if not line or line.startswith("#"):
@@ -228,8 +226,7 @@ def parse_ding_entries(path):
 
 
 def unique_sentences(entries):
-    """The whole-sentence pairs of ``entries`` (:func:`parse_ding_entries`), each once,
-    in order of first occurrence."""
+    """The sentence pairs of ``entries`` (:func:`parse_ding_entries`), each once, in order of first occurrence."""
     return list(dict.fromkeys(pair for _, line_sentences, _ in entries for pair in line_sentences))
 
 
@@ -451,8 +448,7 @@ _SEG = re.compile(r"<seg.*?>(.*)</seg>.*?")
 
 
 def parse_sgm(text):
-    """The segments of a WMT SGM file, as sacreBLEU reads them: each line that starts
-    with ``<seg `` gives its content, whitespace collapsed; nothing is unescaped."""
+    """WMT SGM segments as sacreBLEU reads them: each ``<seg`` line's text, spaces collapsed, nothing unescaped."""
     return [re.sub(r"\s+", " ", _SEG.sub(r"\1", line).strip())
             for line in text.split("\n") if line.startswith("<seg ")]
 

@@ -89,9 +89,8 @@ def read_parallel(src_path, tgt_path, max_chars=MAX_CHARS):
 
 
 def read_splits(paths):
-    """Every split of a corpus, read once: ``{"train": Pairs, "valid": ..., "test": ...}`` from
-    ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``;
-    a split whose source path is None is left out."""
+    """``{"train": Pairs, "valid": ..., "test": ...}`` from ``{"train_src": path, "train_tgt": ..., "valid_src",
+    ..., "test_tgt"}``, each read once; a split whose source path is None is left out."""
     return {split: read_parallel(paths[f"{split}_src"], paths[f"{split}_tgt"])
             for split in ("train", "valid", "test") if paths.get(f"{split}_src") is not None}
 
@@ -111,8 +110,7 @@ def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, max_len=None):
     """``(batches, n_skipped)``: int64 index arrays of sentences of similar length under a token budget. Sorted by
     (source, target) length with random ties, cut into runs with ``max(len) * count <= max_tokens`` a side
     (lengths counting the BOS/EOS a batch carries; one sentence over budget is a batch), shuffled; the same
-    ``(seed, epoch)`` gives the same batches. Sentences over ``max_len`` on either side are skipped and counted.
-    """
+    ``(seed, epoch)`` gives the same batches. Sentences over ``max_len`` on either side are skipped and counted."""
     src = np.asarray(src_lens, dtype=np.int64).reshape(-1)
     tgt = np.asarray(tgt_lens, dtype=np.int64).reshape(-1)
     if src.shape != tgt.shape:
@@ -325,15 +323,13 @@ class IndexedCorpus:
         """Nothing changes between epochs (no BPE-dropout)."""
 
     def lengths(self, split):
-        """Host int64 arrays (N,), (N,): tokens per sentence with EOS (source) and BOS (target)
-        added, computed once from the offsets."""
+        """Host int64 arrays (N,), (N,): tokens per sentence with EOS (source) and BOS (target), from the offsets."""
         if split not in self._lengths:
             self._lengths[split] = tuple(np.diff(self._offsets[split, side]) + 1 for side in SIDES)
         return self._lengths[split]
 
     def batch(self, split, index):
-        """Host int64 arrays (src (B, S), tgt_in (B, T), tgt_out (B, T)) for sentence indices,
-        exactly as :meth:`minitf.nmt.Corpus.batch` pads them."""
+        """Host int64 arrays src (B, S), tgt_in (B, T), tgt_out (B, T), padded as :meth:`Corpus.batch` pads them."""
         index = np.asarray(index, dtype=np.int64).reshape(-1)
         if index.size == 0:
             raise DataError("a batch needs at least one sentence index, got none")

@@ -135,8 +135,7 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
     Each step extends the K live beams by every token and takes the top 2K: those in the top K ending in eos
     finish (all of the top K at the last step), the best K others live on; at step 0 only beam 0 is live. A
     sentence stops when its ``n_best``-th finished beats every continuation: a live beam of log-probability
-    ``s <= 0`` can score at most ``s / max(lp(t + 2), lp(max_len))``, so the stop never loses a better one.
-    """
+    ``s <= 0`` can score at most ``s / max(lp(t + 2), lp(max_len))``, so the stop never loses a better one."""
     K = int(beam_size)
     nb = K if n_best is None else int(n_best)
     if K < 1 or not 1 <= nb <= K:

@@ -49,8 +49,7 @@ def sigterm_raises():
 
 
 def mirror_base(env_var, default):
-    """The base URL in ``env_var`` (``MINITF_DEBIAN_MIRROR``) when set and not empty, else ``default``; no
-    trailing ``/``."""
+    """The base URL in ``env_var`` when set and not empty, else ``default``; no trailing ``/``."""
     return (os.environ.get(env_var, "").strip() or default).rstrip("/")
 
 
@@ -68,8 +67,7 @@ def download(urls, dest, *, size, sha256, what, progress=True, min_rate=1024, ra
     in order) that delivers it, and return ``dest`` (at once when it is already right). ``progress``: a bar on
     stderr (True: on a terminal, "always", False). A mirror giving under ``min_rate`` bytes/s over
     ``rate_window`` s, or nothing for ``read_timeout`` s, is given up. ``log`` takes one-line notes. A one-line
-    DataError (each URL's reason, or an unwritable folder) ends with what to do.
-    """
+    DataError (each URL's reason, or an unwritable folder) ends with what to do."""
     urls = [urls] if isinstance(urls, str) else list(urls)
     dest = pathlib.Path(dest)
     part = dest.with_name(dest.name + ".part")

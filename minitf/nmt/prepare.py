@@ -78,8 +78,7 @@ def _decode(line, path, number):
 
 
 def _pair_hash(src, tgt):
-    """A 64-bit hash of a pair (blake2b): equal pairs, equal hashes; among 4.5 million
-    distinct pairs a collision has a probability of about 1e-6."""
+    """A 64-bit blake2b hash of a pair (among 4.5 million pairs a collision has a probability of about 1e-6)."""
     return int.from_bytes(hashlib.blake2b(f"{src}\x00{tgt}".encode("utf-8"), digest_size=8).digest(), "little")
 
 
@@ -198,8 +197,7 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
     0 this process. ``rules``: for train only. ``source_digests``: ``{split: [[src_sha256, tgt_sha256], ...]}``
     or another JSON identity the caller vouches for (None: hash the files). ``rebuild``: replace a folder made
     otherwise instead of refusing it. A DataError for bad input, no training pair left after cleaning, or a
-    foreign folder.
-    """
+    foreign folder."""
     out_dir = pathlib.Path(out_dir)
     for split in ("train", "valid"):
         if split not in sources:

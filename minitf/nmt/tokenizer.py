@@ -125,8 +125,7 @@ class Tokenizer:
         return self._processor.encode(list(texts), out_type=int)
 
     def decode(self, id_lists):
-        """Text of each id list or 1-D array (rows of a padded batch, say): cut at the first EOS, PAD and
-        BOS ignored."""
+        """Text of each id list or 1-D array (a padded batch's rows): cut at the first EOS, PAD and BOS ignored."""
         texts = []
         for ids in id_lists:
             ids = [int(i) for i in ids]
