@@ -1,13 +1,6 @@
-"""The corpora: each one's download, verification, unpacking and split into
-train / valid / test, cached as plain text files that ``train.py`` then reads like
-any other corpus.
-
-The default corpus is the example sentences of the Ding German-English
-dictionary, from Debian's package ``trans-de-en``: with apt where it exists, else
-over HTTPS from Debian's archive (:func:`minitf.nmt.download.download`: pinned
-size and sha256, resumed, capped); the one file needed is read from the package
-by :func:`extract_member` below (standard library, size-capped).
-"""
+"""The corpora, each fetched, verified, unpacked and split once under ``--cache-dir``: the default Ding
+German-English dictionary (Debian's ``trans-de-en``: apt, else the pinned .deb over HTTPS) as text files, and
+WMT 2014 English-German (the paper's) from pinned archives as memory-mapped token arrays."""
 import bz2
 import dataclasses
 import gzip
@@ -33,18 +26,14 @@ from minitf.nmt.prepare import prepare_corpus
 #: Where fetched corpora are kept: $XDG_CACHE_HOME/minitf, else ~/.cache/minitf (``--cache-dir``).
 DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "minitf"
 
-# --------------------------------------------------------------------------- fetch Ding
-
-#: Where the Ding dictionary lives inside the Debian package ``trans-de-en``.
 DING_PACKAGE = "trans-de-en"
 DING_MEMBER = pathlib.Path("usr/share/trans/de-en")
-#: The package file fetched over HTTPS where apt is missing or fails: pinned by name, size
-#: and sha256 (the same file as ``apt-get download trans-de-en`` on Debian 12).
+#: Fetched over HTTPS where apt is missing or fails; the file ``apt-get download trans-de-en`` gives on Debian 12.
 DING_DEB = "trans-de-en_1.9-6_all.deb"
 DING_DEB_PATH = "pool/main/d/ding/" + DING_DEB
 DING_DEB_SHA256 = "45f6b4cf1c434776fba6811d7bc522efabb5425c43ba8afd0e289bf9e2e53df4"
 DING_DEB_SIZE = 6276816
-#: Debian's archive; ``MINITF_DEBIAN_MIRROR`` replaces it (another mirror, or a test's local server).
+#: ``MINITF_DEBIAN_MIRROR`` replaces it (another mirror, or a test's local server).
 DEBIAN_ARCHIVE = "https://deb.debian.org/debian"
 MIRROR_VARIABLE = "MINITF_DEBIAN_MIRROR"
 #: The archive's permanent copy of the same file, by its sha1 (tried when the pool no longer has it).
@@ -55,50 +44,17 @@ _CORPUS_HINT = ("pass your own corpus with --train-src/--train-tgt --valid-src/-
 
 
 def fetch_default_corpus(cache_dir, use_apt=None, base_url=None, progress=True):
-    """Return the path of the Ding de-en dictionary, fetching it once if needed.
-
-    apt comes first where it exists (``apt-get download trans-de-en`` in a private
-    temp folder); without apt, or when apt cannot get or the standard library
-    cannot unpack its package, the pinned .deb is downloaded over HTTPS into the
-    cache (``trans-de-en_1.9-6_all.deb.part`` while it arrives: a cut or killed
-    download is resumed by the next start). The dictionary is unpacked into a temp
-    file renamed into place when complete; the .deb and the temp files are removed
-    on success, on error and on SIGTERM, so the cache never holds a half-written
-    corpus.
-
-    Parameters
-    ----------
-    cache_dir : str or path-like
-        Folder that holds ``trans-de-en/usr/share/trans/de-en`` once fetched.
-    use_apt : bool or None
-        None: apt where ``apt-get`` exists, unless ``MINITF_NO_APT=1``.
-    base_url : str or None
-        Debian archive to download from; default ``MINITF_DEBIAN_MIRROR`` or
-        :data:`DEBIAN_ARCHIVE` (then :data:`DING_DEB_SNAPSHOT` as a second try).
-    progress : bool or "always"
-        The download's progress bar on stderr (True: where stderr is a terminal).
-
-    Returns
-    -------
-    pathlib.Path
-        The dictionary file (UTF-8 text in Ding format, see :func:`parse_ding_entries`).
-
-    Raises
-    ------
-    DataError
-        Neither apt nor the download could provide the package (one line, saying why).
-    """
+    """The Ding dictionary file ``CACHE/trans-de-en/usr/share/trans/de-en``, fetched once: by apt (``use_apt``
+    None: where ``apt-get`` exists, unless ``MINITF_NO_APT=1``), else the pinned .deb from ``base_url`` (default
+    ``MINITF_DEBIAN_MIRROR`` or Debian's archive, then its snapshot), a cut download resumed next time. The file
+    is renamed into place whole; temp files go on success, error and SIGTERM. A one-line DataError says why not."""
     cache_dir = pathlib.Path(cache_dir)
     corpus = cache_dir / DING_PACKAGE / DING_MEMBER
     if corpus.is_file():
         return corpus
     if use_apt is None:
         use_apt = shutil.which("apt-get") is not None and os.environ.get("MINITF_NO_APT") != "1"
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise DataError(f"cannot create the corpus cache folder {str(cache_dir)!r} ({error}); "
-                        "pass a writable --cache-dir") from None
+    _make_cache(cache_dir)
     with sigterm_raises():  # SIGTERM raises, so that every finally below cleans up
         apt_error = None
         if use_apt:
@@ -116,6 +72,14 @@ def fetch_default_corpus(cache_dir, use_apt=None, base_url=None, progress=True):
         finally:
             deb.unlink(missing_ok=True)
     return corpus
+
+
+def _make_cache(folder):
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"cannot create the corpus cache folder {str(folder)!r} ({error}); "
+                        "pass a writable --cache-dir") from None
 
 
 def _unpack_dictionary(deb, corpus, cache_dir):
@@ -145,45 +109,37 @@ def _https_download(cache_dir, base_url, apt_error, progress):
 
 
 def _apt_download(work):
-    """Run ``apt-get download`` in ``work`` and return the path of the .deb."""
+    """Run ``apt-get download`` quietly in ``work`` and return the path of the .deb; a failure is one line."""
+    what = "apt-get download"
     try:
-        _run(["apt-get", "download", DING_PACKAGE], cwd=work, what="apt-get download")
-    except CommandFailed as error:
-        if "Unable to locate package" in error.detail or error.detail.startswith("E:"):
-            raise DataError(f"apt-get cannot get package {DING_PACKAGE} ({error.detail}; "
-                            "`apt-get update` as root may help)") from None
-        raise
-    debs = sorted(work.glob(f"{DING_PACKAGE}_*.deb"))
-    if not debs:
-        raise DataError(f"apt-get download {DING_PACKAGE} reported success but wrote no .deb")
-    return debs[0]
-
-
-def _run(command, cwd, what):
-    """Run a command quietly; any failure becomes a one-line DataError."""
-    try:
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
+        result = subprocess.run(["apt-get", "download", DING_PACKAGE], cwd=work, capture_output=True, text=True,
                                 timeout=600, check=False)
     except FileNotFoundError:
-        raise DataError(f"{command[0]} is not installed, so apt is unavailable; "
-                        f"{_CORPUS_HINT}") from None
+        raise DataError(f"apt-get is not installed, so apt is unavailable; {_CORPUS_HINT}") from None
     except (OSError, subprocess.TimeoutExpired) as error:
         raise DataError(f"{what} failed ({error}); {_CORPUS_HINT}") from None
     if result.returncode != 0:
         lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
         errors = [line for line in lines if line.startswith("E:")]
         detail = (errors or lines or [f"exit status {result.returncode}"])[-1].strip()
+        if "Unable to locate package" in detail or detail.startswith("E:"):
+            raise DataError(f"apt-get cannot get package {DING_PACKAGE} ({detail}; `apt-get update` as root may help)")
         raise CommandFailed(what, detail, _CORPUS_HINT)
-    return result
+    debs = sorted(work.glob(f"{DING_PACKAGE}_*.deb"))
+    if not debs:
+        raise DataError(f"apt-get download {DING_PACKAGE} reported success but wrote no .deb")
+    return debs[0]
 
-
-# --------------------------------------------------------------------------- parse Ding
 
 # Annotations Ding puts around words: {f}, {m}, {vt}, [ugs.], [Br.], (explanations).
 _ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|\([^()]*\)")
 # Placeholders mark a phrase pattern, not a sentence ("jdm. etw. geben", "to give sb. sth.").
 _PLACEHOLDER = re.compile(r"(?<!\w)(?:etw|jdn|jdm|jds|sth|sb|so)\.|(?<!\w)sb['’]s(?!\w)|\.\.\.|…")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])")
+# Alternatives ("neighbours/neighbors"), an abbreviation "/CRSR/", and leftover markup (annotations split by "; ").
+_ALTERNATIVES = re.compile(r"([\w'’.-]+)(?:/[\w'’.-]+)+")
+_ABBREVIATION = re.compile(r"\s*/[\w.-]+/")
+_MARKUP = re.compile(r"[{}\[\]()<>/|;:]")
 
 
 def _clean(text):
@@ -191,8 +147,7 @@ def _clean(text):
     previous = None
     while previous != text:  # nested brackets, e.g. "(a (b) c)"
         previous, text = text, _ANNOTATION.sub(" ", text)
-    text = " ".join(text.split())
-    return _SPACE_BEFORE_PUNCT.sub(r"\1", text)
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", " ".join(text.split()))
 
 
 def _is_sentence(text):
@@ -203,8 +158,7 @@ def _is_sentence(text):
 
 def _is_lexicon_item(text):
     """True for a headword or phrase: 1 to 12 words, no sentence, no leftover markup."""
-    return (1 <= len(text.split()) <= 12 and not _is_sentence(text)
-            and not _MARKUP.search(text))
+    return 1 <= len(text.split()) <= 12 and not _is_sentence(text) and not _MARKUP.search(text)
 
 
 def _is_phrase(pair):
@@ -214,20 +168,12 @@ def _is_phrase(pair):
 
 def _first_alternative(text):
     """``sheer/pure mockery`` -> ``sheer mockery``; ``/CRSR/``-style abbreviations dropped."""
-    text = _ABBREVIATION.sub("", text)
-    return " ".join(_ALTERNATIVES.sub(r"\1", text).split())
-
-
-# Alternatives inside a phrase ("neighbours/neighbors"), an abbreviation "/CRSR/", and
-# what is left of annotations split apart by "; " inside braces, or spaced alternatives.
-_ALTERNATIVES = re.compile(r"([\w'’.-]+)(?:/[\w'’.-]+)+")
-_ABBREVIATION = re.compile(r"\s*/[\w.-]+/")
-_MARKUP = re.compile(r"[{}\[\]()<>/|;:]")
+    return " ".join(_ALTERNATIVES.sub(r"\1", _ABBREVIATION.sub("", text)).split())
 
 
 def _line_items(line):
-    """The pairs of one Ding line (``de | de :: en | en``), in order, as
-    ``(sentences, lexicon)``: whole-sentence pairs, and headword and phrase pairs."""
+    """``(sentences, lexicon)``: the sentence pairs and the headword and phrase pairs of one Ding line
+    ``de | de :: en | en``."""
     if " :: " not in line:
         return [], []
     german, english = line.split(" :: ", 1)
@@ -256,21 +202,8 @@ def _line_items(line):
 
 
 def split_pairs(pairs, seed=1234, n_valid=500, n_test=500):
-    """Shuffle a copy of ``pairs`` and cut it into train, valid and test.
-
-    Parameters
-    ----------
-    pairs : sequence
-        The items to split (left untouched).
-    seed : int
-        Seed of the shuffle; the same seed always gives the same split.
-    n_valid, n_test : int
-        Sizes of the validation and test sets; train gets the rest.
-
-    Returns
-    -------
-    train, valid, test : list
-    """
+    """Shuffle a copy of ``pairs`` with ``seed`` (same seed, same split) and cut it into lists
+    ``train, valid, test`` of ``len(pairs) - n_valid - n_test``, ``n_valid`` and ``n_test`` items."""
     n_valid, n_test = int(n_valid), int(n_test)
     if n_valid < 0 or n_test < 0:
         raise DataError(f"split sizes must be >= 0, got n_valid={n_valid}, n_test={n_test}")
@@ -279,29 +212,15 @@ def split_pairs(pairs, seed=1234, n_valid=500, n_test=500):
                         f"{len(pairs)} pairs; use a bigger corpus or smaller held-out sets")
     order = np.random.default_rng(seed).permutation(len(pairs))
     shuffled = [pairs[i] for i in order.tolist()]
-    valid, test = shuffled[:n_valid], shuffled[n_valid:n_valid + n_test]
-    return shuffled[n_valid + n_test:], valid, test
+    return shuffled[n_valid + n_test:], shuffled[:n_valid], shuffled[n_valid:n_valid + n_test]
 
 
 def parse_ding_entries(path):
-    """Every pair of a Ding dictionary file, with the entry (line) it came from.
-
-    Lines look like ``de1 | de2 :: en1 | en2`` (``#`` starts a comment). Sub-entries
-    pair up by position (a line whose sides have different counts is skipped);
-    inside a sub-entry ``; `` separates synonyms, paired by position when both
-    sides have as many, and a single entry against several is paired with the
-    first. Annotations (``{f}``, ``[ugs.]``, ``(...)``) are stripped and whitespace
-    collapsed.
-
-    Returns
-    -------
-    list of (int, list of (str, str), list of (str, str))
-        ``(line_number, sentences, lexicon)`` for each line with at least one
-        pair: the whole-sentence pairs (an uppercase first letter, at least 3 words,
-        a final ``.``, ``!`` or ``?``, no placeholder ``etw.``, ``jdm.``, ``sth.``, ``sb.``, ``...``), and the
-        headwords and phrase sub-entries (1 to 12 words a side, annotations
-        stripped, ``a/b`` alternatives reduced to the first, no placeholders).
-    """
+    """``[(line_number, sentences, lexicon)]`` for each line ``de1 | de2 :: en1 | en2`` of a Ding file with a pair
+    (``#`` starts a comment). Sub-entries, and ``; ``-separated synonyms, pair by position (a line with unequal
+    sides is skipped; a single synonym against several takes the first); annotations are stripped. Sentences:
+    capitalised, >= 3 words, a final ``.!?``, no placeholder (``etw.``, ``jdm.``, ``sth.``, ``sb.``, ``...``);
+    lexicon: headwords and phrases of 1 to 12 words a side, ``a/b`` reduced to ``a``, no placeholders."""
     entries = []
     for number, line in enumerate(read_lines(path, "Ding dictionary", max_chars=None), start=1):
         if not line or line.startswith("#"):
@@ -313,27 +232,18 @@ def parse_ding_entries(path):
 
 
 def unique_sentences(entries):
-    """The whole-sentence pairs of ``entries`` (:func:`parse_ding_entries`), each once,
-    in order of first occurrence."""
+    """The sentence pairs of ``entries`` (:func:`parse_ding_entries`), each once, in order of first occurrence."""
     return list(dict.fromkeys(pair for _, line_sentences, _ in entries for pair in line_sentences))
 
 
 def split_by_entry(entries, seed=1234, n_valid=500, n_test=500):
-    """Held-out sentences as :func:`split_pairs` draws them, and a training set
-    that shares no dictionary entry with them.
+    """Held-out sentences as :func:`split_pairs` draws them, and a training set sharing no entry with them.
 
-    The validation and test sets are the whole-sentence pairs that
-    ``split_pairs(sentences, seed, n_valid, n_test)`` holds out (the same
-    sentences as before phrases were added). Every line that holds one of them
-    is held out whole: none of its sentences or phrases is trained on, and
-    neither is any pair whose German or English side equals a held-out one.
-
-    Returns
-    -------
-    dict
-        ``train_sentences``, ``train_lexicon`` (headwords and phrases),
-        ``train_phrases`` (its pairs of at least two words a side), ``valid``, ``test``
-        (lists of pairs) and ``stats`` (counts for the README and the log).
+    Valid and test are the sentence pairs ``split_pairs(sentences, seed, n_valid, n_test)`` holds out. Every
+    line holding one of them is held out whole, and so is any pair with a German or English side equal to a
+    held-out one. Returns a dict of ``train_sentences``, ``train_lexicon`` (headwords and phrases),
+    ``train_phrases`` (the lexicon's pairs of 2+ words a side), ``valid``, ``test`` (lists of pairs) and
+    ``stats`` (counts for the README and the log).
     """
     sentences = unique_sentences(entries)
     old_train, valid, test = split_pairs(sentences, seed=seed, n_valid=n_valid, n_test=n_test)
@@ -367,19 +277,12 @@ SPLIT_FOLDER = "ding-de-en-v2"
 
 
 def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en", phrases=False, lexicon=False):
-    """Fetch the Ding dictionary, split it by entry (:func:`split_by_entry`, seed
-    1234, 500 valid and 500 test sentences), cache the splits as text.
-
-    The training split is the clean sentences plus, with ``phrases``, the phrase
-    sub-entries (``train.*``); ``train-sentences.*`` holds the sentences alone, and
-    ``lexicon.*`` the headwords and phrases that ``--lexicon`` mixes into each epoch.
-
-    Returns
-    -------
-    dict
-        ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``,
-        absolute paths of the cached split files; with ``lexicon``, also ``lexicon_src`` and ``lexicon_tgt``.
-    """
+    """Fetch the Ding dictionary, split it by entry (:func:`split_by_entry`, seed 1234, 500 valid and 500
+    test sentences) and cache the splits as text; returns absolute paths ``{"train_src", "train_tgt",
+    "valid_src", "valid_tgt", "test_src", "test_tgt"}`` (with ``lexicon``, also ``lexicon_src`` and
+    ``lexicon_tgt``: ``lexicon.*``, the headwords and phrases ``--lexicon`` samples from). Training is the
+    sentences plus, with ``phrases``, the phrase sub-entries (``train.*``); ``train-sentences.*`` holds the
+    sentences alone."""
     folder = pathlib.Path(cache_dir) / SPLIT_FOLDER
     splits = {"train": "train" if phrases else "train-sentences", "valid": "valid", "test": "test"}
     if lexicon:
@@ -399,18 +302,9 @@ def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en", phrases=False
     return {k: os.path.abspath(v) for k, v in names.items()}
 
 
-# --------------------------------------------------------------------------- #
-# reading one file out of a Debian package
-# --------------------------------------------------------------------------- #
-# Reading one file out of a Debian package (``.deb``) with the standard library.
-#
-# A ``.deb`` is an ``ar`` archive (``!<arch>\\n``, then 60-byte member headers)
-# holding ``debian-binary``, ``control.tar.*`` and ``data.tar.*``; the files of the
-# package are in ``data.tar.xz`` (or ``.gz``, ``.bz2``, uncompressed). Only the one
-# regular file asked for is ever written, and never more than :data:`MAX_MEMBER_BYTES`
-# of it (a package is input from the network: a decompression bomb is refused).
-#: The most bytes unpacked: the file itself (the Ding dictionary has about 14 MB), and
-#: everything the ``data.tar`` stream holds up to it. A package beyond them is refused.
+# A .deb is an ``ar`` archive holding ``debian-binary``, ``control.tar.*`` and ``data.tar.*`` (.xz, .gz, .bz2
+# or plain), read with the standard library. A package comes from the network: a decompression bomb is refused.
+#: The most bytes unpacked: the file itself (the Ding dictionary has about 14 MB), and the data.tar stream up to it.
 MAX_MEMBER_BYTES = 64 << 20
 MAX_DATA_TAR_BYTES = 256 << 20
 _BLOCK = 1 << 16
@@ -420,13 +314,7 @@ _DECOMPRESS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open, "": lambda 
 
 
 def ar_members(data):
-    """``{name: bytes}`` of an ``ar`` archive (the format of a ``.deb``).
-
-    Raises
-    ------
-    DataError
-        Not an ar archive, or a member header or size that does not fit the file.
-    """
+    """``{name: bytes}`` of an ``ar`` archive (a .deb); a DataError for a bad header or size."""
     if not data.startswith(_AR_MAGIC):
         raise DataError("not a Debian package (.deb): the file does not start with an ar archive header")
     members, offset = {}, len(_AR_MAGIC)
@@ -463,20 +351,9 @@ class _Capped:
 
 
 def extract_member(deb_path, member, out):
-    """Copy the regular file ``member`` (``usr/share/trans/de-en``) of a ``.deb``'s
-    ``data.tar.*`` into the open binary file ``out``.
-
-    Nothing else of the package is written anywhere, so no member name (``../x``,
-    ``/etc/x``) can reach outside; the member itself must be a regular file (not a
-    symlink, hardlink or device) of at most :data:`MAX_MEMBER_BYTES`, and at most
-    :data:`MAX_DATA_TAR_BYTES` of the tar stream are unpacked to find it.
-
-    Raises
-    ------
-    DataError
-        Not a .deb, no ``data.tar``, a damaged or over-large tar, no such member or
-        not a regular file.
-    """
+    """Copy the regular file ``member`` of a .deb's ``data.tar.*`` into the open binary file ``out``; nothing
+    else is written, so no member name can reach outside. A link or device, a member over :data:`MAX_MEMBER_BYTES`,
+    over :data:`MAX_DATA_TAR_BYTES` of tar stream, a damaged or foreign package: a one-line DataError."""
     members = ar_members(pathlib.Path(deb_path).read_bytes())
     names = [n for n in members if n.startswith("data.tar")]
     if not names:
@@ -489,10 +366,7 @@ def extract_member(deb_path, member, out):
         stream = _Capped(_DECOMPRESS[suffix](io.BytesIO(members[name])), MAX_DATA_TAR_BYTES, name)
         with tarfile.open(fileobj=stream, mode="r|") as archive:
             for info in archive:
-                path = info.name
-                while path.startswith("./"):
-                    path = path[2:]
-                if path != member:
+                if re.sub(r"^(?:\./)+", "", info.name) != member:
                     continue
                 if not info.isreg():
                     raise DataError(f"{member} in the package is not a regular file (a link or device); refused")
@@ -510,53 +384,22 @@ def extract_member(deb_path, member, out):
     raise DataError(f"the package has no {member}; its layout changed")
 
 
-# --------------------------------------------------------------------------- #
-# WMT 2014 English-German (the paper's corpus)
-# --------------------------------------------------------------------------- #
-# The paper's English-German task: WMT 2014 English-German, fetched once and prepared
-# as memory-mapped token arrays.
-#
-# Training data: Europarl v7, Common Crawl and News Commentary v9 (4.5 million sentence
-# pairs), as in fairseq's ``examples/translation/prepare-wmt14en2de.sh --icml17``;
-# validation: newstest2013; test: newstest2014 (the full 3,003 sentences, parsed from
-# SGM as sacreBLEU does). The archives are pinned by size and sha256 (the values
-# tensorflow/datasets pins for the same URLs) and downloaded with
-# :func:`minitf.nmt.download.download` (resumed, capped, verified, one line on failure).
-# ``MINITF_WMT_MIRROR`` replaces the download addresses: a base URL under which the
-# archives lie by their file names (a local mirror, a test's loopback server).
-#
-# newstest2013 and newstest2014 both come from WMT's development archive of 2019
-# (``data.statmt.org/wmt19/translation-task/dev.tgz``), which holds every earlier test
-# set and whose size and sha256 are pinned (tensorflow/datasets takes its wmt14 test set
-# from it too); the 2014 ``dev.tgz`` and ``test-full.tgz`` hold the same sets, but no
-# source pins their sha256, and an unpinned archive is never used.
-#
-# Disk: the archives are 1.7 GB, the extracted text 1.3 GB, the prepared arrays about
-# 0.5 GB, under ``CACHE/wmt14-en-de``.
-#: Replaces the download addresses (a base URL with the archives by file name under it).
+# WMT 2014 English-German as fairseq's ``prepare-wmt14en2de.sh --icml17``: 4.5 million training pairs, newstest2013
+# to validate, newstest2014 to test (all 3,003 sentences, from SGM as sacreBLEU reads it). The archives are pinned
+# by size and sha256 (tensorflow/datasets' values); both test sets come from WMT 2019's pinned dev.tgz (WMT 2014's
+# own are unpinned, never used). Disk: archives 1.7 GB, text 1.3 GB, prepared arrays about 0.5 GB.
+#: A base URL with the archives by file name under it (a local mirror, a test's server) replaces their addresses.
 WMT14_MIRROR_ENV = "MINITF_WMT_MIRROR"
 WMT14_FOLDER = "wmt14-en-de"
 #: The paper's shared vocabulary: "about 37000 tokens".
 WMT14_VOCAB_SIZE = 37000
 WMT14_HINT = (f"set {WMT14_MIRROR_ENV} to a mirror that holds the archives by file name, or train on your own "
-         "files with --train-src/--train-tgt")
+              "files with --train-src/--train-tgt")
 
 
 @dataclasses.dataclass(frozen=True)
 class Archive:
-    """One pinned download and the members it provides.
-
-    Attributes
-    ----------
-    url : str
-        Where it is published.
-    size : int
-        Bytes.
-    sha256 : str
-    members : dict
-        ``{"train.en": member path, ...}``: the text files taken from it (by the name
-        the extracted file gets under ``text/``).
-    """
+    """One pinned download (``size`` in bytes) and ``members``: ``{name under text/: member path}``."""
     url: str
     size: int
     sha256: str
@@ -590,8 +433,6 @@ WMT14_ARCHIVES = {
 WMT14_TRAIN = ("europarl-v7", "commoncrawl", "news-commentary-v9")
 
 
-# --------------------------------------------------------------------------- fetching
-
 def archive_urls(archive):
     """The URL to fetch ``archive`` from: under ``MINITF_WMT_MIRROR`` when set, else its own."""
     base = mirror_base(WMT14_MIRROR_ENV, "")
@@ -599,20 +440,10 @@ def archive_urls(archive):
 
 
 def fetch_archives(folder, archives=None, progress=True, log=print):
-    """Download every archive once into ``folder`` (kept, so a rebuild needs no network).
-
-    Returns
-    -------
-    dict
-        ``{name: path}``.
-    """
+    """Download every archive once into ``folder`` (kept: a rebuild needs no network); ``{name: path}``."""
     archives = WMT14_ARCHIVES if archives is None else archives
     folder = pathlib.Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise DataError(f"cannot create the corpus cache folder {str(folder)!r} ({error}); pass a writable "
-                        "--cache-dir") from None
+    _make_cache(folder)
     paths = {}
     for name, archive in archives.items():
         if not (isinstance(archive.sha256, str) and len(archive.sha256) == 64):
@@ -626,27 +457,18 @@ def fetch_archives(folder, archives=None, progress=True, log=print):
     return paths
 
 
-# --------------------------------------------------------------------------- unpacking
-
 _SEG = re.compile(r"<seg.*?>(.*)</seg>.*?")
 
 
 def parse_sgm(text):
-    """The segments of a WMT SGM file, as sacreBLEU reads them: each line that starts
-    with ``<seg `` gives its content, whitespace collapsed; nothing is unescaped."""
+    """WMT SGM segments as sacreBLEU reads them: each ``<seg`` line's text, spaces collapsed, nothing unescaped."""
     return [re.sub(r"\s+", " ", _SEG.sub(r"\1", line).strip())
             for line in text.split("\n") if line.startswith("<seg ")]
 
 
 def extract_texts(paths, text_dir, archives=None):
-    """Unpack the text members of the archives into ``text_dir`` (each file atomically;
-    SGM parsed to one segment per line), skipping files already there.
-
-    Returns
-    -------
-    dict
-        ``{name: path}`` of every extracted file (``train.en`` style names of ``members``).
-    """
+    """Unpack the archives' text members into ``text_dir`` (each atomically; SGM parsed to one segment per
+    line), skipping files already there; ``{name: path}`` of every member."""
     archives = WMT14_ARCHIVES if archives is None else archives
     text_dir = pathlib.Path(text_dir)
     text_dir.mkdir(parents=True, exist_ok=True)
@@ -684,8 +506,6 @@ def _write_member(handle, target, sgm):
             shutil.copyfileobj(handle, out, 1 << 20)
 
 
-# --------------------------------------------------------------------------- the whole
-
 def wmt14_prepared_folder(cache_dir, src_lang="en", tgt_lang="de", vocab_size=WMT14_VOCAB_SIZE, seed=1):
     """Where :func:`prepare_wmt14` puts (and finds) the prepared corpus of these settings."""
     return pathlib.Path(cache_dir) / WMT14_FOLDER / f"prepared-{src_lang}-{tgt_lang}-v{vocab_size}-s{seed}"
@@ -693,25 +513,9 @@ def wmt14_prepared_folder(cache_dir, src_lang="en", tgt_lang="de", vocab_size=WM
 
 def prepare_wmt14(cache_dir, *, src_lang="en", tgt_lang="de", vocab_size=WMT14_VOCAB_SIZE, sample_sentences=1_000_000,
                   seed=1, workers=None, archives=None, progress=True, log=print):
-    """Fetch, unpack and prepare WMT 2014 English-German (once; later calls reuse it).
-
-    Parameters
-    ----------
-    cache_dir : str or path-like
-        Holds ``wmt14-en-de/`` (archives, text, prepared folders).
-    src_lang, tgt_lang : str
-        ``en``/``de`` (the paper's direction) or ``de``/``en``.
-    vocab_size, sample_sentences, seed, workers
-        As :func:`minitf.nmt.prepare.prepare_corpus`.
-    archives : dict or None
-        Replaces :data:`WMT14_ARCHIVES` (tests serve small archives of the same layout).
-
-    Returns
-    -------
-    pathlib.Path
-        The prepared folder (``wmt14-en-de/prepared-en-de-v37000-s1``): open it with
-        :class:`minitf.nmt.data.IndexedCorpus`.
-    """
+    """Fetch, unpack and prepare WMT 2014 en-de or de-en once under ``CACHE/wmt14-en-de`` and return the
+    prepared folder (an :class:`minitf.nmt.data.IndexedCorpus`); other arguments as
+    :func:`minitf.nmt.prepare.prepare_corpus`, ``archives`` replacing :data:`WMT14_ARCHIVES` (for tests)."""
     if {src_lang, tgt_lang} != {"en", "de"}:
         raise DataError(f"WMT 2014 English-German is en-de or de-en, got {src_lang}-{tgt_lang}")
     archives = WMT14_ARCHIVES if archives is None else archives

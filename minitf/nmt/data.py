@@ -1,18 +1,13 @@
-"""Host-side data pipeline: reading text safely, token-count batching, padding,
-and the encoded splits of a run.
-
-Everything here runs on the CPU with plain NumPy (``minitf.backend.host``); the
-training loop copies finished batches to the device. Every bad-input error that
-crosses this boundary is a :class:`~minitf.nmt.errors.DataError` with a one-line
-message saying what was expected, what came and what to do.
-"""
+"""Host-side data pipeline (host NumPy): reading text safely, token-count batching, padding, the encoded
+splits of a run, and prepared corpora (memory-mapped token arrays). Bad input is a one-line DataError saying
+what was expected, what came and what to do."""
 import json
 import os
 import pathlib
 
 from minitf.backend import host as np
 from minitf.nmt.errors import DataError
-from minitf.nmt.files import fsync_dir, write_atomic
+from minitf.nmt.files import write_atomic
 from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, BpeDropout, Tokenizer
 
 #: Longest line (in characters) accepted by :func:`read_lines` by default.
@@ -20,50 +15,21 @@ MAX_CHARS = 10_000
 
 
 class Pairs(list):
-    """A list of ``(source, target)`` pairs that also remembers how many were dropped.
-
-    Attributes
-    ----------
-    n_dropped : int
-        Line pairs skipped because the source or the target line was empty.
-    """
+    """A list of ``(source, target)`` pairs; ``n_dropped``: line pairs skipped for an empty side."""
 
     def __init__(self, pairs=(), n_dropped=0):
         super().__init__(pairs)
         self.n_dropped = int(n_dropped)
 
 
-# --------------------------------------------------------------------------- read / write
-
 def read_lines(path, what="input", max_chars=MAX_CHARS):
-    """Read a UTF-8 text file as a list of stripped lines (empty lines kept).
-
-    Lines are split on ``\\n`` only (``\\r\\n`` is accepted), so line numbers match
-    ``wc -l`` and parallel files stay aligned; a leading BOM is ignored.
-
-    Parameters
-    ----------
-    path : str or path-like
-    what : str
-        Name of the file's role for error messages, e.g. ``"source"``.
-    max_chars : int or None
-        Longest accepted line; None for no limit.
-
-    Returns
-    -------
-    list of str
-
-    Raises
-    ------
-    DataError
-        Missing file, a directory, an empty file, invalid UTF-8, a too-long line,
-        or a file with only empty lines.
-    """
+    """A UTF-8 text file as stripped lines (empty ones kept), split on ``\\n`` only so that line numbers match
+    ``wc -l`` (a BOM ignored); ``what`` names its role in errors, ``max_chars`` is the longest line (None: any).
+    A DataError for a missing, empty, non-UTF-8 or all-blank file, a directory, or a too-long line."""
     path = pathlib.Path(path)
     data = _read_bytes(path, what)
     if not data:
-        raise DataError(f"{what} file {str(path)!r} is empty (0 bytes); "
-                        "expected plain text with one sentence per line")
+        raise DataError(f"{what} file {str(path)!r} is empty (0 bytes); expected plain text with one sentence per line")
     lines = decode_lines(data, f"{what} file {str(path)!r}", max_chars)
     if not any(lines):
         raise DataError(f"{what} file {str(path)!r} has only empty lines; "
@@ -72,21 +38,8 @@ def read_lines(path, what="input", max_chars=MAX_CHARS):
 
 
 def decode_lines(data, origin, max_chars=MAX_CHARS):
-    """Split UTF-8 bytes into stripped lines as :func:`read_lines` does (for stdin, say).
-
-    Parameters
-    ----------
-    data : bytes
-    origin : str
-        What the bytes are, for error messages, e.g. ``"standard input"``.
-    max_chars : int or None
-        Longest accepted line; None for no limit.
-
-    Raises
-    ------
-    DataError
-        Invalid UTF-8 or a too-long line. Empty input gives ``[]``.
-    """
+    """Split UTF-8 bytes into stripped lines as :func:`read_lines` does (for stdin, say); ``origin`` names
+    them in errors (``"standard input"``). Empty input gives ``[]``."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -101,9 +54,8 @@ def decode_lines(data, origin, max_chars=MAX_CHARS):
     if max_chars is not None:
         for number, line in enumerate(lines, start=1):
             if len(line) > max_chars:
-                raise DataError(f"{origin}: line {number} has {len(line)} "
-                                f"characters, more than the limit {max_chars}; expected one "
-                                "sentence per line, split or drop that line")
+                raise DataError(f"{origin}: line {number} has {len(line)} characters, more than the limit "
+                                f"{max_chars}; expected one sentence per line, split or drop that line")
     return lines
 
 
@@ -122,32 +74,13 @@ def _read_bytes(path, what):
 
 
 def read_parallel(src_path, tgt_path, max_chars=MAX_CHARS):
-    """Read an aligned source/target corpus (line *i* of one translates line *i* of the other).
-
-    Parameters
-    ----------
-    src_path, tgt_path : str or path-like
-        UTF-8 text files with one sentence per line and the same number of lines.
-    max_chars : int or None
-        Longest accepted line.
-
-    Returns
-    -------
-    Pairs
-        A list of ``(source, target)`` pairs; line pairs where either side is empty
-        are dropped and counted in its ``n_dropped`` attribute.
-
-    Raises
-    ------
-    DataError
-        Any problem of :func:`read_lines`, or a line-count mismatch.
-    """
+    """:class:`Pairs` of two aligned files (line *i* of one translates line *i* of the other); line pairs
+    with an empty side are dropped and counted. A DataError as :func:`read_lines`, or for unequal line counts."""
     src = read_lines(src_path, "source", max_chars)
     tgt = read_lines(tgt_path, "target", max_chars)
     if len(src) != len(tgt):
-        raise DataError(f"source {str(src_path)!r} has {len(src)} lines but target "
-                        f"{str(tgt_path)!r} has {len(tgt)}; parallel files need one "
-                        "translation per line, so fix the alignment")
+        raise DataError(f"source {str(src_path)!r} has {len(src)} lines but target {str(tgt_path)!r} has {len(tgt)}; "
+                        "parallel files need one translation per line, so fix the alignment")
     pairs = [(s, t) for s, t in zip(src, tgt) if s and t]
     if not pairs:
         raise DataError(f"no line of {str(src_path)!r} / {str(tgt_path)!r} has both a source "
@@ -156,23 +89,15 @@ def read_parallel(src_path, tgt_path, max_chars=MAX_CHARS):
 
 
 def read_splits(paths):
-    """Every split of a corpus, read once: ``{"train": Pairs, "valid": ..., "test": ...}`` from
-    ``{"train_src": path, "train_tgt": ..., "valid_src", "valid_tgt", "test_src", "test_tgt"}``
-    (and ``lexicon_src``/``lexicon_tgt``: pairs mixed into each epoch, ``--lexicon``);
-    a split whose source path is None is left out."""
+    """``{"train": Pairs, "valid": ..., "test": ..., "lexicon": ...}`` from ``{"train_src": path, "train_tgt": ...,
+    "valid_src", ..., "test_tgt", "lexicon_src", "lexicon_tgt"}``, each read once; a split whose source path is
+    None (or missing) is left out."""
     return {split: read_parallel(paths[f"{split}_src"], paths[f"{split}_tgt"])
             for split in ("train", "valid", "test", "lexicon") if paths.get(f"{split}_src") is not None}
 
 
 def write_lines(path, lines):
-    """Write one line per item, atomically (temp file in the same folder, then rename).
-
-    Parameters
-    ----------
-    path : str or path-like
-    lines : iterable of str
-        Items must not contain a newline (that would shift a parallel file).
-    """
+    """Write one line per item, atomically; an item with a newline (it would shift a parallel file) is refused."""
     path = pathlib.Path(path)
     lines = list(lines)
     for number, line in enumerate(lines, start=1):
@@ -182,43 +107,17 @@ def write_lines(path, lines):
     write_atomic(path, "".join(line + "\n" for line in lines))
 
 
-# --------------------------------------------------------------------------- batching
-
 def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, max_len=None):
-    """Group sentence indices into batches of similar length under a token budget.
-
-    Sentences are sorted by (source length, target length) with random tie-breaking,
-    consecutive runs are cut so that ``max(len) * count <= max_tokens`` holds for the
-    source and for the target side (a single sentence over the budget forms its own
-    batch), and the batch order is shuffled. The randomness comes from a generator
-    seeded by ``(seed, epoch)``: the same pair gives the same batches, another epoch
-    another order.
-
-    Parameters
-    ----------
-    src_lens, tgt_lens : sequence of int
-        Lengths in tokens, counting any BOS/EOS the padded batch will carry.
-    max_tokens : int
-        Budget of padded tokens per batch and side.
-    seed, epoch : int
-    max_len : int or None
-        Sentences longer than this on either side are skipped.
-
-    Returns
-    -------
-    batches : list of ndarray of int64
-        Indices into the length arrays, one array per batch.
-    n_skipped : int
-        Sentences left out because of ``max_len``.
-    """
+    """``(batches, n_skipped)``: int64 index arrays of sentences of similar length under a token budget. Sorted by
+    (source, target) length with random ties, cut into runs with ``max(len) * count <= max_tokens`` a side
+    (lengths counting the BOS/EOS a batch carries; one sentence over budget is a batch), shuffled; the same
+    ``(seed, epoch)`` gives the same batches. Sentences over ``max_len`` on either side are skipped and counted."""
     src = np.asarray(src_lens, dtype=np.int64).reshape(-1)
     tgt = np.asarray(tgt_lens, dtype=np.int64).reshape(-1)
     if src.shape != tgt.shape:
-        raise DataError(f"token_batches needs one target length per source length, "
-                        f"got {src.size} and {tgt.size}")
+        raise DataError(f"token_batches needs one target length per source length, got {src.size} and {tgt.size}")
     if int(max_tokens) < 1:
-        raise DataError(f"max_tokens must be a positive number of tokens, got {max_tokens}; "
-                        "raise --max-tokens")
+        raise DataError(f"max_tokens must be a positive number of tokens, got {max_tokens}; raise --max-tokens")
     rng = np.random.default_rng([int(seed), int(epoch)])
     keep = np.arange(src.size)
     if max_len is not None:
@@ -248,20 +147,8 @@ def _cut_runs(order, src, tgt, max_tokens):
 
 
 def pad_batch(seqs, pad_id, bos_id=None, eos_id=None):
-    """Stack token sequences into a right-padded int64 matrix.
-
-    Parameters
-    ----------
-    seqs : sequence of sequence of int
-    pad_id : int
-    bos_id, eos_id : int or None
-        When given, prepended / appended to every sequence before padding.
-
-    Returns
-    -------
-    ndarray of int64, shape (B, L)
-        ``L`` is the longest sequence plus the added BOS/EOS.
-    """
+    """Token sequences as a right-padded int64 matrix (B, L), with ``bos_id`` / ``eos_id`` (when given)
+    added to each; L is the longest sequence with them."""
     extra_front = [] if bos_id is None else [int(bos_id)]
     extra_back = [] if eos_id is None else [int(eos_id)]
     rows = [extra_front + [int(t) for t in seq] + extra_back for seq in seqs]
@@ -274,32 +161,14 @@ def pad_batch(seqs, pad_id, bos_id=None, eos_id=None):
 
 
 def make_target_io(seqs, pad_id, bos_id, eos_id):
-    """Decoder input and expected output for teacher forcing.
-
-    Returns
-    -------
-    tgt_in, tgt_out : ndarray of int64, shape (B, L)
-        ``tgt_in`` is ``[bos] + seq`` and ``tgt_out`` is ``seq + [eos]``, both padded
-        to the same length, so ``tgt_out[:, t]`` is the token to predict after
-        reading ``tgt_in[:, :t + 1]``.
-    """
+    """Teacher forcing: ``tgt_in`` = ``[bos] + seq`` and ``tgt_out`` = ``seq + [eos]``, both (B, L), so
+    ``tgt_out[:, t]`` is the token to predict after reading ``tgt_in[:, :t + 1]``."""
     return pad_batch(seqs, pad_id, bos_id=bos_id), pad_batch(seqs, pad_id, eos_id=eos_id)
 
 
-# --------------------------------------------------------------------------- a run's corpus
-
 class Corpus:
-    """The encoded splits of a run: lists of token-id lists per side.
-
-    Parameters
-    ----------
-    tokenizer : minitf.nmt.tokenizer.Tokenizer
-    splits : dict
-        ``{"train": Pairs, "valid": Pairs, "test": Pairs}`` (test may be missing), as
-        :func:`read_splits` returns them.
-    log : callable
-        Takes one message (how many empty line pairs were dropped).
-    """
+    """The encoded splits of a run (lists of token-id lists per side) from :func:`read_splits`' ``splits``;
+    ``log`` takes one message (how many empty line pairs were dropped)."""
 
     def __init__(self, tokenizer, splits, log):
         self.tokenizer = tokenizer
@@ -359,33 +228,17 @@ class Corpus:
         return pad_batch([src[i] for i in index], PAD_ID, eos_id=EOS_ID), tgt_in, tgt_out
 
 
-# --------------------------------------------------------------------------- #
-# prepared corpora: memory-mapped token arrays
-# --------------------------------------------------------------------------- #
-# A prepared corpus on disk: token ids in memory-mapped flat arrays, read by training
-# without a Python object per sentence.
-#
-# Layout of a prepared folder (fairseq's binarized "mmap" datasets are the model)::
-#
-#     manifest.json            what was prepared from what (see minitf.nmt.prepare)
-#     tokenizer.model          the joint BPE model the ids belong to
-#     {split}.{side}.bin       the ids of every sentence of a split and side, one after
-#                              another (raw little-endian uint16, or int32 for a
-#                              vocabulary over 65,536), no BOS/EOS
-#     {split}.{side}.idx       int64 offsets, N + 1 of them: sentence i is
-#                              bin[idx[i]:idx[i + 1]]
-#     {split}.{side}.txt       valid and test only: the sentences as text (sources and
-#                              references for BLEU)
-#
-# ``split`` is train, valid or test and ``side`` is src or tgt. The arrays are opened
-# with ``numpy.memmap`` read-only, so the ranks of ``mpiexec`` on one machine share one
-# copy through the page cache. Token-count batches are computed from the lengths
-# (differences of the offsets) with :func:`minitf.nmt.data.token_batches`, and a batch
-# is gathered from the flat arrays with one vectorised read: :class:`IndexedCorpus`
-# hands the trainer the same arrays as the in-memory :class:`minitf.nmt.data.Corpus`.
+# A prepared corpus folder (fairseq's binarized "mmap" datasets are the model); split is train, valid or test,
+# side is src or tgt:
+#     manifest.json         what was prepared from what (see minitf.nmt.prepare)
+#     tokenizer.model       the joint BPE model the ids belong to
+#     {split}.{side}.bin    the ids of every sentence, one after another, no BOS/EOS (raw little-endian uint16,
+#                           or int32 for a vocabulary over 65,536)
+#     {split}.{side}.idx    N + 1 int64 offsets: sentence i is bin[idx[i]:idx[i + 1]]
+#     {split}.{side}.txt    valid and test only: the sentences as text (sources and references for BLEU)
+# The arrays are memory-mapped read-only, so the ranks of mpiexec on one machine share one copy.
 #: Bumped whenever the layout or the manifest's meaning changes; a folder of another version is refused.
 FORMAT_VERSION = 1
-SPLITS = ("train", "valid", "test")
 SIDES = ("src", "tgt")
 
 
@@ -394,20 +247,9 @@ def token_dtype(vocab_size):
     return "uint16" if int(vocab_size) <= 1 << 16 else "int32"
 
 
-# --------------------------------------------------------------------------- writing
-
 class SplitWriter:
-    """Append encoded sentence pairs of one split to ``{split}.{side}.bin`` / ``.idx``.
-
-    Parameters
-    ----------
-    folder : pathlib.Path
-        A private folder being built (the caller renames the whole folder into place
-        when it is complete, so no reader ever sees a half-written split).
-    split : str
-    dtype : str
-        From :func:`token_dtype`.
-    """
+    """Append encoded sentence pairs of one split to ``{split}.{side}.bin`` / ``.idx`` in a private ``folder``
+    (renamed into place by the caller when complete); ``dtype`` from :func:`token_dtype`."""
 
     def __init__(self, folder, split, dtype):
         self.folder, self.split, self.dtype = pathlib.Path(folder), split, np.dtype(dtype)
@@ -433,7 +275,7 @@ class SplitWriter:
         for side in SIDES:
             handle = self._bins[side]
             handle.flush()
-            _fsync(handle)
+            os.fsync(handle.fileno())
             handle.close()
             lens = np.concatenate(self._lengths[side]) if self._lengths[side] else np.zeros(0, np.int32)
             offsets = np.zeros(lens.size + 1, dtype=np.int64)
@@ -441,7 +283,7 @@ class SplitWriter:
             with open(self.folder / f"{self.split}.{side}.idx", "wb") as handle:
                 handle.write(offsets.astype("<i8", copy=False).tobytes())
                 handle.flush()
-                _fsync(handle)
+                os.fsync(handle.fileno())
         return dict(pairs=self.pairs, src_tokens=self.tokens["src"], tgt_tokens=self.tokens["tgt"])
 
     def abort(self):
@@ -449,20 +291,8 @@ class SplitWriter:
             handle.close()
 
 
-def _fsync(handle):
-    os.fsync(handle.fileno())
-
-
-def finish_folder(folder):
-    """Flush a built folder's entries before it is renamed into place."""
-    fsync_dir(folder)
-
-
-# --------------------------------------------------------------------------- reading
-
 class _Side:
-    """The sentences of one split and side: ``len()`` and ``[i]`` (an id array), for
-    code that asks ``len(corpus.ids["train"][0])``; training itself never indexes it."""
+    """The sentences of one split and side: ``len()`` and ``[i]`` (an id array); training never indexes it."""
 
     def __init__(self, flat, offsets):
         self.flat, self.offsets = flat, offsets
@@ -475,29 +305,9 @@ class _Side:
 
 
 class IndexedCorpus:
-    """A prepared folder opened for training: the interface of :class:`minitf.nmt.Corpus`.
-
-    Parameters
-    ----------
-    folder : str or path-like
-        Written by :func:`minitf.nmt.prepare.prepare_corpus`.
-
-    Attributes
-    ----------
-    tokenizer : minitf.nmt.tokenizer.Tokenizer
-        The prepared folder's tokenizer (its ids are the ones in the arrays).
-    manifest : dict
-    text : dict
-        ``{split: (sources, references)}`` for valid and test (lists of str).
-    ids : dict
-        ``{split: (src, tgt)}``, each with ``len()`` and ``[i]``.
-
-    Raises
-    ------
-    DataError
-        Not a prepared folder, another format version, a missing or truncated array,
-        or a tokenizer that is not the one the manifest names.
-    """
+    """A folder of :func:`minitf.nmt.prepare.prepare_corpus` opened as a :class:`Corpus` is: ``tokenizer``,
+    ``manifest``, ``text`` (valid and test), ``ids`` (``len()`` and ``[i]``); a batch is one vectorised read
+    of the flat arrays. A DataError for anything but a whole folder of this format version."""
 
     def __init__(self, folder):
         self.folder = folder = pathlib.Path(folder)
@@ -524,7 +334,6 @@ class IndexedCorpus:
             if (folder / f"{split}.src.txt").is_file():
                 self.text[split] = tuple(_read_text(folder / f"{split}.{side}.txt", n) for side in SIDES)
 
-    # -- what the trainer calls ---------------------------------------------------
     def set_bpe_dropout(self, p):
         """BPE-dropout re-segments the text every epoch; a prepared corpus holds ids only."""
         if p > 0:
@@ -535,15 +344,13 @@ class IndexedCorpus:
         """Nothing changes between epochs (no BPE-dropout)."""
 
     def lengths(self, split):
-        """Host int64 arrays (N,), (N,): tokens per sentence with EOS (source) and BOS (target)
-        added, computed once from the offsets."""
+        """Host int64 arrays (N,), (N,): tokens per sentence with EOS (source) and BOS (target), from the offsets."""
         if split not in self._lengths:
             self._lengths[split] = tuple(np.diff(self._offsets[split, side]) + 1 for side in SIDES)
         return self._lengths[split]
 
     def batch(self, split, index):
-        """Host int64 arrays (src (B, S), tgt_in (B, T), tgt_out (B, T)) for sentence indices,
-        exactly as :meth:`minitf.nmt.Corpus.batch` pads them."""
+        """Host int64 arrays src (B, S), tgt_in (B, T), tgt_out (B, T), padded as :meth:`Corpus.batch` pads them."""
         index = np.asarray(index, dtype=np.int64).reshape(-1)
         if index.size == 0:
             raise DataError("a batch needs at least one sentence index, got none")

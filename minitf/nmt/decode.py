@@ -1,31 +1,14 @@
-"""Greedy decoding and beam search for the Transformer (paper 6.1: beam size 4,
-length penalty alpha = 0.6, maximum output length = input length + 50).
+"""Greedy decoding and beam search (paper 6.1: beam 4, length penalty alpha 0.6, outputs up to input length
++ 50), translating text, and BLEU both ways.
 
-Both decoders are batched: every step runs the decoder once on all live rows
-(B sentences, or B * K sentence-beams), with the key/value cache of
-:class:`minitf.attention.MultiHeadAttention` so that a step costs one position,
-not the whole prefix. Sentences that are done leave the batch (their rows are
-dropped from the memory and the cache), so the last long sentence does not drag
-the finished ones along. The only Python loop is over decoding steps; each step
-copies a few flags to the host to learn which sentences are done.
-
-Conventions shared by both decoders:
-
-* ``src_ids`` is a host (NumPy) or device integer array (B, S), padded with
-  ``pad_id`` after the real tokens, or a list of token-id lists (padded here).
-* A hypothesis is the generated tokens without bos and without the final eos.
-  Its length ``|Y|`` for the length penalty counts the eos when there is one.
-* ``max_len`` caps the tokens a hypothesis may have counting its eos; the default
-  is each sentence's own number of non-pad source tokens + ``max_len_offset``
-  (50, the paper). A hypothesis that reaches it without eos is kept as is.
-* The pad token is never generated (its log-probability is set to -inf after
-  the log-softmax over the whole vocabulary, so the other scores are exactly the
-  model's log-probabilities).
-* The model runs in eval mode under :func:`minitf.no_grad`; the training flag of
-  every module is restored afterwards.
-
-Shapes: B batch, S source length, T target length, K beam size, V vocabulary,
-D d_model, L cached positions.
+Both decoders are batched: each step runs the decoder once on all live rows (B sentences or B * K beams), one
+position with the key/value cache, and finished sentences leave the batch. ``src_ids`` is a host or device
+int array (B, S), ``pad_id`` after the real tokens, or a list of id lists. A hypothesis has no bos and no
+final eos; its ``|Y|`` counts the eos. ``max_len`` caps its tokens counting eos (default: each sentence's
+non-pad source tokens + ``max_len_offset``, 50); one reaching it without eos is kept. pad is never generated
+(-inf after the log-softmax, so other scores are the model's log-probabilities). The model runs in eval mode
+under no_grad; every module's training flag is restored afterwards.
+Shapes: B batch, S source length, K beam size, V vocabulary, D d_model, L cached positions.
 """
 import contextlib
 import re
@@ -36,44 +19,17 @@ from minitf.module import no_grad
 from minitf.nmt.data import pad_batch
 from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["greedy_decode", "beam_search", "beam_search_nbest", "reorder_cache", "length_penalty", "inference_mode"]
 
-
-# --------------------------------------------------------------------------- #
-# Helpers
-# --------------------------------------------------------------------------- #
 def length_penalty(length, alpha):
-    """GNMT length penalty (Wu et al. 2016), used by the paper:
-    ``lp(Y) = ((5 + |Y|) / 6) ** alpha``. A hypothesis scores ``log P(Y) / lp(Y)``.
-
-    Parameters
-    ----------
-    length : int or array of int
-        ``|Y|``, the number of tokens counting the final eos.
-    alpha : float
-        0 gives plain log-probabilities; larger favours longer outputs.
-    """
+    """GNMT length penalty (Wu et al. 2016), used by the paper: ``lp(Y) = ((5 + |Y|) / 6) ** alpha`` with
+    ``|Y|`` counting the eos; a hypothesis scores ``log P(Y) / lp(Y)`` (alpha 0: plain log-probability)."""
     return ((5.0 + length) / 6.0) ** alpha
 
 
 def reorder_cache(cache, index, names=None):
-    """Select rows of every array of a decoder key/value cache, in place.
-
-    Parameters
-    ----------
-    cache : dict
-        ``{layer: {"self": {"k": (N, L, D), "v": ...}, "cross": {"k": (N, S, D), "v": ...}}}``
-        as filled by ``model.decode(..., cache=cache)``; every array has the rows as axis 0.
-    index : device int array (M,)
-        Rows to keep, in their new order (repeats allowed: a beam may have several children).
-    names : tuple of str or None
-        Only the sub-caches with these names (e.g. ``("self",)``); None = all of them.
-
-    Returns
-    -------
-    dict
-        The same ``cache`` object, now with M rows.
-    """
+    """Keep rows ``index`` (M,) (repeats allowed) of every array of a decoder cache, in place, and return it:
+    ``{layer: {"self": {"k": (N, L, D), "v": ...}, "cross": ...}}`` as ``model.decode(..., cache=cache)`` fills
+    it; ``names`` (e.g. ``("self",)``) limits it to those sub-caches."""
     for key, value in cache.items():
         if isinstance(value, dict):
             if isinstance(key, str) and names is not None and key not in names:
@@ -85,16 +41,9 @@ def reorder_cache(cache, index, names=None):
     return cache
 
 
-def _log_softmax(x):
-    """log softmax over the last axis, shifted by the max for stability."""
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 @contextlib.contextmanager
 def inference_mode(model):
-    """Eval mode (no dropout) and no_grad for the duration; every module's own
-    training flag is put back afterwards, even if modes were mixed."""
+    """Eval mode and no_grad for the block; every module's own training flag is restored afterwards."""
     previous = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
@@ -106,14 +55,7 @@ def inference_mode(model):
 
 
 def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
-    """Validate and move the source to the device; per-sentence length caps on the host.
-
-    Returns
-    -------
-    src : device int array (B, S)
-    max_lens : host int array (B,)
-        The most tokens (counting eos) each sentence's output may have.
-    """
+    """The checked source on the device (B, S), and each output's most tokens counting eos (host, (B,))."""
     if isinstance(src_ids, (list, tuple)):  # ragged token lists: pad them here
         rows = [list(map(int, row)) for row in src_ids]
         width = max([len(row) for row in rows] + [1])
@@ -125,8 +67,7 @@ def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
     B = src.shape[0]
     if max_len is None:
         # one small copy to the host: the caps drive the host-side loop
-        src_len = backend.to_numpy((src != pad_id).sum(axis=1)).astype(backend.host.int64)
-        max_lens = src_len + int(max_len_offset)
+        max_lens = backend.to_numpy((src != pad_id).sum(axis=1)).astype(backend.host.int64) + int(max_len_offset)
     else:
         max_lens = backend.host.broadcast_to(backend.host.asarray(max_len, dtype=backend.host.int64), (B,)).copy()
     if (max_lens < 1).any():
@@ -135,52 +76,25 @@ def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
 
 
 def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id=None, min_len=0):
-    """Log-probabilities (N, V) of the next token for each of the N rows.
-
-    With ``cache`` only the new tokens (N, 1) at position ``t`` run; without it
-    the whole ``prefix`` (N, t + 1) is decoded again and its last position taken.
-    """
+    """Log-probabilities (N, V) of the next token: with ``cache`` only ``tokens`` (N, 1) at position ``t``
+    run, without it the whole ``prefix`` (N, t + 1)."""
     if cache is not None:
         logits = model.decode(tokens, memory, src_mask, cache=cache, start=t)[:, -1]
     else:
         logits = model.decode(prefix, memory, src_mask)[:, -1]
-    logp = _log_softmax(logits)
+    shifted = logits - logits.max(axis=-1, keepdims=True)  # log softmax, shifted by the max for stability
+    logp = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
     logp[:, pad_id] = -xp.inf  # never generate padding (fresh array: safe to write)
     if t < min_len:
         logp[:, eos_id] = -xp.inf  # no eos before min_len tokens (a weak model likes the empty output)
     return logp
 
 
-# --------------------------------------------------------------------------- #
-# Greedy decoding
-# --------------------------------------------------------------------------- #
 def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID,
                   use_cache=True, min_len=0):
-    """Translate a batch by taking the most probable token at every step.
-
-    Parameters
-    ----------
-    model : minitf.Transformer
-    src_ids : host or device int array (B, S), or list of B token-id lists
-        Source ids, real tokens first, then ``pad_id``.
-    max_len : int, int array (B,) or None
-        Most output tokens per sentence counting the eos; None = real source
-        length + ``max_len_offset``.
-    max_len_offset : int
-        Added to each source length when ``max_len`` is None (50, paper 6.1).
-    bos_id, eos_id, pad_id : int
-    use_cache : bool
-        True: one position per step with the key/value cache. False: re-run the
-        decoder on the whole prefix (B, t) each step (reference and benchmark).
-    min_len : int
-        Fewest tokens before eos may be chosen (``minitf.translate`` uses 1: no
-        empty translations).
-
-    Returns
-    -------
-    list of B lists of int
-        The tokens of each sentence, without bos and eos.
-    """
+    """The B outputs (id lists without bos and eos), taking the most probable token each step. ``max_len``: an
+    int or (B,) array; ``use_cache=False`` re-runs the decoder on the whole prefix (reference and benchmark);
+    ``min_len``: fewest tokens before eos (translating uses 1: no empty translations)."""
     with inference_mode(model):
         src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
         B, steps = src.shape[0], int(max_lens.max())
@@ -214,49 +128,14 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=BOS_ID
         return [out[b, :lengths[b]].tolist() for b in range(B)]
 
 
-# --------------------------------------------------------------------------- #
-# Beam search
-# --------------------------------------------------------------------------- #
 def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_len_offset=50, max_len=None,
                       bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, use_cache=True, min_len=0):
-    """Beam search with the GNMT length penalty; the ``n_best`` best hypotheses per sentence.
-
-    Each step, for each sentence, the K live beams are extended by every token
-    and the top 2K candidates over K * V are taken. Those among the top K that
-    end in eos become finished hypotheses, scored ``log P / lp(|Y|)``; the best
-    K candidates that do not end in eos become the next live beams. At step 0
-    only beam 0 is live (the others start at log-probability -inf), so the K
-    beams are not copies. At a sentence's last allowed step, the top K
-    candidates are all finished as they are.
-
-    Each sentence keeps its ``n_best`` best finished hypotheses, by normalised
-    score, so a better hypothesis is never dropped for a worse one. It stops
-    when its ``n_best``-th best cannot be beaten by any continuation of a live
-    beam: a continuation of a beam with log-probability ``s <= 0`` ends with a
-    log-probability ``<= s`` and a length in ``(t + 1, max_len]``, so it scores
-    at most ``s / max(lp(t + 2), lp(max_len))`` (for alpha >= 0: ``s / lp(max_len)``).
-    The stop is therefore exact: stopping never loses a better hypothesis.
-
-    Parameters
-    ----------
-    model : minitf.Transformer
-    src_ids : host or device int array (B, S), or list of B token-id lists
-    beam_size : int
-        K, the live beams per sentence.
-    n_best : int or None
-        Hypotheses returned per sentence, 1 <= n_best <= K; None = K.
-    alpha : float
-        Length-penalty exponent (0.6 in the paper; 0 = plain log-probability).
-    max_len_offset, max_len, bos_id, eos_id, pad_id, use_cache, min_len
-        As in :func:`greedy_decode`.
-
-    Returns
-    -------
-    list of B lists of (tokens, score)
-        Best first. ``tokens`` has no bos/eos; ``score`` is ``log P(Y | X) / lp(|Y|)``
-        (a Python float). A list may be shorter than ``n_best`` only when fewer
-        distinct hypotheses exist within ``max_len``.
-    """
+    """Beam search with the GNMT length penalty: per sentence its ``n_best`` (1 to K; None: K) best ``(tokens,
+    score)``, best first, ``score = log P(Y | X) / lp(|Y|)``; fewer only when fewer exist within ``max_len``.
+    Each step extends the K live beams by every token and takes the top 2K: those in the top K ending in eos
+    finish (all of the top K at the last step), the best K others live on; at step 0 only beam 0 is live. A
+    sentence stops when its ``n_best``-th finished beats every continuation: a live beam of log-probability
+    ``s <= 0`` can score at most ``s / max(lp(t + 2), lp(max_len))``, so the stop never loses a better one."""
     K = int(beam_size)
     nb = K if n_best is None else int(n_best)
     if K < 1 or not 1 <= nb <= K:
@@ -356,25 +235,8 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
 
 def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_len=None, bos_id=BOS_ID, eos_id=EOS_ID,
                 pad_id=PAD_ID, use_cache=True, return_scores=False, min_len=0):
-    """The best beam-search hypothesis per sentence (see :func:`beam_search_nbest`).
-
-    Parameters
-    ----------
-    model : minitf.Transformer
-    src_ids : host or device int array (B, S), or list of B token-id lists
-    beam_size : int
-        K (4 in the paper).
-    alpha : float
-        Length-penalty exponent (0.6 in the paper).
-    max_len_offset, max_len, bos_id, eos_id, pad_id, use_cache, min_len
-        As in :func:`greedy_decode`.
-    return_scores : bool
-        Also return each hypothesis's ``log P(Y | X) / lp(|Y|)``.
-
-    Returns
-    -------
-    list of B lists of int, or (that list, list of B floats) with ``return_scores``
-    """
+    """The best hypothesis of :func:`beam_search_nbest` per sentence (B lists of ids); with
+    ``return_scores``, also their B scores."""
     nbest = beam_search_nbest(model, src_ids, beam_size=beam_size, n_best=1, alpha=alpha,
                               max_len_offset=max_len_offset, max_len=max_len, bos_id=bos_id, eos_id=eos_id,
                               pad_id=pad_id, use_cache=use_cache, min_len=min_len)
@@ -384,9 +246,6 @@ def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_l
     return hyps
 
 
-# --------------------------------------------------------------------------- #
-# translating text, BLEU
-# --------------------------------------------------------------------------- #
 def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=64):
     """Translate a list of sentences; batches of similar length, output in input order."""
     ids = tokenizer.encode(list(texts))
@@ -413,24 +272,9 @@ def bleu_score(hypotheses, references):
     return sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score
 
 
-# --------------------------------------------------------------------------- #
-# BLEU as the field reports it (WMT 2014)
-# --------------------------------------------------------------------------- #
-# BLEU as the field reports it, and BLEU as the paper's table computed it.
-#
-# * :func:`sacrebleu_score`: sacreBLEU on detokenized output against the raw references
-#   (its default 13a tokenization inside the metric, mixed case, one reference). This is
-#   the number to compare today, always quoted with its signature.
-# * :func:`tokenized_bleu`: what tensor2tensor's ``get_ende_bleu.sh`` computes for the
-#   paper's English-German table: hypotheses and references tokenized with Moses'
-#   ``tokenizer.perl -l de``, compounds split (``Auto-Haus`` -> ``Auto ##AT##-##AT## Haus``),
-#   then ``multi-bleu.perl`` (corpus BLEU of the tokens, no smoothing). Splitting a
-#   compound makes one word three tokens, two of them matched by any hyphenated
-#   hypothesis, so this is higher than sacreBLEU on the same output (0.7 to 1 BLEU on
-#   newstest2014 in the tensor2tensor issue #317 discussion). The Moses tokenizer comes
-#   from ``sacremoses`` when it is installed; without it sacreBLEU's 13a tokenizer stands
-#   in (it differs on a few cases: it splits ``-`` after a digit, so ``20-jährige`` is not
-#   a compound to it), and the result names the tokenizer it used.
+# BLEU as reported today (sacrebleu_score, with its signature) and as the paper's table (tokenized_bleu: t2t's
+# get_ende_bleu.sh), which is 0.7 to 1 higher on newstest2014 (t2t issue #317): a split compound is three tokens,
+# two matched by any hyphenated hypothesis. Without sacremoses, sacreBLEU's 13a stands in for tokenizer.perl.
 #: t2t's get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' (non-overlapping, as in Perl).
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
@@ -442,14 +286,8 @@ def split_compounds(text):
 
 
 def sacrebleu_score(hypotheses, references):
-    """sacreBLEU on detokenized text.
-
-    Returns
-    -------
-    score : float
-    signature : str
-        e.g. ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0``.
-    """
+    """sacreBLEU on detokenized text (13a, mixed case, one reference): ``(score, signature)``, the signature
+    as ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0``."""
     from sacrebleu.metrics import BLEU
 
     hypotheses, references = _check(hypotheses, references)
@@ -470,22 +308,8 @@ def moses_tokenizer(lang):
 
 
 def tokenized_bleu(hypotheses, references, lang="de", compound_split=True):
-    """BLEU as the paper's table: tokenized text, compounds split, multi-bleu.perl.
-
-    Parameters
-    ----------
-    hypotheses, references : list of str
-        Detokenized text (the tokenizer is applied here).
-    lang : str
-        For the Moses tokenizer.
-    compound_split : bool
-
-    Returns
-    -------
-    score : float
-    tokenizer : str
-        Which tokenizer was used (see :func:`moses_tokenizer`).
-    """
+    """BLEU as the paper's table: ``(score, tokenizer name)`` of detokenized text tokenized here (Moses
+    ``-l lang``), compounds split (``Auto-Haus`` -> ``Auto ##AT##-##AT## Haus``), then multi-bleu.perl."""
     from sacrebleu.metrics import BLEU
 
     hypotheses, references = _check(hypotheses, references)

@@ -1,24 +1,6 @@
-"""Downloading one pinned file (a corpus archive) over HTTP(S), with the standard library.
-
-:func:`download` gets a file whose size and sha256 are known in advance from the
-first of several mirrors that delivers it:
-
-- the bytes go to ``DEST.part`` beside ``DEST``; a ``.part`` left by a cut or
-  killed run is resumed with an HTTP ``Range`` request (a server that answers
-  ``200`` instead of ``206`` is read again from byte 0);
-- never more than the pinned size is written: a server that sends more is refused;
-- a mirror that trickles (fewer than ``min_rate`` bytes/s averaged over the last
-  ``rate_window`` seconds, as curl's ``--speed-limit``/``--speed-time``) is given
-  up, and each read also has a socket timeout;
-- only a file with the pinned sha256 is renamed (atomically, after fsync) to ``DEST``;
-  a wrong one is deleted;
-- every network failure (HTTP status, a reply that is not HTTP, a body cut short,
-  too many headers, a redirect loop, a timeout, a reset, TLS) is one line in a
-  :class:`~minitf.nmt.errors.DataError`;
-- SIGTERM while downloading raises :class:`Terminated` (a KeyboardInterrupt), so
-  ``finally`` blocks clean up; what is left is at most ``DEST.part``, which the
-  next start resumes.
-"""
+"""Downloading one file of pinned size and sha256 over HTTP(S) with the standard library: resumed from
+``DEST.part``, never more than the pinned size, trickling mirrors given up, renamed to ``DEST`` only with the
+pinned sha256, every network failure one line, SIGTERM raising :class:`Terminated` so ``finally`` cleans up."""
 import collections
 import contextlib
 import http.client
@@ -39,11 +21,8 @@ _BLOCK = 1 << 16
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived while a download (or an unpacking) was running.
-
-    A KeyboardInterrupt, so that nothing on the way swallows it and the commands
-    report it as an interruption. Attributes: ``signum``.
-    """
+    """SIGTERM arrived while a download (or an unpacking) ran: a KeyboardInterrupt, so that nothing on the way
+    swallows it and the commands report an interruption."""
 
     def __init__(self, signum):
         super().__init__(signum)
@@ -52,11 +31,8 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def sigterm_raises():
-    """Inside the block SIGTERM raises :class:`Terminated` instead of killing the
-    process on the spot, so ``finally`` blocks remove their temp files.
-
-    Only in the main thread, and only where SIGTERM still has its default action
-    (a command that handles SIGTERM itself keeps its handler)."""
+    """Inside the block SIGTERM raises :class:`Terminated`, so ``finally`` blocks remove their temp files;
+    only in the main thread and where SIGTERM has its default action (a command's own handler is kept)."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
         yield
@@ -73,8 +49,7 @@ def sigterm_raises():
 
 
 def mirror_base(env_var, default):
-    """The base URL from the environment variable ``env_var`` (say
-    ``MINITF_DEBIAN_MIRROR``) when set and not empty, else ``default``; no trailing ``/``."""
+    """The base URL in ``env_var`` when set and not empty, else ``default``; no trailing ``/``."""
     return (os.environ.get(env_var, "").strip() or default).rstrip("/")
 
 
@@ -88,40 +63,11 @@ class _MirrorFailed(Exception):
 
 def download(urls, dest, *, size, sha256, what, progress=True, min_rate=1024, rate_window=60.0,
              read_timeout=60.0, log=None):
-    """Download the file of pinned ``size`` and ``sha256`` to ``dest``, from the first
-    of ``urls`` that delivers it; return ``dest``.
-
-    Parameters
-    ----------
-    urls : str or sequence of str
-        One URL, or mirrors tried in order (one that fails: the next).
-    dest : path-like
-        The final file. ``dest`` already there with the pinned size and sha256 is
-        returned as it is. The bytes arrive in ``dest.part`` (same folder).
-    size : int
-        The pinned size in bytes: the most that is ever written.
-    sha256 : str
-        The pinned digest (hex).
-    what : str
-        What is fetched, for the messages (``"Debian package trans-de-en"``).
-    progress : bool or "always"
-        A progress bar (bytes, MB/s, ETA) on stderr: True where stderr is a
-        terminal, "always" anywhere, False never.
-    min_rate, rate_window : float
-        A mirror that delivers fewer than ``min_rate`` bytes/s averaged over the
-        last ``rate_window`` seconds is given up (the next one is tried).
-    read_timeout : float
-        Seconds one read (or the connection) may wait for data.
-    log : callable or None
-        Called with one-line notes (a resumed download, a mirror given up).
-
-    Raises
-    ------
-    DataError
-        One line: every URL failed (each one's reason), or ``dest``'s folder is not
-        writable. It ends with what to do; callers append their own hint (a
-        mirror variable, their own corpus).
-    """
+    """Download the file of pinned ``size`` and ``sha256`` to ``dest`` from the first of ``urls`` (one or mirrors
+    in order) that delivers it, and return ``dest`` (at once when it is already right). ``progress``: a bar on
+    stderr (True: on a terminal, "always", False). A mirror giving under ``min_rate`` bytes/s over
+    ``rate_window`` s, or nothing for ``read_timeout`` s, is given up. ``log`` takes one-line notes. A one-line
+    DataError (each URL's reason, or an unwritable folder) ends with what to do."""
     urls = [urls] if isinstance(urls, str) else list(urls)
     dest = pathlib.Path(dest)
     part = dest.with_name(dest.name + ".part")
@@ -161,8 +107,7 @@ def download(urls, dest, *, size, sha256, what, progress=True, min_rate=1024, ra
             fsync_dir(dest.parent)
             return dest
     kept = part.stat().st_size if part.is_file() else 0
-    todo = (f"run again to resume ({kept} of {size} bytes kept in {part.name})" if kept
-            else "run again later")
+    todo = (f"run again to resume ({kept} of {size} bytes kept in {part.name})" if kept else "run again later")
     raise DataError(f"could not download {what}: {'; '.join(reasons) or 'no URL to try'}; {todo}")
 
 
@@ -176,8 +121,7 @@ def _fetch(url, part, size, what, progress, min_rate, rate_window, read_timeout,
         if have:
             headers["Range"] = f"bytes={have}-"
         try:
-            response = urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                              timeout=read_timeout)
+            response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=read_timeout)
         except urllib.error.HTTPError as error:
             error.close()
             if error.code == 416 and have:
@@ -222,13 +166,10 @@ def _receive(response, url, part, have, size, what, progress, min_rate, rate_win
                 received += len(block)
                 bar.update(len(block))
                 _check_rate(samples, received, min_rate, rate_window)
-            if received == size and _read(response, 1, read_timeout):
-                out.flush()
-                os.fsync(out.fileno())
-                raise _MirrorFailed(f"the server sent more than the pinned {size} bytes (a different file)",
-                                    keep=False)
             out.flush()
             os.fsync(out.fileno())
+            if received == size and _read(response, 1, read_timeout):
+                raise _MirrorFailed(f"the server sent more than the pinned {size} bytes (a different file)", keep=False)
     except OSError as error:  # our own disk, not the network (network errors arrive as _MirrorFailed)
         raise DataError(f"cannot write {part} ({error.strerror or error}); free disk space or choose "
                         "another cache folder") from None
@@ -249,18 +190,15 @@ def _read(response, n, read_timeout):
 
 
 def _check_rate(samples, received, min_rate, rate_window):
-    """Give up when fewer than ``min_rate`` bytes/s arrived over the last ``rate_window`` s.
-
-    ``samples``: (time, bytes so far) pairs; the oldest one kept is the last one at
-    least ``rate_window`` old, so the average always spans a whole window."""
+    """Give up when fewer than ``min_rate`` bytes/s arrived over the last ``rate_window`` s; ``samples`` are
+    (time, bytes so far), the oldest kept the last one at least a window old (the average spans a window)."""
     now = time.monotonic()
     samples.append((now, received))
     while len(samples) > 2 and samples[1][0] <= now - rate_window:
         samples.popleft()
     start, start_bytes = samples[0]
     if now - start >= rate_window and (received - start_bytes) / (now - start) < min_rate:
-        raise _MirrorFailed(f"slower than {_rate_text(min_rate)} for {rate_window:g} s "
-                            f"({received} bytes so far)")
+        raise _MirrorFailed(f"slower than {_rate_text(min_rate)} for {rate_window:g} s ({received} bytes so far)")
 
 
 def _rate_text(rate):

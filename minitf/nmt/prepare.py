@@ -1,29 +1,11 @@
-"""Preparing a large parallel corpus once: clean it, train the joint BPE on a sample,
-encode every pair in worker processes, and write memory-mapped token arrays
-(:mod:`minitf.nmt.data` (its prepared-corpora section)) with a manifest that says what they were made from.
-
-The text is streamed, never held whole: three passes over the training files.
-
-1. Clean (:class:`CleanRules`, the rules of fairseq's ``prepare-wmt14en2de.sh``, whose
-   length limits come from Moses' ``clean-corpus-n.perl``): drop a pair with an empty
-   side, a side of more than ``max_words`` words, or a word-count ratio above
-   ``max_ratio``; then drop repeated pairs (exact duplicates of source and target),
-   keeping the first. Duplicates are found with a 64-bit hash per pair in one NumPy
-   array (8 bytes a pair), not a set of strings.
-2. Sample ``sample_sentences`` sentences (half of them sources, half targets, from
-   pairs drawn uniformly without replacement with ``seed``) and train the tokenizer on
-   them: sentencepiece's ``input_sentence_size``, done here so that the sample is
-   reproducible and never more than the sample is in memory.
-3. Encode the kept pairs in chunks in ``workers`` processes, each with its own copy of
-   the tokenizer, and append the ids in order to the flat arrays.
-
-The validation and test splits are only checked (a pair with an empty side is
-dropped, as :func:`minitf.nmt.data.read_parallel` does): they are the yardstick and
-stay whole. Everything is built in a private temp folder that is renamed into place
-when complete, so a prepared folder is either whole or absent. A folder whose
-manifest records the same sources (by sha256) and settings is reused; a different
-one is refused, or rebuilt with ``rebuild=True``.
-"""
+"""Preparing a large parallel corpus once into memory-mapped token arrays (layout: :mod:`minitf.nmt.data`)
+with a manifest of what they were made from, streaming the training files three times: (1) clean with
+:class:`CleanRules` and drop repeated pairs (one 64-bit hash per pair in a NumPy array, not a set of
+strings); (2) train the tokenizer on ``sample_sentences`` sentences of pairs drawn with ``seed``
+(sentencepiece's ``input_sentence_size``, done here to be reproducible and small); (3) encode the kept pairs
+in chunks in ``workers`` processes, in order. Valid and test only lose pairs with an empty side. The folder
+is built privately and renamed into place (whole or absent); one whose manifest records the same sources
+(sha256) and settings is reused, another refused (or ``rebuild=True``)."""
 import array
 import collections
 import dataclasses
@@ -42,24 +24,15 @@ from minitf.backend import host as np
 from minitf.nmt import data
 from minitf.nmt.download import sigterm_raises
 from minitf.nmt.errors import DataError
-from minitf.nmt.files import file_sha256, write_atomic, write_json_atomic
+from minitf.nmt.files import file_sha256, fsync_dir, write_atomic, write_json_atomic
 from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
 class CleanRules:
-    """What training pairs are kept (validation and test are never cleaned).
-
-    Attributes
-    ----------
-    min_words, max_words : int
-        Words (whitespace-separated) per side, inclusive: fairseq cleans with 1 and 250.
-    max_ratio : float
-        Largest ratio of the longer side's word count to the shorter's (1.5, as
-        ``clean-corpus-n.perl -ratio 1.5``).
-    dedup : bool
-        Drop exact repeats of a (source, target) pair, keeping the first.
-    """
+    """What training pairs are kept: ``min_words`` to ``max_words`` words a side (fairseq: 1 and 250), a
+    longer-to-shorter word-count ratio of at most ``max_ratio`` (``clean-corpus-n.perl -ratio 1.5``), and with
+    ``dedup`` no exact repeat of a pair."""
     min_words: int = 1
     max_words: int = 250
     max_ratio: float = 1.5
@@ -76,19 +49,9 @@ class CleanRules:
         return None
 
 
-# --------------------------------------------------------------------------- reading text
-
 def iter_pairs(src_path, tgt_path):
-    """Stream the line pairs of two aligned UTF-8 files as ``(src, tgt)`` stripped strings.
-
-    Lines are split on ``\\n`` only, as :func:`minitf.nmt.data.read_lines` does (so line
-    numbers match ``wc -l``); a leading BOM is ignored.
-
-    Raises
-    ------
-    DataError
-        A missing file, invalid UTF-8 (with the line number), or files of different lengths.
-    """
+    """Stream the line pairs of two aligned UTF-8 files as stripped ``(src, tgt)``, split as
+    :func:`minitf.nmt.data.read_lines` does; a DataError for a missing file, bad UTF-8 or unequal lengths."""
     src_path, tgt_path = pathlib.Path(src_path), pathlib.Path(tgt_path)
     for path in (src_path, tgt_path):
         if not path.is_file():
@@ -96,7 +59,6 @@ def iter_pairs(src_path, tgt_path):
             raise DataError(f"corpus file {str(path)!r} {kind}; expected a plain UTF-8 text file with one "
                             "sentence per line")
     with open(src_path, "rb") as src_file, open(tgt_path, "rb") as tgt_file:
-        number = 0
         for number, (src, tgt) in enumerate(itertools.zip_longest(src_file, tgt_file), start=1):
             if src is None or tgt is None:
                 shorter, n = (src_path, number - 1) if src is None else (tgt_path, number - 1)
@@ -116,33 +78,22 @@ def _decode(line, path, number):
 
 
 def _pair_hash(src, tgt):
-    """A 64-bit hash of a pair (blake2b): equal pairs, equal hashes; among 4.5 million
-    distinct pairs a collision has a probability of about 1e-6."""
+    """A 64-bit blake2b hash of a pair (among 4.5 million pairs a collision has a probability of about 1e-6)."""
     return int.from_bytes(hashlib.blake2b(f"{src}\x00{tgt}".encode("utf-8"), digest_size=8).digest(), "little")
 
 
 def clean_pass(pairs, rules):
-    """Pass 1: which pairs of an iterable survive the cleaning.
-
-    Returns
-    -------
-    keep : ndarray of bool, shape (N,)
-        One flag per input pair, in order.
-    dropped : dict
-        ``{"empty": n, "length": n, "ratio": n, "duplicate": n}``.
-    """
+    """Pass 1: ``keep`` (N,) bool, one flag per pair in order, and ``dropped``: counts by reason
+    (``empty``, ``length``, ``ratio``, ``duplicate``)."""
     keep = bytearray()
     candidates, hashes = array.array("q"), array.array("Q")   # index and hash of the pairs that pass the rules
     dropped = collections.Counter({"empty": 0, "length": 0, "ratio": 0, "duplicate": 0})
-    index = -1
     for index, (src, tgt) in enumerate(pairs):
         why = rules.reason(len(src.split()), len(tgt.split()))
+        keep.append(why is None)
         if why is not None:
             dropped[why] += 1
-            keep.append(0)
-            continue
-        keep.append(1)
-        if rules.dedup:
+        elif rules.dedup:
             candidates.append(index)
             hashes.append(_pair_hash(src, tgt))
     keep = np.frombuffer(bytes(keep), dtype=np.uint8).astype(bool)
@@ -157,8 +108,6 @@ def clean_pass(pairs, rules):
     return keep, dict(dropped)
 
 
-# --------------------------------------------------------------------------- encoding
-
 _WORKER = {}
 #: Words whose pieces a worker remembers (about 100 bytes each); rarer words are encoded every time.
 CACHE_WORDS = 1_000_000
@@ -171,17 +120,9 @@ def _init_worker(model_bytes, dtype, worker=False):
 
 
 def encode_flat(texts):
-    """Token ids of ``texts`` as one flat array (dtype of the worker) and lengths (N,) int32:
-    the same ids as ``Tokenizer.encode``, found word by word through a cache.
-
-    The tokenizer's BPE never merges across whitespace (sentencepiece's
-    ``split_by_whitespace``; its pieces carry the word-start mark only in front), so a
-    sentence's ids are its words' ids one after another, and a word once encoded need
-    not be encoded again: the Zipfian head of the vocabulary is looked up, only the rare
-    words go through sentencepiece (in one call per chunk). tests/test_indexed.py checks
-    the equality on text with tabs, no-break spaces, ligatures and accents that Unicode
-    normalisation turns into a space plus a combining mark.
-    """
+    """The ids ``Tokenizer.encode`` gives ``texts``, as one flat array (the worker's dtype) and lengths (N,) int32,
+    found word by word through a cache: BPE never merges across whitespace, so only new words go through
+    sentencepiece (tests/test_indexed.py checks the equality on tabs, no-break spaces, ligatures and accents)."""
     tokenizer, dtype, cache = _WORKER["tokenizer"], _WORKER["dtype"], _WORKER["cache"]
     words = [text.split() for text in texts]
     missing = list({word for sentence in words for word in sentence if word not in cache})
@@ -225,15 +166,13 @@ def _pool_context():
     """fork where it is safe (quick, and a calling script needs no ``__main__`` guard); spawn in a
     process that has initialised MPI, which must not be forked (an ``mpiexec`` rank)."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if "fork" in multiprocessing.get_all_start_methods() and not (mpi is not None and mpi.Is_initialized()):
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("spawn")
+    fork = "fork" in multiprocessing.get_all_start_methods() and not (mpi is not None and mpi.Is_initialized())
+    return multiprocessing.get_context("fork" if fork else "spawn")
 
 
 def encode_into(writer, chunks, model_bytes, dtype, workers):
-    """Encode chunks in ``workers`` processes (0: in this process), appending results in order.
-
-    At most two chunks per worker are in flight, so the text read ahead stays small."""
+    """Encode chunks in ``workers`` processes (0: in this process), appending results in order; at most
+    two chunks per worker are in flight, so the text read ahead stays small."""
     if workers == 0:
         _init_worker(model_bytes, dtype)
         for chunk in chunks:
@@ -249,51 +188,16 @@ def encode_into(writer, chunks, model_bytes, dtype, workers):
             writer.add(*pending.popleft().get())
 
 
-# --------------------------------------------------------------------------- the pipeline
-
 def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, seed=1, workers=None,
                    rules=CleanRules(), source_digests=None, languages=("src", "tgt"), rebuild=False,
                    chunk_pairs=10_000, log=print):
-    """Prepare (or reuse) a corpus for training from memory-mapped token arrays.
-
-    Parameters
-    ----------
-    out_dir : str or path-like
-        The prepared folder (:mod:`minitf.nmt.data` (its prepared-corpora section) describes its files).
-    sources : dict
-        ``{"train": (src_path, tgt_path), "valid": (...), "test": (...)}``; test is optional.
-        Plain UTF-8 text, one sentence per line, aligned by line. A split may also be a
-        list of such pairs (several corpora, read one after another).
-    vocab_size : int
-        Of the joint BPE (the paper: about 37,000).
-    sample_sentences : int
-        Sentences the tokenizer is trained on (sentencepiece's ``input_sentence_size``).
-    seed : int
-        Of the sample and of sentencepiece.
-    workers : int or None
-        Encoding processes; None: one per CPU; 0: encode in this process.
-    rules : CleanRules
-        For the training split.
-    source_digests : dict or None
-        ``{split: [[src_sha256, tgt_sha256], ...]}`` (one pair per file pair), or any
-        JSON-able identity the caller vouches for (pinned archives); None: hash the files.
-    languages : (str, str)
-        Recorded in the manifest, e.g. ``("en", "de")``.
-    rebuild : bool
-        Replace a prepared folder made from other sources or settings instead of refusing.
-    log : callable
-
-    Returns
-    -------
-    pathlib.Path
-        ``out_dir``; open it with :class:`minitf.nmt.data.IndexedCorpus`.
-
-    Raises
-    ------
-    DataError
-        Bad input (see :func:`iter_pairs`), no training pair left after cleaning, or a
-        folder prepared from something else (without ``rebuild``).
-    """
+    """Prepare (or reuse) ``out_dir``, a corpus of memory-mapped token arrays, and return it (open it with
+    :class:`minitf.nmt.data.IndexedCorpus`). ``sources``: ``{"train": (src_path, tgt_path), "valid": ...,
+    "test": ...}`` (test optional; a split may be a list of pairs, read in turn). ``workers``: None one per CPU,
+    0 this process. ``rules``: for train only. ``source_digests``: ``{split: [[src_sha256, tgt_sha256], ...]}``
+    or another JSON identity the caller vouches for (None: hash the files). ``rebuild``: replace a folder made
+    otherwise instead of refusing it. A DataError for bad input, no training pair left after cleaning, or a
+    foreign folder."""
     out_dir = pathlib.Path(out_dir)
     for split in ("train", "valid"):
         if split not in sources:
@@ -314,7 +218,7 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
         with sigterm_raises():  # SIGTERM too runs the finally below: no temp folder is left
             manifest = _build(work, sources, recipe, rules, workers, chunk_pairs, log)
             write_json_atomic(work / "manifest.json", manifest)  # last: its presence marks a complete folder
-            data.finish_folder(work)
+            fsync_dir(work)
             _move_into_place(work, out_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -401,10 +305,7 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
     rng = np.random.default_rng(recipe["seed"])
     in_sample = np.zeros(keep.size, dtype=bool)
     in_sample[rng.choice(kept_index, size=n_sample, replace=False)] = True
-    texts = []
-    for (src, tgt), chosen in zip(iter_corpora(train), in_sample):
-        if chosen:
-            texts += (src, tgt)
+    texts = [text for pair, chosen in zip(iter_corpora(train), in_sample) if chosen for text in pair]
     start = time.perf_counter()
     tokenizer = train_tokenizer(texts, work / "tokenizer.model", recipe["vocab_size"], seed=recipe["seed"])
     del texts
@@ -418,14 +319,12 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
     splits = {}
     writer = data.SplitWriter(work, "train", dtype)
     try:
-        encode_into(writer, _chunks(iter_corpora(train), keep, chunk_pairs),
-                    tokenizer.model_bytes(), dtype, workers)
+        encode_into(writer, _chunks(iter_corpora(train), keep, chunk_pairs), tokenizer.model_bytes(), dtype, workers)
     except BaseException:
         writer.abort()
         raise
     splits["train"] = writer.close()
-    log(f"encoded {n_kept:,} training pairs with {workers or 1} process(es) "
-        f"({time.perf_counter() - start:.0f} s)")
+    log(f"encoded {n_kept:,} training pairs with {workers or 1} process(es) ({time.perf_counter() - start:.0f} s)")
     for split in ("valid", "test"):
         if split not in sources:
             continue

@@ -1,11 +1,6 @@
-"""Joint source/target BPE tokenizer: a thin wrapper around sentencepiece.
-
-One vocabulary serves both languages (so embeddings can be shared). The special
-ids are fixed: ``PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3``. The serialized model
-is small enough to store inside checkpoints (:meth:`Tokenizer.model_bytes`,
-:meth:`Tokenizer.from_bytes`), so a checkpoint always decodes with the exact
-vocabulary it was trained with (:attr:`Tokenizer.sha256` identifies it).
-"""
+"""The joint source/target BPE tokenizer (sentencepiece, fixed special ids), and BPE-dropout. The model is
+stored in checkpoints (:meth:`Tokenizer.model_bytes`), so a checkpoint always decodes with the vocabulary it
+was trained with (:attr:`Tokenizer.sha256` identifies it)."""
 import hashlib
 import io
 import pathlib
@@ -31,35 +26,13 @@ def _spm():
 
 
 def train_tokenizer(texts, model_path, vocab_size, seed=None):
-    """Train a joint BPE model on ``texts`` and write it to ``model_path``.
-
-    Parameters
-    ----------
-    texts : iterable of str
-        Training sentences (source and target together), one per item.
-    model_path : str or path-like
-        Where the ``.model`` file goes; written atomically.
-    vocab_size : int
-        Size of the vocabulary, the four special tokens included.
-    seed : int or None
-        Seed of sentencepiece's global random generator (BPE training itself
-        is deterministic; this pins any sampling).
-
-    Returns
-    -------
-    Tokenizer
-        The trained tokenizer.
-
-    Raises
-    ------
-    DataError
-        No text, a vocabulary too small for the specials, or too large for the data.
-    """
+    """Train a joint BPE :class:`Tokenizer` of ``vocab_size`` ids (specials included) on ``texts`` (sources
+    and targets together) and write it atomically to ``model_path``. ``seed`` pins sentencepiece's random
+    generator. A DataError for no text, or a vocabulary too small for the specials or too large for the text."""
     spm = _spm()
     texts = [text for text in texts if text and text.strip()]
     if not texts:
-        raise DataError("cannot train a tokenizer on no text; expected a non-empty "
-                        "training corpus")
+        raise DataError("cannot train a tokenizer on no text; expected a non-empty training corpus")
     vocab_size = int(vocab_size)
     if vocab_size <= len(_SPECIALS):
         raise DataError(f"vocab size must exceed the {len(_SPECIALS)} special tokens, got "
@@ -94,21 +67,8 @@ def _vocab_error(error, vocab_size):
 
 
 class Tokenizer:
-    """A trained sentencepiece BPE model with minitf's fixed special ids.
-
-    Parameters
-    ----------
-    model_path : str or path-like
-        A ``.model`` file written by :func:`train_tokenizer`.
-
-    Attributes
-    ----------
-    pad_id, unk_id, bos_id, eos_id : int
-        Always 0, 1, 2, 3.
-    vocab_size : int
-    sha256 : str
-        Hex digest of the serialized model; equal digests mean equal vocabularies.
-    """
+    """A ``.model`` file of :func:`train_tokenizer`: pad, unk, bos, eos are always 0, 1, 2, 3; ``sha256``
+    (of the serialized model) is equal exactly for equal vocabularies."""
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
 
@@ -159,32 +119,13 @@ class Tokenizer:
         return self._bytes
 
     def encode(self, texts):
-        """Token ids of each text (no BOS/EOS added; :func:`minitf.nmt.data.pad_batch` adds them).
-
-        Parameters
-        ----------
-        texts : list of str
-
-        Returns
-        -------
-        list of list of int
-        """
+        """Token ids of each text of a list (no BOS/EOS: :func:`minitf.nmt.data.pad_batch` adds them)."""
         if isinstance(texts, str):
             raise TypeError("Tokenizer.encode takes a list of strings; wrap one text as [text]")
         return self._processor.encode(list(texts), out_type=int)
 
     def decode(self, id_lists):
-        """Text of each id sequence: cut at the first EOS, PAD and BOS ignored.
-
-        Parameters
-        ----------
-        id_lists : iterable of sequence of int
-            Lists or 1-D integer arrays (e.g. rows of a padded batch).
-
-        Returns
-        -------
-        list of str
-        """
+        """Text of each id list or 1-D array (a padded batch's rows): cut at the first EOS, PAD and BOS ignored."""
         texts = []
         for ids in id_lists:
             ids = [int(i) for i in ids]
@@ -201,55 +142,26 @@ class Tokenizer:
         return f"Tokenizer(vocab_size={self.vocab_size}, sha256={self.sha256[:12]}...)"
 
 
-# --------------------------------------------------------------------------- #
-# BPE-dropout
-# --------------------------------------------------------------------------- #
-# BPE-dropout (Provilkov et al., 2020): subword regularisation for the training side.
-#
-# Each epoch the training sentences are segmented anew: every word is rebuilt from
-# its characters with the tokenizer's own BPE merges (highest-scoring first, as
-# sentencepiece does), but at each merge step every candidate merge is dropped
-# with probability ``p``. With ``p = 0`` this is exactly the tokenizer's
-# deterministic segmentation (a test checks that).
-#
-# Why not sentencepiece's own ``enable_sampling``: its random generator gives other
-# samples in another process for the same seed, so a resumed run would not repeat
-# an uninterrupted one. Here the samples depend only on ``(seed, epoch)``.
-#
-# Cost: a word type occurring ``n`` times gets ``min(n, SAMPLES_PER_TYPE)`` samples
-# per epoch and each occurrence takes one of them at random, so an epoch costs
-# about a second of Python, not one sample per running word.
-
 #: At most this many different segmentations of one word type per epoch.
 SAMPLES_PER_TYPE = 4
 _WORD_START = "\u2581"  # sentencepiece's "▁": a piece starting with it starts a word
 
 
 class BpeDropout:
-    """Samples BPE-dropout segmentations of a fixed list of texts.
-
-    Parameters
-    ----------
-    tokenizer : minitf.nmt.tokenizer.Tokenizer
-    texts : list of str
-        The sentences to segment each epoch (e.g. one side of the training split).
-    p : float
-        Probability of dropping a merge, in [0, 1).
-    """
+    """BPE-dropout (Provilkov et al., 2020) of fixed texts: each epoch every word is rebuilt from its characters
+    with the tokenizer's merges, best first, each dropped with probability ``p`` (0: the tokenizer's own
+    segmentation). Not sentencepiece's sampling: it differs between processes for one seed, and a resumed run
+    must repeat an uninterrupted one. A word type gets at most SAMPLES_PER_TYPE samples an epoch (about 1 s)."""
 
     def __init__(self, tokenizer, texts, p):
         processor = tokenizer._processor
         self.p = float(p)
-        self._id = {}
-        self._rank = {}
-        for i in range(processor.get_piece_size()):
-            if processor.is_control(i) or processor.is_unknown(i) or processor.is_unused(i):
-                continue
-            piece = processor.id_to_piece(i)
-            self._id[piece] = i
-            self._rank[piece] = -processor.get_score(i)   # lower rank = merged first
+        merged = [i for i in range(processor.get_piece_size())
+                  if not (processor.is_control(i) or processor.is_unknown(i) or processor.is_unused(i))]
+        self._id = {processor.id_to_piece(i): i for i in merged}
+        self._rank = {processor.id_to_piece(i): -processor.get_score(i) for i in merged}  # lower: merged first
         self._unk = tokenizer.unk_id
-        types, index, sentences = [], {}, []
+        index, sentences = {}, []  # word type -> its number, in order of first occurrence
         for pieces in processor.encode(list(texts), out_type=str):
             words = []
             for piece in pieces:
@@ -257,25 +169,16 @@ class BpeDropout:
                     words.append(piece)
                 else:
                     words[-1] += piece
-            row = []
-            for word in words:
-                if word not in index:
-                    index[word] = len(types)
-                    types.append(word)
-                row.append(index[word])
-            sentences.append(row)
-        self.types = types
+            sentences.append([index.setdefault(word, len(index)) for word in words])
+        self.types = list(index)
         self.sentences = sentences
         flat = [t for row in sentences for t in row]
         self._flat = np.asarray(flat, dtype=np.int64)
-        self._counts = np.bincount(self._flat, minlength=len(types)) if flat else np.zeros(0, np.int64)
+        self._counts = np.bincount(self._flat, minlength=len(index)) if flat else np.zeros(0, np.int64)
 
     def segment(self, word, rnd=None):
-        """Ids of one word (with its leading ``▁``); merges dropped with ``p`` when ``rnd`` is given.
-
-        Each step applies the best-ranked merge that survives: walking the candidates
-        from the best, each is dropped with probability ``p`` (the same choice as
-        dropping every candidate independently and taking the best survivor)."""
+        """Ids of one word (with its leading ``▁``); with ``rnd``, each step takes the best-ranked merge that
+        survives dropping each with ``p`` (the same as dropping all independently and taking the best survivor)."""
         symbols = list(word)
         rank, p = self._rank, self.p
         ranks = [rank.get(a + b) for a, b in zip(symbols, symbols[1:])]
@@ -302,11 +205,5 @@ class BpeDropout:
         pools = [[self.segment(word, rnd) for _ in range(int(k[t]))] for t, word in enumerate(self.types)]
         rng = np.random.default_rng([int(seed), int(epoch), 7])
         pick = (rng.random(self._flat.size) * k[self._flat]).astype(np.int64).tolist()
-        out, position = [], 0
-        for row in self.sentences:
-            ids = []
-            for t in row:
-                ids.extend(pools[t][pick[position]])
-                position += 1
-            out.append(ids)
-        return out
+        picks = iter(pick)  # one per running word, in order
+        return [[i for t in row for i in pools[t][next(picks)]] for row in self.sentences]
