@@ -462,7 +462,7 @@ class Trainer:
             f"{src.shape[1]} source and {tgt_in.shape[1]} target tokens (rank {self.world.rank}, "
             f"{len(update)} batches per update); use a smaller --max-tokens (this run: {c.max_tokens}), "
             f"e.g. --resume {self.run_dir} --max-tokens {max(1, c.max_tokens // 2)}; "
-            f"last good checkpoint: {self.last_checkpoint or 'none yet'}", step=self.step + 1)
+            f"last good checkpoint: {self.last_checkpoint or 'none yet'}")
 
     # -- validation ----------------------------------------------------------------------
     def evaluate_loss(self, split):
