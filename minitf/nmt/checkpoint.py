@@ -137,13 +137,11 @@ def _npy_header(path, archive, info):
     """(shape, dtype, data offset) of one ``.npy`` member, from its header alone."""
     with archive.open(info) as member:
         try:
+            readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
             version = np.lib.format.read_magic(member)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
-            else:
+            if version not in readers:
                 raise ValueError(f"npy format version {version} (minitf writes 1.0)")
+            shape, fortran, dtype = readers[version](member)
         except ValueError as error:
             if "pickle" in str(error).lower() or "object" in str(error).lower():
                 raise _pickle_refused(path) from None
