@@ -1,25 +1,17 @@
 """Checkpoints that are written atomically and load without running code.
 
-A checkpoint is a folder ``step-00001234/`` holding
+A checkpoint is a folder ``step-00001234/`` holding ``model.npz`` (every parameter by its
+dotted name), ``optimizer.npz`` (Adam's moments; absent in averaged checkpoints),
+``tokenizer.model`` and ``meta.json`` (config, step, epoch, position in the epoch, seeds,
+the sha256 of every other file). It is built in a temporary folder beside its final place,
+flushed to disk and renamed into place in one step: a kill leaves the complete checkpoint or
+none (perhaps a hidden ``.step-*.tmp-*`` folder, removed by the next save or ``--resume``).
+Loading checks every checksum and never unpickles: a file that would need pickle is refused.
 
-- ``model.npz``      every parameter by its dotted name (``np.savez``; loaded with ``allow_pickle=False``)
-- ``optimizer.npz``  Adam's first and second moments (absent in averaged checkpoints)
-- ``tokenizer.model`` the sentencepiece model the run uses
-- ``meta.json``      config, step, epoch, position in the epoch, seeds, and the
-                     sha256 of every other file
-
-It is built in a temporary folder beside its final place, flushed to disk, and
-renamed into place in one step: a crash or a kill leaves either the complete
-checkpoint or none, never half of one (a kill can leave a hidden ``.step-*.tmp-*``
-folder, which is ignored and removed by the next save or ``--resume``). Loading
-checks every checksum and never unpickles: a file that would need pickle is refused.
-
-Finding the checkpoint to use: a run folder's ``best.json`` choice, else its newest
-checkpoint that passes every check (:func:`load_model`); ``--resume`` takes the newest
-good one and sets newer damaged ones aside (:func:`set_aside`).
-
-For tests only: ``MINITF_TEST_SLOW_CHECKPOINT=SECONDS`` sleeps that long after each
-file written into the temporary folder, so a test can kill a process mid-write.
+The checkpoint a command uses: a run folder's ``best.json`` choice, else its newest good
+checkpoint (:func:`load_model`); ``--resume`` takes the newest good one and sets newer
+damaged ones aside (:func:`set_aside`). For tests only: ``MINITF_TEST_SLOW_CHECKPOINT=SECONDS``
+sleeps after each file written into the temporary folder, so a test can kill mid-write.
 """
 import json
 import math
@@ -44,48 +36,34 @@ FORMAT_VERSION = 1
 FILES = ("model.npz", "optimizer.npz", "tokenizer.model")  # what meta.json may list (no other path is read)
 
 
-def _slow_for_tests():
-    """Test hook: widen the window in which a kill lands mid-write (see the module doc)."""
+def _write_synced(path, write):
+    """``write(handle)`` into a new binary file, flushed to disk; then the test hook's sleep (module doc)."""
+    with open(path, "wb") as handle:
+        write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
     delay = os.environ.get("MINITF_TEST_SLOW_CHECKPOINT")
     if delay:
         time.sleep(float(delay))
 
 
-def _write_npz(path, arrays):
-    with open(path, "wb") as handle:
-        np.savez(handle, **arrays)
-        handle.flush()
-        os.fsync(handle.fileno())
-    _slow_for_tests()
-
-
 def write_checkpoint(path, params, meta, tokenizer_bytes, optimizer=None):
-    """Write one checkpoint folder at ``path`` atomically.
-
-    params: {name: host array}; optimizer: {"m": array, "v": array} or None;
-    meta: JSON-serialisable dict; tokenizer_bytes: the sentencepiece model.
-    Raises CheckpointError (with the reason) if the disk refuses; nothing is left behind.
-    """
+    """Write one checkpoint folder at ``path`` atomically from ``params`` ({name: host array}),
+    ``meta`` (a JSON-able dict), the tokenizer's bytes and ``optimizer`` ({"m", "v"} or None).
+    CheckpointError (with the reason) if the disk refuses; nothing is left behind."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        _write_npz(tmp / "model.npz", params)
+        _write_synced(tmp / "model.npz", lambda handle: np.savez(handle, **params))
         files = ["model.npz", "tokenizer.model"]
         if optimizer is not None:
-            _write_npz(tmp / "optimizer.npz", optimizer)
+            _write_synced(tmp / "optimizer.npz", lambda handle: np.savez(handle, **optimizer))
             files.append("optimizer.npz")
-        with open(tmp / "tokenizer.model", "wb") as handle:
-            handle.write(tokenizer_bytes)
-            handle.flush()
-            os.fsync(handle.fileno())
-        _slow_for_tests()
-        meta = dict(meta, format_version=FORMAT_VERSION,
-                    sha256={name: file_sha256(tmp / name) for name in files})
-        with open(tmp / "meta.json", "w", encoding="utf-8") as handle:
-            json.dump(meta, handle, indent=1, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
+        _write_synced(tmp / "tokenizer.model", lambda handle: handle.write(tokenizer_bytes))
+        meta = dict(meta, format_version=FORMAT_VERSION, sha256={name: file_sha256(tmp / name) for name in files})
+        meta_bytes = json.dumps(meta, indent=1, sort_keys=True).encode("utf-8")
+        _write_synced(tmp / "meta.json", lambda handle: handle.write(meta_bytes))
         fsync_dir(tmp)
         if path.exists():  # re-saving the same step: move the old one aside first
             old = path.with_name(f".{path.name}.old")  # restored by recover_checkpoints() after a kill
@@ -96,31 +74,24 @@ def write_checkpoint(path, params, meta, tokenizer_bytes, optimizer=None):
         else:
             os.rename(tmp, path)
         fsync_dir(path.parent)
-    except OSError as error:
+    except BaseException as error:  # KeyboardInterrupt and SystemExit too: leave nothing half-written behind
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not write checkpoint {path}: {error.strerror or error}; "
-                              "the previous checkpoints are intact (free disk space, then --resume)") from None
-    except BaseException:  # KeyboardInterrupt, SystemExit: leave nothing half-written behind
-        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise CheckpointError(f"could not write checkpoint {path}: {error.strerror or error}; "
+                                  "the previous checkpoints are intact (free disk space, then --resume)") from None
         raise
     return path
 
 
 def read_checkpoint(path, load_optimizer=True, expect=None):
-    """Load and verify a checkpoint folder. Returns a dict with ``params``,
-    ``optimizer`` (or None), ``meta`` and ``tokenizer_bytes``.
+    """Load and verify a checkpoint folder: {"params", "optimizer" (or None), "meta", "tokenizer_bytes"}.
 
-    ``expect(partial_state, path)``, if given, is called with ``meta`` and
-    ``tokenizer_bytes`` (checksums verified, no array read yet) and returns what
-    the arrays must be: ``{"model.npz": {name: (shape, dtype)}, "optimizer.npz":
-    {...}}``; it may raise CheckpointError itself (another model, say). Every array
-    header is compared with it before any data is read (see :func:`read_npz`).
-
-    Raises CheckpointError naming the problem: missing folder or file, checksum
-    mismatch, unreadable archive, an archive that would need pickle, an array of
-    another name, shape or dtype than expected, non-finite parameters or Adam
-    moments, or a negative second moment.
-    """
+    ``expect(partial_state, path)``, if given, sees ``meta`` and ``tokenizer_bytes`` (checksums
+    verified, no array read) and returns ``{"model.npz": {name: (shape, dtype)}, "optimizer.npz":
+    {...}}``, compared with every array header before any data is read; it may raise itself.
+    CheckpointError names the problem: a missing folder or file, a checksum mismatch, an
+    unreadable archive or one that would need pickle, an array that does not fit, non-finite
+    parameters or moments, a negative second moment."""
     path = pathlib.Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} is not a folder; expected a step-NNNNNNNN folder or a run folder")
@@ -166,13 +137,11 @@ def _npy_header(path, archive, info):
     """(shape, dtype, data offset) of one ``.npy`` member, from its header alone."""
     with archive.open(info) as member:
         try:
+            readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
             version = np.lib.format.read_magic(member)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
-            else:
+            if version not in readers:
                 raise ValueError(f"npy format version {version} (minitf writes 1.0)")
+            shape, fortran, dtype = readers[version](member)
         except ValueError as error:
             if "pickle" in str(error).lower() or "object" in str(error).lower():
                 raise _pickle_refused(path) from None
@@ -200,15 +169,11 @@ def _pickle_refused(path):
 
 
 def read_npz(path, expected=None):
-    """The arrays of an ``.npz`` archive written by minitf (``np.savez``), read so that
-    a hostile file costs no more memory than its own size on disk.
-
-    Every member must be stored uncompressed, with an npy header declaring C order,
-    a little-endian float dtype and exactly as many bytes as the member holds; with
-    ``expected`` ({name: (shape, dtype)}) the names, shapes and dtypes must equal it
-    exactly. All headers are checked before any array is allocated. Anything else
-    raises CheckpointError (one line); pickle is never involved.
-    """
+    """The arrays of an ``.npz`` archive written by minitf (``np.savez``); a hostile file costs
+    no more memory than its size on disk. Every member must be uncompressed, with an npy header
+    declaring C order, a little-endian float dtype and exactly the bytes it holds; with
+    ``expected`` ({name: (shape, dtype)}) names, shapes and dtypes must equal it. All headers are
+    checked before any array is allocated; anything else is a one-line CheckpointError (no pickle)."""
     path = pathlib.Path(path)
     try:
         with zipfile.ZipFile(path) as archive:
@@ -223,10 +188,7 @@ def read_npz(path, expected=None):
                 headers[name] = (info, *_npy_header(path, archive, info))
             if expected is not None:
                 _compare(path, headers, expected)
-            arrays = {}
-            for name, (info, shape, dtype, offset) in headers.items():
-                arrays[name] = _read_member(path, archive, info, shape, dtype, offset)
-            return arrays
+            return {name: _read_member(path, archive, *header) for name, header in headers.items()}
     except CheckpointError:
         raise
     except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, KeyError, ValueError, RuntimeError,
@@ -246,7 +208,7 @@ def _compare(path, headers, expected):
 
 
 def _read_member(path, archive, info, shape, dtype, offset):
-    array = np.empty(shape, dtype=dtype)   # no larger than the member itself (checked in _npy_header)
+    array = np.empty(shape, dtype=dtype)  # no larger than the member itself (checked in _npy_header)
     buffer = memoryview(array.reshape(-1).view(np.uint8))
     with archive.open(info) as member:
         member.read(offset)
@@ -263,8 +225,7 @@ def _read_member(path, archive, info, shape, dtype, offset):
 
 
 def check_finite(path, arrays, non_negative=()):
-    """CheckpointError unless every array is finite (and those named in
-    ``non_negative``, Adam's second moment, are >= 0): such a checkpoint is damaged."""
+    """CheckpointError unless every array is finite and those in ``non_negative`` (Adam's ``v``) are >= 0."""
     for name, array in sorted(arrays.items()):
         if not bool(np.isfinite(array).all()):
             raise _damaged(path, f"array {name!r} holds NaN or inf")
@@ -273,11 +234,8 @@ def check_finite(path, arrays, non_negative=()):
 
 
 def list_checkpoints(run_dir, complete_only=True):
-    """The ``<run>/checkpoints/step-NNNNNNNN`` folders of a run, oldest first.
-
-    ``complete_only`` keeps those with a meta.json (written last, so a folder
-    without one is not a checkpoint); False lists every step folder, for
-    ``--resume`` to check and set aside the damaged ones."""
+    """The ``<run>/checkpoints/step-NNNNNNNN`` folders of a run, oldest first; ``complete_only``:
+    those with a meta.json (written last), else every step folder (for ``--resume`` to check)."""
     folder = pathlib.Path(run_dir) / "checkpoints"
     if not folder.is_dir():
         return []
@@ -287,13 +245,8 @@ def list_checkpoints(run_dir, complete_only=True):
 
 
 def latest_valid_checkpoint(run_dir, expect=None):
-    """The newest checkpoint of a run that passes its checks, and the errors of
-    newer ones that did not (a corrupted latest falls back to the one before).
-
-    ``expect`` is passed to :func:`read_checkpoint`: it may refuse a checkpoint that
-    does not fit (another model size or tokenizer) and names the arrays' shapes and dtypes.
-    Returns ``(state, path, [(path, message), ...])``; state and path are None
-    when no checkpoint passes."""
+    """``(state, path, [(newer path, error), ...])``: the newest checkpoint that passes
+    :func:`read_checkpoint` with ``expect``, and the errors of newer ones (None, None if none passes)."""
     errors = []
     for path in reversed(list_checkpoints(run_dir, complete_only=False)):
         try:
@@ -304,8 +257,8 @@ def latest_valid_checkpoint(run_dir, expect=None):
 
 
 def set_aside(bad):
-    """Rename a damaged checkpoint to ``<name>.bad`` (``.bad2``, ... if taken): kept for
-    a person to look at, never listed again. Returns the new path."""
+    """Rename a damaged checkpoint to ``<name>.bad`` (``.bad2``, ... if taken) and return that path:
+    kept for a person to look at, never listed again."""
     aside, n = bad.with_name(bad.name + ".bad"), 1
     while aside.exists():
         n, aside = n + 1, bad.with_name(f"{bad.name}.bad{n}")
@@ -314,9 +267,8 @@ def set_aside(bad):
 
 
 def recover_checkpoints(run_dir):
-    """Repair what a kill can leave in ``<run>/checkpoints``: put back a checkpoint
-    that was moved aside to be re-saved (``.step-N.old`` without ``step-N``) and
-    delete temporary and half-deleted folders. Returns the paths it removed."""
+    """Repair what a kill can leave in ``<run>/checkpoints``: put back a checkpoint moved aside to be
+    re-saved (``.step-N.old`` without ``step-N``), delete temporary and half-deleted folders (returned)."""
     folder = pathlib.Path(run_dir) / "checkpoints"
     if not folder.is_dir():
         return []
@@ -350,9 +302,8 @@ def prune_checkpoints(run_dir, keep, protect=()):
 
 
 def average_checkpoints(paths, out_path):
-    """Average the parameters of several checkpoints of one run (paper: the last 5)
-    into a new checkpoint at ``out_path``; returns it. They must share the model
-    shapes (``meta["model"]``) and the tokenizer."""
+    """Average the parameters of checkpoints of one run (paper: the last 5; same model shapes and
+    tokenizer) into a new checkpoint at ``out_path``, and return it."""
     paths = list(paths)
     if not paths:
         raise CheckpointError("no checkpoints to average")
@@ -368,13 +319,9 @@ def average_checkpoints(paths, out_path):
     return write_checkpoint(out_path, params, meta, first["tokenizer_bytes"])
 
 
-# --------------------------------------------------------------------------- #
-# the checkpoint a command uses
-# --------------------------------------------------------------------------- #
 def best_checkpoint(run_dir):
-    """(the checkpoint best.json names, None) or (None, why it is not used). best.json
-    must name, relative to the run folder, a checkpoint inside it (after resolving
-    links): ``{"checkpoint": "../elsewhere/ck"}`` is refused."""
+    """(the checkpoint best.json names, None) or (None, why it is not used). It must name, relative
+    to the run folder, a checkpoint inside it after resolving links (not ``"../elsewhere/ck"``)."""
     run_dir = pathlib.Path(run_dir)
     best = run_dir / "best.json"
     if not best.is_file():
@@ -408,25 +355,23 @@ def resolve_checkpoint(path, warn=None):
         return checkpoints[-1]
     if not path.exists():
         raise CheckpointError(f"--checkpoint {path} does not exist; pass the --out folder of train.py "
-                                   "or one of its checkpoints/step-NNNNNNNN folders")
+                              "or one of its checkpoints/step-NNNNNNNN folders")
     raise CheckpointError(f"{path} is neither a checkpoint folder (with meta.json) nor a run folder "
-                               "with checkpoints/; pass the --out folder of train.py or one of its checkpoints")
+                          "with checkpoints/; pass the --out folder of train.py or one of its checkpoints")
 
 
 def _candidates(path, warn=None):
-    """Checkpoints to try for ``path``: the one it names; for a run folder, its
-    chosen one first, then every other checkpoint, newest first."""
+    """Checkpoints to try for ``path``: the one it names; for a run folder, its chosen one first,
+    then every other checkpoint, newest first."""
     first = resolve_checkpoint(path, warn)
-    path = pathlib.Path(path)
-    if first == path:  # an explicit checkpoint folder: that one or nothing
+    if first == pathlib.Path(path):  # an explicit checkpoint folder: that one or nothing
         return [first]
-    others = [p for p in reversed(list_checkpoints(path)) if p != first]
-    return [first] + others
+    return [first] + [p for p in reversed(list_checkpoints(path)) if p != first]
 
 
 def load_checkpoint_model(folder):
-    """(model in eval mode, tokenizer, meta) from one checkpoint folder; a CheckpointError
-    if it is damaged or its parts do not fit together."""
+    """(model in eval mode, tokenizer, meta) from one checkpoint folder; CheckpointError if it is
+    damaged or its parts do not fit together."""
     built = {}
 
     def expect(state, path):  # meta.json and the tokenizer first, then a model, then the arrays' headers
@@ -461,10 +406,9 @@ def load_checkpoint_model(folder):
 
 
 def check_model_fits_file(config, vocab_size, model_file):
-    """Refuse, before a model is built, a config that declares more parameters than
-    ``model_file`` can hold (a crafted meta.json with d_model 10**9 would otherwise
-    ask for terabytes). Counts a lower bound: embeddings, attention and feed-forward
-    weights, at 2 bytes each (the smallest float a checkpoint may hold)."""
+    """Refuse, before a model is built, a config declaring more parameters than ``model_file`` can
+    hold (a crafted d_model 10**9 would ask for terabytes). A lower bound: embeddings, attention and
+    feed-forward weights at 2 bytes each (the smallest float a checkpoint may hold)."""
     d, f = config.d_model, config.d_ff
     at_least = (vocab_size * d + config.num_encoder_layers * (4 * d * d + 2 * d * f)
                 + config.num_decoder_layers * (8 * d * d + 2 * d * f))
@@ -476,10 +420,8 @@ def check_model_fits_file(config, vocab_size, model_file):
 
 
 def load_model(path, warn=None):
-    """(model in eval mode, tokenizer, meta) from a checkpoint or run folder.
-
-    An explicit checkpoint folder must pass every check. For a run folder, a
-    damaged checkpoint is skipped for the next newest, with ``warn(message)``."""
+    """(model in eval mode, tokenizer, meta) from a checkpoint folder (which must pass every check) or
+    a run folder (a damaged checkpoint is skipped for the next newest, with ``warn(message)``)."""
     errors = []
     for folder in _candidates(path, warn):
         try:

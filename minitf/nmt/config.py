@@ -1,9 +1,6 @@
-"""One typed run config: the preset values, the flag overrides and their
-validation in one place, written to and read from a run folder's config.json.
-
-``train.py``, ``--resume``, the trainer and ``minitf.translate`` all read the same
-:class:`RunConfig`; the model is built from its :meth:`RunConfig.model_config`.
-"""
+"""One typed run config (:class:`RunConfig`): the presets, the flag overrides and their
+validation, written to and read from a run folder's config.json. ``train.py``, ``--resume``,
+the trainer and ``minitf.translate`` all read it; the model is built from its ``model_config``."""
 import dataclasses
 import json
 import math
@@ -24,9 +21,8 @@ _ADDED_SINCE_2 = {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0}
 _ADDED_SINCE_4 = {"lexicon": 0.0}
 ADDED_FIELDS = {2: {**_ADDED_SINCE_2, **_ADDED_SINCE_4}, 3: {**_ADDED_SINCE_2, **_ADDED_SINCE_4}, 4: _ADDED_SINCE_4}
 
-# Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement
-# (see docs/training.md: more updates of a small, fast model win a 15-minute budget; the recipe arms
-# of scripts/recipe_arms.sh decide dropout and BPE-dropout). max_minutes is the whole command.
+# Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement (docs/training.md: more
+# updates of a small, fast model win a 15-minute budget; scripts/recipe_arms.sh decided dropout and BPE-dropout).
 PRESETS = {
     "tiny": dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=512, dropout=0.1,
                  vocab_size=4000, warmup=800, lr_scale=1.0, max_tokens=1500, max_minutes=14.0, bpe_dropout=0.0,
@@ -126,14 +122,13 @@ class RunConfig:
         def flag(name):
             return "--" + name.replace("_", "-")
 
-        for name in ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "vocab_size",
-                     "warmup", "max_tokens", "max_len", "eval_every", "save_every", "keep", "beam", "accumulate"):
+        for name in ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "vocab_size", "warmup",
+                     "max_tokens", "max_len", "eval_every", "save_every", "keep", "beam", "accumulate", "max_steps",
+                     "epochs"):
             value = getattr(self, name)
+            if value is None and name in ("max_steps", "epochs"):  # no such limit
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UsageError(f"{flag(name)} must be a positive integer, got {value!r}")
-        for name in ("max_steps", "epochs"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise UsageError(f"{flag(name)} must be a positive integer, got {value!r}")
         for name in ("dropout", "label_smoothing", "bpe_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -162,10 +157,8 @@ class RunConfig:
                              f"{self.bleu_sentences}")
         return self
 
-    # -- the model ------------------------------------------------------------------
     def model_config(self, vocab_size):
-        """The :class:`~minitf.transformer.TransformerConfig` of this run: one shared
-        vocabulary and tied embeddings (paper 3.4), padding id from the tokenizer."""
+        """This run's TransformerConfig: one shared vocabulary, tied embeddings (paper 3.4), the tokenizer's pad id."""
         return TransformerConfig(src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
                                  **{k: getattr(self, k) for k in MODEL_FIELDS},
                                  share_embeddings=True, pad_id=PAD_ID)
@@ -173,7 +166,6 @@ class RunConfig:
     def model_fields(self, with_dropout=False):
         return {k: getattr(self, k) for k in MODEL_FIELDS if with_dropout or k != "dropout"}
 
-    # -- config.json ----------------------------------------------------------------
     def to_dict(self):
         return dict(dataclasses.asdict(self), schema_version=SCHEMA_VERSION)
 

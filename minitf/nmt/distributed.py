@@ -1,16 +1,13 @@
 """Data-parallel training on proven engines: the ranks of ``mpiexec -n N python train.py``
-and the collectives their update uses. MPI (``mpi4py``) launches the ranks, bootstraps
-and reduces host (NumPy) buffers; NCCL (``cupy.cuda.nccl``, its unique id broadcast
-over MPI) reduces device (CuPy) buffers. Nothing here opens a socket or polls a file.
-
-``mpi4py`` is imported only by :class:`MpiWorld`, i.e. only when ``mpiexec`` started
-the process: ``import minitf`` and a one-process ``train.py`` never import it. The
+and the collectives their update uses. MPI (``mpi4py``, imported only by :class:`MpiWorld`,
+i.e. only under ``mpiexec``) launches the ranks and reduces host (NumPy) buffers; NCCL
+(``cupy.cuda.nccl``, its unique id broadcast over MPI) reduces device (CuPy) buffers. The
 update itself is :meth:`minitf.nmt.trainer.Trainer.update`, the same for any world size.
 
-A flat buffer of n elements is split into ``size`` shards for ZeRO-1: rank r owns
-``[r*q, (r+1)*q)`` with ``q = n // size``, the last rank also the tail up to n (fewer
-than ``size`` elements). NCCL's reduce-scatter and all-gather need equal counts, so
-they run on the ``size*q`` head and the tail is all-reduced / broadcast on its own.
+ZeRO-1 shards of a flat buffer of n elements: rank r owns ``[r*q, (r+1)*q)`` with
+``q = n // size``, the last rank also the tail up to n. NCCL's reduce-scatter and
+all-gather need equal counts, so they run on the ``size*q`` head and the tail
+(fewer than ``size`` elements) is all-reduced / broadcast on its own.
 """
 import contextlib
 import io
@@ -35,6 +32,10 @@ def shard_range(n, size, rank):
     """The elements ``[lo, hi)`` of a flat buffer of ``n`` that ``rank`` owns."""
     q = n // size
     return rank * q, (n if rank == size - 1 else (rank + 1) * q)
+
+
+def _shard_counts(n, size):
+    return [hi - lo for lo, hi in (shard_range(n, size, r) for r in range(size))]
 
 
 class LocalWorld:
@@ -92,21 +93,17 @@ class MpiWorld:
         self.is_root = self.rank == 0
         self._collectives = None
 
-    def sum_host(self, values):
-        """Element-wise sum over ranks of a few host numbers (the logged scalars)."""
+    def sum_host(self, values, op=None):
+        """Element-wise sum (or ``op``) over ranks of a few host numbers (the logged scalars)."""
         values = np.array(values, dtype=np.float64)
-        self.comm.Allreduce(self.MPI.IN_PLACE, values)
+        self.comm.Allreduce(self.MPI.IN_PLACE, values, op=self.MPI.SUM if op is None else op)
         return values
 
     def max_host(self, values):
-        """Element-wise maximum over ranks of a few host numbers."""
-        values = np.array(values, dtype=np.float64)
-        self.comm.Allreduce(self.MPI.IN_PLACE, values, op=self.MPI.MAX)
-        return values
+        return self.sum_host(values, self.MPI.MAX)
 
     def gather_objects(self, value):
-        """Every rank's ``value`` (a few Python objects: a share of decoded sentences), as a list
-        in rank order on rank 0; None on the other ranks."""
+        """Every rank's ``value`` (a few Python objects), in rank order on rank 0; None elsewhere."""
         return self.comm.gather(value, root=0)
 
     def bcast_object(self, value):
@@ -116,9 +113,8 @@ class MpiWorld:
     def gather_shards(self, shard, n):
         """The full host array on rank 0 from every rank's shard (None elsewhere)."""
         shard = np.ascontiguousarray(backend.to_numpy(shard))
-        counts = [shard_range(n, self.size, r)[1] - shard_range(n, self.size, r)[0] for r in range(self.size)]
         full = np.empty(n, dtype=shard.dtype) if self.is_root else None
-        self.comm.Gatherv(shard, [full, counts] if self.is_root else None, root=0)
+        self.comm.Gatherv(shard, [full, _shard_counts(n, self.size)] if self.is_root else None, root=0)
         return full
 
     def barrier(self):
@@ -166,28 +162,24 @@ class MpiCollectives:
         self.comm.Allreduce(self.MPI.IN_PLACE, buf)
 
     def reduce_scatter(self, buf):
-        """The sum over ranks of this rank's shard of ``buf`` (a separate array)."""
-        n, size = buf.size, self.world.size
-        counts = [shard_range(n, size, r)[1] - shard_range(n, size, r)[0] for r in range(size)]
+        """The sum over ranks of this rank's shard of ``buf`` (a separate array, reused)."""
+        counts = _shard_counts(buf.size, self.world.size)
         if self._shard is None or self._shard.dtype != buf.dtype:
-            self._shard = np.empty(counts[self.world.rank], dtype=buf.dtype)  # one, reused
+            self._shard = np.empty(counts[self.world.rank], dtype=buf.dtype)
         self.comm.Reduce_scatter(buf, self._shard, recvcounts=counts)
         return self._shard
 
     def allgather(self, buf):
         """Every rank's own shard of ``buf`` to every rank, in place."""
-        n, size = buf.size, self.world.size
-        ranges = [shard_range(n, size, r) for r in range(size)]
-        counts, displs = [hi - lo for lo, hi in ranges], [lo for lo, _ in ranges]
+        counts = _shard_counts(buf.size, self.world.size)
+        displs = [shard_range(buf.size, self.world.size, r)[0] for r in range(self.world.size)]
         self.comm.Allgatherv(self.MPI.IN_PLACE, [buf, (counts, displs)])
 
 
 class NcclCollectives:
-    """Sums of device (CuPy) buffers over NCCL, in place, on the current stream.
-
-    ``nccl`` is the module (``cupy.cuda.nccl``, or a test's stand-in with the same
-    constants and a communicator with the same methods); the calls take raw device
-    pointers (``a.data.ptr``), element counts and NCCL dtypes, as NCCL's C API does."""
+    """Sums of device (CuPy) buffers over NCCL, in place, on the current stream. ``nccl`` is
+    ``cupy.cuda.nccl`` (or a test's stand-in); the calls take raw device pointers
+    (``a.data.ptr``), element counts and NCCL dtypes, as NCCL's C API does."""
 
     def __init__(self, world, nccl, communicator, stream=None):
         self.world, self.nccl, self.comm = world, nccl, communicator
@@ -200,20 +192,20 @@ class NcclCollectives:
         return cls(world, nccl, nccl.NcclCommunicator(world.size, uid, world.rank))
 
     def _args(self, buf):
-        kinds = {"float16": self.nccl.NCCL_FLOAT16, "float32": self.nccl.NCCL_FLOAT32,
-                 "float64": self.nccl.NCCL_FLOAT64}
+        """(pointer, item size, NCCL dtype, stream, q = elements per rank in the equal-count head)."""
+        dtype = {"float16": self.nccl.NCCL_FLOAT16, "float32": self.nccl.NCCL_FLOAT32,
+                 "float64": self.nccl.NCCL_FLOAT64}[buf.dtype.name]
         stream = self._stream if self._stream is not None else xp.cuda.get_current_stream().ptr
-        return buf.data.ptr, buf.dtype.itemsize, kinds[buf.dtype.name], stream
+        return buf.data.ptr, buf.dtype.itemsize, dtype, stream, buf.size // self.world.size
 
     def allreduce(self, buf):
-        ptr, _, dtype, stream = self._args(buf)
+        ptr, _, dtype, stream, _ = self._args(buf)
         self.comm.allReduce(ptr, ptr, buf.size, dtype, self.nccl.NCCL_SUM, stream)
 
     def reduce_scatter(self, buf):
         """The sum over ranks of this rank's shard, left in place in ``buf`` (a view)."""
-        ptr, item, dtype, stream = self._args(buf)
+        ptr, item, dtype, stream, q = self._args(buf)
         n, size, rank = buf.size, self.world.size, self.world.rank
-        q = n // size
         if q:  # in place: NCCL reads all of buf and writes rank's q elements at ptr + rank*q
             self.comm.reduceScatter(ptr, ptr + rank * q * item, q, dtype, self.nccl.NCCL_SUM, stream)
         if n > size * q:  # the tail (fewer than size elements): the last rank owns it
@@ -223,9 +215,8 @@ class NcclCollectives:
         return buf[lo:hi]
 
     def allgather(self, buf):
-        ptr, item, dtype, stream = self._args(buf)
+        ptr, item, dtype, stream, q = self._args(buf)
         n, size, rank = buf.size, self.world.size, self.world.rank
-        q = n // size
         if q:
             self.comm.allGather(ptr + rank * q * item, ptr, q, dtype, stream)
         if n > size * q:
@@ -234,12 +225,11 @@ class NcclCollectives:
 
 
 def report_and_abort(world, status, line, grace_s=2.0, forward_s=0.5):
-    """End the whole job after a failure on this rank. Rank 0 writes ``line`` and aborts;
-    another rank waits ``grace_s`` first (if rank 0 failed too, as with bad input that
-    every rank sees, rank 0's line and abort end it, and this rank says nothing), then
-    writes ``line`` naming itself and aborts. What the rank wrote is flushed and given
-    ``forward_s`` to travel through mpiexec's output forwarding before MPI_Abort ends
-    every rank: an abort right after the write lost rank 0's line about 1 time in 30."""
+    """End the whole job after a failure on this rank. A rank other than 0 first waits
+    ``grace_s`` (if rank 0 failed too, its line and abort end the job and this rank says
+    nothing); then ``line`` is written and flushed, and given ``forward_s`` to pass through
+    mpiexec's output forwarding before MPI_Abort (an abort right after the write lost rank
+    0's line about 1 time in 30)."""
     if world.size > 1 and not world.is_root:
         time.sleep(grace_s)
     if line:
@@ -264,9 +254,6 @@ def rank_share(index, src_lens, tgt_lens, size, rank):
     return index[owner == rank]
 
 
-# --------------------------------------------------------------------------- #
-# the entry point under mpiexec
-# --------------------------------------------------------------------------- #
 def main(run, argv, prog, **report_options):
     """``run(argv)`` on every rank of ``mpiexec -n N``. A failure on any rank ends the
     whole job within seconds with one line naming the rank (MPI_Abort); rank 0 alone
@@ -289,7 +276,8 @@ def main(run, argv, prog, **report_options):
             status = error.code if isinstance(error.code, int) else 1
         except BaseException as error:  # a bug: still end every rank, in one line
             status, line = 1, f"{prog}: error: {type(error).__name__}: {error}"
-    if world.size > 1 and status not in (0, None) and not _ended_by_signal(status):
+    # 130/143: every rank stopped at the same step after Ctrl-C/SIGTERM and rank 0 saved
+    if world.size > 1 and status not in (0, None, 130, 143):
         said = [text for text in captured.getvalue().splitlines() if text.strip()]
         if line is None and not world.is_root and said:
             line = said[-1] if prog in said[-1] else said[-1].replace(": error:", f" (rank {world.rank} of "
@@ -298,8 +286,3 @@ def main(run, argv, prog, **report_options):
     if line is not None:
         print(line, file=sys.stderr)
     return status
-
-
-def _ended_by_signal(status):
-    """130/143: every rank stopped at the same step after Ctrl-C/SIGTERM and rank 0 saved."""
-    return status in (130, 143)

@@ -1,11 +1,10 @@
-"""How the commands fail: the typed errors every module raises at the boundary, argparse
-with one-line usage errors, and one place that turns every error into one line on stderr
-and an exit status (never a traceback from deep inside NumPy)."""
+"""How the commands fail: typed errors raised at the boundary, argparse with one-line
+usage errors, and :func:`report_errors`, which turns every expected error into one line
+on stderr and an exit status (never a traceback from deep inside NumPy)."""
 import argparse
 import sys
 
 from minitf.backend import DeviceError
-
 
 
 class UsageError(ValueError):
@@ -17,19 +16,11 @@ class DataError(ValueError):
 
 
 class CommandFailed(DataError):
-    """An external command (apt-get, dpkg-deb) failed.
-
-    Attributes
-    ----------
-    what : str
-        The command as the user would recognise it (``"apt-get download"``).
-    detail : str
-        The command's own most relevant output line (its last ``E:`` line, say).
-    """
+    """An external command (apt-get, dpkg-deb) failed; ``detail`` is its most relevant output line."""
 
     def __init__(self, what, detail, hint):
         super().__init__(f"{what} failed: {detail}; {hint}")
-        self.what, self.detail = what, detail
+        self.detail = detail
 
 
 class CheckpointError(ValueError):
@@ -37,45 +28,15 @@ class CheckpointError(ValueError):
 
 
 class StepOutOfMemory(MemoryError):
-    """A training step ran out of memory; the message already says what to do.
-
-    Attributes
-    ----------
-    step : int
-        The step that failed (1-based, as in the logs).
-    """
-
-    def __init__(self, message, step):
-        super().__init__(message)
-        self.step = step
+    """A training step ran out of memory; the message already says what to do."""
 
 
 class RunFolderBusy(ValueError):
-    """Another process holds the lock of a run folder (``minitf.nmt.files.lock_run_folder``).
-
-    Attributes
-    ----------
-    run_dir : pathlib.Path
-        The run folder.
-    pid : int or None
-        The holder's process id, as it wrote it into the lock file (None if unreadable).
-    """
-
-    def __init__(self, message, run_dir, pid):
-        super().__init__(message)
-        self.run_dir, self.pid = run_dir, pid
+    """Another process holds the lock of a run folder (``minitf.nmt.files.lock_run_folder``)."""
 
 
 class MetricsWriteError(OSError):
-    """Appending to metrics.jsonl failed (a full disk, say); the record is kept in memory.
-
-    Attributes
-    ----------
-    path : pathlib.Path
-        The metrics file.
-    reason : str
-        The operating system's reason (``No space left on device``).
-    """
+    """Appending to metrics.jsonl (``path``) failed for ``reason`` (a full disk, say); the record is kept."""
 
     def __init__(self, path, reason, advice=""):
         super().__init__(f"could not append to {path}: {reason}" + (f"; {advice}" if advice else ""))
@@ -89,28 +50,26 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def positive(kind):
-    """An argparse type: a positive ``kind`` (int or float), finite."""
+def _number(convert, accept, expected):
+    """An argparse type: ``convert(text)`` if ``accept`` takes it, else 'expected ..., got ...'."""
     def parse(text):
         try:
-            value = kind(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
-        if not 0 < value < float("inf"):
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
     return parse
 
 
-def non_negative(text):
-    """An argparse type: a finite float >= 0 (nan and inf are refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+def positive(kind):
+    """An argparse type: a positive ``kind`` (int or float), finite."""
+    return _number(kind, lambda value: 0 < value < float("inf"), f"a positive {kind.__name__}")
+
+
+#: An argparse type: a finite float >= 0 (nan and inf are refused).
+non_negative = _number(float, lambda value: 0 <= value < float("inf"), "a finite number >= 0")
 
 
 def report_errors(prog, run, argv, memory_hint, interrupt_message="interrupted"):
@@ -124,9 +83,9 @@ def report_errors(prog, run, argv, memory_hint, interrupt_message="interrupted")
         return run(argv)
     except UsageError as error:
         return fail(error, 2)
-    except (DataError, CheckpointError, DeviceError, FloatingPointError, ValueError) as error:
-        return fail(error)
-    except (StepOutOfMemory, MetricsWriteError) as error:  # their messages already say what to do
+    # StepOutOfMemory and MetricsWriteError before MemoryError and OSError: their messages say what to do
+    except (DataError, CheckpointError, DeviceError, FloatingPointError, ValueError, StepOutOfMemory,
+            MetricsWriteError) as error:
         return fail(error)
     except MemoryError as error:
         return fail(f"out of memory ({error or 'MemoryError'}); {memory_hint}")

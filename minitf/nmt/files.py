@@ -2,20 +2,14 @@
 flushed to disk (fsync) and renamed into place in one step: a crash leaves the old file
 or the new one, never a torn one.
 
-One process per run folder: an advisory lock (``fcntl.flock``) on
-``RUN_DIR/train.lock``, taken before a run writes anything into the folder.
-
-The kernel releases a ``flock`` when its holder dies, SIGKILL included, so a
-killed run never leaves a stale lock (only a stale file, which means nothing). The
-holder writes its PID into it, so that a refused process can name it, and deletes
-it when it is done; a process that locked a file that was deleted meanwhile
-notices (another inode than the path's) and tries again, so two processes never
-hold two files of the same name. ``minitf.translate`` only
-reads and takes no lock. With several ranks, rank 0 holds it.
-
-A process holds at most one lock per folder: taking it again is a no-op, and
-:func:`released_on_exit` lets a command release what it took when it returns
-(tests call the commands in-process, many times).
+One process per run folder: rank 0 takes an advisory lock (``fcntl.flock``) on
+``RUN_DIR/train.lock`` before it writes anything there. The kernel releases it when its
+holder dies (SIGKILL included), so a killed run leaves no stale lock. The holder writes
+its PID into the file (for a refused process to name) and deletes it when done; a
+process that locked a file deleted meanwhile (another inode than the path's) tries
+again. ``minitf.translate`` only reads and takes no lock. Taking a held lock again is a
+no-op; :func:`released_on_exit` releases what a command took (tests call the commands
+in-process, many times).
 """
 import contextlib
 import hashlib
@@ -34,25 +28,20 @@ from minitf.nmt.errors import RunFolderBusy, UsageError
 
 def fsync_dir(path):
     """Flush a folder's entries (a rename inside it) to disk, where the OS allows it."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
 def atomic_writer(path, temp_dir=None):
-    """A binary handle whose bytes become ``path`` in one step when the block ends: a temp
-    file ``.<name>.<random>.tmp`` (beside ``path``, or in ``temp_dir`` on the same file
-    system), flushed to disk (fsync), renamed into place. If the block raises (a
-    KeyboardInterrupt included), the temp file is removed; with ``temp_dir``, ``path``'s
-    folders are made only once the file is complete, so a failure leaves none behind."""
+    """A binary handle whose bytes become ``path`` in one step when the block ends (temp file
+    ``.<name>.<random>.tmp`` beside it, or in ``temp_dir`` on the same file system; fsync;
+    rename). If the block raises (KeyboardInterrupt included) the temp file is removed; with
+    ``temp_dir``, ``path``'s folders are made only once the file is complete."""
     path = pathlib.Path(path)
     if temp_dir is None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,9 +79,6 @@ def file_sha256(path):
     return digest.hexdigest()
 
 
-# --------------------------------------------------------------------------- #
-# the run folder: usable, and locked
-# --------------------------------------------------------------------------- #
 def check_output_folder(out):
     """Refuse to overwrite another run, and fail early on a folder we cannot write."""
     out = pathlib.Path(out)
@@ -108,9 +94,8 @@ def check_output_folder(out):
 
 
 def check_resumable(run_dir):
-    """Refuse (one line, nothing changed) a run folder that --resume could not
-    continue and save into: a ``checkpoints`` that is not a readable, writable
-    folder, or a run folder or metrics.jsonl that cannot be written."""
+    """UsageError (nothing changed) for a run folder that --resume could not continue and save
+    into: ``checkpoints`` not a readable, writable folder, or an unwritable folder or metrics.jsonl."""
     run_dir = pathlib.Path(run_dir)
     folder = run_dir / "checkpoints"
     if folder.exists() or folder.is_symlink():
@@ -128,12 +113,11 @@ def check_resumable(run_dir):
 
 
 LOCK_NAME = "train.lock"
-_held = {}  # realpath of a run folder -> open file descriptor holding its lock
+_held = {}  # realpath of a run folder -> (descriptor holding its lock, lock file path)
 
 
 def lock_run_folder(run_dir):
-    """Take the run folder's lock (the folder must exist) or raise RunFolderBusy
-    naming the holder's PID. Returns the lock file's path."""
+    """Take the (existing) run folder's lock and return the lock file's path; RunFolderBusy names the holder's PID."""
     run_dir = pathlib.Path(run_dir)
     key = os.path.realpath(run_dir)
     path = run_dir / LOCK_NAME
@@ -152,13 +136,12 @@ def lock_run_folder(run_dir):
             os.close(fd)
             raise RunFolderBusy(f"{run_dir} is in use by another train.py (process {pid or 'unknown'}, lock "
                                 f"{path}); wait for it to end or stop it (kill -TERM {pid or 'PID'}), or choose "
-                                "another folder", run_dir, pid) from None
+                                "another folder") from None
         try:
-            current = os.stat(path)
+            same = os.path.samestat(os.stat(path), os.fstat(fd))
         except FileNotFoundError:
-            current = None
-        mine = os.fstat(fd)
-        if current is not None and (current.st_ino, current.st_dev) == (mine.st_ino, mine.st_dev):
+            same = False
+        if same:
             break
         os.close(fd)  # the holder deleted the file between our open and flock: lock the new one
     os.ftruncate(fd, 0)
@@ -181,10 +164,8 @@ def release(run_dir):
     held = _held.pop(os.path.realpath(run_dir), None)
     if held is not None:
         fd, path = held
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)  # while still locked: see the module doc
-        except OSError:
-            pass
         os.close(fd)  # closing the only descriptor releases the flock
 
 

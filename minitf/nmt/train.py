@@ -1,10 +1,7 @@
-"""The ``train.py`` command: a new run, or ``--resume`` of an earlier one.
-
-What a kill costs (docs/reliability.md): the steps since the
-last checkpoint. ``--resume`` takes the newest checkpoint that passes its checks
-(checksums, model shape, tokenizer), moves newer bad ones aside with a warning,
-and cuts metrics.jsonl back to that checkpoint's step.
-"""
+"""The ``train.py`` command: a new run, or ``--resume`` of an earlier one. A kill costs the steps
+since the last checkpoint (docs/reliability.md): ``--resume`` takes the newest checkpoint that
+passes its checks (checksums, model shape, tokenizer), moves newer bad ones aside with a warning,
+and cuts metrics.jsonl back to that checkpoint's step."""
 import os
 import pathlib
 import shutil
@@ -25,9 +22,9 @@ from minitf.nmt.trainer import Trainer
 
 #: The flags that name the model, recipe or data of a run: refused with --resume.
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
-                "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "src_lang", "tgt_lang",
-                "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "phrases", "lexicon", "corpus",
-                "corpus_dir")
+                "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "src_lang",
+                "tgt_lang", "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src",
+                "test_tgt", "phrases", "lexicon", "corpus", "corpus_dir")
 
 
 def default(name):
@@ -118,8 +115,8 @@ def build_parser():
 
 
 def given_options(argv):
-    """The dests of the options written on the command line (abbreviations and
-    ``--flag=value`` included), told apart from defaults by parsing twice."""
+    """The dests of the options written on the command line (abbreviations and ``--flag=value``
+    included), told apart from defaults by parsing twice."""
     parser = build_parser()
     unset = object()
     parser.set_defaults(**{name: unset for name in vars(parser.parse_args(argv))})
@@ -130,20 +127,15 @@ def config_from_args(args):
     """The run config of a new run: the preset, overridden by the flags given."""
     layers = dict(num_encoder_layers=args.num_encoder_layers or args.num_layers,
                   num_decoder_layers=args.num_decoder_layers or args.num_layers)
-    return RunConfig.from_preset(
-        args.preset, d_model=args.d_model, num_heads=args.num_heads, d_ff=args.d_ff, dropout=args.dropout,
-        pre_norm=args.pre_norm, vocab_size=args.vocab_size, warmup=args.warmup, lr_scale=args.lr_scale,
-        max_tokens=args.max_tokens, max_minutes=args.max_minutes, max_steps=args.max_steps, epochs=args.epochs,
-        max_len=args.max_len, seed=args.seed, label_smoothing=args.label_smoothing, bpe_dropout=args.bpe_dropout, clip_norm=args.clip_norm,
-        lexicon=args.lexicon,
-        src_lang=args.src_lang, tgt_lang=args.tgt_lang, skip_nonfinite=args.skip_nonfinite,
-        precision=args.precision, accumulate=args.accumulate, zero=args.zero, **layers, **{name: getattr(args, name) for name in RUN_OPTIONS})
+    flags = ("d_model", "num_heads", "d_ff", "dropout", "pre_norm", "vocab_size", "warmup", "lr_scale", "max_tokens",
+             "max_minutes", "max_steps", "epochs", "max_len", "seed", "label_smoothing", "bpe_dropout", "clip_norm",
+             "lexicon", "src_lang", "tgt_lang", "skip_nonfinite", "precision", "accumulate", "zero") + RUN_OPTIONS
+    return RunConfig.from_preset(args.preset, **layers, **{name: getattr(args, name) for name in flags})
 
 
 def setup_device(precision, device):
-    """TF32 is switched on through CuPy's environment variable CUPY_TF32, which CuPy
-    reads when it first picks a float32 matmul mode: so before ``backend.set_device``.
-    ``device`` None means the environment's (MINITF_DEVICE), checked here, at the boundary."""
+    """Select ``device`` (None: MINITF_DEVICE, checked here). TF32 is CuPy's CUPY_TF32, read when CuPy
+    first picks a float32 matmul mode: so it is set before ``backend.set_device``."""
     if device is None:
         backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback at import
         device = backend.get_device()
@@ -179,9 +171,8 @@ def data_paths(args):
 
 
 def prepare_tokenizer(run_dir, train_texts, vocab_size, log):
-    """Train the run's tokenizer. A new run always trains it, also over a
-    tokenizer.model left by a run killed before it wrote config.json (it may
-    come from other flags); a resumed run reads its own instead."""
+    """Train a new run's tokenizer, also over a tokenizer.model left by a run killed before it wrote
+    config.json (it may come from other flags); a resumed run reads its own instead."""
     path = pathlib.Path(run_dir) / "tokenizer.model"
     start = time.perf_counter()
     tokenizer = train_tokenizer(train_texts, path, vocab_size)
@@ -195,9 +186,6 @@ def log(message):
         print(message, file=sys.stderr, flush=True)
 
 
-# --------------------------------------------------------------------------- #
-# a new run
-# --------------------------------------------------------------------------- #
 def run(argv=None):
     training.mark_command_start()  # --max-minutes counts the whole command from here
     args = build_parser().parse_args(argv)
@@ -257,8 +245,8 @@ def train_new_run(config, run_dir, tokenizer, corpus, args, where=""):
 
 def new_prepared_run(args, given, config, run_dir, world):
     """A new run on a prepared corpus (memory-mapped token arrays, :class:`minitf.nmt.data.IndexedCorpus`):
-    WMT 2014 English-German, or a user's files prepared into --corpus-dir. Rank 0 prepares
-    (once: a prepared folder is reused); every rank then maps the same files."""
+    WMT 2014 English-German, or a user's files prepared into --corpus-dir. Rank 0 prepares (once: a
+    prepared folder is reused); every rank then maps the same files."""
     if config.lexicon:
         raise UsageError("--lexicon mixes in the Ding dictionary's lexicon: it needs the default corpus")
     if config.bpe_dropout > 0:
@@ -293,10 +281,11 @@ def prepare_data(args, given, config, reuse_only=False):
     vocab = config.vocab_size if "vocab_size" in given else None
     if args.corpus == "wmt14-en-de":
         src, tgt = (args.src_lang, args.tgt_lang) if {"src_lang", "tgt_lang"} & given else ("en", "de")
+        vocab = vocab or corpora.WMT14_VOCAB_SIZE
         if reuse_only:  # the other ranks: the folder rank 0 has just prepared
-            return corpora.wmt14_prepared_folder(args.cache_dir, src, tgt, vocab or corpora.WMT14_VOCAB_SIZE)
-        return corpora.prepare_wmt14(args.cache_dir, src_lang=src, tgt_lang=tgt, vocab_size=vocab or corpora.WMT14_VOCAB_SIZE,
-                                   progress=not args.no_progress, log=log)
+            return corpora.wmt14_prepared_folder(args.cache_dir, src, tgt, vocab)
+        return corpora.prepare_wmt14(args.cache_dir, src_lang=src, tgt_lang=tgt, vocab_size=vocab,
+                                     progress=not args.no_progress, log=log)
     given_files = any(getattr(args, f"{s}_{side}") is not None for s in ("train", "valid", "test")
                       for side in ("src", "tgt"))
     if not given_files or reuse_only:
@@ -311,9 +300,6 @@ def prepare_data(args, given, config, reuse_only=False):
                                   languages=(args.src_lang, args.tgt_lang), log=log)
 
 
-# --------------------------------------------------------------------------- #
-# --resume
-# --------------------------------------------------------------------------- #
 def resume_run(args, given):
     run_dir = args.resume
     fixed = [k for k in RESUME_FIXED if k in given]
@@ -331,9 +317,9 @@ def resume_run(args, given):
     check_resumable(run_dir)
     changed = {k: getattr(args, k) for k in RESUME_CHANGEABLE + RUN_OPTIONS
                if k in given and getattr(args, k) != getattr(config, k)}
-    if any(k in changed for k in ("max_steps", "epochs", "max_minutes")):
-        for key in ("max_steps", "epochs", "max_minutes"):  # a new length replaces the old one
-            changed[key] = getattr(args, key)
+    lengths = ("max_steps", "epochs", "max_minutes")
+    if changed.keys() & set(lengths):  # a new length replaces the old one
+        changed.update({key: getattr(args, key) for key in lengths})
     for name, value in changed.items():
         setattr(config, name, value)
     config.validate()
@@ -391,11 +377,10 @@ def resume_run(args, given):
 
 
 def every_core_command(argv):
-    """The ``mpiexec`` command that runs this ``train.py`` command on every core (one rank
-    per core, one BLAS thread per rank: NumPy's elementwise work leaves a core idle in one
-    process), or None with the reason: already under mpiexec, one core, a GPU, MPI not
-    installed, or ``MINITF_RANKS=1``. ``MINITF_RANKS=N`` chooses the number of ranks.
-    The global batch and the recipe are the same at any number of ranks; only the speed changes."""
+    """(the ``mpiexec`` command running this command with one rank per core and one BLAS thread each
+    (one process leaves a core idle in NumPy's elementwise work), None) or (None, a note or None): under
+    mpiexec already, one core, a GPU, no MPI, ``MINITF_RANKS=1``. ``MINITF_RANKS=N`` sets the ranks; the
+    global batch and the recipe are the same at any number of ranks, only the speed changes."""
     wanted = os.environ.get("MINITF_RANKS", "").strip()
     if launched_by_mpi() or wanted == "1" or any(a in ("-h", "--help") for a in argv):
         return None, None
@@ -421,10 +406,9 @@ def every_core_command(argv):
 
 
 def main(argv=None):
-    """Entry point: runs training; bad input gives one error line and a non-zero exit.
-    Under ``mpiexec`` every rank runs it (minitf.nmt.distributed: data parallelism). Run as
-    a command on a CPU with several cores and MPI installed, it starts itself under
-    ``mpiexec`` with one rank per core (``MINITF_RANKS=1``: one process)."""
+    """Entry point: bad input gives one error line and a non-zero exit. Under ``mpiexec`` every rank
+    runs it (data parallelism); as the command on several CPU cores with MPI installed it restarts
+    itself under ``mpiexec`` with one rank per core (``MINITF_RANKS=1``: one process)."""
     if argv is None and pathlib.Path(sys.argv[0]).name == "train.py":  # the command, not a caller's call
         command, note = every_core_command(sys.argv[1:])
         if command is not None:

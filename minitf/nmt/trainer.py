@@ -1,22 +1,16 @@
 """Training: one update for any world size, the loop over token-count batches with
 validation, checkpoints and the time budget, and the end of a run.
 
-The recipe is the paper's (section 5): Adam (0.9, 0.98, 1e-9) with the warmup
-schedule, label smoothing, dropout. One process is a world of one: the update below
-is the same code for N ranks of ``mpiexec``, K accumulated batches (``--accumulate``)
-and Adam's moments sharded over the ranks (``--zero 1``), as fairseq's ``train_step``
-and llm.c's ``gpt2_update``.
-
-One update takes K consecutive batches of the global batch list (the same list on
-every rank: it depends only on (seed, epoch)); each rank runs its disjoint,
-token-balanced share of each batch's sentences. Every micro-batch's gradient is
-scaled by (its non-pad target tokens) / (those of the whole update), which every rank
-knows from the sentence lengths, so one sum over ranks gives the gradient of the
-loss averaged over all non-pad target tokens of the update, whatever N and K are.
-
-Resuming is exact: the dropout generator is re-seeded from (seed, step) before every
-step and the batch order depends only on (seed, epoch), so a checkpoint needs only
-the parameters, Adam's moments and the position in the data.
+The recipe is the paper's (section 5): Adam (0.9, 0.98, 1e-9) with the warmup schedule,
+label smoothing, dropout. One update (:meth:`Trainer.update`, as fairseq's ``train_step``
+and llm.c's ``gpt2_update``) serves N ranks of ``mpiexec``, K accumulated batches
+(``--accumulate``) and Adam's moments sharded over the ranks (``--zero 1``): it takes K
+consecutive batches of the global batch list (the same on every rank: it depends only on
+(seed, epoch)), each rank runs its token-balanced share of each batch, and each
+micro-batch's gradient is scaled by its non-pad target tokens / those of the whole update,
+so one sum over ranks gives the gradient of the loss averaged over the update's tokens,
+whatever N and K. Resuming is exact: dropout is re-seeded from (seed, step) before every
+step, so a checkpoint needs only the parameters, Adam's moments and the position in the data.
 """
 import dataclasses
 import errno
@@ -64,9 +58,6 @@ class UpdateResult:
     nonfinite: str = None  # None, "loss", "gradients" or (fp16) "overflow": the update was skipped
 
 
-# --------------------------------------------------------------------------- #
-# the metrics log and the time budget
-# --------------------------------------------------------------------------- #
 #: exp() of a per-token NLL above this overflows into meaningless numbers early in training
 _MAX_LOG_PERPLEXITY = 50.0
 
@@ -77,8 +68,8 @@ def perplexity(nll_per_token):
 
 
 class MetricsLog:
-    """metrics.jsonl: one JSON object per line, {"kind": "train" | "valid" | "test" | ..., "step": ...}.
-    Only rank 0 writes (``enabled``); the other ranks' logs write nothing."""
+    """metrics.jsonl: one JSON object per line, {"kind": "train" | "valid" | "test" | ..., "step": ...};
+    only rank 0's is ``enabled`` (writes)."""
 
     def __init__(self, path, enabled=True):
         self.path, self.enabled = pathlib.Path(path), enabled
@@ -92,9 +83,8 @@ class MetricsLog:
                             "move it away and run again")
 
     def write(self, **record):
-        """Append one record. If the disk refuses (ENOSPC, EIO), the file is cut back to
-        what it held (no torn line), the record is kept in ``unwritten`` and
-        MetricsWriteError is raised."""
+        """Append one record. If the disk refuses (ENOSPC, EIO) the file is cut back (no torn line),
+        the record kept in ``unwritten`` and MetricsWriteError raised."""
         if not self.enabled:
             return
         line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
@@ -128,17 +118,15 @@ class MetricsLog:
         return found
 
     def append_unwritten(self, records):
-        """Append the records a run could not write before its checkpoint was saved
-        (``unwritten_metrics`` in meta.json), so that the log is whole again."""
+        """Append the records a run could not write before its checkpoint (meta.json's ``unwritten_metrics``)."""
         for record in records if isinstance(records, list) else []:
             if isinstance(record, dict):
                 self.write(**record)
 
     def truncate(self, step):
-        """Keep the records a run had written when it saved its checkpoint at ``step``
-        (the longest prefix with step <= ``step`` and no end-of-run report), atomically.
-        A resumed run then appends exactly what an uninterrupted run would have.
-        Returns the number of records dropped (a torn last line counts as one)."""
+        """Keep, atomically, the records written when the checkpoint at ``step`` was saved (the longest
+        prefix with step <= ``step`` and no end-of-run report), so that a resumed run appends exactly
+        what an uninterrupted one would; return the number dropped (a torn last line counts as one)."""
         if not self.enabled or not self.path.is_file():
             return 0
         data = self.path.read_bytes()
@@ -175,13 +163,10 @@ def mark_command_start():
 
 
 class WallBudget:
-    """Wall seconds spent by a run and what is left of ``--max-minutes`` (None: no budget).
-
-    The budget is the whole command, from its start to its last line. Training stops
-    early enough to leave time for the end: the end's cost is estimated from the measured
-    duration of the periodic validations (the end decodes the validation set once per
-    candidate model, and the test set with beam search), so a slower machine stops
-    training sooner instead of overrunning. ETA is the time left to the end of the command."""
+    """Wall seconds spent by a run and what is left of ``--max-minutes`` (None: no budget), the whole
+    command from its start to its last line. Training stops early enough for the end, whose cost is
+    estimated from the measured periodic validations (the end decodes the validation set per candidate
+    model and the test set with beam search): a slower machine stops sooner instead of overrunning."""
     #: Beam search costs about this many times a greedy decode of the same sentences.
     BEAM_FACTOR = 2.0
     #: Seconds added to the estimate for saving, averaging and the examples.
@@ -196,10 +181,6 @@ class WallBudget:
         self.seconds_per_sentence = None  # of a periodic validation (loss + greedy BLEU), per sentence
         self.validation_seconds = 0.0
 
-    @staticmethod
-    def now():
-        return clock()
-
     def elapsed(self):
         """Wall seconds of the run so far (earlier invocations included)."""
         return self.before + clock() - self.started
@@ -210,9 +191,8 @@ class WallBudget:
         self.seconds_per_sentence = float(seconds) / max(int(sentences), 1)
 
     def end_reserve(self, n_valid, n_test, beam, candidates=2):
-        """Seconds to keep for what follows training: one more periodic validation, a
-        greedy decode of the ``n_valid`` sentences per candidate model, the test set with
-        ``beam``, and a margin."""
+        """Seconds to keep for what follows training: one more periodic validation, a greedy decode
+        of the ``n_valid`` sentences per candidate model, the test set with ``beam``, a margin."""
         if self.limit is None:
             return 0.0
         if self.seconds_per_sentence is None:
@@ -234,8 +214,7 @@ class WallBudget:
 
 
 class EndOfRunInterrupted(BaseException):
-    """Ctrl-C or SIGTERM during the end-of-run evaluation (a BaseException, like
-    KeyboardInterrupt, so that nothing on the way swallows it)."""
+    """Ctrl-C or SIGTERM during the end-of-run evaluation (a BaseException, so that nothing swallows it)."""
 
     def __init__(self, signum):
         super().__init__(signum)
@@ -251,9 +230,6 @@ EVERYDAY_GERMAN = ("Ich habe Hunger.", "Die Tür ist geschlossen.", "Das Wetter 
                    "Wo ist der Bahnhof?", "Kannst du mir helfen?")
 
 
-# --------------------------------------------------------------------------- #
-# the trainer
-# --------------------------------------------------------------------------- #
 class Trainer:
     """A run: the model, the loss, Adam, the data and the run folder, on the ranks of
     ``world`` (one process: a world of one)."""
@@ -300,16 +276,12 @@ class Trainer:
         """True when Adam updates only this rank's shard of the parameters (--zero 1)."""
         return self.optimizer.hi - self.optimizer.lo < self.optimizer.flat.data.size
 
-    # -- one update ----------------------------------------------------------------
     def update(self, batches, lengths):
-        """One update on ``batches`` (K lists of sentence indices of the global batch list),
-        given this epoch's ``lengths`` (source, target; BPE-dropout changes them every epoch):
-        forward and backward of this rank's share of each batch, the gradient summed over
-        ranks, clipping, Adam. Returns an :class:`UpdateResult`.
-
-        A non-finite loss skips backward, non-finite gradients skip Adam: either way the
-        parameters and Adam's moments are untouched. With fp16, non-finite gradients are a
-        loss-scale overflow: the scale halves and the update is skipped."""
+        """One update on ``batches`` (K lists of sentence indices of the global batch list), given this
+        epoch's ``lengths`` (source, target): forward and backward of this rank's share of each batch,
+        the gradient summed over ranks, clipping, Adam; returns an :class:`UpdateResult`. A non-finite
+        loss skips backward, non-finite gradients skip Adam (parameters and moments untouched); with
+        fp16 they are a loss-scale overflow: the scale halves and the update is skipped."""
         # overflow is checked below and reported once, not as numpy warnings
         with backend.host.errstate(over="ignore", invalid="ignore", divide="ignore"):
             return self._update(batches, lengths)
@@ -359,10 +331,9 @@ class Trainer:
         opt.step(grads if self.sharded else None)
         return UpdateResult(loss, nll_sum, tokens, grad_norm)
 
-    # -- the loop ----------------------------------------------------------------------
     def finished(self):
-        """Every rank stops at the same step: finished if any rank is (time budget, a
-        signal); a signal seen by any rank becomes every rank's ``stop_requested``."""
+        """Every rank stops at the same step: finished if any rank is; a signal seen by any rank
+        becomes every rank's ``stop_requested``."""
         c = self.config
         done = ((c.max_steps is not None and self.step >= c.max_steps)
                 or (c.epochs is not None and self.epoch >= c.epochs)
@@ -384,8 +355,7 @@ class Trainer:
         return self.budget.end_reserve(n_valid, n_test, self.config.beam, candidates)
 
     def run(self):
-        """Train until --max-steps, --epochs, --max-minutes or a signal; validate every
-        --eval-every steps and save every --save-every steps."""
+        """Train until --max-steps, --epochs, --max-minutes or a signal; validate and save periodically."""
         c = self.config
         self.metrics.check_writable()
         bar = None
@@ -464,12 +434,10 @@ class Trainer:
             f"{src.shape[1]} source and {tgt_in.shape[1]} target tokens (rank {self.world.rank}, "
             f"{len(update)} batches per update); use a smaller --max-tokens (this run: {c.max_tokens}), "
             f"e.g. --resume {self.run_dir} --max-tokens {max(1, c.max_tokens // 2)}; "
-            f"last good checkpoint: {self.last_checkpoint or 'none yet'}", step=self.step + 1)
+            f"last good checkpoint: {self.last_checkpoint or 'none yet'}")
 
-    # -- validation ----------------------------------------------------------------------
     def evaluate_loss(self, split):
-        """Mean per-token loss and perplexity (from the unsmoothed NLL) over a split; the ranks
-        share its batches (every rank must call this)."""
+        """Mean per-token loss and perplexity (unsmoothed NLL) over a split; every rank calls it (a share each)."""
         batches, _ = token_batches(*self.corpus.lengths(split), self.config.max_tokens, seed=0, epoch=0)
         total_loss = total_nll = total_tokens = 0.0
         with inference_mode(self.model):
@@ -486,8 +454,8 @@ class Trainer:
         return total_loss / tokens, perplexity(total_nll / tokens)
 
     def translate_shared(self, sources, beam):
-        """``sources`` translated by every rank together (each decodes every size-th sentence), on
-        rank 0 in their order (None elsewhere). Every rank must call this."""
+        """``sources`` translated by every rank together (each takes every size-th), in order on rank 0
+        (None elsewhere); every rank calls it."""
         world = self.world
         mine = translate_texts(self.model, self.tokenizer, list(sources[world.rank::world.size]), beam,
                                self.config.alpha)
@@ -503,9 +471,8 @@ class Trainer:
 
     def validate(self, bleu_sentences, beam, bar=None, split="valid", samples=3, model_name=None):
         """Loss, perplexity and (``bleu_sentences`` > 0) BLEU on ``split``, logged and written to
-        metrics.jsonl. Every rank takes part (each evaluates and decodes a share); rank 0 reports
-        and returns the record, the others return {}."""
-        started = self.budget.now()
+        metrics.jsonl. Every rank evaluates and decodes a share; rank 0 returns the record, the others {}."""
+        started = clock()
         loss, ppl = self.evaluate_loss(split)
         record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3))
         if model_name is not None:  # the end-of-run candidates: "last", "average of last N", "best"
@@ -518,7 +485,7 @@ class Trainer:
         if periodic:  # every rank: the ranks agree on when the time budget ends training
             self.valid_ppl[self.step] = ppl
             if bleu_sentences > 0:  # times the end's estimate
-                self.budget.note_validation(self.budget.now() - started, len(sources))
+                self.budget.note_validation(clock() - started, len(sources))
         if not self.world.is_root:
             return {}
         if hypotheses is not None:
@@ -534,10 +501,8 @@ class Trainer:
         (bar.write if bar is not None else self.log)(message)
         return record
 
-    # -- checkpoints ---------------------------------------------------------------------
     def optimizer_state(self):
-        """Adam's moments as full host arrays for the checkpoint, on rank 0 (None elsewhere).
-        Every rank must call this: with --zero 1 the shards are gathered."""
+        """Adam's moments as full host arrays on rank 0 (None elsewhere); every rank calls it (--zero 1 gathers)."""
         opt = self.optimizer
         if not self.sharded:
             return {"m": backend.to_numpy(opt.m), "v": backend.to_numpy(opt.v)} if self.world.is_root else None
@@ -585,8 +550,8 @@ class Trainer:
         return path
 
     def check_meta(self, meta, path="the checkpoint"):
-        """Raise CheckpointError unless a checkpoint's meta.json fits this run: same tokenizer,
-        same model, same precision, a position in the data (checked before any array is read)."""
+        """CheckpointError unless a checkpoint's meta.json fits this run: same tokenizer, model and
+        precision, a position in the data (checked before any array is read)."""
         if meta.get("tokenizer_sha256") != self.tokenizer.sha256:
             raise CheckpointError(f"{path} was trained with another tokenizer than this run's tokenizer.model "
                                   f"(vocabulary {meta.get('vocab_size')} vs {self.tokenizer.vocab_size}); "
@@ -608,10 +573,8 @@ class Trainer:
                                       "use another checkpoint")
 
     def expected_arrays(self, state, path="the checkpoint"):
-        """What a checkpoint of this run must hold, for ``ckpt.read_checkpoint(expect=...)``:
-        meta.json is checked first, then every array's name, shape and dtype is compared with
-        this model's before any data is read. The saved parameters and moments have the
-        optimizer's dtype (fp16: the float32 master weights); the moments are full-size."""
+        """``expect`` for ``ckpt.read_checkpoint``: checks meta.json, then names every array's shape and
+        dtype (the optimizer's dtype: fp16 saves the float32 master weights; the moments full-size)."""
         self.check_meta(state["meta"], path)
         if "optimizer.npz" not in state["meta"]["sha256"]:
             raise CheckpointError(f"{path} has no optimizer state (an averaged checkpoint?); "
@@ -638,12 +601,10 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = meta["step"], meta["epoch"], meta["batch_in_epoch"]
         self.elapsed, self.skipped_nonfinite = meta.get("elapsed_seconds", 0.0), meta.get("skipped_nonfinite", 0)
 
-    # -- the whole run: train, save, finish ------------------------------------------------
     def train_and_finish(self):
-        """Train, save the last checkpoint, then (rank 0) the end of the run. Ctrl-C or
-        SIGTERM during training: every rank stops after the step, saves, and the status is
-        128 + signal; during the end-of-run evaluation: it stops at once. A full disk while
-        appending metrics: save a checkpoint that carries the unwritten records."""
+        """Train, save the last checkpoint, then the end of the run. Ctrl-C or SIGTERM during training:
+        every rank stops after the step and saves (status 128 + signal); during the end-of-run
+        evaluation it stops at once. A full disk refusing metrics: a checkpoint carries the records."""
         def on_signal(signum, frame):
             if self._stopping_now:
                 raise EndOfRunInterrupted(signum)
@@ -685,8 +646,8 @@ class Trainer:
                 signal.signal(sig, handler)
 
     def _save_after_metrics_failure(self, error):
-        """After metrics.jsonl refused a record: try to save a checkpoint (which carries
-        the unwritten records, for --resume to append); the error names what is safe."""
+        """After metrics.jsonl refused a record: try to save a checkpoint (it carries the unwritten
+        records, for --resume); the error names what is safe."""
         try:
             saved = f"saved checkpoint {self.save()} (last good checkpoint)"
         except (CheckpointError, FloatingPointError, OSError):
@@ -695,11 +656,10 @@ class Trainer:
                                  f"python train.py --resume {self.run_dir}")
 
     def finish(self, final):
-        """The end of a run: the candidates are the last checkpoint, the average of the last
-        --average checkpoints (paper 6.1: the last 5) and, when validation perplexity has
-        turned up, the checkpoint of the best periodic validation; the one with the best
-        validation BLEU (greedy, whole validation set) is named by best.json and reported
-        on the test set with beam search. Every rank decodes a share; rank 0 decides and writes."""
+        """The end of a run. Candidates: the last checkpoint, the average of the last --average (paper
+        6.1: 5) and, when validation perplexity has turned up, the best periodic validation's. The
+        best on validation BLEU (greedy, whole set) is named by best.json and reported on the test set
+        with beam search. Every rank decodes a share; rank 0 decides and writes."""
         config, run_dir, world = self.config, self.run_dir, self.world
         plan = None
         if world.is_root:
@@ -754,8 +714,7 @@ class Trainer:
         self.log(f"whole command: {int(spent // 60)} min {int(spent % 60):02d} s wall time{budget}")
 
     def _best_validated_checkpoint(self):
-        """The kept checkpoint whose step had the lowest periodic validation perplexity, when
-        that is lower than the last validation's (perplexity has turned up); else None."""
+        """The kept checkpoint with the lowest periodic validation perplexity if lower than the last's, else None."""
         kept = {int(p.name.split("-")[1]): p for p in ckpt.list_checkpoints(self.run_dir)}
         scored = [(ppl, step) for step, ppl in self.valid_ppl.items() if step in kept]
         if not scored:

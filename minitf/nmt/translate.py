@@ -1,10 +1,9 @@
 """Translate with a trained checkpoint: ``python -m minitf.translate --checkpoint RUN_OR_CHECKPOINT``.
 
-Reads source sentences from stdin (or ``--src FILE``), one per line, and writes
-one translation per line on stdout; on a terminal each line is answered as it is
-typed, from a pipe or a file the sentences are translated in batches. With ``--ref FILE`` it also prints the
-corpus BLEU (sacrebleu) on stderr. Beam search by default (paper: beam 4,
-length penalty alpha 0.6, at most input length + 50 tokens); ``--beam 1`` is greedy.
+Reads source sentences from stdin (or ``--src FILE``), one per line, and writes one translation
+per line on stdout: on a terminal each line as it is typed, from a pipe or file in batches. ``--ref
+FILE`` also prints corpus BLEU (sacrebleu) on stderr. Beam search by default (paper: beam 4, alpha
+0.6, at most input length + 50 tokens); ``--beam 1`` is greedy.
 """
 import pathlib
 import sys
@@ -21,12 +20,9 @@ TERMINAL_LINE_LIMIT = 4095
 
 
 def translate_interactively(model, tokenizer, beam, alpha, stdin=None, stdout=None, stderr=None):
-    """Read lines from a terminal and write each translation as soon as its line ends.
-
-    An empty line gives an empty line; a line that is not UTF-8 gives a one-line
-    error on stderr and the session goes on. Ctrl-D (end of input) or Ctrl-C ends
-    it with status 0.
-    """
+    """Read lines from a terminal and write each translation as soon as its line ends. An empty
+    line gives an empty line; a line that is not UTF-8 a one-line error on stderr (the session
+    goes on). Ctrl-D or Ctrl-C ends it with status 0."""
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     print("Type a sentence and press Enter; Ctrl-D ends.", file=stderr, flush=True)
     reader = getattr(stdin, "buffer", stdin)
@@ -79,12 +75,9 @@ def run(argv=None):
         raise DataError(f"--ref has {len(references)} lines but the source has {len(sources)}; "
                         "they must match line by line")
     model, tokenizer, _ = load_model(args.checkpoint, warn=lambda message: print(message, file=sys.stderr))
-    nonempty = [i for i, s in enumerate(sources) if s]
-    translated = translate_texts(model, tokenizer, [sources[i] for i in nonempty], args.beam, args.alpha,
-                                 args.batch_size)
-    hypotheses = [""] * len(sources)
-    for i, text in zip(nonempty, translated):
-        hypotheses[i] = text
+    translated = iter(translate_texts(model, tokenizer, [s for s in sources if s], args.beam, args.alpha,
+                                      args.batch_size))
+    hypotheses = [next(translated) if s else "" for s in sources]  # an empty line gives an empty line
     sys.stdout.write("".join(h + "\n" for h in hypotheses))
     sys.stdout.flush()
     if references is not None:
