@@ -34,7 +34,7 @@ def worker(size, steps, folder, out):
     from minitf.nmt.trainer import Trainer
     world = init_mpi()
     config = RunConfig.from_preset("tiny", **SIZES[size], vocab_size=VOCAB, max_tokens=1500, dropout=0.1,
-                                   max_steps=10 ** 6)
+                                   lexicon=0.0, max_steps=10 ** 6)  # a synthetic corpus: no dictionary lexicon
     tok = Tokenizer(pathlib.Path(folder) / "tokenizer.model")
     paths = {f"{s}_{side}": str(pathlib.Path(folder) / f"train.{side}") for s in ("train", "valid")
              for side in ("src", "tgt")}

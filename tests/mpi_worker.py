@@ -66,7 +66,7 @@ class MpiBackedNcclCommunicator:
 def build(folder, world, **overrides):
     config = RunConfig.from_preset("tiny", d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                                    d_ff=32, vocab_size=40, max_tokens=120, warmup=20, dropout=0.0, seed=3,
-                                   max_steps=100, **overrides)
+                                   max_steps=100, lexicon=0.0, **overrides)
     tokenizer = Tokenizer(folder / "tokenizer.model")
     paths = {f"{s}_{side}": str(folder / f"{s}.{side}") for s in ("train", "valid") for side in ("src", "tgt")}
     corpus = Corpus(tokenizer, read_splits(paths), lambda message: None)

@@ -419,6 +419,19 @@ def test_lexicon_needs_a_lexicon_split(bpe_tokenizer, tmp_path):
         Corpus(bpe_tokenizer, read_splits(paths), log=print).set_lexicon(0.5)
 
 
+def test_the_presets_lexicon_belongs_to_the_default_corpus():
+    from minitf.nmt.config import PRESETS
+    from minitf.nmt.train import build_parser, config_from_args
+
+    def lexicon(*argv):
+        return config_from_args(build_parser().parse_args(list(argv))).lexicon
+    assert lexicon() == PRESETS["tiny"]["lexicon"] > 0  # the default run mixes it in
+    assert lexicon("--lexicon", "2") == 2.0 and lexicon("--lexicon", "0") == 0.0
+    assert lexicon("--train-src", "a", "--train-tgt", "b") == 0.0  # your own corpus: sentences only
+    assert lexicon("--phrases") == 0.0 and lexicon("--corpus", "wmt14-en-de") == 0.0
+    assert lexicon("--corpus-dir", "prepared") == 0.0 and lexicon("--preset", "base") == 0.0
+
+
 def test_default_splits_write_both_training_sets(tmp_path, monkeypatch):
     dictionary = tmp_path / "trans-de-en" / "usr/share/trans/de-en"
     dictionary.parent.mkdir(parents=True)

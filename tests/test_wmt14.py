@@ -111,7 +111,7 @@ def test_fetch_prepare_train_and_evaluate_end_to_end(tmp_path, mirror):
     assert len(server.requests) == requests
     config = RunConfig.from_preset("tiny", d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                                    d_ff=32, vocab_size=60, max_tokens=120, warmup=20, seed=3, max_steps=3,
-                                   eval_every=100, save_every=100, bleu_sentences=0, beam=1)
+                                   eval_every=100, save_every=100, bleu_sentences=0, beam=1, lexicon=0.0)
     (tmp_path / "run").mkdir()
     trainer = Trainer(config, tmp_path / "run", corpus.tokenizer, corpus, lambda m: None, progress=False)
     trainer.run()

@@ -102,7 +102,8 @@ def build_parser():
     g.add_argument("--lexicon", type=non_negative, metavar="RATIO",
                    help="mix the dictionary's headwords and phrases into each epoch, RATIO pairs per training "
                    "sentence, a new sample every epoch; the tokenizer is trained on the sentences alone "
-                   "(default: 0; docs/results.md, 'Recipe arms')")
+                   f"({default('lexicon')}; 0 = sentences only; the preset's value is for the default corpus "
+                   "only; docs/results.md, 'Recipe arms')")
     g.add_argument("--corpus", choices=["ding", "wmt14-en-de"], default="ding",
                    help="ding: the Ding dictionary's sentences (default); wmt14-en-de: the paper's WMT 2014 "
                    "English-German (about 4.5 million pairs, fetched and prepared once into --cache-dir; "
@@ -130,7 +131,12 @@ def config_from_args(args):
     flags = ("d_model", "num_heads", "d_ff", "dropout", "pre_norm", "vocab_size", "warmup", "lr_scale", "max_tokens",
              "max_minutes", "max_steps", "epochs", "max_len", "seed", "label_smoothing", "bpe_dropout", "clip_norm",
              "lexicon", "src_lang", "tgt_lang", "skip_nonfinite", "precision", "accumulate", "zero") + RUN_OPTIONS
-    return RunConfig.from_preset(args.preset, **layers, **{name: getattr(args, name) for name in flags})
+    config = RunConfig.from_preset(args.preset, **layers, **{name: getattr(args, name) for name in flags})
+    other_data = args.corpus != "ding" or args.corpus_dir is not None or any(
+        getattr(args, f"{s}_{side}") is not None for s in ("train", "valid", "test") for side in ("src", "tgt"))
+    if args.lexicon is None and (other_data or args.phrases):
+        config.lexicon = 0.0  # the preset's lexicon is the Ding dictionary's: not for other data or --phrases
+    return config
 
 
 def setup_device(precision, device):
@@ -146,8 +152,9 @@ def setup_device(precision, device):
     backend.set_device(device)
 
 
-def data_paths(args):
-    """The six corpus files, from the flags or from the default corpus (fetched once)."""
+def data_paths(args, lexicon=0.0):
+    """The six corpus files, from the flags or from the default corpus (fetched once; with
+    ``lexicon``, also its lexicon's two files)."""
     given = {f"{s}_{side}": getattr(args, f"{s}_{side}") for s in ("train", "valid", "test") for side in ("src", "tgt")}
     if any(v is not None for v in given.values()):
         if args.lexicon:
@@ -167,7 +174,7 @@ def data_paths(args):
     if args.lexicon and args.phrases:
         raise UsageError("--phrases (every phrase, every epoch) and --lexicon (a sample each epoch) exclude each other")
     return default_corpus_splits(args.cache_dir, args.src_lang, args.tgt_lang, phrases=args.phrases,
-                                 lexicon=bool(args.lexicon))
+                                 lexicon=lexicon > 0)
 
 
 def prepare_tokenizer(run_dir, train_texts, vocab_size, log):
@@ -200,7 +207,7 @@ def run(argv=None):
         return new_prepared_run(args, given_options(argv), config, run_dir, world)
     if not world.is_root:  # rank 0 fetches the default corpus once; the others then find it in the cache
         world.barrier()
-    paths = data_paths(args)
+    paths = data_paths(args, config.lexicon)
     if world.is_root:
         world.barrier()
     splits = read_splits(paths)  # fail on bad data before writing anything
