@@ -168,7 +168,8 @@ def make_target_io(seqs, pad_id, bos_id, eos_id):
 
 class Corpus:
     """The encoded splits of a run (lists of token-id lists per side) from :func:`read_splits`' ``splits``;
-    ``log`` takes one message (how many empty line pairs were dropped)."""
+    ``log`` takes one message (how many empty line pairs were dropped). A ``lexicon`` split is kept as text:
+    each epoch encodes only its sample (:meth:`start_epoch`)."""
 
     def __init__(self, tokenizer, splits, log):
         self.tokenizer = tokenizer
@@ -178,7 +179,8 @@ class Corpus:
             if pairs.n_dropped:
                 log(f"{split}: dropped {pairs.n_dropped} line pairs with an empty side")
             self.text[split] = ([s for s, _ in pairs], [t for _, t in pairs])
-            self.ids[split] = (tokenizer.encode(self.text[split][0]), tokenizer.encode(self.text[split][1]))
+            if split != "lexicon":
+                self.ids[split] = (tokenizer.encode(self.text[split][0]), tokenizer.encode(self.text[split][1]))
         self.sentence_ids = self.ids.get("train")  # the training split's own ids, before any lexicon is mixed in
         self._samplers, self._sampled_epoch = None, None  # BPE-dropout (set_bpe_dropout)
         self.lexicon_ratio = 0.0
@@ -194,7 +196,7 @@ class Corpus:
     def set_lexicon(self, ratio):
         """Mix ``ratio`` lexicon pairs per training sentence into each epoch (``--lexicon``): a new
         sample of the ``lexicon`` split every epoch, so the dictionary is covered over the run."""
-        if ratio > 0 and "lexicon" not in self.ids:
+        if ratio > 0 and "lexicon" not in self.text:
             raise DataError("--lexicon needs the dictionary's lexicon split (the default corpus)")
         self.lexicon_ratio = ratio
         self._sampled_epoch = None
@@ -208,11 +210,12 @@ class Corpus:
         if self._samplers:
             src, tgt = (sampler.sample(seed, epoch) for sampler in self._samplers)
         if self.lexicon_ratio:
-            lex_src, lex_tgt = self.ids["lexicon"]
+            lex_src, lex_tgt = self.text["lexicon"]
             count = min(len(lex_src), round(self.lexicon_ratio * len(src)))
             # its own stream: the batches' shuffle of (seed, epoch) stays what it is without the lexicon
             chosen = np.random.default_rng([seed, epoch, 0x1E81C0]).choice(len(lex_src), count, replace=False)
-            src, tgt = src + [lex_src[i] for i in chosen], tgt + [lex_tgt[i] for i in chosen]
+            src = src + self.tokenizer.encode([lex_src[i] for i in chosen])
+            tgt = tgt + self.tokenizer.encode([lex_tgt[i] for i in chosen])
         self.ids["train"] = (src, tgt)
         self._sampled_epoch = (seed, epoch)
 

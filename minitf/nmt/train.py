@@ -241,7 +241,7 @@ def train_new_run(config, run_dir, tokenizer, corpus, args, where=""):
     """The trainer of a new run, one line saying what it trains, then the run."""
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     if config.lexicon:
-        lexicon_size = len(corpus.ids['lexicon'][0])
+        lexicon_size = len(corpus.text['lexicon'][0])
         where += (f", and {min(lexicon_size, round(config.lexicon * len(corpus.ids['train'][0]))):,} of "
                   f"{lexicon_size:,} lexicon pairs each epoch")
     log(f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
