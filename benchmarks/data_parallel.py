@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -125,9 +126,9 @@ def compare_bindings(args, folder):
             r = measure("tiny", 1 if flags is None else 2, args.steps, folder, flags or ())
             results.setdefault(name, []).append(r["tokens_per_s"])
             print(f"round {round_ + 1} {name:13s}: {r['tokens_per_s']:8.0f} target tokens/s", flush=True)
-    one = sorted(results["1 process"])[len(results["1 process"]) // 2]
+    one = statistics.median(results["1 process"])
     for name, values in results.items():
-        median = sorted(values)[len(values) // 2]
+        median = statistics.median(values)
         print(f"{name:13s}: median {median:8.0f} target tokens/s ({min(values):.0f}-{max(values):.0f}), "
               f"{median / one:.2f}x one process")
     print(f"load average after: {os.getloadavg()[0]:.2f}")

@@ -16,10 +16,10 @@ from minitf.transformer import TransformerConfig
 #: 3: ``accumulate`` and ``zero`` (data parallelism) or ``bpe_dropout`` (two branches each wrote a version
 #: 3); 4: both, and ``max_minutes`` is the wall time of the whole command (it counted training steps only).
 SCHEMA_VERSION = 5
-_ADDED_SINCE_2 = {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0}
 #: Fields added since an older schema, with the values that keep the old meaning (a file's own values win).
 _ADDED_SINCE_4 = {"lexicon": 0.0}
-ADDED_FIELDS = {2: {**_ADDED_SINCE_2, **_ADDED_SINCE_4}, 3: {**_ADDED_SINCE_2, **_ADDED_SINCE_4}, 4: _ADDED_SINCE_4}
+_ADDED_SINCE_2 = {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0, **_ADDED_SINCE_4}
+ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2, 4: _ADDED_SINCE_4}
 
 # Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement (docs/training.md: more
 # updates of a small, fast model win a 15-minute budget; scripts/recipe_arms.sh decided dropout and BPE-dropout).

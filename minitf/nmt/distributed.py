@@ -93,14 +93,18 @@ class MpiWorld:
         self.is_root = self.rank == 0
         self._collectives = None
 
-    def sum_host(self, values, op=None):
-        """Element-wise sum (or ``op``) over ranks of a few host numbers (the logged scalars)."""
+    def _allreduce_host(self, values, op):
         values = np.array(values, dtype=np.float64)
-        self.comm.Allreduce(self.MPI.IN_PLACE, values, op=self.MPI.SUM if op is None else op)
+        self.comm.Allreduce(self.MPI.IN_PLACE, values, op=op)
         return values
 
+    def sum_host(self, values):
+        """Element-wise sum over ranks of a few host numbers (the logged scalars)."""
+        return self._allreduce_host(values, self.MPI.SUM)
+
     def max_host(self, values):
-        return self.sum_host(values, self.MPI.MAX)
+        """Element-wise maximum over ranks (a stop any rank asks for)."""
+        return self._allreduce_host(values, self.MPI.MAX)
 
     def gather_objects(self, value):
         """Every rank's ``value`` (a few Python objects), in rank order on rank 0; None elsewhere."""

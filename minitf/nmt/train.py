@@ -134,8 +134,11 @@ def config_from_args(args):
     config = RunConfig.from_preset(args.preset, **layers, **{name: getattr(args, name) for name in flags})
     other_data = args.corpus != "ding" or args.corpus_dir is not None or any(
         getattr(args, f"{s}_{side}") is not None for s in ("train", "valid", "test") for side in ("src", "tgt"))
-    if args.lexicon is None and (other_data or args.phrases):
-        config.lexicon = 0.0  # the preset's lexicon is the Ding dictionary's: not for other data or --phrases
+    if other_data or args.phrases:  # the lexicon is the Ding dictionary's, sampled instead of every phrase
+        if args.lexicon:
+            raise UsageError("--lexicon mixes in the Ding dictionary's lexicon: it needs the default corpus "
+                             "(not --train-src, --corpus wmt14-en-de or --corpus-dir) and excludes --phrases")
+        config.lexicon = 0.0  # a preset's lexicon: off for other data
     return config
 
 
@@ -157,9 +160,6 @@ def data_paths(args, lexicon=0.0):
     ``lexicon``, also its lexicon's two files)."""
     given = {f"{s}_{side}": getattr(args, f"{s}_{side}") for s in ("train", "valid", "test") for side in ("src", "tgt")}
     if any(v is not None for v in given.values()):
-        if args.lexicon:
-            raise UsageError("--lexicon mixes in the Ding dictionary's lexicon: it needs the default corpus, "
-                             "not --train-src etc.")
         for split in ("train", "valid"):
             if given[f"{split}_src"] is None or given[f"{split}_tgt"] is None:
                 raise UsageError(f"a custom corpus needs --{split}-src and --{split}-tgt "
@@ -171,8 +171,6 @@ def data_paths(args, lexicon=0.0):
     if {args.src_lang, args.tgt_lang} != {"de", "en"}:
         raise UsageError(f"the default corpus is German-English: --src-lang/--tgt-lang must be de/en, "
                          f"got {args.src_lang}/{args.tgt_lang}; pass --train-src etc. for another corpus")
-    if args.lexicon and args.phrases:
-        raise UsageError("--phrases (every phrase, every epoch) and --lexicon (a sample each epoch) exclude each other")
     return default_corpus_splits(args.cache_dir, args.src_lang, args.tgt_lang, phrases=args.phrases,
                                  lexicon=lexicon > 0)
 
@@ -241,9 +239,8 @@ def train_new_run(config, run_dir, tokenizer, corpus, args, where=""):
     """The trainer of a new run, one line saying what it trains, then the run."""
     trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     if config.lexicon:
-        lexicon_size = len(corpus.text['lexicon'][0])
-        where += (f", and {min(lexicon_size, round(config.lexicon * len(corpus.ids['train'][0]))):,} of "
-                  f"{lexicon_size:,} lexicon pairs each epoch")
+        where += (f", and {config.lexicon:g} lexicon pairs per sentence each epoch "
+                  f"(from {len(corpus.text['lexicon'][0]):,})")
     log(f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
         f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, on {backend.get_device()}; "
         f"{len(corpus.ids['train'][0]):,} training pairs{where}; run folder {run_dir}")
@@ -254,8 +251,6 @@ def new_prepared_run(args, given, config, run_dir, world):
     """A new run on a prepared corpus (memory-mapped token arrays, :class:`minitf.nmt.data.IndexedCorpus`):
     WMT 2014 English-German, or a user's files prepared into --corpus-dir. Rank 0 prepares (once: a
     prepared folder is reused); every rank then maps the same files."""
-    if config.lexicon:
-        raise UsageError("--lexicon mixes in the Ding dictionary's lexicon: it needs the default corpus")
     if config.bpe_dropout > 0:
         raise UsageError("--bpe-dropout needs the text of every epoch; a prepared corpus holds token ids only")
     if args.corpus == "wmt14-en-de" and config.preset in ("base", "big") and not {"max_steps", "epochs",
