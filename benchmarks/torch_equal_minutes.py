@@ -4,6 +4,7 @@ same sacrebleu settings.
 
     pip install -e ".[bench]"      # torch
     python benchmarks/torch_equal_minutes.py --max-minutes 14 --out runs/torch
+    torchrun --standalone --nproc-per-node 2 benchmarks/torch_equal_minutes.py --threads 1 --out runs/torch-ddp
 
 What is the same as ``python train.py`` (the tiny preset): the corpus files
 (``default_corpus_splits``: the Ding split, whole sentences as the default run), a joint
@@ -21,6 +22,12 @@ PyTorch's, written as a PyTorch user writes them. Decoding: greedy, and beam 4 w
 GNMT length penalty (alpha 0.6), at least one token, at most source length + 50, as
 minitf decodes. Scoring: ``sacrebleu.corpus_bleu`` on detokenized text (its defaults,
 as minitf).
+
+Under ``torchrun`` (PyTorch's own data parallelism: ``DistributedDataParallel`` with gloo), every rank
+builds the same global batches and trains the share of each batch that minitf's ranks take
+(``rank_share``), its loss summed and divided by the batch's target tokens over the ranks, so DDP's
+mean of the gradients is the gradient of the batch's mean loss, as in minitf; rank 0 decides when
+to stop (the others follow it each step) and decodes the test set alone with every core.
 
 Not the same: no periodic validation BLEU and no checkpoint averaging (the last
 model is scored); torch uses its own kernels and all the CPU threads it likes
@@ -43,6 +50,7 @@ from minitf.backend import keep_freed_memory  # noqa: E402
 from minitf.nmt.config import PRESETS, RunConfig  # noqa: E402
 from minitf.nmt.corpora import default_corpus_splits  # noqa: E402
 from minitf.nmt.data import pad_batch, token_batches  # noqa: E402
+from minitf.nmt.distributed import rank_share  # noqa: E402
 from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from minitf.nmt.corpora import DEFAULT_CACHE  # noqa: E402
 from minitf.optim import WarmupSchedule  # noqa: E402
@@ -153,21 +161,29 @@ def main():
     start = time.monotonic()
     limit = None if args.max_steps else 60 * args.max_minutes
     cfg = PRESETS["tiny"]
-    torch.manual_seed(args.seed)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world > 1:  # started by torchrun: one process per rank, gloo on the CPU
+        torch.distributed.init_process_group("gloo")
+    torch.manual_seed(args.seed)  # the same initial model on every rank (DDP also broadcasts rank 0's)
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     paths = default_corpus_splits(args.cache_dir, lexicon=args.lexicon > 0)  # the default run's data
     paths["valid_src"] = None                      # no validation here (see above)
-    corpus = tokenized_corpus(paths, cfg["vocab_size"], args.out / "tokenizer.model")  # minitf.nmt.data.Corpus
+    # every rank trains the same tokenizer (deterministic), each into a file of its own
+    model_file = args.out / ("tokenizer.model" if rank == 0 else f"tokenizer.rank{rank}.model")
+    corpus = tokenized_corpus(paths, cfg["vocab_size"], model_file)  # minitf.nmt.data.Corpus
     tokenizer = corpus.tokenizer
     if args.lexicon:
         corpus.set_lexicon(args.lexicon)  # a new sample of the lexicon each epoch, as train.py's
     model = Seq2Seq(RunConfig.from_preset("tiny").model_config(tokenizer.vocab_size))
+    trained = model if world == 1 else nn.parallel.DistributedDataParallel(model)
+    torch.manual_seed(args.seed * 1000 + rank)  # each rank's own dropout masks
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     warmup = WarmupSchedule(cfg["d_model"], cfg["warmup"], cfg["lr_scale"])  # the lr of step s + 1 (counted from 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup(s + 1))
-    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=0.1)
+    # summed over this rank's tokens, divided by the batch's tokens per rank: DDP averages over the ranks
+    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=0.1, reduction="sum")
     encoded_test = corpus.ids["test"][0]
     step, epoch, decode_seconds_per_sentence = 0, 0, 0.05
     # the end: the test set greedy and with beam 4 (about 3x greedy), and a margin
@@ -179,19 +195,29 @@ def main():
         lengths = corpus.lengths("train")
         batches, _ = token_batches(*lengths, cfg["max_tokens"], args.seed, epoch, 100)
         for index in batches:
-            if (args.max_steps and step >= args.max_steps) or (
-                    limit and time.monotonic() - start + reserve() >= limit):
+            stop = (args.max_steps and step >= args.max_steps) or (
+                    limit and time.monotonic() - start + reserve() >= limit)
+            if world > 1:  # rank 0's clock decides for every rank
+                flag = torch.tensor([float(bool(stop))])
+                torch.distributed.broadcast(flag, 0)
+                stop = bool(flag.item())
+            if stop:
                 done = True
                 break
-            src, tgt_in, tgt_out = (torch.as_tensor(a) for a in corpus.batch("train", index))
-            logits = model(src, tgt_in)
-            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
+            share = rank_share(index, *lengths, world, rank)
+            tokens_per_rank = float(lengths[1][index].sum()) / world  # target tokens (with EOS) of the batch
             optimizer.zero_grad()
+            if len(share):
+                src, tgt_in, tgt_out = (torch.as_tensor(a) for a in corpus.batch("train", share))
+                logits = trained(src, tgt_in)
+                loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1)) / tokens_per_rank
+            else:  # an empty share still joins DDP's reduction, with zero gradients
+                loss = sum(p.sum() for p in model.parameters()) * 0.0
             loss.backward()
             optimizer.step()
             schedule.step()
             step += 1
-            if step % 500 == 0:
+            if step % 500 == 0 and rank == 0:
                 model.eval()
                 timed = time.monotonic()
                 for sentence in encoded_test[:20]:
@@ -200,12 +226,17 @@ def main():
                 model.train()
                 print(f"step {step} loss {loss.item():.3f} {(time.monotonic() - start) / 60:.1f} min", flush=True)
         epoch += 1
+    if world > 1:
+        torch.distributed.destroy_process_group()
+        if rank != 0:
+            return 0
+        torch.set_num_threads(os.cpu_count())  # rank 0 decodes alone
     train_minutes = (time.monotonic() - start) / 60
     model.eval()
     import sacrebleu
     references = corpus.text["test"][1]
     results = {"steps": step, "epochs_started": epoch, "train_minutes": round(train_minutes, 2),
-               "threads": torch.get_num_threads(), "torch": torch.__version__}
+               "threads": args.threads or torch.get_num_threads(), "ranks": world, "torch": torch.__version__}
     for name, decoder in (("greedy", greedy), ("beam4", beam)):
         hypotheses = tokenizer.decode([decoder(model, ids) for ids in encoded_test])
         results[f"test_bleu_{name}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)

@@ -480,7 +480,7 @@ class Trainer:
         hypotheses = None
         if bleu_sentences > 0:
             sources, references = (t[:bleu_sentences] for t in self.corpus.text[split])
-            hypotheses = self.translate_shared(sources, beam)  # on rank 0 only
+            hypotheses = self.translate_shared(sources, beam)  # in order on rank 0, None elsewhere
         periodic = split == "valid" and model_name is None
         if periodic:  # every rank: the ranks agree on when the time budget ends training
             self.valid_ppl[self.step] = ppl
