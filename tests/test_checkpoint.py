@@ -36,14 +36,17 @@ def test_interrupted_checkpoint_rewrite_and_temp_folders_are_recovered(tmp_path)
     assert np.array_equal(ckpt.read_checkpoint(folder / "step-00000004")["params"]["w"], params["w"])
 
 
-def test_averaging_is_the_mean_of_checkpoints(tmp_path, corpus):
+def test_averaging_is_the_mean_of_the_last_checkpoints_of_the_second_half(tmp_path, corpus):
+    """--average 4 of checkpoints at steps 2, 4, 6, 8 takes 4, 6, 8: step 2 is in the run's first half."""
     run = tmp_path / "run"
-    assert train(corpus + TINY + ["--max-steps", "6", "--save-every", "2", "--eval-every", "100",
-                                  "--average", "3", "--out", run]) == 0
+    assert train(corpus + TINY + ["--max-steps", "8", "--save-every", "2", "--eval-every", "100",
+                                  "--average", "4", "--keep", "4", "--out", run]) == 0
     paths = ckpt.list_checkpoints(run)
-    assert len(paths) == 3
-    loaded = [ckpt.read_checkpoint(p)["params"] for p in paths]
-    averaged = ckpt.read_checkpoint(run / "checkpoints" / "averaged")["params"]
+    assert [p.name for p in paths] == ["step-00000002", "step-00000004", "step-00000006", "step-00000008"]
+    loaded = [ckpt.read_checkpoint(p)["params"] for p in paths[1:]]
+    state = ckpt.read_checkpoint(run / "checkpoints" / "averaged")
+    assert [pathlib.Path(p).name for p in state["meta"]["averaged_from"]] == [p.name for p in paths[1:]]
+    averaged = state["params"]
     for name in averaged:
         assert np.allclose(averaged[name], np.mean([c[name] for c in loaded], axis=0), atol=1e-7)
 

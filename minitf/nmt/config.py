@@ -26,7 +26,7 @@ ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2, 4: _ADDED_SINCE_4}
 PRESETS = {
     "tiny": dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=512, dropout=0.1,
                  vocab_size=4000, warmup=800, lr_scale=1.0, max_tokens=1500, max_minutes=14.0, bpe_dropout=0.0,
-                 save_every=100),  # the average of the last 5 then spans the last 400 steps (docs/results.md: Recipe arms)
+                 save_every=400, keep=10, average=10, eval_every=800),  # averages the last 3,600 steps (docs/results.md)
     "base": dict(d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, d_ff=2048, dropout=0.1,
                  vocab_size=8000, warmup=4000, lr_scale=1.0, max_tokens=25000, max_minutes=None),
     "big": dict(d_model=1024, num_heads=16, num_encoder_layers=6, num_decoder_layers=6, d_ff=4096, dropout=0.3,

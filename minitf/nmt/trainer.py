@@ -657,8 +657,8 @@ class Trainer:
 
     def finish(self, final):
         """The end of a run. Candidates: the last checkpoint, the average of the last --average (paper
-        6.1: 5) and, when validation perplexity has turned up, the best periodic validation's. The
-        best on validation BLEU (greedy, whole set) is named by best.json and reported on the test set
+        6.1: 5) of the run's second half and, when validation perplexity has turned up, the best periodic
+        validation's. The best on validation BLEU (greedy, whole set) is named by best.json and reported on the test set
         with beam search. Every rank decodes a share; rank 0 decides and writes."""
         config, run_dir, world = self.config, self.run_dir, self.world
         plan = None
@@ -668,6 +668,8 @@ class Trainer:
                                                                                         / final.name)})
             recent = ckpt.list_checkpoints(run_dir)[-config.keep:]  # not an older best kept beside them
             checkpoints = recent[-config.average:] if config.average > 1 else []
+            # never from the first half of the run: a short run's early models only blur the average
+            checkpoints = [p for p in checkpoints if 2 * int(p.name.split("-")[1]) >= self.step]
             plan = [("last", str(final))]
             if len(checkpoints) > 1:
                 averaged = ckpt.average_checkpoints(checkpoints, run_dir / "checkpoints" / "averaged")
