@@ -1,10 +1,16 @@
 """sacreBLEU with its signature and the paper's tokenized, compound-split BLEU, against
-values counted by hand (the n-gram matches are written out in the comments)."""
+values counted by hand (the n-gram matches are written out in the comments); BLEU from
+sentence statistics and the paired bootstrap that chooses the end of a run's model."""
 import math
+import types
 
 import pytest
+import sacrebleu
+from hypothesis import given, settings, strategies as st
 
-from minitf.nmt.decode import report, sacrebleu_score, split_compounds, tokenized_bleu
+from minitf.nmt.decode import (bleu_from_stats, bleu_stats, bootstrap_wins, report, sacrebleu_score, split_compounds,
+                               tokenized_bleu)
+from minitf.nmt.trainer import Trainer
 
 
 def test_compounds_split_as_perl_does():
@@ -41,3 +47,49 @@ def test_report_has_both_figures_and_refuses_misaligned_input():
     assert record["sacrebleu_signature"].startswith("nrefs:1")
     with pytest.raises(ValueError, match="one hypothesis per reference"):
         report(["a"], ["a", "b"])
+
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "home", "."]
+sentences = st.lists(st.sampled_from(WORDS), min_size=1, max_size=12).map(" ".join)
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(sentences, sentences), min_size=1, max_size=8))
+def test_bleu_summed_from_sentence_statistics_is_sacrebleus_corpus_bleu(pairs):
+    hypotheses, references = zip(*pairs)
+    stats = bleu_stats(hypotheses, references)
+    assert stats.shape == (len(pairs), 10)
+    assert bleu_from_stats(stats.sum(axis=0)) == pytest.approx(
+        sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score, abs=1e-9)
+
+
+def test_bootstrap_wins_counts_resamples_where_the_first_system_is_better():
+    references = [f"{w} {v} sat on the mat ." for w in WORDS for v in WORDS[:5]]  # 50 sentences
+    good = bleu_stats(references, references)
+    garbled = bleu_stats([" ".join(reversed(r.split())) for r in references], references)
+    assert bootstrap_wins(good, garbled, samples=200) == 1.0
+    assert bootstrap_wins(garbled, good, samples=200) == 0.0
+    assert bootstrap_wins(good, good, samples=200) == 0.0  # a tie is not a win
+    # one sentence better out of 50: a win in some resamples, never in all
+    one_better = good.copy()
+    one_better[0] = garbled[0]
+    assert 0.0 < bootstrap_wins(good, one_better, samples=200) < 0.95
+
+
+def test_the_end_of_a_run_keeps_the_average_unless_another_candidate_is_clearly_better():
+    """Trainer._choose: the last checkpoint ahead of the average by one sentence in 50 is noise, the average is
+    kept; ahead on every sentence, the last is kept; with no BLEU to compare, the average."""
+    references = [f"{w} {v} sat on the mat ." for w in WORDS for v in WORDS[:5]]
+    good = bleu_stats(references, references)
+    worse = bleu_stats([" ".join(reversed(r.split())) for r in references], references)
+    slightly_worse = good.copy()
+    slightly_worse[0] = worse[0]
+    log = []
+    trainer = types.SimpleNamespace(log=log.append)
+    names = ["last", "average of last 10", "best validation perplexity"]
+    assert Trainer._choose(trainer, names, [good, slightly_worse, worse]) == 1
+    assert "not enough" in log[-1] and "the last model" in log[-1]
+    assert Trainer._choose(trainer, names, [good, worse, worse]) == 0
+    assert Trainer._choose(trainer, names, [worse, worse, good]) == 2
+    assert Trainer._choose(trainer, names, [None, None, None]) == 1
+    assert Trainer._choose(trainer, ["last", "best validation perplexity"], [slightly_worse, good]) == 0  # no average: the last
