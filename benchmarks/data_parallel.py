@@ -1,12 +1,14 @@
 """Tokens/s of train.py's update: 1 process with 2 BLAS threads against 2 MPI ranks
 with 1 thread each, on `tiny` and `small`, timed alternately in one run, and the
-all-reduce's share of the 2-rank step.
+all-reduce's share of the 2-rank step; 1 process with 1 thread bounds what 2 ranks can
+reach (each rank is such a process on half the batch).
 
-    python benchmarks/data_parallel.py [--steps 12] [--rounds 2]
+    python benchmarks/data_parallel.py [--steps 12] [--rounds 2] [--corpus synthetic]
     python benchmarks/data_parallel.py --binding [--rounds 3]   # mpiexec's placement of the 2 ranks
 
-Each measurement runs ``mpiexec -n R`` on this file with ``--worker`` (R = 1 or 2):
-the worker builds a Trainer on a synthetic corpus and times updates after a warm-up."""
+Each measurement runs ``mpiexec -n R`` on this file with ``--worker`` (R = 1 or 2): the
+worker builds a Trainer on the default run's sentences (or made-up ones) and times updates
+after a warm-up."""
 import argparse
 import json
 import os
@@ -20,11 +22,16 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from benchmarks.common import CONFIGS, run_config_fields, synthetic_corpus  # noqa: E402
+from benchmarks.common import CONFIGS, run_config_fields, synthetic_corpus, tokenized_corpus  # noqa: E402
+from minitf.nmt.config import PRESETS  # noqa: E402
+from minitf.nmt.corpora import DEFAULT_CACHE, default_corpus_splits  # noqa: E402
 
 #: the model sizes timed: the tiny preset's shape (benchmark.py's `default`) and `small`
 SIZES = {"tiny": run_config_fields(CONFIGS["default"]), "small": run_config_fields(CONFIGS["small"])}
-VOCAB = 200
+#: the default run's vocabulary: the tied output projection over it is a large share of the step's matrix
+#: products, and the default corpus's short sentences make the rest small (a 200-token vocabulary on made-up
+#: 8-29-word sentences made 2 ranks look 1.77x one process; the default run's data: about 1.35x)
+VOCAB = PRESETS["tiny"]["vocab_size"]
 
 
 def worker(size, steps, folder, out):
@@ -35,10 +42,9 @@ def worker(size, steps, folder, out):
     from minitf.nmt.trainer import Trainer
     world = init_mpi()
     config = RunConfig.from_preset("tiny", **SIZES[size], vocab_size=VOCAB, max_tokens=1500, dropout=0.1,
-                                   lexicon=0.0, max_steps=10 ** 6)  # a synthetic corpus: no dictionary lexicon
+                                   lexicon=0.0, max_steps=10 ** 6)  # sentences only, as the default run
     tok = Tokenizer(pathlib.Path(folder) / "tokenizer.model")
-    paths = {f"{s}_{side}": str(pathlib.Path(folder) / f"train.{side}") for s in ("train", "valid")
-             for side in ("src", "tgt")}
+    paths = json.loads((pathlib.Path(folder) / "paths.json").read_text())
     trainer = Trainer(config, pathlib.Path(folder) / "run", tok, Corpus(tok, read_splits(paths), lambda m: None), lambda m: None,
                       progress=False, world=world)
     batches, _ = token_batches(*trainer.corpus.lengths("train"), config.max_tokens, 1, 0)
@@ -75,8 +81,8 @@ def worker(size, steps, folder, out):
 BINDINGS = {"default": [], "bind-to core": ["-bind-to", "core"]}
 
 
-def measure(size, ranks, steps, folder, binding=()):
-    threads = str(2 // ranks)
+def measure(size, ranks, steps, folder, binding=(), threads=None):
+    threads = str(threads or 2 // ranks)
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads,
                MKL_NUM_THREADS=threads)
     out = pathlib.Path(folder) / "result.json"
@@ -90,12 +96,25 @@ def main():
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--binding", action="store_true", help="compare mpiexec's placements of 2 ranks on tiny")
+    p.add_argument("--corpus", choices=["default", "synthetic"], default="default",
+                   help="default: the default run's sentences (fetched once into --cache-dir, as train.py does); "
+                        "synthetic: made-up sentences of 8 to 29 words")
+    p.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE)
     p.add_argument("--worker", nargs=4)
     args = p.parse_args()
     if args.worker:
         return worker(args.worker[0], int(args.worker[1]), *args.worker[2:])
     with tempfile.TemporaryDirectory() as folder:
-        synthetic_corpus(folder, VOCAB)
+        if args.corpus == "default":  # the data of the default run, its tokenizer trained as train.py trains it
+            splits = default_corpus_splits(args.cache_dir)
+            paths = {"train_src": splits["train_src"], "train_tgt": splits["train_tgt"]}
+            tokenized_corpus(paths, VOCAB, pathlib.Path(folder) / "tokenizer.model")
+        else:
+            synthetic_corpus(folder, VOCAB, words=2 * VOCAB)  # enough word types for VOCAB pieces
+            paths = {"train_src": f"{folder}/train.src", "train_tgt": f"{folder}/train.tgt"}
+        paths.update(valid_src=paths["train_src"], valid_tgt=paths["train_tgt"])  # validation is not timed
+        (pathlib.Path(folder) / "paths.json").write_text(json.dumps({k: str(v) for k, v in paths.items()}))
+        print(f"corpus: {args.corpus}")
         print(f"cores: {os.cpu_count()}; load average before: {os.getloadavg()[0]:.2f} "
               "(another workload on the machine shows here and in the spread between rounds)")
         if args.binding:
@@ -103,18 +122,19 @@ def main():
         results = {}
         for round_ in range(args.rounds):  # alternate: 1 process, 2 ranks, 1 process, 2 ranks ...
             for size in SIZES:
-                for ranks in (1, 2):
-                    r = measure(size, ranks, args.steps, folder)
-                    results.setdefault((size, ranks), []).append(r)
-                    print(f"round {round_ + 1} {size:5s} {ranks} rank(s) x {2 // ranks} thread(s): "
+                for ranks, threads in ((1, 2), (2, 1), (1, 1)):
+                    r = measure(size, ranks, args.steps, folder, threads=threads)
+                    results.setdefault((size, ranks, threads), []).append(r)
+                    print(f"round {round_ + 1} {size:5s} {ranks} rank(s) x {threads} thread(s): "
                           f"{r['tokens_per_s']:8.0f} target tokens/s, {1000 * r['step_s']:6.1f} ms/step"
                           + (f", all-reduce {100 * r['allreduce_share']:.1f}% of the step" if ranks == 2 else ""),
                           flush=True)
         for size in SIZES:
-            one = max(r["tokens_per_s"] for r in results[(size, 1)])
-            two = max(r["tokens_per_s"] for r in results[(size, 2)])
-            print(f"{size}: best of {args.rounds}: 2 ranks / 1 process = {two / one:.2f}x "
-                  f"({results[(size, 1)][0]['n_params']:,} parameters)")
+            one, two, single = (statistics.median(r["tokens_per_s"] for r in results[(size, *key)])
+                                for key in ((1, 2), (2, 1), (1, 1)))
+            # 2 ranks can at best do twice what one 1-thread process does (a little more: half batches fit caches)
+            print(f"{size}: median of {args.rounds}: 2 ranks / 1 process = {two / one:.2f}x; bound 2 x (1 thread) / "
+                  f"(2 threads) = {2 * single / one:.2f}x ({results[(size, 1, 2)][0]['n_params']:,} parameters)")
         print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
