@@ -233,6 +233,11 @@ def check_finite(path, arrays, non_negative=()):
             raise _damaged(path, f"array {name!r} (Adam's second moment) holds negative values")
 
 
+def checkpoint_step(path):
+    """The step of a ``step-NNNNNNNN`` checkpoint folder."""
+    return int(CHECKPOINT_PATTERN.match(pathlib.Path(path).name).group(1))
+
+
 def list_checkpoints(run_dir, complete_only=True):
     """The ``<run>/checkpoints/step-NNNNNNNN`` folders of a run, oldest first; ``complete_only``:
     those with a meta.json (written last), else every step folder (for ``--resume`` to check)."""

@@ -265,13 +265,6 @@ def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=
     return tokenizer.decode(outputs)
 
 
-def bleu_score(hypotheses, references):
-    """Corpus BLEU of translations (sacrebleu on detokenized text)."""
-    import sacrebleu
-
-    return sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score
-
-
 def bleu_stats(hypotheses, references):
     """Per sentence, what corpus BLEU sums (sacrebleu's counting): matched and total n-grams for n = 1..4, the
     hypothesis and the reference length -> a host int array (N, 10)."""

@@ -30,7 +30,7 @@ from minitf.optim import Adam, MixedPrecisionAdam, WarmupSchedule, clip_factor
 from minitf.transformer import Transformer
 from minitf.nmt import checkpoint as ckpt
 from minitf.nmt.data import token_batches
-from minitf.nmt.decode import bleu_from_stats, bleu_score, bleu_stats, bootstrap_wins, inference_mode, translate_texts
+from minitf.nmt.decode import bleu_from_stats, bleu_stats, bootstrap_wins, inference_mode, translate_texts
 from minitf.nmt.distributed import get_world, rank_share, shard_range
 from minitf.nmt.errors import CheckpointError, DataError, MetricsWriteError, StepOutOfMemory
 from minitf.nmt.files import write_atomic, write_json_atomic
@@ -488,8 +488,9 @@ class Trainer:
                 self.budget.note_validation(clock() - started, len(sources))
         if not self.world.is_root:
             return {}
-        if hypotheses is not None:
-            record.update(bleu=round(bleu_score(hypotheses, references), 2), bleu_sentences=len(sources), beam=beam)
+        if hypotheses is not None:  # corpus BLEU from per-sentence counts, which the end's choice resamples
+            stats = bleu_stats(hypotheses, references)
+            record.update(bleu=round(bleu_from_stats(stats.sum(axis=0)), 2), bleu_sentences=len(sources), beam=beam)
             if split == "test" and self.config.data.get("corpus") == "wmt14-en-de":  # as the field reports it
                 from minitf.nmt.decode import report
                 record.update(report(hypotheses, references, lang=self.config.tgt_lang))
@@ -500,7 +501,7 @@ class Trainer:
             message += f"\n  src: {sources[i]}\n  ref: {references[i]}\n  out: {hypotheses[i]}"
         (bar.write if bar is not None else self.log)(message)
         if model_name is not None and hypotheses is not None:  # for choosing between the end's candidates
-            record["bleu_stats"] = bleu_stats(hypotheses, references)
+            record["bleu_stats"] = stats
         return record
 
     def optimizer_state(self):
@@ -672,7 +673,7 @@ class Trainer:
             recent = ckpt.list_checkpoints(run_dir)[-config.keep:]  # not an older best kept beside them
             checkpoints = recent[-config.average:] if config.average > 1 else []
             # never from the first half of the run: a short run's early models only blur the average
-            checkpoints = [p for p in checkpoints if 2 * int(p.name.split("-")[1]) >= self.step]
+            checkpoints = [p for p in checkpoints if 2 * ckpt.checkpoint_step(p) >= self.step]
             plan = [("last", str(final))]
             if len(checkpoints) > 1:
                 averaged = ckpt.average_checkpoints(checkpoints, run_dir / "checkpoints" / "averaged")
@@ -721,7 +722,7 @@ class Trainer:
     def _choose(self, names, stats, confidence=0.95):
         """The index of the kept candidate. The paper keeps the average of the last checkpoints (6.1), so that is
         the default (else the last); the candidate with the best validation BLEU replaces it only when it wins
-        in ``confidence`` of 1,000 paired bootstrap resamples of the sentences: on 500 sentences BLEU differs
+        in ``confidence`` of the paired bootstrap resamples of the sentences: on 500 sentences BLEU differs
         by about 0.5 between models of the same quality, and a noisy pick cost up to 0.8 test BLEU."""
         default = next((i for i, name in enumerate(names) if name.startswith("average")), 0)
         if any(s is None or not len(s) for s in stats):  # no validation BLEU to compare
@@ -729,7 +730,7 @@ class Trainer:
         best = max(range(len(names)), key=lambda i: (bleu_from_stats(stats[i].sum(axis=0)), -i))
         if best == default:
             return default
-        wins = bootstrap_wins(stats[best], stats[default])
+        wins = bootstrap_wins(stats[best], stats[default], samples=1000)
         self.log(f"  the {names[best]} model has the higher validation BLEU in {100 * wins:.0f}% of 1,000 bootstrap "
                  f"resamples of the sentences: {'kept' if wins >= confidence else 'not enough'} "
                  f"(the {names[default]} model is kept unless {100 * confidence:.0f}%)")
@@ -737,7 +738,7 @@ class Trainer:
 
     def _best_validated_checkpoint(self):
         """The kept checkpoint with the lowest periodic validation perplexity if lower than the last's, else None."""
-        kept = {int(p.name.split("-")[1]): p for p in ckpt.list_checkpoints(self.run_dir)}
+        kept = {ckpt.checkpoint_step(p): p for p in ckpt.list_checkpoints(self.run_dir)}
         scored = [(ppl, step) for step, ppl in self.valid_ppl.items() if step in kept]
         if not scored:
             return None
