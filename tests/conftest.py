@@ -9,6 +9,7 @@ more examples for local runs:
 (tests/strict_xp.py): a quick CPU check that the code and the tests keep host and
 device arrays apart, as they must on a GPU.
 """
+import importlib.util
 import os
 
 import pytest
@@ -27,6 +28,16 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # `python train.py` in a subprocess runs one process unless a test asks for ranks (it would start
 # itself under mpiexec on every core: tests/test_data_parallel.py checks that path on purpose)
 os.environ["MINITF_RANKS"] = "1"
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.extra(MODULE, EXTRA)``: a test that needs an optional extra skips, with the
+    reason, where MODULE is missing (the README's test command installs only ``.[test,mpi]``);
+    .ci/run's second step installs the extras and runs these tests with ``-m extra``."""
+    for mark in item.iter_markers("extra"):
+        module, extra = mark.args
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"needs {module}: pip install -e '.[{extra}]' (CI runs it in a second step)")
 
 
 @pytest.fixture

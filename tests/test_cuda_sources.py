@@ -14,6 +14,7 @@ import pytest
 from minitf import cuda_kernels
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+needs_nvrtc = pytest.mark.extra("cupy_backends", "cuda-compile")
 
 
 def _nvrtc():
@@ -44,6 +45,7 @@ def compile_ptx(source, arch, name="kernel.cu"):
     return ptx.decode() if isinstance(ptx, bytes) else ptx
 
 
+@needs_nvrtc
 @pytest.mark.parametrize("arch", cuda_kernels.ARCHITECTURES)
 @pytest.mark.parametrize("name", sorted(cuda_kernels.SOURCES))
 def test_every_kernel_source_compiles(name, arch):
@@ -57,6 +59,7 @@ def test_every_kernel_source_compiles(name, arch):
     assert set(entries) <= defined, f"{name}: entry points {sorted(set(entries) - defined)} missing from the PTX"
 
 
+@needs_nvrtc
 def test_a_broken_kernel_is_refused_with_the_compilers_message():
     with pytest.raises(AssertionError, match="undefined|identifier"):
         compile_ptx('extern "C" __global__ void broken(float* x) { x[0] = y; }', "compute_90", "broken.cu")

@@ -8,6 +8,7 @@ import pytest
 from tests.runs import TINY, make_corpus
 
 pytest.importorskip("matplotlib")
+pytestmark = pytest.mark.extra("matplotlib", "plot")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

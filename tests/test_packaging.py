@@ -24,9 +24,27 @@ def test_ci_runs_the_readmes_test_command():
     steps = [step.strip() for step in readme_commands()[1].split("&&")]
     test_command = steps[-1]
     extra = next(step for step in steps if step.startswith("pip install")).split("-e", 1)[1].strip()
-    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.lstrip().startswith("#")]
     assert test_command in ci, (test_command, ci)
-    assert any(line.startswith("python -m pip install") and line.endswith(extra) for line in ci), (extra, ci)
+    first_run = ci.index(test_command)
+    installs = [line for line in ci[:first_run] if line.startswith("python -m pip install")]
+    # the environment holds only what the README's command installs when its tests run
+    assert installs and installs[-1].endswith(extra), (extra, installs)
+    assert all("-e" not in line or line.endswith(extra) for line in installs), installs
+    assert "python3 -m venv .venv-ci" in ci[:first_run] and "-m extra" in ci[-1], ci
+
+
+def test_ci_runs_every_test_that_needs_an_extra_in_its_second_step():
+    """Each `extra` a test names is installed by .ci/run's second step, so no test is skipped everywhere."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    second = ci[ci.index("python -m pytest -q\n"):]
+    named = set()
+    for path in (ROOT / "tests").glob("test_*.py"):
+        named |= set(re.findall(r"mark\.extra\(\"[\w.]+\", \"([\w-]+)\"\)", path.read_text(encoding="utf-8")))
+    assert named, "no test names an extra: the second step would select nothing (pytest exit 5)"
+    installed = re.search(r'pip install --quiet -e "\.\[([\w,-]+)\]"', second).group(1).split(",")
+    assert named <= set(installed), (named, installed)
 
 
 def test_readme_library_example_runs():

@@ -21,7 +21,7 @@ from minitf.testing import padding_lengths, randomize, seeds  # noqa: E402
 np = backend.host
 RTOL = 1e-10
 
-pytestmark = pytest.mark.usefixtures("float64")
+pytestmark = [pytest.mark.usefixtures("float64"), pytest.mark.extra("torch", "bench")]
 
 
 def relative_difference(a, b, floor=0.0):
