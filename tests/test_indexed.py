@@ -243,6 +243,8 @@ BAD_PREPARED = {
     "replaced tokenizer.model": (_replaced_tokenizer, ["tokenizer.model", "not the tokenizer its manifest names"]),
     "missing tokenizer.model": (lambda f: (f / "tokenizer.model").unlink(), ["tokenizer.model", "missing"]),
     "manifest not JSON": (lambda f: (f / "manifest.json").write_text("{"), ["manifest.json", "not valid JSON"]),
+    "format_version true": (_manifest(lambda m: m.update(format_version=True)), ["manifest.json", "version True"]),
+    "manifest a list": (lambda f: (f / "manifest.json").write_text("[1]"), ["manifest.json", "version None"]),
     "pairs 'abc'": (_manifest(lambda m: m["splits"]["train"].update(pairs="abc")), ["splits.train.pairs", "'abc'"]),
     "pairs true": (_manifest(lambda m: m["splits"]["valid"].update(pairs=True)), ["splits.valid.pairs"]),
     "pairs 1.5": (_manifest(lambda m: m["splits"]["valid"].update(pairs=1.5)), ["splits.valid.pairs"]),

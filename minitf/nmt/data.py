@@ -541,8 +541,7 @@ def read_manifest(folder):
     except (ValueError, UnicodeDecodeError) as error:
         raise _damaged(path, f"is not valid JSON ({error})") from None
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
-    if version != FORMAT_VERSION:
-        raise DataError(f"prepared corpus {str(folder)!r} has format version {version!r}, this minitf reads "
-                        f"version {FORMAT_VERSION}; {PREPARE_AGAIN}")
+    if not _is_count(version) or version != FORMAT_VERSION:
+        raise _damaged(path, f"has format version {reprlib.repr(version)}, this minitf reads version {FORMAT_VERSION}")
     check_manifest(manifest, path)
     return manifest
