@@ -1,6 +1,11 @@
 """The prepared (memory-mapped) corpus: the same batches as the in-memory Corpus,
 the cleaning rules, reuse / refusal / rebuild, and nothing half-written."""
+import json
+import os
 import pathlib
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -155,3 +160,269 @@ def test_word_by_word_encoding_equals_the_tokenizer(prepared):
                 assert flat.tolist() == [i for ids in expected for i in ids]
         finally:
             prepare.CACHE_WORDS = saved
+
+
+# --------------------------------------------------------------------------- a prepared folder is verified on open
+@pytest.fixture(scope="module")
+def good_folder(tmp_path_factory):
+    """A prepared folder, and a tokenizer.model of the same vocabulary size made from other text."""
+    from minitf.nmt.tokenizer import train_tokenizer
+    base = tmp_path_factory.mktemp("good")
+    out = prepare_corpus(base / "prepared", sources_of(base, n_train=60, n_valid=8), vocab_size=40,
+                         sample_sentences=200, workers=0, rules=KEEP_ALL, log=quiet)
+    other = tmp_path_factory.mktemp("other")
+    texts = pathlib.Path(sources_of(other, n_train=60, seed=1)["train"][0]).read_text().splitlines()
+    tokenizer = train_tokenizer(texts[:20], other / "tokenizer.model", 40)
+    assert tokenizer.vocab_size == 40 and tokenizer.sha256 != IndexedCorpus(out).tokenizer.sha256
+    return out, other / "tokenizer.model"
+
+
+def _offset(name, index, value):
+    def damage(folder):
+        offsets = np.fromfile(folder / name, dtype="<i8")
+        offsets[index] = value(offsets) if callable(value) else value
+        offsets.tofile(folder / name)
+    return damage
+
+
+def _swap_offsets(name, i):
+    def damage(folder):
+        offsets = np.fromfile(folder / name, dtype="<i8")
+        offsets[[i, i + 1]] = offsets[[i + 1, i]]
+        offsets.tofile(folder / name)
+    return damage
+
+
+def _manifest(change):
+    def damage(folder):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        change(manifest)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    return damage
+
+
+def _out_of_vocabulary(folder):
+    ids = np.fromfile(folder / "train.tgt.bin", dtype="<u2")
+    ids[7] = 40
+    ids.tofile(folder / "train.tgt.bin")
+
+
+def _split_outside(folder):
+    """A split named ../victim/x whose files exist outside the folder (as an attacker would leave them)."""
+    victim = folder.parent / "victim"
+    victim.mkdir()
+    for side in ("src", "tgt"):
+        for kind in ("bin", "idx"):
+            shutil.copy(folder / f"valid.{side}.{kind}", victim / f"x.{side}.{kind}")
+    _manifest(lambda m: m["splits"].__setitem__("../victim/x", dict(m["splits"]["valid"])))(folder)
+
+
+def _linked_outside(folder):
+    outside = folder.parent / "elsewhere.bin"
+    shutil.copy(folder / "train.src.bin", outside)
+    (folder / "train.src.bin").unlink()
+    (folder / "train.src.bin").symlink_to(outside)
+
+
+def _replaced_tokenizer(folder, other):
+    shutil.copy(other, folder / "tokenizer.model")
+
+
+# name: (damage(folder[, other tokenizer]), words the one-line refusal holds besides the prepare-again step)
+BAD_PREPARED = {
+    "valid.src.idx offset 10**9": (_offset("valid.src.idx", 3, 10 ** 9), ["valid.src.idx", "past the end"]),
+    "train.src.idx offset 10**12": (_offset("train.src.idx", 5, 10 ** 12), ["train.src.idx", "past the end"]),
+    "train.tgt.idx offsets swapped": (_swap_offsets("train.tgt.idx", 20), ["train.tgt.idx", "never decrease"]),
+    "negative offset": (_offset("train.src.idx", 2, -7), ["train.src.idx", "never decrease"]),
+    "first offset 1": (_offset("test.tgt.idx", 0, 1), ["test.tgt.idx", "not 0"]),
+    "last offset short of the end": (_offset("train.src.idx", -1, lambda o: o[-1] - 1),
+                                     ["train.src.idx", "ends at offset"]),
+    "id outside the vocabulary": (_out_of_vocabulary, ["train.tgt.bin", "id 40, outside the vocabulary"]),
+    "truncated .bin": (lambda f: (f / "valid.tgt.bin").write_bytes((f / "valid.tgt.bin").read_bytes()[:-2]),
+                       ["valid.tgt.bin", "bytes, its manifest says"]),
+    "replaced tokenizer.model": (_replaced_tokenizer, ["tokenizer.model", "not the tokenizer its manifest names"]),
+    "missing tokenizer.model": (lambda f: (f / "tokenizer.model").unlink(), ["tokenizer.model", "missing"]),
+    "manifest not JSON": (lambda f: (f / "manifest.json").write_text("{"), ["manifest.json", "not valid JSON"]),
+    "format_version true": (_manifest(lambda m: m.update(format_version=True)), ["manifest.json", "version True"]),
+    "manifest a list": (lambda f: (f / "manifest.json").write_text("[1]"), ["manifest.json", "version None"]),
+    "pairs 'abc'": (_manifest(lambda m: m["splits"]["train"].update(pairs="abc")), ["splits.train.pairs", "'abc'"]),
+    "pairs true": (_manifest(lambda m: m["splits"]["valid"].update(pairs=True)), ["splits.valid.pairs"]),
+    "pairs 1.5": (_manifest(lambda m: m["splits"]["valid"].update(pairs=1.5)), ["splits.valid.pairs"]),
+    "tokens missing": (_manifest(lambda m: m["splits"]["test"].pop("tgt_tokens")), ["splits.test.tgt_tokens"]),
+    "dtype 'not-a-dtype'": (_manifest(lambda m: m.update(dtype="not-a-dtype")), ["dtype", "'not-a-dtype'"]),
+    "dtype int32 for 40 ids": (_manifest(lambda m: m.update(dtype="int32")), ["dtype", "'uint16'"]),
+    "vocab_size 'forty'": (_manifest(lambda m: m.update(vocab_size="forty")), ["vocab_size"]),
+    "vocab_size 41": (_manifest(lambda m: m.update(vocab_size=41)), ["tokenizer.model", "has 40 ids"]),
+    "tokenizer_sha256 a number": (_manifest(lambda m: m.update(tokenizer_sha256=7)), ["tokenizer_sha256"]),
+    "valid split missing": (_manifest(lambda m: m["splits"].pop("valid")), ["splits", "a valid split"]),
+    "recipe missing": (_manifest(lambda m: m.pop("recipe")), ["recipe"]),
+    "splits a list": (_manifest(lambda m: m.update(splits=["train", "valid"])), ["splits"]),
+    "a split's counts a string": (_manifest(lambda m: m["splits"].update(valid="8")), ["splits.valid"]),
+    "languages 'x'": (_manifest(lambda m: m["recipe"].update(languages="x")), ["recipe.languages"]),
+    "cleaning missing": (_manifest(lambda m: m.pop("cleaning")), ["cleaning"]),
+    "split named ../victim/x": (_split_outside, ["'../victim/x'", "only train, valid and test"]),
+    "a split named lexicon": (_manifest(lambda m: m["splits"].update(lexicon=m["splits"]["valid"])), ["lexicon"]),
+    ".bin a link outside the folder": (_linked_outside, ["train.src.bin", "outside the folder"]),
+}
+
+
+def damaged_copy(good_folder, tmp_path, case):
+    folder, other_tokenizer = good_folder
+    copy = shutil.copytree(folder, tmp_path / "prepared")
+    damage, _ = BAD_PREPARED[case]
+    damage(copy, other_tokenizer) if damage is _replaced_tokenizer else damage(copy)
+    return copy
+
+
+def assert_refusal(message, case):
+    assert "\n" not in message and "Traceback" not in message, message
+    for words in BAD_PREPARED[case][1]:
+        assert words in message, (words, message)
+    assert "train.py --prepare-again" in message and "rebuild=True" not in message, message
+
+
+@pytest.mark.parametrize("case", list(BAD_PREPARED))
+def test_a_damaged_or_forged_prepared_folder_is_refused_in_one_line(good_folder, tmp_path, case):
+    """Through the library: every damage is a one-line DataError naming the file and the step that mends it."""
+    copy = damaged_copy(good_folder, tmp_path, case)
+    with pytest.raises(DataError) as error:
+        IndexedCorpus(copy)
+    assert_refusal(str(error.value), case)
+
+
+@pytest.mark.parametrize("case", list(BAD_PREPARED))
+def test_train_py_refuses_a_damaged_corpus_dir_in_one_line(good_folder, tmp_path, case, capsys):
+    """Through `train.py --corpus-dir`: exit 1, one line (no traceback), nothing written."""
+    from tests.runs import QUIET, TINY, one_error_line, train
+    copy = damaged_copy(good_folder, tmp_path, case)
+    code, err = train(TINY + QUIET + ["--max-steps", "1", "--corpus-dir", copy, "--out", tmp_path / "run"], capsys)
+    assert code == 1 and len(err) == 1, err
+    assert_refusal(one_error_line(err), case)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 4, 7])
+def test_the_chunked_checks_find_a_fault_at_every_position(chunk):
+    """Every chunk size finds a falling offset, one past the end, and a bad id wherever it is (chunk edges too)."""
+    from minitf.nmt.data import check_ids, check_offsets
+    good = np.array([0, 2, 2, 5, 6, 9, 11, 12, 15], dtype=np.int64)
+    check_offsets(good, 15, pathlib.Path("x.idx"), chunk=chunk)
+    for i in range(1, good.size - 1):
+        falling = good.copy()
+        falling[i] = good[i - 1] - 1
+        with pytest.raises(DataError, match="never decrease"):
+            check_offsets(falling, 15, pathlib.Path("x.idx"), chunk=chunk)
+        beyond = good.copy()
+        beyond[i] = 16
+        with pytest.raises(DataError, match="at index %d, past the end" % i):
+            check_offsets(beyond, 15, pathlib.Path("x.idx"), chunk=chunk)
+    ids = np.arange(4, 14, dtype=np.uint16)
+    check_ids(ids, 14, pathlib.Path("x.bin"), chunk=chunk)
+    for i in range(ids.size):
+        bad = ids.copy()
+        bad[i] = 14
+        with pytest.raises(DataError, match="id 14, outside"):
+            check_ids(bad, 14, pathlib.Path("x.bin"), chunk=chunk)
+
+
+def test_opening_a_large_prepared_folder_checks_it_in_bounded_memory(good_folder, tmp_path, monkeypatch):
+    """A training split of 1,000,000 pairs (8 MB of offsets, 4 MB of ids a side) is checked with at most a few
+    chunks of temporaries (tracemalloc counts NumPy's allocations); a fault at its very end is still found."""
+    import tracemalloc
+    from minitf.nmt import data
+    folder = shutil.copytree(good_folder[0], tmp_path / "prepared")
+    n = 1_000_000
+    lengths = np.full(n, 2, dtype=np.int64)
+    for side in ("src", "tgt"):
+        np.concatenate([[0], np.cumsum(lengths)]).astype("<i8").tofile(folder / f"train.{side}.idx")
+        (np.arange(2 * n) % 36 + 4).astype("<u2").tofile(folder / f"train.{side}.bin")
+    _manifest(lambda m: m["splits"].update(train=dict(pairs=n, src_tokens=2 * n, tgt_tokens=2 * n)))(folder)
+    monkeypatch.setattr(data, "VERIFY_CHUNK", 1 << 14)
+    tracemalloc.start()
+    try:
+        corpus = IndexedCorpus(folder)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(corpus.ids["train"][0]) == n
+    assert peak < 640 << 10, peak        # unchunked: 1.26 MB; the arrays themselves are 12 MB a side
+    _offset("train.tgt.idx", n - 1, 2 * n + 1)(folder)
+    with pytest.raises(DataError, match=f"train.tgt.idx' has offset {2 * n + 1} at index {n - 1}, past the end"):
+        IndexedCorpus(folder)
+
+
+def test_a_killed_preparations_temp_folder_is_removed_by_the_next_and_a_live_ones_kept(tmp_path):
+    """A preparation holds a lock on its temp folder while it lives: a concurrent one leaves it alone; once the
+    first is killed (SIGKILL: no cleanup runs) the next preparation removes it."""
+    from tests.runs import ROOT
+    sources = sources_of(tmp_path)
+    out = tmp_path / "prepared"
+    stalled = ("import sys, time\nfrom minitf.nmt import prepare\n"
+               "def build(*args):\n    print('building', flush=True)\n    time.sleep(600)\n"
+               "prepare._build = build\n"
+               f"prepare.prepare_corpus(sys.argv[1], {sources!r}, 40, workers=0, log=lambda m: None)\n")
+    child = subprocess.Popen([sys.executable, "-c", stalled, str(out)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert child.stdout.readline() == b"building\n", child.stderr.read()
+        work = list(tmp_path.glob(".prepared.*.tmp"))
+        assert len(work) == 1
+        messages = []
+        prepare_corpus(out, sources, vocab_size=40, workers=0, rules=KEEP_ALL, log=messages.append)
+        assert work[0].is_dir() and not any("removed" in m for m in messages), messages   # alive: kept
+    finally:
+        child.kill()
+        child.wait()
+    assert work[0].is_dir()                      # SIGKILL ran no cleanup
+    messages = []
+    prepare_corpus(out, sources, vocab_size=40, workers=0, rules=KEEP_ALL, log=messages.append)
+    assert "removed 1 temp folder(s) left by killed preparations" in messages[0] and "reused" in messages[1]
+    assert not work[0].exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    IndexedCorpus(out)
+
+
+def test_prepare_again_replaces_a_changed_or_damaged_corpus_dir(tmp_path, capsys):
+    """`train.py --train-src ... --corpus-dir DIR`: a changed source is refused with the flag that mends it
+    (never the library's rebuild=True); `--prepare-again` prepares DIR again, and mends a damaged DIR too."""
+    from tests.runs import QUIET, TINY, make_corpus, one_error_line, train
+    corpus = make_corpus(tmp_path)
+    prepared = tmp_path / "prepared"
+    steps = TINY + QUIET + ["--max-steps", "1", "--corpus-dir", prepared]
+    code, err = train(corpus + steps + ["--out", tmp_path / "a"], capsys)
+    assert code == 0, err
+    first = json.loads((prepared / "manifest.json").read_text())
+    src = pathlib.Path(corpus[corpus.index("--train-src") + 1])
+    src.write_text(src.read_text().replace("Der", "Die", 1))
+    code, err = train(corpus + steps + ["--out", tmp_path / "b"], capsys)
+    line = one_error_line(err)
+    assert code == 1 and "was made from other sources" in line and "train.py --prepare-again" in line, err
+    assert "rebuild=True" not in line and not (tmp_path / "b").exists()
+    code, err = train(corpus + steps + ["--prepare-again", "--out", tmp_path / "b"], capsys)
+    assert code == 0, err
+    second = json.loads((prepared / "manifest.json").read_text())
+    assert second["recipe"]["sources"] != first["recipe"]["sources"]
+    _offset("train.src.idx", 5, 10 ** 12)(prepared)
+    code, err = train(steps + ["--out", tmp_path / "c"], capsys)
+    assert code == 1 and "train.py --prepare-again" in one_error_line(err), err
+    code, err = train(steps + ["--prepare-again", "--out", tmp_path / "c"], capsys)
+    assert code == 2 and "give them too (--train-src" in one_error_line(err), err
+    code, err = train(corpus + steps + ["--prepare-again", "--out", tmp_path / "c"], capsys)
+    assert code == 0 and any("preparing" in line and "again: " in line and "past the end" in line for line in err)
+    IndexedCorpus(prepared)
+    code, err = train(TINY + ["--prepare-again", "--out", tmp_path / "d"], capsys)
+    assert code == 2 and "needs --corpus-dir DIR" in one_error_line(err), err
+
+
+def test_a_large_train_src_without_corpus_dir_first_says_that_corpus_dir_keeps_memory_flat(tmp_path, capsys,
+                                                                                            monkeypatch):
+    from minitf.nmt import train as train_module
+    from tests.runs import QUIET, TINY, make_corpus, train
+    corpus = make_corpus(tmp_path)             # 120 training pairs
+    monkeypatch.setattr(train_module, "LARGE_CORPUS_LINES", 100)
+    code, err = train(corpus + TINY + QUIET + ["--max-steps", "1", "--out", tmp_path / "run"], capsys)
+    assert code == 0 and err[0].startswith("note: --train-src has over 100 lines") and "--corpus-dir DIR" in err[0]
+    assert sum("--corpus-dir" in line for line in err) == 1, err
+    monkeypatch.setattr(train_module, "LARGE_CORPUS_LINES", 120)
+    train_module.warn_if_large(corpus[corpus.index("--train-src") + 1])
+    assert capsys.readouterr().err == ""      # 120 lines are not over 120
+    assert train_module.count_lines(corpus[corpus.index("--train-src") + 1], 10 ** 9) == 120

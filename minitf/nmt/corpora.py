@@ -512,7 +512,7 @@ def wmt14_prepared_folder(cache_dir, src_lang="en", tgt_lang="de", vocab_size=WM
 
 
 def prepare_wmt14(cache_dir, *, src_lang="en", tgt_lang="de", vocab_size=WMT14_VOCAB_SIZE, sample_sentences=1_000_000,
-                  seed=1, workers=None, archives=None, progress=True, log=print):
+                  seed=1, workers=None, archives=None, progress=True, rebuild=False, log=print):
     """Fetch, unpack and prepare WMT 2014 en-de or de-en once under ``CACHE/wmt14-en-de`` and return the
     prepared folder (an :class:`minitf.nmt.data.IndexedCorpus`); other arguments as
     :func:`minitf.nmt.prepare.prepare_corpus`, ``archives`` replacing :data:`WMT14_ARCHIVES` (for tests)."""
@@ -538,4 +538,4 @@ def prepare_wmt14(cache_dir, *, src_lang="en", tgt_lang="de", vocab_size=WMT14_V
                "valid": [[identity["dev"], f"newstest2013.{src_lang}", f"newstest2013.{tgt_lang}"]],
                "test": [[identity["dev"], f"newstest2014.{src_lang}", f"newstest2014.{tgt_lang}"]]}
     return prepare_corpus(out, sources, vocab_size, sample_sentences=sample_sentences, seed=seed, workers=workers,
-                          source_digests=digests, languages=(src_lang, tgt_lang), log=log)
+                          source_digests=digests, languages=(src_lang, tgt_lang), rebuild=rebuild, log=log)

@@ -1,9 +1,12 @@
 """Host-side data pipeline (host NumPy): reading text safely, token-count batching, padding, the encoded
 splits of a run, and prepared corpora (memory-mapped token arrays). Bad input is a one-line DataError saying
 what was expected, what came and what to do."""
+import hashlib
 import json
 import os
 import pathlib
+import re
+import reprlib
 
 from minitf.backend import host as np
 from minitf.nmt.errors import DataError
@@ -314,11 +317,16 @@ class IndexedCorpus:
 
     def __init__(self, folder):
         self.folder = folder = pathlib.Path(folder)
-        self.manifest = read_manifest(folder)
-        self.tokenizer = Tokenizer(folder / "tokenizer.model")
-        if self.tokenizer.sha256 != self.manifest["tokenizer_sha256"]:
-            raise DataError(f"prepared corpus {str(folder)!r}: tokenizer.model is not the tokenizer its "
-                            "manifest names (it was replaced); prepare the corpus again")
+        self.manifest = read_manifest(folder)  # every field checked: no KeyError or TypeError below
+        path = _inside(folder, "tokenizer.model")
+        model = path.read_bytes() if path.is_file() else None
+        if model is None or hashlib.sha256(model).hexdigest() != self.manifest["tokenizer_sha256"]:
+            what = "is missing" if model is None else "is not the tokenizer its manifest names (it was replaced)"
+            raise _damaged(path, what)
+        self.tokenizer = Tokenizer.from_bytes(model)
+        vocab = self.manifest["vocab_size"]
+        if self.tokenizer.vocab_size != vocab:
+            raise _damaged(path, f"has {self.tokenizer.vocab_size} ids, its manifest says {vocab}")
         dtype = np.dtype(self.manifest["dtype"])
         self.text, self.ids = {}, {}
         self._flat, self._offsets, self._lengths = {}, {}, {}
@@ -326,16 +334,15 @@ class IndexedCorpus:
             n = counts["pairs"]
             sides = []
             for side in SIDES:
-                offsets = _map(folder / f"{split}.{side}.idx", np.dtype("<i8"), n + 1)
-                flat = _map(folder / f"{split}.{side}.bin", dtype, counts[f"{side}_tokens"])
-                if int(offsets[-1]) != flat.size:
-                    raise DataError(f"prepared corpus {str(folder)!r}: {split}.{side}.idx ends at {int(offsets[-1])}"
-                                    f" but {split}.{side}.bin holds {flat.size} ids; prepare the corpus again")
+                offsets = _map(folder, f"{split}.{side}.idx", np.dtype("<i8"), n + 1)
+                flat = _map(folder, f"{split}.{side}.bin", dtype, counts[f"{side}_tokens"])
+                check_offsets(offsets, flat.size, folder / f"{split}.{side}.idx")
+                check_ids(flat, vocab, folder / f"{split}.{side}.bin")
                 self._flat[split, side], self._offsets[split, side] = flat, offsets
                 sides.append(_Side(flat, offsets))
             self.ids[split] = tuple(sides)
             if (folder / f"{split}.src.txt").is_file():
-                self.text[split] = tuple(_read_text(folder / f"{split}.{side}.txt", n) for side in SIDES)
+                self.text[split] = tuple(_read_text(folder, f"{split}.{side}.txt", n) for side in SIDES)
 
     def set_bpe_dropout(self, p):
         """BPE-dropout re-segments the text every epoch; a prepared corpus holds ids only."""
@@ -394,45 +401,147 @@ def _pad_right(ids, extra):
     return out
 
 
-def _map(path, dtype, count):
-    """A read-only memory map of ``count`` items, refusing a missing or wrong-sized file."""
+#: What a damaged or foreign prepared folder's error says to do: the command-line flag, the one step that prepares
+#: it again (library callers: ``prepare_corpus(..., rebuild=True)``).
+PREPARE_AGAIN = ("prepare the corpus again: train.py --prepare-again with the data flags that made it "
+                 "(--train-src ... --corpus-dir DIR, or --corpus wmt14-en-de)")
+#: Offsets and ids are checked this many at a time when a folder is opened: memory stays bounded whatever its size.
+VERIFY_CHUNK = 1 << 22
+SPLITS = ("train", "valid", "test")
+
+
+def _damaged(path, what):
+    return DataError(f"prepared corpus file {str(path)!r} {what}; {PREPARE_AGAIN}")
+
+
+def _inside(folder, name):
+    """``folder / name``, refused when it is a link that leads out of ``folder``."""
+    path = folder / name
+    if path.is_symlink() and pathlib.Path(os.path.realpath(path)).parent != pathlib.Path(os.path.realpath(folder)):
+        raise _damaged(path, f"is a link to {os.path.realpath(path)!r}, outside the folder")
+    return path
+
+
+def _map(folder, name, dtype, count):
+    """A read-only memory map of ``count`` items of ``folder / name``, refusing a missing or wrong-sized file."""
+    path = _inside(folder, name)
     expected = int(count) * dtype.itemsize
     if not path.is_file():
-        raise DataError(f"prepared corpus file {str(path)!r} is missing; prepare the corpus again")
+        raise _damaged(path, "is missing")
     size = path.stat().st_size
     if size != expected:
-        raise DataError(f"prepared corpus file {str(path)!r} has {size} bytes, its manifest says {expected}; "
-                        "it was truncated or replaced, prepare the corpus again")
+        raise _damaged(path, f"has {size} bytes, its manifest says {expected} (it was truncated or replaced)")
     if count == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", shape=(int(count),))
 
 
-def _read_text(path, n):
-    lines = path.read_text(encoding="utf-8").split("\n")
+def check_offsets(offsets, n_ids, path, chunk=None):
+    """Refuse offsets (N + 1,) that do not cut ``n_ids`` ids into N rows: they must start at 0, never decrease
+    and end at ``n_ids`` (so each lies within the ids and no row has a negative length), checked ``chunk``
+    (default :data:`VERIFY_CHUNK`) at a time, each slice overlapping the next by one."""
+    chunk = chunk or VERIFY_CHUNK
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first != 0:
+        raise _damaged(path, f"starts at offset {first}, not 0")
+    for start in range(0, offsets.size - 1, chunk):
+        part = np.asarray(offsets[start:start + chunk + 1])
+        beyond = np.flatnonzero(part > n_ids)
+        if beyond.size:
+            raise _damaged(path, f"has offset {int(part[beyond[0]])} at index {start + int(beyond[0])}, past the "
+                           f"end of the {n_ids} ids of its .bin")
+        falls = np.flatnonzero(part[1:] < part[:-1])
+        if falls.size:
+            i = start + int(falls[0])
+            raise _damaged(path, f"has offset {int(part[falls[0] + 1])} after {int(part[falls[0]])} (sentence "
+                           f"{i}): offsets must never decrease")
+    if last != n_ids:
+        raise _damaged(path, f"ends at offset {last} but its .bin holds {n_ids} ids")
+
+
+def check_ids(flat, vocab_size, path, chunk=None):
+    """Refuse a token array with an id outside ``0 .. vocab_size - 1``, checked ``chunk`` ids at a time."""
+    chunk = chunk or VERIFY_CHUNK
+    for start in range(0, flat.size, chunk):
+        part = np.asarray(flat[start:start + chunk])
+        low, high = int(part.min()), int(part.max())
+        if low < 0 or high >= vocab_size:
+            raise _damaged(path, f"holds id {high if high >= vocab_size else low}, outside the vocabulary of "
+                           f"{vocab_size}")
+
+
+def _read_text(folder, name, n):
+    path = _inside(folder, name)
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as error:
+        raise _damaged(path, f"cannot be read as UTF-8 text ({error})") from None
     if lines and lines[-1] == "":
         lines.pop()
     if len(lines) != n:
-        raise DataError(f"prepared corpus file {str(path)!r} has {len(lines)} lines, its manifest says {n}; "
-                        "prepare the corpus again")
+        raise _damaged(path, f"has {len(lines)} lines, its manifest says {n}")
     return lines
 
 
+def _is_count(value, least=0):
+    return type(value) is int and value >= least  # noqa: E721 (JSON's true and 1.0 are not counts)
+
+
+def check_manifest(manifest, path):
+    """Refuse a manifest (parsed JSON) with any field missing or of the wrong type or value, so that
+    nothing that reads it meets a KeyError, a TypeError or a path outside its folder."""
+    def refuse(field, value, expected):
+        raise _damaged(path, f"has {field} = {reprlib.repr(value)}, expected {expected}")
+
+    recipe = manifest.get("recipe")
+    if not isinstance(recipe, dict):
+        refuse("recipe", recipe, "an object (the sources and settings it was prepared with)")
+    languages = recipe.get("languages")
+    if not (isinstance(languages, list) and len(languages) == 2
+            and all(isinstance(lang, str) and lang for lang in languages)):
+        refuse("recipe.languages", languages, "two language codes, e.g. [\"en\", \"de\"]")
+    digest = manifest.get("tokenizer_sha256")
+    if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        refuse("tokenizer_sha256", digest, "64 hexadecimal digits")
+    vocab = manifest.get("vocab_size")
+    if not _is_count(vocab, 1):
+        refuse("vocab_size", vocab, "a positive integer")
+    if manifest.get("dtype") != token_dtype(vocab):
+        refuse("dtype", manifest.get("dtype"), f"{token_dtype(vocab)!r} for a vocabulary of {vocab}")
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict):
+        refuse("splits", splits, "an object of train, valid and (optionally) test")
+    for split in splits:
+        if split not in SPLITS:
+            refuse("a split named", split, "only train, valid and test")
+    for split in ("train", "valid"):
+        if split not in splits:
+            refuse("splits", sorted(splits), f"a {split} split")
+    for split, counts in splits.items():
+        if not isinstance(counts, dict):
+            refuse(f"splits.{split}", counts, "an object of pairs, src_tokens and tgt_tokens")
+        for key, least in (("pairs", 1), ("src_tokens", 0), ("tgt_tokens", 0)):
+            if not _is_count(counts.get(key), least):
+                refuse(f"splits.{split}.{key}", counts.get(key), f"an integer >= {least}")
+    if not isinstance(manifest.get("cleaning"), dict):
+        refuse("cleaning", manifest.get("cleaning"), "an object (what cleaning kept and dropped)")
+
+
 def read_manifest(folder):
-    """The manifest of a prepared folder, with a one-line DataError for anything else."""
+    """The manifest of a prepared folder, every field checked (:func:`check_manifest`), with a one-line
+    DataError for anything else."""
     folder = pathlib.Path(folder)
-    path = folder / "manifest.json"
+    path = _inside(folder, "manifest.json")
     if not path.is_file():
         what = "does not exist" if not folder.exists() else "has no manifest.json"
         raise DataError(f"prepared corpus {str(folder)!r} {what}; prepare it first "
-                        "(minitf.nmt.prepare.prepare_corpus, or train.py --corpus wmt14-en-de)")
+                        "(train.py --train-src ... --corpus-dir DIR, or --corpus wmt14-en-de)")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
-        raise DataError(f"prepared corpus {str(folder)!r}: manifest.json is not valid JSON ({error}); "
-                        "prepare the corpus again") from None
+        raise _damaged(path, f"is not valid JSON ({error})") from None
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
-    if version != FORMAT_VERSION:
-        raise DataError(f"prepared corpus {str(folder)!r} has format version {version!r}, this minitf reads "
-                        f"version {FORMAT_VERSION}; prepare the corpus again")
+    if not _is_count(version) or version != FORMAT_VERSION:
+        raise _damaged(path, f"has format version {reprlib.repr(version)}, this minitf reads version {FORMAT_VERSION}")
+    check_manifest(manifest, path)
     return manifest

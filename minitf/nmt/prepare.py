@@ -4,11 +4,14 @@ with a manifest of what they were made from, streaming the training files three 
 strings); (2) train the tokenizer on ``sample_sentences`` sentences of pairs drawn with ``seed``
 (sentencepiece's ``input_sentence_size``, done here to be reproducible and small); (3) encode the kept pairs
 in chunks in ``workers`` processes, in order. Valid and test only lose pairs with an empty side. The folder
-is built privately and renamed into place (whole or absent); one whose manifest records the same sources
-(sha256) and settings is reused, another refused (or ``rebuild=True``)."""
+is built privately (a hidden ``.NAME.*.tmp`` folder, locked while its preparation lives) and renamed into place
+(whole or absent); one whose manifest records the same sources (sha256) and settings is reused, another refused
+(``rebuild=True``, train.py's ``--prepare-again``, replaces it, and a damaged one). The next preparation removes
+the temp folders of killed ones."""
 import array
 import collections
 import dataclasses
+import glob
 import hashlib
 import itertools
 import multiprocessing
@@ -19,6 +22,11 @@ import signal
 import sys
 import tempfile
 import time
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: temp folders of killed preparations are not told apart, so none is removed
+    fcntl = None
 
 from minitf.backend import host as np
 from minitf.nmt import data
@@ -196,8 +204,9 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
     "test": ...}`` (test optional; a split may be a list of pairs, read in turn). ``workers``: None one per CPU,
     0 this process. ``rules``: for train only. ``source_digests``: ``{split: [[src_sha256, tgt_sha256], ...]}``
     or another JSON identity the caller vouches for (None: hash the files). ``rebuild``: replace a folder made
-    otherwise instead of refusing it. A DataError for bad input, no training pair left after cleaning, or a
-    foreign folder."""
+    otherwise, or one that fails :class:`minitf.nmt.data.IndexedCorpus`'s checks, instead of refusing it (a whole
+    folder of the same recipe is still reused). A DataError for bad input, no training pair left after cleaning,
+    or a foreign folder."""
     out_dir = pathlib.Path(out_dir)
     for split in ("train", "valid"):
         if split not in sources:
@@ -209,11 +218,14 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
     recipe = dict(sources={split: _plain(source_digests[split]) for split in sources}, vocab_size=int(vocab_size),
                   sample_sentences=int(sample_sentences), seed=int(seed), rules=dataclasses.asdict(rules),
                   languages=list(languages))
-    if _reusable(out_dir, recipe, rebuild):
+    removed = remove_stale_work(out_dir)
+    if removed:
+        log(f"removed {len(removed)} temp folder(s) left by killed preparations of {out_dir}")
+    if _reusable(out_dir, recipe, rebuild, log):
         log(f"prepared corpus {out_dir}: reused (its manifest matches the sources and settings)")
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    work, held = _new_work(out_dir)
     try:
         with sigterm_raises():  # SIGTERM too runs the finally below: no temp folder is left
             manifest = _build(work, sources, recipe, rules, workers, chunk_pairs, log)
@@ -222,7 +234,57 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
             _move_into_place(work, out_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if held is not None:
+            os.close(held)
     return out_dir
+
+
+def _work_glob(out_dir):
+    return glob.escape(f".{out_dir.name}.") + "*.tmp"
+
+
+def _new_work(out_dir):
+    """``(temp folder, descriptor holding its lock or None)``: a hidden folder beside ``out_dir``, locked (flock on
+    the folder itself) for as long as this process lives, so that :func:`remove_stale_work` leaves it alone."""
+    while True:
+        work = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+        if fcntl is None:
+            return work, None
+        fd = os.open(work, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks only while a cleaner that took it first removes it
+        try:
+            if os.path.samestat(os.stat(work), os.fstat(fd)):
+                return work, fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # a cleaner removed it between mkdtemp and flock: make another
+
+
+def remove_stale_work(out_dir):
+    """Remove the temp folders of preparations of ``out_dir`` that were killed (SIGKILL, a power cut): those whose
+    lock nobody holds (the kernel drops a dead process's lock); a live preparation's is kept. Returns their paths."""
+    out_dir = pathlib.Path(out_dir)
+    if fcntl is None or not out_dir.parent.is_dir():
+        return []
+    removed = []
+    for work in sorted(out_dir.parent.glob(_work_glob(out_dir))):
+        if work.is_symlink() or not work.is_dir():
+            continue
+        try:
+            fd = os.open(work, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # held: a preparation is running
+            continue
+        try:
+            shutil.rmtree(work, ignore_errors=True)
+            removed.append(work)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def _file_pairs(paths):
@@ -250,8 +312,9 @@ def _digest(path):
     return file_sha256(path)
 
 
-def _reusable(out_dir, recipe, rebuild):
-    """True when ``out_dir`` holds a folder prepared with ``recipe``; refuses a foreign one."""
+def _reusable(out_dir, recipe, rebuild, log):
+    """True when ``out_dir`` holds a folder prepared with ``recipe`` (with ``rebuild``: one that also passes every
+    check of :class:`minitf.nmt.data.IndexedCorpus`); refuses a foreign one."""
     if not out_dir.exists():
         return False
     if not out_dir.is_dir():
@@ -267,14 +330,21 @@ def _reusable(out_dir, recipe, rebuild):
         if rebuild:
             return False
         raise
-    if manifest.get("recipe") == recipe:
-        return True
+    if manifest["recipe"] == recipe:
+        if not rebuild:
+            return True  # opening it checks it (IndexedCorpus)
+        try:
+            data.IndexedCorpus(out_dir)
+            return True
+        except DataError as error:
+            log(f"preparing {out_dir} again: {error}")
+            return False
     if rebuild:
         return False
-    theirs = manifest.get("recipe") or {}
+    theirs = manifest["recipe"]
     differ = sorted(k for k in set(recipe) | set(theirs) if recipe.get(k) != theirs.get(k))
-    raise DataError(f"prepared corpus {str(out_dir)!r} was made from other {', '.join(differ)}; prepare into "
-                    "another folder, delete it, or rebuild it (rebuild=True)")
+    raise DataError(f"prepared corpus {str(out_dir)!r} was made from other {', '.join(differ)}; choose another "
+                    "--corpus-dir, or replace it: train.py --prepare-again with these data flags")
 
 
 def _move_into_place(work, out_dir):
