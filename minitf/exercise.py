@@ -112,8 +112,11 @@ def check(path, seed=0, time_limit=TIME_LIMIT):
         print(f"error: {message}", file=sys.stderr)
         return 2
 
+    def load(name):  # the file runs as it loads: a loop at its top level meets the time limit too
+        return guarded(lambda: load_object(f"{path}:{name}"), path, time_limit, wrap=False)
+
     try:
-        name = load_object(f"{path}:EXERCISE")
+        name = load("EXERCISE")
     except ValueError as error:
         return refuse(f"{error} (an exercise file sets EXERCISE = \"linear\", ...; "
                       f"start one with python -m minitf.exercise start NAME)")
@@ -121,7 +124,7 @@ def check(path, seed=0, time_limit=TIME_LIMIT):
         return refuse(f"{path} says EXERCISE = {name!r}; expected one of the names {', '.join(map(repr, EXERCISES))}")
     exercise = EXERCISES[name]
     try:
-        cls = load_object(f"{path}:{exercise.class_name}")
+        cls = load(exercise.class_name)
     except ValueError as error:
         return refuse(f"{error}: exercise {name} is the class {exercise.class_name} (python -m minitf.exercise "
                       f"start {name} writes it)")

@@ -50,6 +50,10 @@ class Forever(Scale):
             dy = dy + 0
 
 
+def empty():
+    return Scale(), backend.xp.zeros((0, 3))
+
+
 class Product(minitf.Module):
     def forward(self, x, z):
         self.save_for_backward(x, z)
@@ -89,6 +93,8 @@ def _files(tmp_path):
     files["noclass"].write_text('EXERCISE = "linear"\n')
     files["listed"].write_text('EXERCISE = ["linear"]\n')
     files["afile"].write_text("not a directory\n")
+    files["hangs"] = tmp_path / "hangs.py"
+    files["hangs"].write_text('EXERCISE = "linear"\nwhile True:\n    pass\n')
     return files
 
 
@@ -108,6 +114,8 @@ CASES = [
      ["Product.forward takes 2 inputs (x, z), --shape gave 1", "one --shape per input"]),
     ("zero-size-shape", "gradcheck", lambda f: [f"{f['layers']}:Scale", "--shape", "0,3"], 2,
      ["--shape 0,3: every size must be at least 1"]),
+    ("zero-size-input-given", "gradcheck", lambda f: [f"{f['layers']}:empty"], 2,
+     ["empty() gave an input with no entries (shapes (0, 3))", "nothing to check"]),
     ("backward-never-ends", "gradcheck", lambda f: [f"{f['layers']}:Forever", "--time-limit", "1"], 1,
      ["did not finish in 1 s", "layers.py:", "in backward: ", "--time-limit"]),
     ("exercise-syntax-error", "exercise", lambda f: ["check", f["broken"]], 1,
@@ -117,6 +125,8 @@ CASES = [
     ("exercise-name-a-list", "exercise", lambda f: ["check", f["listed"]], 2, ["EXERCISE = ['linear']"]),
     ("start-to-a-file", "exercise", lambda f: ["start", "linear", "--to", f["afile"]], 2,
      ["afile.txt is a file"]),
+    ("exercise-file-never-loads", "exercise", lambda f: ["check", f["hangs"], "--time-limit", "1"], 1,
+     ["did not finish in 1 s", "hangs.py:"]),
     ("exercise-backward-never-ends", "exercise", lambda f: ["check", f["loops"], "--time-limit", "1"], 1,
      ["did not finish in 1 s", "my_linear.py:", "in backward: "]),
 ]
@@ -139,7 +149,7 @@ def test_ctrl_c_during_a_check_is_one_line(tmp_path):
                                stderr=subprocess.PIPE)
     try:
         assert b"exercise linear" in process.stdout.readline()  # the check has started
-        time.sleep(0.5)                                         # and is in the loop
+        time.sleep(1.0)                                         # and is in the loop
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
     finally:
