@@ -124,6 +124,15 @@ def _changed(before, after):
     return "[" + ", ".join(str(int(i)) for i in index) + "]"
 
 
+def _same_array(new, old):
+    """``new`` is ``old``, or a wrapper of its very memory (an array type whose ``+=`` returns a new
+    object around the same buffer): what an optimizer holding ``old`` still sees."""
+    if new is old:
+        return True
+    return getattr(new, "shape", None) == old.shape and getattr(new, "dtype", None) == old.dtype and \
+        bool(xp.may_share_memory(new, old))
+
+
 def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None, caches=False):
     """The rules of the forward/backward protocol (minitf.module) that matching numbers
     alone do not enforce. Returns one line per broken rule (empty: none broken):
@@ -153,7 +162,7 @@ def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None,
 
     def check_rebound():
         for name, p in params.items():
-            if p.grad is not owned[name]:
+            if not _same_array(p.grad, owned[name]):
                 if name not in rebound:
                     rebound.add(name)
                     problems.append(
@@ -295,6 +304,9 @@ def cache_problems(forward, backward, inputs, params=(), seed=0, reseed=None, h=
         for p in params.values():
             p.grad[...] = 0
 
+    def copies(G):  # backward gets its own copy of the upstream gradient: G is used again
+        return tuple(g.copy() for g in G) if len(G) > 1 else G[0].copy()
+
     def gradients(returned):
         """{input name or "." + parameter name: host array} of one backward, or None when an input's
         gradient is missing or misshapen (the other rules report that)."""
@@ -312,7 +324,7 @@ def cache_problems(forward, backward, inputs, params=(), seed=0, reseed=None, h=
         """forward and backward on ``values`` from zeroed gradients: (G, gradients)."""
         zero()
         G = upstream_gradients(run(values), upstream_seed)
-        return G, gradients(backward(G if len(G) > 1 else G[0]))
+        return G, gradients(backward(copies(G)))
 
     def along_direction(values, G, grads):
         """(analytic, numeric, whether they agree): dL/dt of L(values + t v, params + t v) at t = 0."""
@@ -356,8 +368,8 @@ def cache_problems(forward, backward, inputs, params=(), seed=0, reseed=None, h=
     zero()
     run(inputs)
     run(other)
-    later = gradients(backward(tuple(g.copy() for g in G_other) if len(G_other) > 1 else G_other[0].copy()))
-    earlier = gradients(backward(tuple(g.copy() for g in G) if len(G) > 1 else G[0].copy()))
+    later = gradients(backward(copies(G_other)))
+    earlier = gradients(backward(copies(G)))
     zero()
     if later is None or earlier is None:
         return problems
@@ -523,8 +535,13 @@ def diagnose(analytic, numeric, upstream=None, rtol=1e-6, atol=1e-7):
 
 
 class UserCodeError(Exception):
-    """The learner's own code failed (or did not load, or ran past the time limit); the message is
-    one line: what failed, the exception, and where (its last frame in the learner's file)."""
+    """The learner's own code failed (or did not load, or ran past the time limit, or Ctrl-C stopped
+    it); the message is one line: what failed, the exception, and where (its last frame in the
+    learner's file). ``status``: the command's exit status (1, 130 for Ctrl-C)."""
+
+    def __init__(self, message, status=1):
+        super().__init__(message)
+        self.status = status
 
 
 def _where(tb, prefer=None):
@@ -535,7 +552,8 @@ def _where(tb, prefer=None):
     frames = traceback.extract_tb(tb)
     if not frames:
         return ""
-    mine = [f for f in frames if prefer is not None and pathlib.Path(f.filename) == pathlib.Path(prefer)]
+    mine = [f for f in frames if prefer is not None
+            and pathlib.Path(f.filename).resolve() == pathlib.Path(prefer).resolve()]
     frame = (mine or frames)[-1]
     code = f": {frame.line.strip()}" if frame.line else ""
     return f"{pathlib.Path(frame.filename).name}:{frame.lineno} in {frame.name}{code}"
@@ -591,7 +609,7 @@ def guarded(run, path, seconds, what="the check failed", wrap=True):
         if limit.expired:
             raise UserCodeError(f"the check did not finish in {seconds:g} s{where}: a loop that never ends in forward "
                                 f"or backward? Give it longer with --time-limit SECONDS") from None
-        raise UserCodeError(f"interrupted{where}") from None
+        raise UserCodeError(f"interrupted{where}", status=130) from None
     except Exception as error:
         if not wrap or isinstance(error, UserCodeError):
             raise
@@ -620,7 +638,7 @@ def run_tool(main, argv=None):
         return status
     except UserCodeError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 130 if str(error).startswith("interrupted") else 1
+        return error.status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -130,8 +130,8 @@ def assert_gradients_match(target, *args, params=None, seed=0, rtol=None, atol=A
     accumulate (``=`` instead of ``+=`` fails) into the same array (``w.grad = w.grad + g``
     fails: Adam's flat buffer would never see it); neither forward nor backward changes an input
     or a parameter; and in the module form, backward uses its own forward's cache (a forward
-    on other inputs first, and two calls before their two backwards). Also asserts that nothing was checked in less than float64 and that
-    something was checked. A numeric mismatch names the array, its relative error, the entry
+    on other inputs first, and two calls before their two backwards). Also asserts that
+    nothing was checked in less than float64 and that something was checked. A numeric mismatch names the array, its relative error, the entry
     furthest off (analytic, numeric, their ratio), how many entries are off, and a hint
     (:func:`minitf.gradcheck.diagnose`). Returns the report of
     :func:`minitf.gradcheck.compare_gradients`.
