@@ -12,14 +12,14 @@ parameters' ``.grad`` accumulate with +=, and every entry matches float64 centra
 differences (max |a - n| <= 1e-6 max(|a|, |n|) + 1e-7). The inputs are small and fixed,
 with what each layer needs to show its mistakes: repeated ids, padding, two heads, dk > 1.
 """
-import argparse
 import dataclasses
 import pathlib
 import shutil
 import sys
 
 from minitf import backend
-from minitf.gradcheck import load_object, print_check
+from minitf.gradcheck import (TIME_LIMIT, UserCodeError, guarded, load_object, one_line_parser, print_check,
+                              run_tool, user_error)
 
 EXERCISES_DIR = pathlib.Path(__file__).resolve().parent / "exercises"
 B, T, D, V = 2, 3, 4, 7
@@ -102,30 +102,51 @@ EXERCISES = {e.name: e for e in [
 ]}
 
 
-def check(path, seed=0):
-    """Check the exercise in the file ``path``; prints the report, returns 0 (right) or 1."""
+def check(path, seed=0, time_limit=TIME_LIMIT):
+    """Check the exercise in the file ``path``; prints the report, returns 0 (right) or 1. A file that
+    is no exercise is one line on stderr (2); the learner's code failing, running past ``time_limit``
+    seconds or Ctrl-C raise :class:`minitf.gradcheck.UserCodeError` (one line)."""
     path = pathlib.Path(path)
+
+    def refuse(message):
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+    def load(name):  # the file runs as it loads: a loop at its top level meets the time limit too
+        return guarded(lambda: load_object(f"{path}:{name}"), path, time_limit, wrap=False)
+
     try:
-        name = load_object(f"{path}:EXERCISE")
+        name = load("EXERCISE")
     except ValueError as error:
-        print(f"error: {error} (an exercise file sets EXERCISE = \"linear\", ...; "
-              f"start one with python -m minitf.exercise start NAME)", file=sys.stderr)
-        return 2
-    if name not in EXERCISES:
-        print(f"error: {path} says EXERCISE = {name!r}; known: {', '.join(EXERCISES)}", file=sys.stderr)
-        return 2
+        return refuse(f"{error} (an exercise file sets EXERCISE = \"linear\", ...; "
+                      f"start one with python -m minitf.exercise start NAME)")
+    if not isinstance(name, str) or name not in EXERCISES:
+        return refuse(f"{path} says EXERCISE = {name!r}; expected one of the names {', '.join(map(repr, EXERCISES))}")
     exercise = EXERCISES[name]
-    cls = load_object(f"{path}:{exercise.class_name}")
+    try:
+        cls = load(exercise.class_name)
+    except ValueError as error:
+        return refuse(f"{error}: exercise {name} is the class {exercise.class_name} (python -m minitf.exercise "
+                      f"start {name} writes it)")
     rng = backend.host_rng(seed)
     print(f"{path.name}: exercise {name} ({exercise.summary}), float64 central differences")
+
+    def run():
+        forward, backward, inputs, module = exercise.build(cls, rng)
+        return print_check(forward, backward, inputs, dict(module.named_parameters()), seed=seed, entries=3,
+                           caches=True)
+
     with backend.default_dtype("float64"):
         backend.manual_seed(seed)
-        forward, backward, inputs, module = exercise.build(cls, rng)
         try:
-            failed = print_check(forward, backward, inputs, dict(module.named_parameters()), seed=seed, entries=3)
+            failed = guarded(run, path, time_limit, wrap=False)
         except NotImplementedError as error:
             print(f"not written yet: {error}")
             return 1
+        except UserCodeError:
+            raise
+        except Exception as error:  # the learner's forward or backward: one line, where it failed
+            raise user_error(error, "the check failed", path) from None
     if failed:
         print(f"{exercise.class_name}.backward is wrong: see the FAIL lines above "
               f"(docs/{exercise.page} derives it)")
@@ -135,7 +156,7 @@ def check(path, seed=0):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m minitf.exercise", description=__doc__.split("\n\n")[0])
+    parser = one_line_parser(prog="python -m minitf.exercise", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="list the exercises")
     start = commands.add_parser("start", help="copy an exercise into a directory (default: here)")
@@ -144,12 +165,16 @@ def main(argv=None):
     checker = commands.add_parser("check", help="check your backward in FILE")
     checker.add_argument("file")
     checker.add_argument("--seed", type=int, default=0)
+    checker.add_argument("--time-limit", type=float, default=TIME_LIMIT, metavar="SECONDS",
+                         help=f"stop a check that runs longer (default {TIME_LIMIT:g}; 0: no limit)")
     args = parser.parse_args(argv)
     if args.command == "list":
         for e in EXERCISES.values():
             print(f"{e.name:10s} {e.summary}  (docs/{e.page})")
         return 0
     if args.command == "start":
+        if pathlib.Path(args.to).exists() and not pathlib.Path(args.to).is_dir():
+            parser.error(f"--to {args.to} is a file; --to takes a directory to write {args.name}.py into")
         target = pathlib.Path(args.to) / f"{args.name}.py"
         if target.exists():
             parser.error(f"{target} exists already; check it with python -m minitf.exercise check {target}")
@@ -159,8 +184,10 @@ def main(argv=None):
         return 0
     if not pathlib.Path(args.file).is_file():
         parser.error(f"no such file: {args.file}")
-    return check(args.file, args.seed)
+    if not args.time_limit >= 0:
+        parser.error(f"--time-limit takes seconds >= 0 (0: no limit), got {args.time_limit:g}")
+    return check(args.file, args.seed, args.time_limit)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(main))

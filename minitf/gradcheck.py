@@ -124,7 +124,16 @@ def _changed(before, after):
     return "[" + ", ".join(str(int(i)) for i in index) + "]"
 
 
-def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None):
+def _same_array(new, old):
+    """``new`` is ``old``, or a wrapper of its very memory (an array type whose ``+=`` returns a new
+    object around the same buffer): what an optimizer holding ``old`` still sees."""
+    if new is old:
+        return True
+    return getattr(new, "shape", None) == old.shape and getattr(new, "dtype", None) == old.dtype and \
+        bool(xp.may_share_memory(new, old))
+
+
+def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None, caches=False):
     """The rules of the forward/backward protocol (minitf.module) that matching numbers
     alone do not enforce. Returns one line per broken rule (empty: none broken):
 
@@ -132,19 +141,47 @@ def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None)
     - backward does not change the incoming gradient, its inputs or the parameters;
     - every float input gets a gradient of its own shape (not None, not missing);
     - parameter gradients accumulate: backward on a ``.grad`` that already holds an
-      array R must leave R + (this gradient), so that ``=`` instead of ``+=`` fails.
+      array R must leave R + (this gradient), so that ``=`` instead of ``+=`` fails;
+    - backward adds into the ``.grad`` array it found, never replaces it
+      (``w.grad = w.grad + g``): an optimizer's flat buffer keeps the old array.
+
+    With ``caches`` (a module's forward and backward, which keep their caches per call;
+    not a function pair whose backward reads the inputs from a closure), also
+    :func:`cache_problems`: backward uses the cache of its own forward.
 
     Runs forward and backward twice (the second time on pre-filled gradients) with the
-    same upstream gradient G as :func:`compare_gradients`; leaves every ``.grad`` at 0.
+    same upstream gradient G as :func:`compare_gradients`; leaves every ``.grad`` at 0,
+    in the array it was before.
     """
     names, arrays = list(inputs), list(inputs.values())
     params = dict(params)
     problems = []
+    # the .grad arrays as they were: a backward that rebinds one is reported, then undone
+    owned = {name: p.grad for name, p in params.items()}
+    rebound = set()
+
+    def check_rebound():
+        for name, p in params.items():
+            if not _same_array(p.grad, owned[name]):
+                if name not in rebound:
+                    rebound.add(name)
+                    problems.append(
+                        f"parameter {name}: backward replaced {name}.grad by a new array ({name}.grad = "
+                        f"{name}.grad + ..., or = ...); the optimizer (Adam) holds the old array, a view into "
+                        f"its flat buffer, so it never sees this gradient and the weight never moves. Add "
+                        f"into the array in place: {name}.grad += ...")
+                if getattr(p.grad, "shape", None) == owned[name].shape:
+                    owned[name][...] = p.grad  # keep what this backward computed, in the array it found
+                p.grad = owned[name]
 
     def run_forward():
         if reseed is not None:
             backend.manual_seed(reseed)
         return _as_tuple(forward(*arrays))
+
+    if caches:  # first: one rule needs the very first forward of the check to be on other inputs
+        problems += cache_problems(forward, backward, inputs, params, seed=seed, reseed=reseed)
+        check_rebound()
 
     def snapshot():
         return ({n: backend.to_numpy(a).copy() for n, a in inputs.items() if backend.is_array(a)},
@@ -174,6 +211,7 @@ def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None)
     for p in params.values():
         p.grad[...] = 0
     grads = _as_tuple(backward(G if len(G) > 1 else G[0]))
+    check_rebound()
     for i, (g, old) in enumerate(zip(G, G_before)):
         where = _changed(old, g)
         if where is not None:
@@ -205,6 +243,7 @@ def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None)
             p.grad[...] = backend.asarray(held[name], dtype=p.grad.dtype)
         run_forward()
         backward(tuple(backend.asarray(g) for g in G_before) if len(G) > 1 else backend.asarray(G_before[0]))
+        check_rebound()
         for name, p in params.items():
             after = backend.to_numpy(p.grad)
             scale = max(float(abs(held[name]).max(initial=0)), float(abs(first[name]).max(initial=0)))
@@ -221,6 +260,130 @@ def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None)
                                 f"never scale, clear or overwrite it")
         for p in params.values():
             p.grad[...] = 0
+    return problems
+
+
+def _same(a, b):
+    """Equal up to the rounding of a different order of additions."""
+    scale = max(float(abs(a).max(initial=0)), float(abs(b).max(initial=0)))
+    return float(abs(a - b).max(initial=0)) <= 1e-9 * scale + 1e-300
+
+
+def cache_problems(forward, backward, inputs, params=(), seed=0, reseed=None, h=1e-6):
+    """Two rules that a backward uses the cache of its own forward, one line per broken rule:
+
+    - a forward and backward on other inputs first, then on ``inputs``: if the first call's
+      gradients agree with central differences along one random direction and the second's
+      do not, backward used a cache kept from an earlier forward (``if not hasattr(self, "x")``);
+    - two forwards (on ``inputs``, then on other inputs) before their two backwards, the
+      last call's first, as minitf's cache stack pops them: each backward must give the
+      gradients of that call alone; otherwise the second forward overwrote the first one's
+      cache (``self.x = x``).
+
+    The other inputs are ``inputs`` times U(0.5, 1.5), entry by entry (signs, and so a side
+    of a kink, kept); integer inputs pass unchanged. Nothing is checked without a float
+    input. Every call runs on copies, so ``inputs`` are left as they were; every ``.grad``
+    ends at 0. Used by :func:`protocol_problems` with ``caches=True``."""
+    names = list(inputs)
+    floats = [n for n, a in inputs.items() if _is_float_array(a)]
+    params = dict(params)
+    if not floats:
+        return []
+    rng = backend.host_rng([seed, 0xCA])
+    other = {n: a * backend.asarray(rng.uniform(0.5, 1.5, a.shape), dtype=a.dtype) if n in floats else a
+             for n, a in inputs.items()}
+    directions = {n: rng.standard_normal(inputs[n].shape) for n in floats}
+    directions |= {"." + n: rng.standard_normal(p.shape) for n, p in params.items()}
+
+    def run(values):
+        if reseed is not None:
+            backend.manual_seed(reseed)
+        return _as_tuple(forward(*[values[n].copy() if n in floats else values[n] for n in names]))
+
+    def zero():
+        for p in params.values():
+            p.grad[...] = 0
+
+    def copies(G):  # backward gets its own copy of the upstream gradient: G is used again
+        return tuple(g.copy() for g in G) if len(G) > 1 else G[0].copy()
+
+    def gradients(returned):
+        """{input name or "." + parameter name: host array} of one backward, or None when an input's
+        gradient is missing or misshapen (the other rules report that)."""
+        returned = _as_tuple(returned)
+        found = {}
+        for i, n in enumerate(names):
+            if n in floats:
+                g = returned[i] if i < len(returned) else None
+                if getattr(g, "shape", None) != inputs[n].shape:
+                    return None
+                found[n] = backend.to_numpy(g).copy()
+        return found | {"." + n: backend.to_numpy(p.grad).copy() for n, p in params.items()}
+
+    def alone(values, upstream_seed):
+        """forward and backward on ``values`` from zeroed gradients: (G, gradients)."""
+        zero()
+        G = upstream_gradients(run(values), upstream_seed)
+        return G, gradients(backward(copies(G)))
+
+    def along_direction(values, G, grads):
+        """(analytic, numeric, whether they agree): dL/dt of L(values + t v, params + t v) at t = 0."""
+        saved = {n: p.data.copy() for n, p in params.items()}
+
+        def loss(t):
+            for n, p in params.items():
+                p.data[...] = saved[n] + t * backend.asarray(directions["." + n], dtype=p.data.dtype)
+            moved = {n: a + t * backend.asarray(directions[n], dtype=a.dtype) if n in floats else a
+                     for n, a in values.items()}
+            with no_grad():
+                return sum(float((o * g).sum()) for o, g in zip(run(moved), G))
+
+        try:
+            numeric = (loss(h) - loss(-h)) / (2 * h)
+        finally:
+            for n, p in params.items():
+                p.data[...] = saved[n]
+        terms = [grads[k] * directions[k] for k in grads]
+        analytic = sum(float(t.sum()) for t in terms)
+        scale = max(sum(float(abs(t).sum()) for t in terms), abs(numeric))
+        return analytic, numeric, abs(analytic - numeric) <= 1e-4 * scale + 1e-7
+
+    problems = []
+    G_other, first = alone(other, seed + 1)
+    G, second = alone(inputs, seed)
+    if first is None or second is None:
+        zero()
+        return problems
+    if along_direction(other, G_other, first)[2]:
+        analytic, numeric, agree = along_direction(inputs, G, second)
+        if not agree:
+            zero()
+            return [f"backward used the cache of an earlier forward: forward and backward on other inputs "
+                    f"first gave the right gradients, then forward on {', '.join(floats)} and its backward gave "
+                    f"wrong ones (along a random direction: analytic {analytic:.6g}, central differences "
+                    f"{numeric:.6g}). Save what backward needs in every forward, with "
+                    f"self.save_for_backward(...), and read it back with self.saved_tensors(); not once "
+                    f"(if not hasattr(self, ...)) and not from an earlier call"]
+    # two calls, then their two backwards, the last call's first
+    zero()
+    run(inputs)
+    run(other)
+    later = gradients(backward(copies(G_other)))
+    earlier = gradients(backward(copies(G)))
+    zero()
+    if later is None or earlier is None:
+        return problems
+    for n in params:  # the second backward added onto the first one's parameter gradients
+        earlier["." + n] = earlier["." + n] - later["." + n]
+    differ = [k.lstrip(".") for k in earlier
+              if not (_same(later[k], first[k]) and _same(earlier[k], second[k]))]
+    if differ:
+        problems.append(f"called twice before its backwards (forward on {', '.join(floats)}, forward on other "
+                        f"values, then the two backwards, the last call's first), the backwards gave other "
+                        f"gradients than each call alone (for {', '.join(differ)}): the second forward "
+                        f"overwrote the first one's cache (self.x = x?). Keep caches with "
+                        f"self.save_for_backward(...) and read them with self.saved_tensors(): a stack, one "
+                        f"cache per call (a shared layer runs twice in one step)")
     return problems
 
 
@@ -308,6 +471,9 @@ def _build(name, rng):
     raise ValueError(f"unknown layer {name!r}")
 
 
+#: seconds a check of a learner's code may run (its own layer, an exercise): a loop that never ends stops
+TIME_LIMIT = 60.0
+
 LAYERS = ["linear", "embedding", "positional", "dropout", "layernorm", "relu", "softmax", "attention", "mha",
           "cross", "feedforward", "encoder_layer", "decoder_layer", "encoder", "decoder", "loss", "model"]
 
@@ -368,6 +534,119 @@ def diagnose(analytic, numeric, upstream=None, rtol=1e-6, atol=1e-7):
            "second term, the part through a mean or a normaliser of the row)"
 
 
+class UserCodeError(Exception):
+    """The learner's own code failed (or did not load, or ran past the time limit, or Ctrl-C stopped
+    it); the message is one line: what failed, the exception, and where (its last frame in the
+    learner's file). ``status``: the command's exit status (1, 130 for Ctrl-C)."""
+
+    def __init__(self, message, status=1):
+        super().__init__(message)
+        self.status = status
+
+
+def _where(tb, prefer=None):
+    """"file.py:12 in backward: <the line>" of the last frame of ``tb`` in the file ``prefer``
+    (the learner's), else of its last frame; "" without a traceback."""
+    import pathlib
+    import traceback
+    frames = traceback.extract_tb(tb)
+    if not frames:
+        return ""
+    mine = [f for f in frames if prefer is not None
+            and pathlib.Path(f.filename).resolve() == pathlib.Path(prefer).resolve()]
+    frame = (mine or frames)[-1]
+    code = f": {frame.line.strip()}" if frame.line else ""
+    return f"{pathlib.Path(frame.filename).name}:{frame.lineno} in {frame.name}{code}"
+
+
+def user_error(error, what, path=None):
+    """A :class:`UserCodeError` for ``error`` raised by the learner's code during ``what``
+    (``path``: the learner's file, whose last frame is shown)."""
+    if isinstance(error, SyntaxError):
+        where = f"{error.filename}:{error.lineno}" + (f": {error.text.strip()}" if error.text else "")
+        return UserCodeError(f"{what}: SyntaxError: {error.msg} ({where})")
+    message = " ".join(str(error).split()) or "(no message)"
+    where = _where(error.__traceback__, path)
+    return UserCodeError(f"{what}: {type(error).__name__}: {message}" + (f" (at {where})" if where else ""))
+
+
+class _TimeLimit:
+    """``with _TimeLimit(seconds) as limit:`` interrupts the main thread after ``seconds``, as Ctrl-C
+    would (a loop that never ends in a learner's backward); ``limit.expired`` tells the two apart."""
+
+    def __init__(self, seconds):
+        self.seconds, self.expired, self.timer = seconds, False, None
+
+    def _expire(self):
+        import _thread
+        self.expired = True
+        _thread.interrupt_main()
+
+    def __enter__(self):
+        import threading
+        if self.seconds:
+            self.timer = threading.Timer(self.seconds, self._expire)
+            self.timer.daemon = True
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.timer is not None:
+            self.timer.cancel()
+        return False
+
+
+def guarded(run, path, seconds, what="the check failed", wrap=True):
+    """``run()`` with the learner's failures as one line (a :class:`UserCodeError` naming the last frame
+    in ``path``): ``seconds`` passed (a loop that never ends?), Ctrl-C, and with ``wrap`` any exception."""
+    limit = _TimeLimit(seconds)
+    try:
+        with limit:
+            return run()
+    except KeyboardInterrupt as error:
+        where = _where(error.__traceback__, path)
+        where = f" (it was at {where})" if where else ""
+        if limit.expired:
+            raise UserCodeError(f"the check did not finish in {seconds:g} s{where}: a loop that never ends in forward "
+                                f"or backward? Give it longer with --time-limit SECONDS") from None
+        raise UserCodeError(f"interrupted{where}", status=130) from None
+    except Exception as error:
+        if not wrap or isinstance(error, UserCodeError):
+            raise
+        raise user_error(error, what, path) from None
+
+
+def one_line_parser(**kwargs):
+    """argparse for the study tools, with a usage error in one line (exit 2), as the application's
+    ``minitf.nmt.errors.OneLineParser`` (the core does not import the application)."""
+    import argparse
+
+    class OneLineParser(argparse.ArgumentParser):
+        def error(self, message):
+            self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+    return OneLineParser(**kwargs)
+
+
+def run_tool(main, argv=None):
+    """A study tool's ``main`` as a command: a learner's error is one line on stderr (exit 1, 130
+    for Ctrl-C), and output cut short by a closed pipe (``| head``) ends quietly."""
+    import os
+    import sys
+    try:
+        status = main(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
+        return status
+    except UserCodeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.status
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141  # 128 + SIGPIPE, as a tool killed by the closed pipe
+
+
 def load_object(spec):
     """``"path/to/file.py:NAME"`` -> the object NAME defined in that file (the file runs
     as a module, as ``python file.py`` would run it). A one-line ValueError when the file
@@ -382,7 +661,10 @@ def load_object(spec):
         raise ValueError(f"no such file: {path}")
     module_spec = importlib.util.spec_from_file_location(f"_gradcheck_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:
+        raise user_error(error, f"{path} did not load", file) from None
     if not hasattr(module, name):
         raise ValueError(f"{path} defines no {name!r}")
     return getattr(module, name)
@@ -394,22 +676,39 @@ def _build_user(spec, shapes, rng):
     import inspect
 
     from minitf.module import Module
-    made = load_object(spec)()
+    make = load_object(spec)
+    if not callable(make):
+        raise ValueError(f"{spec} is a {type(make).__name__}, not a Module class or a function that returns one")
+    try:
+        made = make()
+    except Exception as error:
+        raise user_error(error, f"{spec}() raised", spec.rpartition(":")[0]) from None
     module, *given = made if isinstance(made, tuple) else (made,)
     if not isinstance(module, Module):
         raise ValueError(f"{spec}() returned {type(module).__name__}, not a minitf Module")
     arrays = given or [backend.asarray(rng.normal(0.0, 1.0, shape)) for shape in shapes]
-    names = [n for n, p in inspect.signature(module.forward).parameters.items()
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:len(arrays)]
+    positional = [(n, p) for n, p in inspect.signature(module.forward).parameters.items()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [n for n, p in positional if p.default is p.empty]
+    if len(arrays) < len(required):
+        raise ValueError(f"{type(module).__name__}.forward takes {len(required)} inputs ({', '.join(required)}), "
+                         f"{'given' if given else '--shape gave'} {len(arrays)}: "
+                         + ("return one per input from NAME()" if given else "give one --shape per input"))
+    if any(int(a.size) == 0 for a in arrays):
+        raise ValueError(f"{spec}() gave an input with no entries (shapes "
+                         f"{', '.join(str(tuple(a.shape)) for a in arrays)}): nothing to check")
+    names = [n for n, _ in positional][:len(arrays)]
     return module.forward, module.backward, dict(zip(names, arrays)), dict(module.named_parameters())
 
 
-def print_check(forward, backward, inputs, params, seed=0, reseed=None, entries=4, wrong=False, hint=None):
+def print_check(forward, backward, inputs, params, seed=0, reseed=None, entries=4, wrong=False, hint=None,
+                caches=False):
     """The command-line report of one check: the protocol's problems (each a FAIL line),
     then analytic against numeric, entry by entry, for every input and parameter, and
     for each array that fails its entry furthest off and a hint (``hint``, or the
-    pattern's :func:`diagnose`). Returns the number of failures."""
-    problems = protocol_problems(forward, backward, inputs, params, seed=seed, reseed=reseed)
+    pattern's :func:`diagnose`); ``caches`` as in :func:`protocol_problems`. Returns the number of
+    failures."""
+    problems = protocol_problems(forward, backward, inputs, params, seed=seed, reseed=reseed, caches=caches)
     report = compare_gradients(forward, backward, inputs, params, seed=seed, reseed=reseed)
     upstream = None
     for problem in problems:
@@ -439,6 +738,9 @@ def print_check(forward, backward, inputs, params, seed=0, reseed=None, entries=
                     upstream = upstream_gradients(outputs, seed)
                 worst.append(f"  hint: {diagnose(analytic, numeric, upstream[0] if len(upstream) == 1 else None)}")
     print(f"{len(report) - failed} of {len(report)} arrays match (max |a - n| <= 1e-6 max(|a|, |n|) + 1e-7)")
+    if not sum(int(analytic.size) for _, analytic, _, _ in report):
+        print("FAIL nothing was checked: no float input with a gradient and no parameter has an entry")
+        failed += 1
     if failed:
         print("\n".join(worst))
         if hint is not None:
@@ -454,10 +756,9 @@ def main(argv=None):
     or a function) returns a Module, or a tuple (module, input, ...); without inputs, random
     arrays of the --shape shapes are drawn. With --bug NAME the layer's backward is replaced
     by one with a realistic bug (see minitf/bugs.py and docs/bugs.md)."""
-    import argparse
 
     from minitf import bugs
-    parser = argparse.ArgumentParser(prog="python -m minitf.gradcheck", description=main.__doc__)
+    parser = one_line_parser(prog="python -m minitf.gradcheck", description=main.__doc__)
     parser.add_argument("layer", nargs="?", metavar="LAYER",
                         help="one of: " + ", ".join(LAYERS) + "; or FILE.py:NAME (optional with --bug)")
     parser.add_argument("--shape", action="append", metavar="2,3,4",
@@ -474,12 +775,15 @@ def main(argv=None):
                         help="compare against a deliberately wrong gradient (one entry's sign flipped), "
                              "to see what a failing check looks like")
     parser.add_argument("--entries", type=int, default=4, help="entries shown per array")
+    parser.add_argument("--time-limit", type=float, default=TIME_LIMIT, metavar="SECONDS",
+                        help=f"with FILE.py:NAME: stop a check that runs longer (default {TIME_LIMIT:g}; 0: no limit)")
     args = parser.parse_args(argv)
     if args.list_bugs:
         for b in bugs.BUGS.values():
             print(f"{b.layer:10s} --bug {b.name:22s} {b.summary}")
         return 0
     user = args.layer is not None and ":" in args.layer
+    path = args.layer.rpartition(":")[0] if user else None
     if args.bug is not None:
         layer = bugs.BUGS[args.bug].layer
         if args.layer not in (None, layer):
@@ -499,6 +803,12 @@ def main(argv=None):
         shapes = [tuple(int(n) for n in s.split(",")) for s in (args.shape or ["2,3,4"])]
     except ValueError:
         parser.error(f"--shape takes integers separated by commas, such as 2,3,4; got {args.shape}")
+    for text, shape in zip(args.shape or [], shapes):
+        if min(shape, default=0) < 1:
+            parser.error(f"--shape {text}: every size must be at least 1 (an input with no entries has "
+                         f"nothing to check)")
+    if not args.time_limit >= 0:
+        parser.error(f"--time-limit takes seconds >= 0 (0: no limit), got {args.time_limit:g}")
     rng = backend.host_rng(args.seed)
     with backend.default_dtype("float64"):
         backend.manual_seed(args.seed)
@@ -506,7 +816,8 @@ def main(argv=None):
             forward, backward, inputs, params = bugs.build(args.bug, rng, buggy=not args.fixed)
         elif user:
             try:
-                forward, backward, inputs, params = _build_user(args.layer, shapes, rng)
+                forward, backward, inputs, params = guarded(lambda: _build_user(args.layer, shapes, rng), path,
+                                                            args.time_limit, wrap=False)
             except ValueError as error:
                 parser.error(str(error))
         else:
@@ -515,10 +826,12 @@ def main(argv=None):
         title = args.layer + (f" --bug {args.bug}" + (" --fixed" if args.fixed else "") if args.bug else "")
         print(f"{title}: float64, central differences h=1e-6, L = sum(forward(x) * G) for a random G")
         hint = bugs.BUGS[args.bug].hint if args.bug is not None and not args.fixed else None
-        failed = print_check(forward, backward, inputs, params, seed=args.seed, reseed=args.seed,
-                             entries=args.entries, wrong=args.wrong, hint=hint)
+        def check():
+            return print_check(forward, backward, inputs, params, seed=args.seed, reseed=args.seed,
+                               entries=args.entries, wrong=args.wrong, hint=hint, caches=user)
+        failed = guarded(check, path, args.time_limit) if user else check()
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(main))

@@ -103,7 +103,7 @@ def _float_arrays(arrays_by_name):
 
 
 def assert_gradients_match(target, *args, params=None, seed=0, rtol=None, atol=ATOL, reseed=None, tol=None,
-                           **forward_kwargs):
+                           caches=None, **forward_kwargs):
     """Assert that a hand-written backward matches float64 central differences.
 
     Two forms:
@@ -120,14 +120,18 @@ def assert_gradients_match(target, *args, params=None, seed=0, rtol=None, atol=A
     Options: ``seed`` of the upstream gradient G; ``rtol`` (default RTOL = 1e-6; ``tol`` is its
     older name) and ``atol`` (ATOL = 1e-7) of the per-array criterion
     max |a - n| <= rtol * max(|a|, |n|) + atol; ``reseed``: reseed the backend before every
-    forward (the same dropout mask each time).
+    forward (the same dropout mask each time); ``caches``: check that backward uses the cache
+    of its own forward (:func:`minitf.gradcheck.cache_problems`), by default in the module form
+    only (a function pair's backward may read its inputs from a closure).
 
     Before the numbers, the protocol (:func:`minitf.gradcheck.protocol_problems`): every float
     input gets a gradient of its shape (None, a missing one or too few fail, naming the
     input); the incoming gradient is unchanged after backward; parameter gradients
-    accumulate (``=`` instead of ``+=`` fails); neither forward nor backward changes an input
-    or a parameter. Also asserts that nothing was checked in less than float64 and that
-    something was checked. A numeric mismatch names the array, its relative error, the entry
+    accumulate (``=`` instead of ``+=`` fails) into the same array (``w.grad = w.grad + g``
+    fails: Adam's flat buffer would never see it); neither forward nor backward changes an input
+    or a parameter; and in the module form, backward uses its own forward's cache (a forward
+    on other inputs first, and two calls before their two backwards). Also asserts that
+    nothing was checked in less than float64 and that something was checked. A numeric mismatch names the array, its relative error, the entry
     furthest off (analytic, numeric, their ratio), how many entries are off, and a hint
     (:func:`minitf.gradcheck.diagnose`). Returns the report of
     :func:`minitf.gradcheck.compare_gradients`.
@@ -143,6 +147,7 @@ def assert_gradients_match(target, *args, params=None, seed=0, rtol=None, atol=A
         forward = (lambda *xs: module.forward(*xs, **forward_kwargs)) if forward_kwargs else module.forward
         backward = module.backward
         params = dict(module.named_parameters()) if params is None else dict(params)
+        caches = True if caches is None else caches
     else:
         if forward_kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(forward_kwargs)} (only the module form passes "
@@ -157,7 +162,7 @@ def assert_gradients_match(target, *args, params=None, seed=0, rtol=None, atol=A
         raise TypeError(f"gradient checks need float64 (central differences lose everything in float32), got "
                         f"{low}; build the layer and its inputs under minitf.backend.default_dtype('float64')")
     # the protocol first: a mutated input or upstream gradient also spoils the numbers measured after it
-    problems = protocol_problems(forward, backward, inputs, params, seed=seed, reseed=reseed)
+    problems = protocol_problems(forward, backward, inputs, params, seed=seed, reseed=reseed, caches=bool(caches))
     assert not problems, "the backward breaks the layer protocol:\n" + "\n".join(problems)
     report = compare_gradients(forward, backward, inputs, params, seed=seed, reseed=reseed)
     assert report, "nothing was checked: no float input with a gradient and no parameter"

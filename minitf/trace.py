@@ -15,6 +15,7 @@ gradient: ``minitf.walk``.
 import argparse
 
 from minitf import backend
+from minitf.gradcheck import run_tool
 from minitf.tracer import (CONFIG, SMOOTHING, SRC, TGT_IN, TGT_OUT, Record, Tracer,  # noqa: F401 (the API)
                            build_model, format_array, named_modules, round_numbers, run)
 from minitf.walk import print_gradient_norms, print_norm_terms, print_walk
@@ -109,4 +110,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_tool(main))

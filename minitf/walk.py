@@ -157,9 +157,10 @@ def gradient_norms(pre_norm, config=None, batch=GRAD_NORMS_BATCH, seed=0):
     "decoder out" (the stack's output, after the pre-LN final LayerNorm), "decoder.layers.l
     in" (a layer's input, the residual stream), "encoder out" (the memory: its gradient
     summed over the decoder layers) and "encoder.layers.l in". ``blocks``: {block name:
-    (sigma, skip, sublayer, whole)} for every residual block of a post-LN model (empty
-    for pre-LN): sigma the mean standard deviation of the rows of z = x + Sublayer(x),
-    skip = |LN'(dy)| / |dy|, sublayer = |Sublayer'(LN'(dy))| / |LN'(dy)|, whole = |dx| / |dy|."""
+    (sigma, skip, sublayer, whole)} for every residual block of a post-LN model: sigma the
+    mean standard deviation of the rows of z = x + Sublayer(x), skip = |LN'(dy)| / |dy|,
+    sublayer = |Sublayer'(LN'(dy))| / |LN'(dy)|, whole = |dx| / |dy|; for pre-LN, {"STACK.final_norm":
+    (sigma, |LN'(dy)| / |dy|)} of each stack's final LayerNorm alone."""
     config = dict(GRAD_NORMS_CONFIG if config is None else config, pre_norm=pre_norm)
     with backend.default_dtype("float64"):
         backend.manual_seed(seed)
@@ -170,7 +171,8 @@ def gradient_norms(pre_norm, config=None, batch=GRAD_NORMS_BATCH, seed=0):
         loss_fn = minitf.LabelSmoothedCrossEntropy(smoothing=SMOOTHING, ignore_index=config["pad_id"])
         tracer = Tracer(model)
         tracer.targets = [(n, m) for n, m in tracer.targets if n in ("encoder", "decoder")
-                          or ".layers." in n and n.count(".") in (2, 3) or n.endswith("block.norm")]
+                          or ".layers." in n and n.count(".") in (2, 3) or n.endswith("block.norm")
+                          or n.endswith(".final_norm")]
         with tracer.active():
             loss_fn(model(src[:, 1:], tgt[:, :-1]), tgt[:, 1:])
             model.backward(loss_fn.backward())
@@ -189,6 +191,11 @@ def gradient_norms(pre_norm, config=None, batch=GRAD_NORMS_BATCH, seed=0):
         dz = dict(calls[name + ".norm", "backward"].outputs)["dx"]
         z = dict(calls[name + ".norm", "forward"].inputs)["x"]
         blocks[name] = (z.std(axis=-1).mean(), norm(dz) / norm(dy), norm(dx - dz) / norm(dz), norm(dx) / norm(dy))
+    for stack in ("decoder", "encoder"):
+        if pre_norm:  # the first step down a pre-LN stack: its final LayerNorm, then the top layer
+            record, forward = calls[f"{stack}.final_norm", "backward"], calls[f"{stack}.final_norm", "forward"]
+            blocks[f"{stack}.final_norm"] = (dict(forward.inputs)["x"].std(axis=-1).mean(),
+                                             norm(dict(record.outputs)["dx"]) / norm(dict(record.inputs)["dy"]))
     return points, blocks
 
 
@@ -197,7 +204,7 @@ def print_gradient_norms():
     print(f"gradient norms at initialisation: D={c['d_model']}, H={c['num_heads']}, F={c['d_ff']}, "
           f"{c['num_encoder_layers']}+{c['num_decoder_layers']} layers, V={c['src_vocab_size']}, "
           f"B={B}, S=T={L}, float64, dropout 0, seed 0")
-    (post, blocks), (pre, _) = gradient_norms(False), gradient_norms(True)
+    (post, blocks), (pre, finals) = gradient_norms(False), gradient_norms(True)
     print()
     print("|dL/d(point)| and its ratio to the stack's output gradient, from the top down")
     print(f"{'point':22s} {'post-LN':>9s} {'ratio':>7s} {'pre-LN':>9s} {'ratio':>7s}")
@@ -205,6 +212,8 @@ def print_gradient_norms():
         top = point.split(".")[0].split(" ")[0] + " out"
         print(f"{point:22s} {post[point]:9.4f} {post[point] / post[top]:7.3f} "
               f"{pre[point]:9.4f} {pre[point] / pre[top]:7.3f}")
+    print("pre-LN final LayerNorm alone, |LN'(dy)|/|dy| (sigma of its input): " + ", ".join(
+        f"{name.split('.')[0]} {skip:.3f} ({sigma:.2f})" for name, (sigma, skip) in finals.items()))
     print()
     print("post-LN blocks, y = LN(z), z = x + Sublayer(x), dx = LN'(dy) + Sublayer'(LN'(dy)):")
     print("geometric means over the layers of a stack")

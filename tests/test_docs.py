@@ -249,6 +249,22 @@ def test_display_math_is_balanced(page):
     assert sum(l.count("$$") for l in lines) % 2 == 0, f"{rel(page)}: unbalanced $$"
 
 
+def test_no_control_character_in_prose():
+    """A control character in prose is an escape gone wrong: "\\text" written as "\text" in a
+    Python string became a tab ("dL/d<TAB>ext{logits}"). Code blocks may hold tabs (tool output)."""
+    found = [f"{rel(page)}:{number}: {line.strip()!r}" for page in PAGES
+             for number, line in enumerate(prose(read(page)).splitlines(), 1)
+             if any(ord(c) < 32 for c in line)]
+    assert not found, "control characters in prose:\n" + "\n".join(found)
+
+
+def test_the_study_guides_page_list_names_every_page():
+    listed = read(DOCS / "README.md").split("## All pages", 1)[1]
+    missing = [rel(page) for page in PAGES if page.name != "README.md"
+               and f"]({page.relative_to(DOCS).as_posix()})" not in listed]
+    assert not missing, f"docs/README.md's page list leaves out: {missing}"
+
+
 # --------------------------------------------------------------------------- #
 # OUTPUT LABELS. Every ```text block carries one label in its info string:
 #

@@ -96,3 +96,23 @@ def test_help_lists_only_layers_that_check_on_their_own(capsys):
         gradcheck.main(["--help"])
     layers = capsys.readouterr().out.split("one of:")[1].split(";")[0]
     assert "residual" not in layers and "tied" not in layers and "linear" in layers
+
+
+def test_a_check_of_nothing_fails(tmp_path, capsys):
+    """A layer with no parameter and only an integer input: no entry to compare, so no "1 of 1 match"."""
+    path = tmp_path / "ids.py"
+    path.write_text(USER_LAYERS + """
+
+class Count(minitf.Module):
+    def forward(self, ids):
+        return ids * 1.0
+
+    def backward(self, dy):
+        return None
+
+
+def count():
+    return Count(), backend.asarray(backend.host.arange(6).reshape(2, 3))
+""")
+    assert gradcheck.main([f"{path}:count"]) == 1
+    assert "FAIL nothing was checked" in capsys.readouterr().out

@@ -5,6 +5,8 @@ backward passes with a message that names what is wrong (a None or missing input
 wrong shape, wrong numbers, and the realistic bugs of minitf.bugs), while the right layers
 pass; the strategies draw what they promise.
 Tolerances: the defaults RTOL 1e-6, ATOL 1e-7 (float64 central differences)."""
+import re
+
 import pytest
 from hypothesis import given, strategies as st
 
@@ -244,3 +246,70 @@ def test_upstream_gradients_have_the_shape():
     def check(g):
         assert g.shape == (2, 5) and isinstance(g, xp.ndarray)
     check()
+
+
+# --- three wrong layers that pass the numbers alone (issue 27) --------------------------------
+class _Affine(minitf.Module):
+    """y = x * g + x^2: the gradient of g needs x, dx needs x too; ``mistake`` picks a wrong cache or .grad."""
+    def __init__(self, mistake=None):
+        self.g = minitf.Parameter(testing.random_array(7, (3,)))
+        self.mistake = mistake
+
+    def forward(self, x):
+        if self.mistake == "first-forward-cache":
+            if not hasattr(self, "x"):
+                self.x = x                            # kept from the first call ever
+        elif self.mistake == "attribute-cache":
+            self.x = x                                # overwritten by a second call before backward
+        else:
+            self.save_for_backward(x)
+        return x * self.g.data + x * x
+
+    def backward(self, dy):
+        x = self.x if self.mistake in ("first-forward-cache", "attribute-cache") else self.saved_tensors()[0]
+        dg = (dy * x).reshape(-1, 3).sum(axis=0)
+        if self.mistake == "grad-rebound":
+            self.g.grad = self.g.grad + dg            # right numbers, in a new array
+        else:
+            self.g.grad += dg
+        return dy * (self.g.data + 2 * x)
+
+
+CACHE_AND_GRAD_MISTAKES = [
+    ("grad-rebound", r"parameter g: backward replaced g.grad by a new array .*Adam"),
+    ("first-forward-cache", r"backward used the cache of an earlier forward"),
+    ("attribute-cache", r"called twice before its backwards .*the second forward overwrote the first one's cache"),
+]
+
+
+def _harm(mistake):
+    """What the wrong layer does in training (compared with the right one): how far Adam moves g, or
+    how far dx is off on a second batch or for the first of two calls."""
+    if mistake == "grad-rebound":
+        layer = _Affine(mistake)
+        opt = minitf.Adam(layer.parameters(), lr=0.1)
+        before = backend.to_numpy(layer.g.data).copy()
+        layer.backward(layer.forward(_x()) * 0 + 1)
+        opt.step()
+        return abs(backend.to_numpy(layer.g.data) - before).max()
+    wrong, right = _Affine(mistake), _Affine()
+    for layer in (wrong, right):
+        if mistake == "first-forward-cache":
+            layer.backward(layer.forward(_x(seed=1)))
+            layer.forward(_x(seed=2))
+        else:
+            layer.forward(_x(seed=1)), layer.forward(_x(seed=2))
+            layer.backward(_x(seed=3))
+    return abs(backend.to_numpy(wrong.backward(_x(seed=3))) - backend.to_numpy(right.backward(_x(seed=3)))).max()
+
+
+@pytest.mark.parametrize("mistake, message", CACHE_AND_GRAD_MISTAKES, ids=[m for m, _ in CACHE_AND_GRAD_MISTAKES])
+def test_a_rebound_grad_or_a_stale_cache_fails_with_its_own_message(mistake, message):
+    """Each wrong layer passes the numbers of one forward and one backward, and is wrong in training:
+    Adam leaves g where it was (the rebound .grad), dx is off by O(1) on a second batch or a second call."""
+    with pytest.raises(AssertionError, match=message) as error:
+        testing.assert_gradients_match(_Affine(mistake), _x())
+    others = [m for other, m in CACHE_AND_GRAD_MISTAKES if other != mistake]
+    assert not any(re.search(m, str(error.value)) for m in others), str(error.value)
+    assert _harm(mistake) == 0 if mistake == "grad-rebound" else _harm(mistake) > 0.1
+    testing.assert_gradients_match(_Affine(), _x())  # the right version passes

@@ -307,7 +307,7 @@ def test_gradient_norms_agree_with_finite_differences(pre_norm):
     points, blocks = walk.gradient_norms(pre_norm, SMALL, batch, seed=1)
     assert list(points) == ["decoder out", "decoder.layers.1 in", "decoder.layers.0 in",
                             "encoder out", "encoder.layers.1 in", "encoder.layers.0 in"]
-    assert len(blocks) == (0 if pre_norm else 3 * 2 + 2 * 2)
+    assert len(blocks) == (2 if pre_norm else 3 * 2 + 2 * 2)  # pre-LN: the two final LayerNorms
     with default_dtype("float64"):
         backend.manual_seed(1)                          # the same model and batch as gradient_norms
         model = minitf.Transformer(**dict(SMALL, pre_norm=pre_norm))
