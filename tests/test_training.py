@@ -341,3 +341,16 @@ def test_when_validation_perplexity_turns_up_its_best_checkpoint_is_kept_and_a_c
     assert candidates == ["last", "average of last 2", "best validation perplexity"]
     chosen = json.loads((run / "best.json").read_text())
     assert chosen["model"] in candidates and (run / chosen["checkpoint"] / "meta.json").is_file()
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--keep", "1", "--save-every", "2"], "--keep 1 keeps only the last checkpoint"),
+    (["--keep", "5", "--save-every", "100"], "1 of the kept checkpoints is from the run's second half (steps 2 to 4)"),
+])
+def test_the_end_of_a_run_says_why_it_kept_no_average(tmp_path, corpus, capsys, flags, why):
+    run = tmp_path / "run"
+    assert train(corpus + TINY + ["--max-steps", "4", "--eval-every", "100", "--average", "5", "--out", run]
+                 + flags) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "no average" in line]
+    assert len(lines) == 1 and lines[0].startswith("no average of the last 5 checkpoints: ") and why in lines[0], lines
+    assert not (run / "checkpoints" / "averaged").exists()
