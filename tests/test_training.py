@@ -258,7 +258,7 @@ def test_nonfinite_step_stops_naming_step_and_last_checkpoint(world, tmp_path, w
     run = tmp_path / "run"
     code, err = train(world["corpus"] + TINY + QUIET + ["--max-steps", 6, "--save-every", 2, "--out", run,
                                                         "--clip-norm", clip], capsys)
-    line = one_error_line(err)
+    line = one_error_line(err, lines=3)
     assert code == 1 and "at step 4" in line and "last good checkpoint" in line and "step-00000002" in line
     assert ("loss became nan" if what == "nan parameter" else "gradients became non-finite") in line
     assert seen == {"unchanged": True, "kind": "loss" if what == "nan parameter" else "gradients"}
@@ -290,7 +290,7 @@ def test_diverging_run_cli_exits_1_with_one_line(tmp_path):
                              "--save-every", "1", "--lr-scale", "1e30", "--out", str(run)],
                             cwd=ROOT, capture_output=True, timeout=120)
     err = result.stderr.decode().strip().splitlines()
-    line = one_error_line(err)
+    line = one_error_line(err, lines=3)
     assert result.returncode == 1 and line == err[-1]
     assert not any("Warning" in other for other in err), err  # no numpy overflow warnings on top
     assert re.search(r"loss became (nan|inf|-inf) at step|gradients became non-finite|parameters are not finite",
@@ -311,7 +311,7 @@ def test_out_of_memory_batch_suggests_a_smaller_max_tokens(world, tmp_path, caps
     monkeypatch.setattr(trainer_module.Trainer, "update", update)
     run = tmp_path / "run"
     code, err = train(world["corpus"] + world["common"] + ["--out", run], capsys)
-    line = one_error_line(err)
+    line = one_error_line(err, lines=3)
     assert code == 1 and "out of memory at step 3" in line and "smaller --max-tokens (this run: 120)" in line
     assert f"--resume {run} --max-tokens 60" in line and "step-00000002" in line
     monkeypatch.undo()
