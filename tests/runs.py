@@ -176,6 +176,15 @@ def assert_resumed_past_bad_step_4(run, ref, code, err, reason):
 
 
 # --------------------------------------------------------------------------- subprocesses and MPI
+def final_params(run_dir):
+    """The newest checkpoint's step and parameters, flat, without the attention key biases
+    (their true gradient is zero: see tests/mpi_worker.key_bias_mask)."""
+    state = ckpt.read_checkpoint(ckpt.list_checkpoints(run_dir)[-1])
+    d = state["meta"]["config"]["d_model"]
+    return state["meta"]["step"], np.concatenate([np.delete(np.ravel(a), np.s_[d:2 * d]) if name.endswith("attn.b_qkv")
+                                                  else np.ravel(a) for name, a in sorted(state["params"].items())])
+
+
 CPU_ENV = dict(os.environ, MINITF_DEVICE="cpu", PYTHONPATH=str(ROOT))  # train.py / translate as commands
 CPU_ENV.pop("MINITF_TEST_SLOW_CHECKPOINT", None)
 MPIEXEC = shutil.which("mpiexec")

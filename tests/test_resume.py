@@ -18,9 +18,9 @@ import pytest
 from minitf.nmt import checkpoint as ckpt, train as train_module, trainer as trainer_module
 from minitf.nmt.translate import load_model
 from minitf.backend import host as np
-from tests.runs import (BAD_CHECKPOINTS, CPU_ENV, MPI_ENV, QUIET, ROOT, TINY, copy_run, make_corpus, metrics,
-                        needs_mpi, one_error_line, params_of, same_params, snapshot, train, train_py, translate,
-                        truncate_model)
+from tests.runs import (BAD_CHECKPOINTS, CPU_ENV, MPI_ENV, QUIET, ROOT, TINY, copy_run, final_params, make_corpus,
+                        metrics, needs_mpi, one_error_line, params_of, same_params, snapshot, train, train_py,
+                        translate, truncate_model)
 
 
 def _spawn(argv, env=CPU_ENV):
@@ -315,15 +315,6 @@ def test_resume_with_bpe_dropout_is_exact(tmp_path, corpus):
 
 
 # --------------------------------------------------------------------------- across world sizes
-def final_params(run_dir):
-    """The newest checkpoint's step and parameters, flat, without the attention key biases
-    (their true gradient is zero: see tests/mpi_worker.key_bias_mask)."""
-    state = ckpt.read_checkpoint(ckpt.list_checkpoints(run_dir)[-1])
-    d = state["meta"]["config"]["d_model"]
-    return state["meta"]["step"], np.concatenate([np.delete(np.ravel(a), np.s_[d:2 * d]) if name.endswith("attn.b_qkv")
-                                                  else np.ravel(a) for name, a in sorted(state["params"].items())])
-
-
 @needs_mpi
 def test_resume_across_world_sizes_equals_one_process(tmp_path):
     """float32 through train.py, dropout 0, 8 updates: one process uninterrupted; 2 ranks
