@@ -49,6 +49,18 @@ def _losses(run):
     return [(r["step"], r["loss"]) for r in metrics(run)]
 
 
+def _records(run):
+    """Every record of metrics.jsonl, without its wall-clock fields."""
+    return [{k: v for k, v in json.loads(line).items() if k not in ("elapsed", "tokens_per_s", "train_minutes")}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same_checkpoints(a, b):
+    """Parameters and Adam's moments equal, bit for bit."""
+    a, b = ckpt.read_checkpoint(a), ckpt.read_checkpoint(b)
+    return same_params(a["params"], b["params"]) and same_params(a["optimizer"], b["optimizer"])
+
+
 # --------------------------------------------------------------------------- kills and signals
 def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_path):
     """SIGKILL train.py at seeded-random moments (before config.json exists, during
@@ -187,7 +199,8 @@ def test_kill_before_config_json_is_restarted_with_the_same_command(tmp_path, ca
 @pytest.mark.parametrize("case", ["none"] + sorted(BAD_CHECKPOINTS))
 def test_resume_uses_the_newest_good_checkpoint_and_ends_like_an_uninterrupted_run(world, tmp_path, case, capsys):
     """A run killed after saving step 4 resumes from it and ends where an uninterrupted
-    run ends, bit for bit: parameters and every logged loss. If that checkpoint is
+    run ends, bit for bit: parameters, Adam's moments and every metrics record (wall-clock
+    fields apart: train records, the end-of-run report). If that checkpoint is
     damaged, does not fit, or was crafted (checksums recomputed) to declare a huge
     array, hold another dtype or NaN/inf/negative moments, --resume warns in one line,
     sets it aside as step-4.bad, continues from step 2 and ends the same; the whole
@@ -211,8 +224,8 @@ def test_resume_uses_the_newest_good_checkpoint_and_ends_like_an_uninterrupted_r
         assert len(warnings) == 1 and reason in warnings[0] and "step-00000004" in warnings[0], err
         assert any("resumed from" in line and "step-00000002" in line for line in err), err
         assert (run / "checkpoints" / "step-00000004.bad").is_dir()
-    assert same_params(params_of(ckpt.checkpoint_path(run, 6)), params_of(ckpt.checkpoint_path(world["ref"], 6)))
-    assert _losses(run) == _losses(world["ref"])
+    assert _same_checkpoints(ckpt.checkpoint_path(run, 6), ckpt.checkpoint_path(world["ref"], 6))
+    assert _records(run) == _records(world["ref"])
     assert peak < 64 * 2 ** 20, f"peak {peak / 2 ** 20:.0f} MiB"
     assert not (world["base"] / "PWNED").exists()  # the pickled payload never ran
 
