@@ -49,30 +49,56 @@ def metrics(run_dir, kind="train"):
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
+# name: (argv from (tmp folder, a good command line), exit status, words of the one error line: the reason, so
+# that a case refused for another reason than its own does not pass)
 BAD_TRAIN_INPUTS = {
-    "missing file": lambda d, c: c + ["--train-src", str(d / "nope.txt")],
-    "empty file": lambda d, c: c + ["--train-src", str(_write(d / "empty.txt", b""))],
-    "line-count mismatch": lambda d, c: c + ["--train-tgt", str(_write(d / "short.txt", b"One two three.\n"))],
-    "invalid utf-8": lambda d, c: c + ["--train-src", str(_write(d / "latin1.txt", "Straße\n".encode("latin-1") * 120))],
-    "directory": lambda d, c: c + ["--train-src", str(d)],
-    "unknown preset": lambda d, c: c + ["--preset", "huge"],
-    "zero size": lambda d, c: c + ["--d-model", "0"],
-    "negative tokens": lambda d, c: c + ["--max-tokens", "-5"],
-    "heads do not divide": lambda d, c: c + ["--d-model", "10", "--num-heads", "3"],
-    "only train given": lambda d, c: ["--train-src", c[1], "--train-tgt", c[3]],
-    "resume nothing": lambda d, c: ["--resume", str(d / "nothing")],
-    "line of 100000 characters": lambda d, c: c + ["--train-src", str(_write(d / "long.txt", b"a" * 100_000 + b"\n"))],
-    "only empty lines": lambda d, c: c + ["--valid-tgt", str(_write(d / "blank.txt", b"\n  \n\n"))],
-    "out below a regular file": lambda d, c: c + ["--out", str(d / "out" / "precious.txt" / "run")],
-    "resume a folder that is not a run": lambda d, c: ["--resume", str(d / "out")],
-    "resume a file": lambda d, c: ["--resume", str(d / "out" / "precious.txt")],
-    "resume with a model flag": lambda d, c: ["--resume", str(d / "out"), "--d-model", "32"],
-    "dropout out of range": lambda d, c: c + ["--dropout", "1.5"],
-    "vocabulary too small": lambda d, c: c + ["--vocab-size", "4"],
-    "vocabulary too large for the text": lambda d, c: c + ["--vocab-size", "100000"],
-    "lexicon without the dictionary": lambda d, c: c + ["--lexicon", "0.5"],
-    "lexicon ratio too large": lambda d, c: c + ["--lexicon", "11"],
-    "negative lexicon ratio": lambda d, c: c + ["--lexicon", "-1"],
+    "missing file": (lambda d, c: c + ["--train-src", str(d / "nope.txt")],
+                     1, "does not exist"),
+    "empty file": (lambda d, c: c + ["--train-src", str(_write(d / "empty.txt", b""))],
+                   1, "is empty (0 bytes)"),
+    "line-count mismatch": (lambda d, c: c + ["--train-tgt", str(_write(d / "short.txt", b"One two three.\n"))],
+                            1, "has 120 lines but target"),
+    "invalid utf-8": (lambda d, c: c + ["--train-src",
+                                        str(_write(d / "latin1.txt", "Straße\n".encode("latin-1") * 120))],
+                      1, "is not valid UTF-8 at line 1"),
+    "directory": (lambda d, c: c + ["--train-src", str(d)],
+                  1, "is a directory"),
+    "unknown preset": (lambda d, c: c + ["--preset", "huge"],
+                       2, "invalid choice: 'huge'"),
+    "zero size": (lambda d, c: c + ["--d-model", "0"],
+                  2, "argument --d-model: expected a positive int"),
+    "negative tokens": (lambda d, c: c + ["--max-tokens", "-5"],
+                        2, "argument --max-tokens: expected a positive int"),
+    "heads do not divide": (lambda d, c: c + ["--d-model", "10", "--num-heads", "3"],
+                            2, "--d-model must be divisible by --num-heads"),
+    "only train given": (lambda d, c: ["--train-src", c[1], "--train-tgt", c[3]],
+                         2, "needs --valid-src and --valid-tgt"),
+    "resume nothing": (lambda d, c: ["--resume", str(d / "nothing")],
+                       2, "no such folder"),
+    "line of 100000 characters": (lambda d, c: c + ["--train-src", str(_write(d / "long.txt", b"a" * 100_000 + b"\n"))],
+                                  1, "line 1 has 100000 characters"),
+    "only empty lines": (lambda d, c: c + ["--valid-tgt", str(_write(d / "blank.txt", b"\n  \n\n"))],
+                         1, "has only empty lines"),
+    "out below a regular file": (lambda d, c: c + ["--out", str(d / "out" / "precious.txt" / "run")],
+                                 2, "which is a file, not a folder"),
+    "resume a folder that is not a run": (lambda d, c: ["--resume", str(d / "out")],
+                                          2, "not a run folder"),
+    "resume a file": (lambda d, c: ["--resume", str(d / "out" / "precious.txt")],
+                      2, "precious.txt is a file"),
+    "resume with a model flag": (lambda d, c: ["--resume", str(d / "out"), "--d-model", "32"],
+                                 2, "--d-model cannot be given"),
+    "dropout out of range": (lambda d, c: c + ["--dropout", "1.5"],
+                             2, "--dropout must be in [0, 1)"),
+    "vocabulary too small": (lambda d, c: c + ["--vocab-size", "4"],
+                             2, "--vocab-size must be at least 8"),
+    "vocabulary too large for the text": (lambda d, c: c + ["--vocab-size", "100000"],
+                                          1, "too large for this training text"),
+    "lexicon without the dictionary": (lambda d, c: c + ["--lexicon", "0.5"],
+                                       2, "it needs the default corpus"),
+    "lexicon ratio too large": (lambda d, c: c + ["--lexicon", "11"],
+                                2, "--lexicon must be a ratio in [0, 10]"),
+    "negative lexicon ratio": (lambda d, c: c + ["--lexicon", "-1"],
+                               2, "argument --lexicon: expected a finite number >= 0"),
 }
 
 
@@ -123,9 +149,11 @@ def same_params(a, b):
     return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def one_error_line(err, prog="train.py"):
+def one_error_line(err, prog="train.py", lines=1):
+    """The one ``prog: error: ...`` line of ``err`` (stderr's lines): the last of at most ``lines`` lines (more
+    than one where the command logs its set-up before it fails; nothing after it, no traceback or banner)."""
     errors = [line for line in err if "error" in line.lower()]
-    assert len(errors) == 1 and f"{prog}: error: " in errors[0], err
+    assert len(errors) == 1 and f"{prog}: error: " in errors[0] and len(err) <= lines and err[-1] == errors[0], err
     assert not any("Traceback" in line for line in err), err
     return errors[0]
 
@@ -148,6 +176,15 @@ def assert_resumed_past_bad_step_4(run, ref, code, err, reason):
 
 
 # --------------------------------------------------------------------------- subprocesses and MPI
+def final_params(run_dir):
+    """The newest checkpoint's step and parameters, flat, without the attention key biases
+    (their true gradient is zero: see tests/mpi_worker.key_bias_mask)."""
+    state = ckpt.read_checkpoint(ckpt.list_checkpoints(run_dir)[-1])
+    d = state["meta"]["config"]["d_model"]
+    return state["meta"]["step"], np.concatenate([np.delete(np.ravel(a), np.s_[d:2 * d]) if name.endswith("attn.b_qkv")
+                                                  else np.ravel(a) for name, a in sorted(state["params"].items())])
+
+
 CPU_ENV = dict(os.environ, MINITF_DEVICE="cpu", PYTHONPATH=str(ROOT))  # train.py / translate as commands
 CPU_ENV.pop("MINITF_TEST_SLOW_CHECKPOINT", None)
 MPIEXEC = shutil.which("mpiexec")

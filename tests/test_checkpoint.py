@@ -11,7 +11,7 @@ import shutil
 import tracemalloc
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from minitf import backend
 from minitf.backend import host as np
@@ -126,6 +126,7 @@ def pristine(world):
 
 
 damage_strategy = st.one_of(
+    st.just(("none",)),  # the checkpoint as written, and (below) a finite non-negative value: both must load
     st.tuples(st.just("flip"), st.sampled_from(["model.npz", "optimizer.npz", "meta.json"]),
               st.floats(0, 1, exclude_max=True), st.integers(1, 255)),
     st.tuples(st.just("truncate"), st.sampled_from(["model.npz", "optimizer.npz", "meta.json"]),
@@ -143,6 +144,8 @@ damage_strategy = st.one_of(
 
 
 def _apply(folder, damage):
+    if damage[0] == "none":
+        return
     kind, target = damage[0], folder / damage[1] if damage[0] != "meta" else folder / "meta.json"
     if kind == "flip":
         data = bytearray(target.read_bytes())
@@ -173,13 +176,22 @@ def _apply(folder, damage):
         resign(folder)
 
 
+def _loads(damage):
+    """Whether a checkpoint with ``damage`` is still valid: none, or one value set to 0.5 (finite, >= 0)."""
+    return damage[0] == "none" or damage[0] == "value" and damage[3] == 0.5
+
+
 @given(damage=damage_strategy)
+@example(damage=("none",))
+@example(damage=("value", "optimizer.npz", 1, 0.5))
+@example(damage=("value", "model.npz", 3, 0.5))
 def test_fuzz_the_checkpoint_reader_returns_exactly_the_model_or_refuses(pristine, tmp_path_factory, damage):
     """Random damage to model.npz, optimizer.npz and meta.json (byte flips, truncation,
     header rewrites, shape and dtype changes, NaN/inf/negative values, config values),
     checksums recomputed: the reader returns exactly the arrays the model expects (all
     finite) or raises CheckpointError, and its peak allocation stays below 4x the
-    checkpoint's size on disk plus 1 MiB (tracemalloc; NumPy reports to it)."""
+    checkpoint's size on disk plus 1 MiB (tracemalloc; NumPy reports to it). A valid
+    checkpoint (undamaged, or a value set to 0.5) loads, with exactly its arrays."""
     folder = tmp_path_factory.mktemp("fuzz") / "step-00000004"
     shutil.copytree(pristine["folder"], folder)
     _apply(folder, damage)
@@ -210,4 +222,12 @@ def test_fuzz_the_checkpoint_reader_returns_exactly_the_model_or_refuses(pristin
             assert all(np.isfinite(a).all() for a in arrays.values()), damage
         if "optimizer" in loaded:
             assert (loaded["optimizer"]["v"] >= 0).all()
+    if _loads(damage):  # a reader refusing everything passes the checks above, not this one
+        assert loaded is not None, damage
+        written = {"params": ckpt.read_npz(folder / "model.npz"), "optimizer": ckpt.read_npz(folder / "optimizer.npz")}
+        for key in ("params", "optimizer"):
+            assert written[key].keys() == loaded[key].keys(), damage
+            assert all(np.array_equal(written[key][n], loaded[key][n]) for n in written[key]), damage
+        if damage[0] == "none":
+            assert all(np.array_equal(pristine["state"]["params"][n], a) for n, a in loaded["params"].items())
     shutil.rmtree(folder.parent)

@@ -22,7 +22,7 @@ from minitf.module import Parameter
 from minitf.nmt.config import RunConfig
 from minitf.nmt.distributed import rank_share, shard_range
 from minitf.nmt.errors import UsageError
-from tests.runs import MPI_ENV, MPIEXEC, ROOT, TINY, make_corpus, mpiexec, needs_mpi, train_py
+from tests.runs import MPI_ENV, MPIEXEC, ROOT, TINY, final_params, make_corpus, metrics, mpiexec, needs_mpi, train_py
 
 
 def test_one_process_never_imports_mpi4py():
@@ -219,3 +219,37 @@ def test_the_ranks_share_validation_and_the_end_of_run_decoding(tmp_path):
     for a, b in zip(*valid):
         assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]) and a["bleu_sentences"] == b["bleu_sentences"]
     assert two.stderr.count("test BLEU") == 1 and json.loads((tmp_path / "two" / "best.json").read_text())
+
+
+@needs_mpi
+def test_the_shared_validation_translates_in_the_sentences_order_as_one_process(tmp_path):
+    """The ranks' shares of the validation translations are put back in the sentences' order: after 66
+    updates (float64, a vocabulary of whole words: BLEU above 0), 2 ranks translating together give one
+    process's hypotheses (greedy and beam 2), per-sentence BLEU counts and BLEU for the same parameters."""
+    make_corpus(tmp_path, n_train=400)
+    from minitf.nmt.tokenizer import train_tokenizer
+    lines = [line for side in ("src", "tgt") for line in (tmp_path / f"train.{side}").read_text().splitlines()]
+    train_tokenizer(lines, tmp_path / "tokenizer.model", 100)
+    done = mpiexec(2, ROOT / "tests" / "mpi_worker.py", tmp_path, tmp_path / "result.json", "shared-validation")
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["two"] == r["one"]
+    assert r["one"]["bleu"] > 0 and len(set(r["one"]["greedy"])) > 3  # different translations: an order to keep
+
+
+@needs_mpi
+def test_zero_clips_by_the_gradient_norm_over_all_ranks_as_one_process(tmp_path):
+    """--zero 1 on 2 ranks, each holding a shard of the reduced gradient, with a clip norm that clips every
+    update: the norm is the whole gradient's (summed over the shards), so the logged grad_norm and the
+    parameters equal one process's (float32 sums in another order; key biases apart, see final_params)."""
+    data = make_corpus(tmp_path)
+    common = [*data, *TINY, "--dropout", "0", "--clip-norm", "0.2", "--max-steps", "4", "--save-every", "4",
+              "--eval-every", "100", "--average", "0", "--bleu-sentences", "0"]
+    one = train_py(*common, "--out", tmp_path / "one")
+    two = train_py(*common, "--zero", "1", "--out", tmp_path / "two", ranks=2)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    norms = [[r["grad_norm"] for r in metrics(tmp_path / run)] for run in ("one", "two")]
+    assert len(norms[0]) == 4 and min(norms[0]) > 2 * 0.2  # every update was clipped, to under half
+    assert all(abs(a - b) <= 1e-4 * a + 1e-4 for a, b in zip(*norms)), norms  # logged to 4 decimals
+    (step, reference), (step_two, got) = final_params(tmp_path / "one"), final_params(tmp_path / "two")
+    assert step == step_two == 4 and np.abs(got - reference).max() <= 1e-5 * np.abs(reference).max()

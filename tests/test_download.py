@@ -4,6 +4,7 @@ import hashlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,6 +51,16 @@ def test_download_then_the_cached_file(tmp_path, serve):
     assert fetch(server.url + "/f", dest) == dest and len(server.requests) == 1  # verified, not fetched again
 
 
+def test_a_cached_file_of_the_pinned_size_but_other_bytes_is_downloaded_again(tmp_path, serve):
+    server = serve({"/f": DATA})
+    dest = tmp_path / "f"
+    wrong = bytearray(DATA)
+    wrong[-1] ^= 1
+    dest.write_bytes(bytes(wrong))  # the pinned size: only the sha256 tells it apart
+    assert fetch(server.url + "/f", dest) == dest and dest.read_bytes() == DATA
+    assert len(server.requests) == 1 and listing(tmp_path) == ["f"]
+
+
 @pytest.mark.parametrize("ranges", [True, False], ids=["server-resumes", "server-ignores-range"])
 def test_a_cut_download_is_resumed_on_the_next_start(tmp_path, serve, ranges):
     cut = 10_000
@@ -71,7 +82,7 @@ def test_a_trickling_mirror_is_given_up_and_the_next_resumes(tmp_path, serve):
     notes, start = [], time.monotonic()
     fetch([server.url + "/slow", server.url + "/f"], tmp_path / "f", min_rate=1000, rate_window=0.5,
           log=notes.append)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 60  # the trickle alone takes 200 s; a loaded machine may take seconds
     assert "slower than 1000 B/s for 0.5 s" in notes[0] and (tmp_path / "f").read_bytes() == DATA
     assert server.requests[-1][1].startswith("bytes=")  # the trickled bytes were kept
 
@@ -86,7 +97,8 @@ def test_a_trickling_only_mirror_is_one_line(tmp_path, serve):
 
 def test_a_slow_but_steady_mirror_finishes(tmp_path, serve):
     server = serve({"/f": slowly(DATA, 2048, 0.03)})  # about 60 KB/s, ~0.6 s in all
-    assert fetch(server.url + "/f", tmp_path / "f", min_rate=1000, rate_window=0.2).read_bytes() == DATA
+    # a short window, but a limit 300 times below the rate: only a stall of 10 s (2048 B at 200 B/s) gives up
+    assert fetch(server.url + "/f", tmp_path / "f", min_rate=200, rate_window=0.2).read_bytes() == DATA
 
 
 @pytest.mark.parametrize("announced", [False, True], ids=["no-length", "announced"])
@@ -136,7 +148,7 @@ REPLIES = {
 def test_every_network_failure_is_one_line(tmp_path, serve, case):
     route, pattern = REPLIES.get(case, (None, "Connection refused"))
     server = serve({"/f": route} if route else {})
-    url = "http://127.0.0.1:9/f" if case == "closed port" else server.url + "/f"
+    url = f"http://127.0.0.1:{closed_port()}/f" if case == "closed port" else server.url + "/f"
     with pytest.raises(DataError) as error:
         fetch(url, tmp_path / "f", read_timeout=0.5)
     message = str(error.value)
@@ -144,6 +156,13 @@ def test_every_network_failure_is_one_line(tmp_path, serve, case):
     assert message.startswith(f"could not download the test file: {url}: "), message
     assert re.search(pattern, message), message
     assert not (tmp_path / "f").exists()
+
+
+def closed_port():
+    """A loopback port nothing listens on: bound, then closed (port 9 may have a listener)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def test_mirror_base_from_the_environment(monkeypatch):
@@ -158,7 +177,7 @@ CHILD = ("import sys; from minitf.nmt.download import download\n"
 
 
 def test_sigterm_leaves_only_the_part_file_and_the_next_start_resumes_it(tmp_path, serve):
-    server = serve({"/f": slowly(DATA, 512, 0.02)})  # ~25 KB/s: 1.6 s for the whole file
+    server = serve({"/f": slowly(DATA, 512, 0.05)})  # ~10 KB/s: 4 s for the whole file, time to land a SIGTERM
     dest = tmp_path / "f"
     child = subprocess.Popen([sys.executable, "-c", CHILD, server.url + "/f", str(dest), str(len(DATA)), SHA],
                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -145,7 +145,7 @@ def test_failed_checkpoint_write_keeps_the_previous_one(world, tmp_path, failure
     run = tmp_path / "run"
     argv = world["corpus"] + world["common"] + ["--out", run]
     code, err = train(argv, capsys)
-    line = one_error_line(err)
+    line = one_error_line(err, lines=3)
     assert code == 1 and "could not write checkpoint" in line and "step-00000004" in line
     assert ("No space left on device" if failure.startswith("ENOSPC") else "Input/output error") in line
     assert "last good checkpoint" in line and "step-00000002" in line
@@ -171,7 +171,7 @@ def test_disk_full_while_appending_metrics_saves_names_and_resumes_exactly(world
         return handle
     monkeypatch.setattr(trainer_module, "open", full_disk, raising=False)
     code, err = train(world["corpus"] + world["common"] + ["--out", run], capsys)
-    line = one_error_line(err)
+    line = one_error_line(err, lines=3)
     assert code == 1 and f"could not append to {run / 'metrics.jsonl'}: No space left on device" in line
     assert "saved checkpoint" in line and "step-00000005" in line and "--resume" in line
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
@@ -207,7 +207,7 @@ def test_a_metrics_path_that_is_not_a_file_is_refused_before_any_step(world, tmp
     (run / "metrics.jsonl").mkdir()
     before = snapshot(run / "checkpoints")
     code, err = train(["--resume", run, "--max-steps", 8, "--no-progress"], capsys)
-    line = one_error_line(err)
+    line = one_error_line(err, lines=2)
     assert code == 1 and "metrics.jsonl is a folder" in line and "move it away" in line, err
     assert "disk space" not in line
     assert snapshot(run / "checkpoints") == before

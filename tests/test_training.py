@@ -258,7 +258,7 @@ def test_nonfinite_step_stops_naming_step_and_last_checkpoint(world, tmp_path, w
     run = tmp_path / "run"
     code, err = train(world["corpus"] + TINY + QUIET + ["--max-steps", 6, "--save-every", 2, "--out", run,
                                                         "--clip-norm", clip], capsys)
-    line = one_error_line(err)
+    line = one_error_line(err, lines=3)
     assert code == 1 and "at step 4" in line and "last good checkpoint" in line and "step-00000002" in line
     assert ("loss became nan" if what == "nan parameter" else "gradients became non-finite") in line
     assert seen == {"unchanged": True, "kind": "loss" if what == "nan parameter" else "gradients"}
@@ -290,7 +290,7 @@ def test_diverging_run_cli_exits_1_with_one_line(tmp_path):
                              "--save-every", "1", "--lr-scale", "1e30", "--out", str(run)],
                             cwd=ROOT, capture_output=True, timeout=120)
     err = result.stderr.decode().strip().splitlines()
-    line = one_error_line(err)
+    line = one_error_line(err, lines=3)
     assert result.returncode == 1 and line == err[-1]
     assert not any("Warning" in other for other in err), err  # no numpy overflow warnings on top
     assert re.search(r"loss became (nan|inf|-inf) at step|gradients became non-finite|parameters are not finite",
@@ -311,7 +311,7 @@ def test_out_of_memory_batch_suggests_a_smaller_max_tokens(world, tmp_path, caps
     monkeypatch.setattr(trainer_module.Trainer, "update", update)
     run = tmp_path / "run"
     code, err = train(world["corpus"] + world["common"] + ["--out", run], capsys)
-    line = one_error_line(err)
+    line = one_error_line(err, lines=3)
     assert code == 1 and "out of memory at step 3" in line and "smaller --max-tokens (this run: 120)" in line
     assert f"--resume {run} --max-tokens 60" in line and "step-00000002" in line
     monkeypatch.undo()
@@ -341,3 +341,16 @@ def test_when_validation_perplexity_turns_up_its_best_checkpoint_is_kept_and_a_c
     assert candidates == ["last", "average of last 2", "best validation perplexity"]
     chosen = json.loads((run / "best.json").read_text())
     assert chosen["model"] in candidates and (run / chosen["checkpoint"] / "meta.json").is_file()
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--keep", "1", "--save-every", "2"], "--keep 1 keeps only the last checkpoint"),
+    (["--keep", "5", "--save-every", "100"], "1 of the kept checkpoints is from the run's second half (steps 2 to 4)"),
+])
+def test_the_end_of_a_run_says_why_it_kept_no_average(tmp_path, corpus, capsys, flags, why):
+    run = tmp_path / "run"
+    assert train(corpus + TINY + ["--max-steps", "4", "--eval-every", "100", "--average", "5", "--out", run]
+                 + flags) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "no average" in line]
+    assert len(lines) == 1 and lines[0].startswith("no average of the last 5 checkpoints: ") and why in lines[0], lines
+    assert not (run / "checkpoints" / "averaged").exists()

@@ -269,15 +269,32 @@ def test_consumed_or_unsaved_caches_pass_zero_grad():
     model, src, tgt = _tiny_model_and_batch()
     optimizer = minitf.Adam(model.parameters())
     loss_fn = minitf.LabelSmoothedCrossEntropy(0.1)
+
+    def caches():
+        return sum(len(m.__dict__.get("_saved", ())) for m in model.modules())
+
+    def grad_sum():
+        return sum(float(np.abs(backend.to_numpy(p.grad)).sum()) for p in model.parameters())
+
     with minitf.no_grad():                                   # evaluation saves nothing
         model(src, tgt)
+    assert caches() == 0
     model.zero_grad()
     loss_fn(model(src, tgt), tgt)
+    assert caches() > 0
     model.backward(loss_fn.backward())                       # every cache consumed
+    assert caches() == 0 and grad_sum() > 0
     optimizer.zero_grad()
+    assert grad_sum() == 0
     model.zero_grad()
     loss_fn(model(src, tgt), tgt)                            # an aborted step: the loss's cache stays,
     model.clear_saved()                                      # but it is no part of the model
+    assert caches() == 0
     model.zero_grad()
     optimizer.zero_grad()
     loss_fn.clear_saved()
+    loss_fn(model(src, tgt), tgt)
+    model.backward(loss_fn.backward())                       # the next step is whole again
+    assert caches() == 0 and grad_sum() > 0
+    model.zero_grad()
+    assert grad_sum() == 0

@@ -139,3 +139,30 @@ def test_best_json_pointing_outside_its_run_folder_is_ignored_with_a_warning(wor
     assert code == 0 and len(err) == 1, err
     assert err[0].startswith("warning: ignoring best.json") and "outside the run folder" in err[0]
     assert seen == [ckpt.checkpoint_path(run, 6)]
+
+
+@pytest.mark.parametrize("moment", ["before its files are read", "while its files are read"])
+def test_a_checkpoint_deleted_under_translate_gives_way_to_the_newer_one(world, tmp_path, capsys, monkeypatch, moment):
+    """A run saving with --keep 1 deletes the checkpoint that translate has just listed: translate lists
+    the folder again and uses the newer one, with no warning (it was not damaged)."""
+    run = copy_run(world["ref"], tmp_path / "run")
+    for step in (2, 6):
+        shutil.rmtree(ckpt.checkpoint_path(run, step))  # --keep 1: only step 4 is listed
+    saved = []
+
+    def the_run_saves_step_6():  # as the trainer does: the new checkpoint in place, then the old one pruned
+        if not saved:
+            saved.append(shutil.copytree(ckpt.checkpoint_path(world["ref"], 6), ckpt.checkpoint_path(run, 6)))
+            ckpt.prune_checkpoints(run, keep=1)
+            assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-00000006"]
+
+    if moment == "before its files are read":
+        real = ckpt.load_checkpoint_model
+        monkeypatch.setattr(ckpt, "load_checkpoint_model", lambda folder: the_run_saves_step_6() or real(folder))
+    else:
+        real = ckpt.file_sha256
+        monkeypatch.setattr(ckpt, "file_sha256", lambda file: the_run_saves_step_6() or real(file))
+    code, err, out = translate(["--checkpoint", run, "--beam", "1"], capsys, b"Der hund.\n", monkeypatch, tmp_path)
+    assert saved and code == 0 and out.count("\n") == 1 and not err, err
+    warnings = []
+    assert ckpt.load_model(run, warn=warnings.append)[2]["step"] == 6 and not warnings

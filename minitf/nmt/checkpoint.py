@@ -424,19 +424,34 @@ def check_model_fits_file(config, vocab_size, model_file):
                               f"than model.npz ({size:,} bytes) can hold; use another checkpoint of the run")
 
 
-def load_model(path, warn=None):
+def load_model(path, warn=None, rounds=10):
     """(model in eval mode, tokenizer, meta) from a checkpoint folder (which must pass every check) or
-    a run folder (a damaged checkpoint is skipped for the next newest, with ``warn(message)``)."""
-    errors = []
-    for folder in _candidates(path, warn):
-        try:
-            result = load_checkpoint_model(folder)
-        except (CheckpointError, DataError) as error:
-            errors.append(str(error))
-            continue
-        for error in errors:
-            (warn or (lambda m: None))(f"warning: skipping a bad checkpoint: {error}; using {folder}")
-        return result
+    a run folder (a damaged checkpoint is skipped for the next newest, with ``warn(message)``). A run
+    folder's checkpoint that disappears while it is read (a run saving beside us deleted it for a newer
+    one, ``--keep``) is not damaged: the folder is listed again and the newest taken (``rounds`` times)."""
+    errors, tried = [], set()
+    for _ in range(rounds):
+        vanished = False
+        for folder in [f for f in _candidates(path, warn) if f not in tried]:
+            tried.add(folder)
+            try:
+                result = load_checkpoint_model(folder)
+            except (CheckpointError, DataError, OSError) as error:
+                if folder != pathlib.Path(path) and not folder.exists():  # pruned under us: list again
+                    vanished = True
+                    break
+                if isinstance(error, OSError):
+                    raise
+                errors.append(str(error))
+                continue
+            for error in errors:
+                (warn or (lambda m: None))(f"warning: skipping a bad checkpoint: {error}; using {folder}")
+            return result
+        if not vanished:
+            break
+    if not errors:
+        raise CheckpointError(f"the checkpoints of {path} were deleted {rounds} times while being read (a run "
+                              "saving often with a small --keep?); try again")
     if len(errors) == 1:
         raise CheckpointError(errors[0])
     raise CheckpointError(f"none of the {len(errors)} checkpoints in {path} is usable; the newest: {errors[0]}")

@@ -41,6 +41,10 @@ RESUME_CHANGEABLE = ("max_steps", "epochs", "max_minutes", "max_tokens", "lr_sca
 RUN_OPTIONS = ("eval_every", "save_every", "keep", "average", "bleu_sentences", "beam", "alpha")
 #: Flags that only steer this invocation (never refused with --resume).
 INVOCATION_OPTIONS = ("skip_nonfinite", "zero")  # --zero 1 only shards Adam's state: same trajectory
+#: The largest --alpha: the penalty ((5 + |Y|) / 6) ** alpha stays far inside float32 for outputs of thousands of
+#: tokens (about 1e22 at 1,000), where 1e308 overflowed at the first finished hypothesis; past a few it only
+#: prefers the longest output anyway (the paper: 0.6).
+MAX_ALPHA = 10.0
 
 
 _noted = set()
@@ -150,8 +154,9 @@ class RunConfig:
             raise UsageError(f"--zero must be 0 (off) or 1 (shard Adam's moments over the ranks), got {self.zero!r}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha) and self.alpha >= 0):
-            raise UsageError(f"--alpha must be a finite number >= 0, got {self.alpha}")
+        if not (isinstance(self.alpha, (int, float)) and 0 <= self.alpha <= MAX_ALPHA):
+            raise UsageError(f"--alpha must be a finite number >= 0 and at most {MAX_ALPHA:g} (the paper: 0.6), "
+                             f"got {self.alpha}")
         if self.average < 0 or self.bleu_sentences < 0:
             raise UsageError(f"--average and --bleu-sentences must be >= 0, got {self.average} and "
                              f"{self.bleu_sentences}")

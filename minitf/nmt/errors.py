@@ -68,6 +68,11 @@ def positive(kind):
     return _number(kind, lambda value: 0 < value < float("inf"), f"a positive {kind.__name__}")
 
 
+def number_in(low, high):
+    """An argparse type: a float in [low, high] (nan refused)."""
+    return _number(float, lambda value: low <= value <= high, f"a finite number >= {low:g} and at most {high:g}")
+
+
 #: An argparse type: a finite float >= 0 (nan and inf are refused).
 non_negative = _number(float, lambda value: 0 <= value < float("inf"), "a finite number >= 0")
 

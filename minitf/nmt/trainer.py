@@ -678,6 +678,8 @@ class Trainer:
             if len(checkpoints) > 1:
                 averaged = ckpt.average_checkpoints(checkpoints, run_dir / "checkpoints" / "averaged")
                 plan.append((f"average of last {len(checkpoints)}", str(averaged)))
+            elif config.average > 1:  # asked for, but nothing to average: say why, in one line
+                self.log(f"no average of the last {config.average} checkpoints: " + self._why_no_average(recent))
             best_valid = self._best_validated_checkpoint()
             if best_valid is not None and best_valid != final and best_valid not in checkpoints:
                 plan.append(("best validation perplexity", str(best_valid)))
@@ -718,6 +720,16 @@ class Trainer:
         spent = self.budget.elapsed()
         budget = f" (--max-minutes {config.max_minutes:g})" if config.max_minutes is not None else ""
         self.log(f"whole command: {int(spent // 60)} min {int(spent % 60):02d} s wall time{budget}")
+
+    def _why_no_average(self, recent):
+        """Why the end of the run found fewer than two checkpoints to average (``recent``: the kept ones)."""
+        if self.config.keep < 2:
+            return (f"--keep {self.config.keep} keeps only the last checkpoint (give --keep at least 2, e.g. "
+                    f"--keep {self.config.average})")
+        half = sum(2 * ckpt.checkpoint_step(p) >= self.step for p in recent[-self.config.average:])
+        return (f"{half} of the kept checkpoints {'is' if half == 1 else 'are'} from the run's second half (steps "
+                f"{(self.step + 1) // 2} to {self.step}), and an average takes none from its first; save more "
+                f"often than --save-every {self.config.save_every} or train longer")
 
     def _choose(self, names, stats, confidence=0.95):
         """The index of the kept candidate. The paper keeps the average of the last checkpoints (6.1), so that is

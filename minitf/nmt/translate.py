@@ -10,9 +10,10 @@ import sys
 
 from minitf import backend
 from minitf.nmt.checkpoint import load_model
+from minitf.nmt.config import MAX_ALPHA
 from minitf.nmt.data import decode_lines, read_lines
 from minitf.nmt.decode import translate_texts
-from minitf.nmt.errors import DataError, OneLineParser, non_negative, positive, report_errors
+from minitf.nmt.errors import DataError, OneLineParser, number_in, positive, report_errors
 
 
 #: Linux's terminal line discipline keeps at most this many bytes of a typed line (N_TTY_BUF_SIZE - 1).
@@ -49,7 +50,8 @@ def build_parser():
     p = OneLineParser(prog="python -m minitf.translate", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, type=pathlib.Path, help="run folder or checkpoint folder")
     p.add_argument("--beam", type=positive(int), default=4, help="beam size (1 = greedy)")
-    p.add_argument("--alpha", type=non_negative, default=0.6, help="length penalty exponent")
+    p.add_argument("--alpha", type=number_in(0, MAX_ALPHA), default=0.6,
+                   help=f"length penalty exponent (0 to {MAX_ALPHA:g})")
     p.add_argument("--batch-size", type=positive(int), default=64)
     p.add_argument("--src", type=pathlib.Path, help="source file (default: stdin)")
     p.add_argument("--ref", type=pathlib.Path, help="reference translations: print BLEU on stderr")
