@@ -1,5 +1,6 @@
 """minitf: the Transformer of "Attention Is All You Need", built from scratch on
-NumPy (CPU) and CuPy (GPU), with a hand-written backward pass for every layer.
+NumPy (CPU) and CuPy (GPU), with a hand-written backward pass for every layer; and the
+decoder-only GPT from the same layers (minitf.gpt).
 
 Dimension glossary: B batch, S source length, T target length, D d_model,
 H heads, dk = D / H, F d_ff, V vocabulary size.
@@ -7,11 +8,13 @@ H heads, dk = D / H, F d_ff, V vocabulary size.
 from minitf.backend import (get_default_dtype, get_device, manual_seed, set_default_dtype, set_device,
                             to_numpy)
 from minitf.module import Module, ModuleList, Parameter, no_grad
-from minitf.layers import (Dropout, Embedding, LayerNorm, Linear, OutputProjection, PositionalEncoding, ReLU,
-                           Softmax, TiedOutputProjection, softmax, softmax_backward)
+from minitf.layers import (GELU, Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding, Linear,
+                           OutputProjection, PositionalEncoding, ReLU, Softmax, TiedOutputProjection, softmax,
+                           softmax_backward)
 from minitf.attention import MultiHeadAttention, scaled_dot_product_attention, scaled_dot_product_attention_backward
 from minitf.transformer import (Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward, SublayerConnection,
                                 Transformer, TransformerConfig)
+from minitf.gpt import GPT, GPTConfig
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.optim import Adam, WarmupSchedule, clip_grad_norm
 

@@ -460,6 +460,18 @@ def _build(name, rng):
         target = backend.asarray(rng.integers(0, V, (B, T)))
         return (lambda z: backend.asarray(m.forward(z, target))), (lambda g: m.backward(float(g))), \
             {"logits": arr(B, T, V, scale=2.0)}, None
+    if name in ("gelu", "gelu_tanh"):
+        m = minitf.GELU("tanh" if name == "gelu_tanh" else "none")
+        return m.forward, m.backward, {"x": arr(B, T, D, scale=2.0)}, None
+    if name == "learned_positions":
+        m = randomize(minitf.LearnedPositionalEmbedding(T + 2, D))
+        return (lambda x: m.forward(x, start=1)), m.backward, {"x": arr(B, T, D)}, m
+    if name == "gpt":  # GPT-2's shape, with the next-token loss: position t predicts token t + 1
+        m = randomize(minitf.GPT(V, max_len=T, d_model=D, num_heads=H, num_layers=2, d_ff=F, dropout=0.0))
+        loss = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+        ids = rng.integers(0, V, (B, T + 1))
+        return (lambda: backend.asarray(loss(m(ids[:, :-1]), ids[:, 1:]))), \
+            (lambda g: m.backward(loss.backward(float(g)))), {}, m
     if name == "model":
         m = randomize(minitf.Transformer(V, V, d_model=D, num_heads=H, num_encoder_layers=2, num_decoder_layers=2,
                                          d_ff=F, dropout=0.0))
@@ -475,7 +487,8 @@ def _build(name, rng):
 TIME_LIMIT = 60.0
 
 LAYERS = ["linear", "embedding", "positional", "dropout", "layernorm", "relu", "softmax", "attention", "mha",
-          "cross", "feedforward", "encoder_layer", "decoder_layer", "encoder", "decoder", "loss", "model"]
+          "cross", "feedforward", "encoder_layer", "decoder_layer", "encoder", "decoder", "loss", "model",
+          "gelu", "gelu_tanh", "learned_positions", "gpt"]
 
 
 def worst_entry(analytic, numeric, rtol=1e-6, atol=1e-7):

@@ -1,5 +1,5 @@
-"""The small layers: Linear, Embedding, positional encoding, Dropout, LayerNorm,
-ReLU and softmax. Each forward sits next to its backward.
+"""The small layers: Linear, Embedding, positional encoding (sinusoidal or learned), Dropout,
+LayerNorm, ReLU, GELU and softmax. Each forward sits next to its backward.
 
 Dimension glossary (used in every docstring of the package):
     B batch, S source length, T target length, L any sequence length,
@@ -271,3 +271,92 @@ class Softmax(Module):
     def backward(self, dy):
         (y,) = self.saved_tensors()
         return softmax_backward(y, dy)
+
+
+# --------------------------------------------------------------------------- #
+# Learned positional embedding (GPT-1, GPT-2): a trained table instead of sinusoids
+# --------------------------------------------------------------------------- #
+class LearnedPositionalEmbedding(Module):
+    """``y = x + P[start : start + L]``, ``P`` a trained table with one row per position.
+
+    Parameter ``weight`` (max_len, D), normal with standard deviation ``std`` (GPT-2: 0.02);
+    input ``x`` (B, L, D), output (B, L, D). Unlike the sinusoids, positions from ``max_len``
+    on have no row: asking for them is a ValueError. ``start`` as in :class:`PositionalEncoding`.
+    """
+
+    def __init__(self, max_len, d_model, std=0.02):
+        self.weight = Parameter(init_array(backend.init_rng().normal(0.0, std, (max_len, d_model))))
+        self.max_len = max_len
+
+    def forward(self, x, start=0):
+        L = x.shape[1]
+        if start + L > self.max_len:
+            raise ValueError(f"positions {start}..{start + L - 1} asked of a learned table of {self.max_len} "
+                             f"positions; give at most {self.max_len} tokens (the model's max_len)")
+        self.save_for_backward(start, L)
+        return x + self.weight.data[start:start + L]             # y[b, l] = x[b, l] + P[start + l]
+
+    def backward(self, dy):
+        """dy (B, L, D) -> dx (B, L, D); adds dP."""
+        start, L = self.saved_tensors()
+        # y[b, l] = x[b, l] + P[start + l]  =>  dP[start + l] += sum over the batch of dy[b, l]: a
+        # scatter-add of every row onto the table row it read (one slice here: positions are consecutive)
+        self.weight.grad[start:start + L] += dy.sum(axis=0)
+        # y = x + P[...]  =>  dx = dy
+        return dy
+
+
+# --------------------------------------------------------------------------- #
+# GELU (Hendrycks and Gimpel 2016): GPT's activation
+# --------------------------------------------------------------------------- #
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+GELU_CUBIC = 0.044715  # the tanh approximation's cubic term
+
+
+class GELU(Module):
+    """``y = x Phi(x)``, elementwise, with Phi the standard normal CDF.
+
+    ``approximate="none"``: Phi(x) = (1 + erf(x / sqrt 2)) / 2, exact (``backend.erf``).
+    ``approximate="tanh"``: Phi(x) ~ (1 + tanh(u)) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3),
+    GPT-2's form (Hugging Face's "gelu_new", PyTorch's ``approximate="tanh"``).
+    Input and output any shape.
+    """
+
+    def __init__(self, approximate="none"):
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x):
+        if self.approximate == "tanh":
+            u = SQRT_2_OVER_PI * (x + GELU_CUBIC * (x * x * x))   # u = sqrt(2/pi) (x + 0.044715 x^3)
+            t = xp.tanh(u)
+            cdf = 0.5 * (1.0 + t)                                # Phi(x) ~ (1 + tanh u) / 2
+        else:
+            t = None
+            cdf = 0.5 * (1.0 + backend.erf(x * (1.0 / math.sqrt(2.0))))  # Phi(x) = (1 + erf(x / sqrt 2)) / 2
+        self.save_for_backward(x, cdf, t)
+        return x * cdf                                           # y = x Phi(x)
+
+    def backward(self, dy):
+        """dy (any shape) -> dx (the same shape)."""
+        x, cdf, t = self.saved_tensors()
+        if t is None:
+            # y = x Phi(x)  =>  dy/dx = Phi(x) + x phi(x),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+            pdf = xp.exp(-0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi))
+            return dy * (cdf + x * pdf)
+        # y = x (1 + tanh u) / 2  =>  dy/dx = (1 + t) / 2 + x (1 - t^2) / 2 * du/dx,
+        # du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+        du_dx = SQRT_2_OVER_PI * (1.0 + (3.0 * GELU_CUBIC) * (x * x))
+        return dy * (cdf + 0.5 * x * (1.0 - t * t) * du_dx)
+
+
+#: the feed-forward activations by name: the paper's ReLU, exact GELU, GPT-2's tanh GELU
+ACTIVATIONS = {"relu": ReLU, "gelu": GELU, "gelu_tanh": lambda: GELU("tanh")}
+
+
+def make_activation(name):
+    """A new activation module from its name in :data:`ACTIVATIONS`."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}")
+    return ACTIVATIONS[name]()

@@ -8,7 +8,8 @@ import dataclasses
 
 from minitf import backend
 from minitf.attention import MultiHeadAttention
-from minitf.layers import Dropout, Embedding, LayerNorm, Linear, OutputProjection, PositionalEncoding, ReLU
+from minitf.layers import (Dropout, Embedding, LayerNorm, Linear, OutputProjection, PositionalEncoding,
+                           make_activation)
 from minitf.module import Module, ModuleList
 
 
@@ -16,18 +17,20 @@ from minitf.module import Module, ModuleList
 # FFN(x) = max(0, x W1 + b1) W2 + b2                                 (paper eq. 2)
 # --------------------------------------------------------------------------- #
 class FeedForward(Module):
-    """Position-wise feed-forward network: (..., D) -> (..., F) -> (..., D)."""
+    """Position-wise feed-forward network: (..., D) -> (..., F) -> (..., D).
 
-    def __init__(self, d_model, d_ff):
+    ``activation``: "relu" (the paper), "gelu" (exact) or "gelu_tanh" (GPT-2's)."""
+
+    def __init__(self, d_model, d_ff, activation="relu"):
         self.linear1 = Linear(d_model, d_ff)
-        self.relu = ReLU()
+        self.activation = make_activation(activation)
         self.linear2 = Linear(d_ff, d_model)
 
     def forward(self, x):
-        return self.linear2(self.relu(self.linear1(x)))
+        return self.linear2(self.activation(self.linear1(x)))
 
     def backward(self, dy):
-        return self.linear1.backward(self.relu.backward(self.linear2.backward(dy)))
+        return self.linear1.backward(self.activation.backward(self.linear2.backward(dy)))
 
 
 # --------------------------------------------------------------------------- #
@@ -98,28 +101,34 @@ class DecoderLayer(Module):
     """Masked self-attention, cross-attention over the encoder output, feed-forward.
 
     x (B, T, D), memory (B, S, D) -> (B, T, D). Backward returns (dx, dmemory).
+    With ``cross_attention=False`` (a GPT's block: no encoder to attend to) the layer is masked
+    self-attention and feed-forward only; ``memory`` is None and dmemory is 0.
     """
 
-    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False):
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu",
+                 cross_attention=True):
         self.self_attn = MultiHeadAttention(d_model, num_heads)
         self.self_attn_block = SublayerConnection(d_model, dropout, pre_norm)
-        self.cross_attn = MultiHeadAttention(d_model, num_heads)
-        self.cross_attn_block = SublayerConnection(d_model, dropout, pre_norm)
-        self.feed_forward = FeedForward(d_model, d_ff)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads) if cross_attention else None
+        self.cross_attn_block = SublayerConnection(d_model, dropout, pre_norm) if cross_attention else None
+        self.feed_forward = FeedForward(d_model, d_ff, activation)
         self.ff_block = SublayerConnection(d_model, dropout, pre_norm)
 
-    def forward(self, x, memory, memory_padding_mask=None, tgt_padding_mask=None, cache=None):
+    def forward(self, x, memory=None, memory_padding_mask=None, tgt_padding_mask=None, cache=None):
         self_cache = None if cache is None else cache.setdefault("self", {})
-        cross_cache = None if cache is None else cache.setdefault("cross", {})
         x = self.self_attn_block(x, lambda h: self.self_attn(
             h, key_padding_mask=tgt_padding_mask, causal=True, cache=self_cache))
-        x = self.cross_attn_block(x, lambda h: self.cross_attn(
-            h, memory, key_padding_mask=memory_padding_mask, cache=cross_cache))
+        if self.cross_attn is not None:
+            cross_cache = None if cache is None else cache.setdefault("cross", {})
+            x = self.cross_attn_block(x, lambda h: self.cross_attn(
+                h, memory, key_padding_mask=memory_padding_mask, cache=cross_cache))
         return self.ff_block(x, self.feed_forward)
 
     def backward(self, dy):
         dx = self.ff_block.backward(dy, self.feed_forward.backward)
-        dx, dmemory = self.cross_attn_block.backward(dx, self.cross_attn.backward)
+        dmemory = 0  # no cross-attention: the memory (there is none) gets nothing
+        if self.cross_attn is not None:
+            dx, dmemory = self.cross_attn_block.backward(dx, self.cross_attn.backward)
         dx, _ = self.self_attn_block.backward(dx, self.self_attn.backward)
         return dx, dmemory
 
@@ -149,14 +158,17 @@ class Decoder(Module):
     """N decoder layers (and a final LayerNorm when pre-LN). x (B, T, D) -> (B, T, D).
 
     Every layer reads the same encoder output, so backward sums their
-    contributions into one dmemory (B, S, D)."""
+    contributions into one dmemory (B, S, D). ``activation`` and ``cross_attention`` as in
+    :class:`DecoderLayer` (without cross-attention: a GPT's stack, no memory, dmemory 0)."""
 
-    def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False):
-        self.layers = ModuleList([DecoderLayer(d_model, num_heads, d_ff, dropout, pre_norm)
+    def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu",
+                 cross_attention=True):
+        self.layers = ModuleList([DecoderLayer(d_model, num_heads, d_ff, dropout, pre_norm, activation,
+                                               cross_attention)
                                   for _ in range(num_layers)])
         self.final_norm = LayerNorm(d_model) if pre_norm else None
 
-    def forward(self, x, memory, memory_padding_mask=None, tgt_padding_mask=None, cache=None):
+    def forward(self, x, memory=None, memory_padding_mask=None, tgt_padding_mask=None, cache=None):
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, memory_padding_mask, tgt_padding_mask,
                       cache=None if cache is None else cache.setdefault(i, {}))
@@ -170,6 +182,25 @@ class Decoder(Module):
             dx, dmemory_layer = layer.backward(dx)
             dmemory = dmemory + dmemory_layer  # memory feeds every layer: gradients add
         return dx, dmemory
+
+
+def check_ids(ids, name, vocab_size):
+    """Validate token ids at a model's boundary (a ValueError naming ``name`` when they
+    are not a non-empty (B, L) integer array with ids in [0, vocab_size)); returns them
+    as a device array. Ids on the host are range-checked there, with no device sync."""
+    if not (backend.is_array(ids) or isinstance(ids, backend.host.ndarray)):
+        raise ValueError(f"{name} must be an integer array of shape (B, L), got {type(ids).__name__}")
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must have shape (B, L) (rank 2), got shape {tuple(ids.shape)}")
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+    if 0 in ids.shape:
+        raise ValueError(f"{name} must be non-empty, got shape {tuple(ids.shape)}")
+    if isinstance(ids, backend.host.ndarray):  # checked on the host: no device sync
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"{name} must hold ids in [0, {vocab_size}), got values from {low} to {high}")
+    return backend.asarray(ids)
 
 
 # --------------------------------------------------------------------------- #
@@ -241,22 +272,8 @@ class Transformer(Module):
 
     # -- input checks at the boundary -----------------------------------------
     def check_ids(self, ids, name, vocab_size):
-        """Validate token ids at the model's boundary (a ValueError naming ``name`` when they
-        are not a non-empty (B, L) integer array with ids in [0, vocab_size)); returns them
-        as a device array. Ids on the host are range-checked there, with no device sync."""
-        if not (backend.is_array(ids) or isinstance(ids, backend.host.ndarray)):
-            raise ValueError(f"{name} must be an integer array of shape (B, L), got {type(ids).__name__}")
-        if ids.ndim != 2:
-            raise ValueError(f"{name} must have shape (B, L) (rank 2), got shape {tuple(ids.shape)}")
-        if ids.dtype.kind not in "iu":
-            raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
-        if 0 in ids.shape:
-            raise ValueError(f"{name} must be non-empty, got shape {tuple(ids.shape)}")
-        if isinstance(ids, backend.host.ndarray):  # checked on the host: no device sync
-            low, high = int(ids.min()), int(ids.max())
-            if low < 0 or high >= vocab_size:
-                raise ValueError(f"{name} must hold ids in [0, {vocab_size}), got values from {low} to {high}")
-        return backend.asarray(ids)
+        """:func:`check_ids` (kept as a method for the callers that use it)."""
+        return check_ids(ids, name, vocab_size)
 
 
     # -- forward / backward ---------------------------------------------------------

@@ -1,0 +1,394 @@
+"""The decoder-only Transformer (GPT): the decoder's masked self-attention and feed-forward
+blocks without cross-attention, trained to predict the next token. Every piece is a layer the
+encoder-decoder uses; what separates the paper's decoder, GPT-1 and GPT-2 is constructor options:
+
+    option            the paper's decoder   GPT-1 (2018)        GPT-2 (2019, the default)
+    pre_norm          False (post-LN)       False               True, with a final LayerNorm
+    activation        "relu"                "gelu_tanh"         "gelu_tanh"
+    positions         "sinusoidal"          "learned"           "learned"
+    scale_embedding   True (x sqrt(D))      False               False
+    init              "xavier"              "normal" (0.02)     "gpt2": normal(0, 0.02), residual
+                                                                projections / sqrt(2 x layers)
+
+(``GPT.preset(name, vocab_size, ...)`` fills in one column.) ``GPT.from_pretrained(folder)``
+reads a Hugging Face GPT-2 folder (``config.json``, ``model.safetensors``) and ``save_pretrained``
+writes one; :func:`generate` samples with the key/value cache of the translation decoder.
+
+Shapes: B batch, L sequence length, D d_model, V vocabulary size.
+"""
+import dataclasses
+import json
+import math
+import pathlib
+
+from minitf import backend
+from minitf.atomic import write_atomic
+from minitf.layers import (ACTIVATIONS, Dropout, Embedding, LearnedPositionalEmbedding, OutputProjection,
+                           PositionalEncoding)
+from minitf.module import Module, no_grad
+from minitf.transformer import Decoder, check_ids
+
+np = backend.host  # sampling works on the host: one (B, V) row of logits per step
+
+POSITIONS = ("learned", "sinusoidal")
+INITS = ("gpt2", "normal", "xavier")
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    """A GPT's shape and choices: what ``GPT.from_config`` needs (defaults: GPT-2 small, 124M
+    parameters, but for the vocabulary size)."""
+    vocab_size: int
+    max_len: int = 1024
+    d_model: int = 768
+    num_heads: int = 12
+    num_layers: int = 12
+    d_ff: int = 3072
+    dropout: float = 0.1
+    pre_norm: bool = True
+    activation: str = "gelu_tanh"
+    positions: str = "learned"
+    scale_embedding: bool = False
+    init: str = "gpt2"
+    init_std: float = 0.02
+    layer_norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+
+
+PRESETS = {
+    "paper": dict(pre_norm=False, activation="relu", positions="sinusoidal", scale_embedding=True, init="xavier"),
+    "gpt1": dict(pre_norm=False, activation="gelu_tanh", positions="learned", scale_embedding=False, init="normal"),
+    "gpt2": dict(pre_norm=True, activation="gelu_tanh", positions="learned", scale_embedding=False, init="gpt2"),
+}
+
+
+class GPT(Module):
+    """Decoder-only Transformer: ``model(ids)`` takes token ids (B, L) and returns next-token
+    logits (B, L, V); position t sees tokens 0..t only.
+
+    Parts: ``embed`` (token embedding, tied to the output projection ``generator`` unless
+    ``tie_embeddings=False``), ``positional`` (learned table or sinusoids), ``dropout`` on their
+    sum, ``decoder`` (a :class:`minitf.transformer.Decoder` without cross-attention, with its final
+    LayerNorm when pre-LN), ``generator``. The next-token loss is
+    ``LabelSmoothedCrossEntropy(0.0, ignore_index=-1)(model(ids[:, :-1]), ids[:, 1:])``.
+    """
+
+    def __init__(self, vocab_size, max_len=1024, d_model=768, num_heads=12, num_layers=12, d_ff=3072, dropout=0.1,
+                 pre_norm=True, activation="gelu_tanh", positions="learned", scale_embedding=False, init="gpt2",
+                 init_std=0.02, layer_norm_eps=1e-5, tie_embeddings=True):
+        for name, value in [("vocab_size", vocab_size), ("max_len", max_len), ("d_model", d_model),
+                            ("num_heads", num_heads), ("num_layers", num_layers), ("d_ff", d_ff)]:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
+        for name, value, allowed in [("activation", activation, tuple(ACTIVATIONS)), ("positions", positions, POSITIONS),
+                                     ("init", init, INITS)]:
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        self.config = dict(vocab_size=vocab_size, max_len=max_len, d_model=d_model, num_heads=num_heads,
+                           num_layers=num_layers, d_ff=d_ff, dropout=dropout, pre_norm=pre_norm, activation=activation,
+                           positions=positions, scale_embedding=scale_embedding, init=init, init_std=init_std,
+                           layer_norm_eps=layer_norm_eps, tie_embeddings=tie_embeddings)
+        self.vocab_size, self.max_len = vocab_size, max_len
+        self.embed = Embedding(vocab_size, d_model, scale=scale_embedding)
+        self.positional = (LearnedPositionalEmbedding(max_len, d_model, init_std) if positions == "learned"
+                           else PositionalEncoding(d_model))
+        self.dropout = Dropout(dropout)
+        self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation,
+                               cross_attention=False)
+        for module in self.decoder.modules():
+            if hasattr(module, "eps"):  # every LayerNorm (GPT-2's layer_norm_epsilon)
+                module.eps = layer_norm_eps
+        # tied (paper 3.4, GPT-2): the embedding's own weight; untied: a weight of its own
+        self.generator = OutputProjection(self.embed.weight if tie_embeddings
+                                          else Embedding(vocab_size, d_model).weight)
+        if init != "xavier":
+            self.init_normal(init_std, residual_scaling=init == "gpt2")
+
+    def init_normal(self, std, residual_scaling):
+        """Every weight matrix and table ~ N(0, std^2), biases 0, LayerNorm gains 1 (GPT-1, GPT-2).
+        With ``residual_scaling`` (GPT-2, section 2.3), the two projections that write into the
+        residual stream in each layer (attention's W^O, the feed-forward's second linear) get
+        std / sqrt(2 x layers): the stream adds 2 x layers of them, and its variance stays O(1)."""
+        rng = backend.init_rng()
+        residual_std = std / math.sqrt(2 * self.config["num_layers"])
+        for name, p in self.named_parameters():
+            if p.data.ndim != 2:  # biases and LayerNorm's gamma and beta keep their 0 and 1
+                continue
+            scaled = residual_scaling and name.endswith(("self_attn.w_o", "feed_forward.linear2.weight"))
+            p.data[...] = backend.asarray(rng.normal(0.0, residual_std if scaled else std, p.shape), dtype=p.data.dtype)
+
+    @classmethod
+    def from_config(cls, config):
+        """Build the model a :class:`GPTConfig` (or its dict) describes."""
+        return cls(**(dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)))
+
+    @classmethod
+    def preset(cls, name, vocab_size, **options):
+        """The model of one column of the module's table ("paper", "gpt1" or "gpt2"), with
+        ``options`` (sizes, dropout...) on top."""
+        if name not in PRESETS:
+            raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {name!r}")
+        return cls(vocab_size, **(PRESETS[name] | options))
+
+    # -- forward / backward ---------------------------------------------------------
+    def forward(self, ids, cache=None, start=0):
+        """ids (B, L) integer array -> logits (B, L, V). With ``cache`` (a dict, no_grad only),
+        ``ids`` holds only the new positions, the first at position ``start``; the keys and values
+        of the earlier positions come from the cache (:func:`generate`)."""
+        ids = check_ids(ids, "ids", self.vocab_size)
+        x = self.embed(ids)                                      # W[ids] (* sqrt(D) in the paper)
+        x = self.dropout(self.positional(x, start=start))        # + positions, then dropout
+        h = self.decoder(x, cache=cache)                         # N masked blocks (+ final LayerNorm)
+        return self.generator(h)                                 # logits = h W^T
+
+    def backward(self, dlogits):
+        """dlogits (B, L, V) -> fills ``p.grad`` of every parameter (accumulating)."""
+        dh = self.generator.backward(dlogits)                    # logits = h W^T
+        dx, _ = self.decoder.backward(dh)                        # no encoder: no memory gradient
+        dembedded = self.positional.backward(self.dropout.backward(dx))
+        self.embed.backward(dembedded)                           # tied: adds into the generator's dW
+
+    # -- Hugging Face GPT-2 folders ---------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, folder, dtype=None):
+        """The GPT of a Hugging Face GPT-2 folder: ``config.json`` and ``model.safetensors``, read
+        with the ``safetensors`` package's NumPy API (no torch, no pickle), built under ``dtype``
+        (default: minitf's default float dtype). A ValueError names what does not fit."""
+        folder = pathlib.Path(folder)
+        hf = _read_hf_config(folder)
+        with backend.default_dtype(dtype or backend.get_default_dtype()):
+            model = cls(**_config_from_hf(hf))
+        model.hf_config = hf  # kept, so that save_pretrained writes back its other entries
+        weights = _safetensors().load_file(str(folder / "model.safetensors"))
+        model.load_state_dict(hf_to_minitf_state(weights, model.config))
+        return model
+
+    def save_pretrained(self, folder):
+        """Write this model as a Hugging Face GPT-2 folder (``config.json`` and ``model.safetensors``
+        in the model's dtype), each file atomically. Only GPT-2's shape can be written: pre-LN,
+        learned positions, no embedding scale."""
+        folder = pathlib.Path(folder)
+        hf = _hf_config_from(self.config, getattr(self, "hf_config", {}))
+        tensors = {name: backend.host.ascontiguousarray(array) for name, array in
+                   minitf_to_hf_state(self.state_dict(), self.config).items()}
+        write_atomic(folder / "model.safetensors", _safetensors().save(tensors, metadata={"format": "pt"}))
+        write_atomic(folder / "config.json", json.dumps(hf, indent=2, sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------- #
+# Hugging Face's GPT-2 <-> minitf: names and configuration
+# --------------------------------------------------------------------------- #
+# GPT-2's Conv1D stores W as (d_in, d_out) with y = x W + b, minitf's Linear's layout, and c_attn
+# holds [W^Q W^K W^V] side by side as minitf's w_qkv (D, 3D) does, heads split the same way
+# ((B, L, H, dk) from the D columns): every array maps as it is, none transposed.
+_LAYER = [("ln_1.weight", "self_attn_block.norm.gamma"), ("ln_1.bias", "self_attn_block.norm.beta"),
+          ("attn.c_attn.weight", "self_attn.w_qkv"), ("attn.c_attn.bias", "self_attn.b_qkv"),
+          ("attn.c_proj.weight", "self_attn.w_o"), ("attn.c_proj.bias", "self_attn.b_o"),
+          ("ln_2.weight", "ff_block.norm.gamma"), ("ln_2.bias", "ff_block.norm.beta"),
+          ("mlp.c_fc.weight", "feed_forward.linear1.weight"), ("mlp.c_fc.bias", "feed_forward.linear1.bias"),
+          ("mlp.c_proj.weight", "feed_forward.linear2.weight"), ("mlp.c_proj.bias", "feed_forward.linear2.bias")]
+#: Hugging Face's activation_function -> minitf's activation
+HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+_HF_NAME_OF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+
+
+def name_map(config):
+    """``[(Hugging Face name, minitf name)]`` for every parameter of a GPT-2-shaped model with
+    this config (a dict of ``GPT``'s arguments). Hugging Face names are those of
+    ``GPT2LMHeadModel``'s state dict without the ``transformer.`` prefix."""
+    pairs = [("wte.weight", "embed.weight"), ("wpe.weight", "positional.weight")]
+    for i in range(config["num_layers"]):
+        pairs += [(f"h.{i}.{hf}", f"decoder.layers.{i}.{ours}") for hf, ours in _LAYER]
+    pairs += [("ln_f.weight", "decoder.final_norm.gamma"), ("ln_f.bias", "decoder.final_norm.beta")]
+    if not config.get("tie_embeddings", True):
+        pairs.append(("lm_head.weight", "generator.weight"))
+    return pairs
+
+
+def hf_to_minitf_state(weights, config):
+    """``{minitf name: array}`` from a GPT-2 state dict ``{name: array}`` (with or without the
+    ``transformer.`` prefix; the attention-mask buffers ``attn.bias``/``attn.masked_bias`` of older
+    files and a tied ``lm_head.weight`` are left out). Unknown or missing names: a ValueError."""
+    found = {}
+    for name, array in weights.items():
+        short = name.removeprefix("transformer.")
+        if short.endswith((".attn.bias", ".attn.masked_bias")):  # constant causal masks, not parameters
+            continue
+        if short == "lm_head.weight" and config.get("tie_embeddings", True):  # the same matrix as wte
+            continue
+        found[short] = array
+    pairs = name_map(config)
+    missing = sorted({hf for hf, _ in pairs} - set(found))
+    unknown = sorted(set(found) - {hf for hf, _ in pairs})
+    if missing or unknown:
+        raise ValueError("the weights do not fit a GPT-2 of this config.json: "
+                         + "; ".join(filter(None, [missing and f"missing {missing}",
+                                                   unknown and f"not GPT-2 parameters {unknown}"])))
+    return {ours: found[hf] for hf, ours in pairs}
+
+
+def minitf_to_hf_state(state, config):
+    """``{Hugging Face name: array}`` (``GPT2LMHeadModel``'s, with the ``transformer.`` prefix)
+    from ``GPT.state_dict()``."""
+    return {(hf if hf == "lm_head.weight" else "transformer." + hf): state[ours] for hf, ours in name_map(config)}
+
+
+def _safetensors():
+    try:
+        import safetensors.numpy
+    except ImportError:
+        raise ImportError("reading and writing Hugging Face folders needs the safetensors package: "
+                          'pip install -e ".[hf]"') from None
+    return safetensors.numpy
+
+
+def _read_hf_config(folder):
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder; give a Hugging Face GPT-2 folder (config.json, model.safetensors)")
+    for name in ("config.json", "model.safetensors"):
+        if not (folder / name).is_file():
+            extra = " (pytorch_model.bin is not read: it is a pickle)" if name == "model.safetensors" else ""
+            raise ValueError(f"{folder} has no {name}; a Hugging Face GPT-2 folder has config.json and "
+                             f"model.safetensors{extra}")
+    try:
+        hf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{folder / 'config.json'} is not readable JSON ({error})") from None
+    if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
+        kind = hf.get("model_type") if isinstance(hf, dict) else None
+        raise ValueError(f"{folder / 'config.json'} describes model_type {kind!r}, not 'gpt2'; only GPT-2 is read")
+    return hf
+
+
+def _config_from_hf(hf):
+    """``GPT``'s arguments from a GPT-2 config.json (Hugging Face's defaults where a key is absent).
+    Options minitf does not compute are refused, not ignored."""
+    activation = hf.get("activation_function", "gelu_new")
+    refused = []
+    if activation not in HF_ACTIVATIONS:
+        refused.append(f"activation_function {activation!r} (minitf has {', '.join(HF_ACTIVATIONS)})")
+    refused += [f"{key}={hf[key]!r}" for key, fine in [("scale_attn_weights", True),
+                                                      ("scale_attn_by_inverse_layer_idx", False),
+                                                      ("add_cross_attention", False)]
+                if key in hf and hf[key] != fine]
+    if refused:
+        raise ValueError(f"this GPT-2 config uses what minitf does not compute: {', '.join(refused)}")
+    d_model = hf.get("n_embd", 768)
+    return dict(vocab_size=hf.get("vocab_size", 50257), max_len=hf.get("n_positions", 1024), d_model=d_model,
+                num_heads=hf.get("n_head", 12), num_layers=hf.get("n_layer", 12),
+                d_ff=hf.get("n_inner") or 4 * d_model, dropout=hf.get("resid_pdrop", 0.1), pre_norm=True,
+                activation=HF_ACTIVATIONS[activation], positions="learned", scale_embedding=False, init="gpt2",
+                init_std=hf.get("initializer_range", 0.02), layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+                tie_embeddings=hf.get("tie_word_embeddings", True))
+
+
+def _hf_config_from(config, previous):
+    """A GPT-2 config.json for a model of ``config``, keeping ``previous``'s other entries (token
+    ids, task parameters of a loaded model). A ValueError for a model GPT-2 cannot describe."""
+    wrong = [what for what, bad in [("post-LN (pre_norm=False)", not config["pre_norm"]),
+                                    ("sinusoidal positions", config["positions"] != "learned"),
+                                    ("a scaled embedding", config["scale_embedding"])] if bad]
+    if wrong:
+        raise ValueError(f"a Hugging Face GPT-2 folder cannot hold this model: it has {', '.join(wrong)}; "
+                         "only GPT-2's shape (GPT.preset('gpt2', ...)) can be saved")
+    hf = dict(previous)
+    hf.update(architectures=["GPT2LMHeadModel"], model_type="gpt2", vocab_size=config["vocab_size"],
+              n_positions=config["max_len"], n_embd=config["d_model"], n_head=config["num_heads"],
+              n_layer=config["num_layers"], n_inner=config["d_ff"],
+              activation_function=_HF_NAME_OF_ACTIVATION[config["activation"]],
+              resid_pdrop=config["dropout"], embd_pdrop=config["dropout"],
+              attn_pdrop=0.0,  # minitf has no dropout on the attention weights (nor has the paper)
+              layer_norm_epsilon=config["layer_norm_eps"], initializer_range=config["init_std"],
+              tie_word_embeddings=config["tie_embeddings"], scale_attn_weights=True,
+              scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False)
+    hf.pop("n_ctx", None)  # an older name of n_positions: one number, not two that could disagree
+    return hf
+
+
+# --------------------------------------------------------------------------- #
+# Sampling with the key/value cache
+# --------------------------------------------------------------------------- #
+def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, eos_id=None,
+             return_logits=False):
+    """Continue ``prompt`` (B, L) token ids by ``max_new_tokens`` tokens, one at a time.
+
+    The prompt runs once; then each step runs the model on the one new token only, its
+    self-attention reading the keys and values of every earlier position from a cache (the
+    translation decoder's, ``MultiHeadAttention``'s ``cache``), so a step costs one position, not
+    the whole sequence. ``temperature`` 0 is greedy (the most likely token); otherwise the token
+    is drawn from softmax(logits / temperature), restricted to the ``top_k`` most likely tokens
+    and to the smallest set of most likely tokens whose probability reaches ``top_p`` (nucleus
+    sampling), by a host generator seeded with ``seed``. A row that produced ``eos_id`` repeats
+    it; generation stops when every row has. Runs in eval mode under no_grad (the model's mode is
+    restored). Returns ids (B, L + n), and with ``return_logits`` also the logits (B, n, V) each
+    new token was chosen from.
+    """
+    prompt = backend.to_numpy(check_ids(prompt, "prompt", model.vocab_size))
+    B, L = prompt.shape
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    fed = L + max_new_tokens - 1  # the last new token is never fed back
+    if model.config["positions"] == "learned" and fed > model.max_len:
+        raise ValueError(f"a prompt of {L} tokens and {max_new_tokens} new tokens need {fed} positions, the model "
+                         f"has {model.max_len}; ask for at most {model.max_len - L + 1} new tokens")
+    rng = np.random.default_rng(seed)
+    ids, steps, done = [prompt], [], np.zeros(B, dtype=bool)
+    training = model.training
+    model.eval()
+    try:
+        with no_grad():
+            cache = {}
+            logits = model(prompt, cache=cache)[:, -1]                       # the prompt once  (B, V)
+            for step in range(max_new_tokens):
+                row = backend.to_numpy(logits).astype(np.float64)           # (B, V) on the host
+                steps.append(row)
+                token = choose_tokens(row, temperature, top_k, top_p, rng)  # (B,)
+                if eos_id is not None:
+                    token = np.where(done, eos_id, token)                   # a finished row repeats eos
+                    done |= token == eos_id
+                ids.append(token[:, None])
+                if step + 1 == max_new_tokens or done.all():
+                    break
+                logits = model(token[:, None], cache=cache, start=L + step)[:, -1]  # one position
+    finally:
+        model.train(training)
+    ids = np.concatenate(ids, axis=1)
+    if return_logits:
+        V = model.vocab_size
+        return ids, (np.stack(steps, axis=1) if steps else np.zeros((B, 0, V)))
+    return ids
+
+
+def choose_tokens(logits, temperature=1.0, top_k=None, top_p=None, rng=None):
+    """One token id per row of host ``logits`` (B, V): greedy at temperature 0, else a draw from
+    softmax(logits / temperature) cut to the top_k most likely tokens and to the nucleus of
+    probability top_p (the most likely token always stays). Returns (B,) int64."""
+    if temperature == 0:
+        return logits.argmax(axis=-1)
+    B, V = logits.shape
+    z = logits / temperature
+    if top_k is not None and top_k < V:
+        kth = np.partition(z, V - top_k, axis=-1)[:, V - top_k, None]     # the k-th largest  (B, 1)
+        z = np.where(z >= kth, z, -np.inf)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)                                   # softmax  (B, V)
+    if top_p is not None and top_p < 1:
+        order = np.argsort(-p, axis=-1, kind="stable")                   # most likely first
+        sorted_p = np.take_along_axis(p, order, axis=-1)
+        before = np.cumsum(sorted_p, axis=-1) - sorted_p                 # mass of the more likely tokens
+        keep = np.zeros_like(p, dtype=bool)
+        np.put_along_axis(keep, order, before < top_p, axis=-1)          # the nucleus, in vocabulary order
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(axis=-1, keepdims=True)
+    cdf = np.cumsum(p, axis=-1)
+    u = (rng if rng is not None else np.random.default_rng()).random((B, 1)) * cdf[:, -1:]  # in [0, total)
+    # inverse CDF: token i when cdf[i-1] <= u < cdf[i] (a token of probability 0 is never chosen)
+    return (cdf <= u).sum(axis=-1)

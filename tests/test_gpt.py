@@ -1,0 +1,310 @@
+"""The decoder-only GPT (minitf/gpt.py) and its new layers: GELU (exact and tanh), the learned
+positional embedding, erf, the whole model's gradient with the next-token loss, causality,
+GPT-2's initialisation, and sampling with the key/value cache against full recomputation.
+
+Tolerances as in tests/test_transformer.py: rtol 1e-6 for a layer without LayerNorm, 1e-5
+(LN_RTOL) with one inside; a wrong backward is off by O(1)."""
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import minitf
+from minitf import backend
+from minitf.backend import xp
+from minitf.gpt import GPT, choose_tokens, generate
+from minitf.layers import GELU, LearnedPositionalEmbedding
+from minitf.transformer import FeedForward
+from tests.helpers import assert_gradients_match, np, random_array, randomize, seeds, small
+
+pytestmark = pytest.mark.usefixtures("float64")
+LN_RTOL = 1e-5
+
+
+# --------------------------------------------------------------------------- #
+# erf and GELU
+# --------------------------------------------------------------------------- #
+def test_erf_equals_math_erf_to_float64_rounding():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.linspace(-9, 9, 20001), rng.normal(0, 2, 20000), [0.0, 1.0, -1.0, 8.0, 5e-324, -27.5]])
+    ours = backend.to_numpy(backend.erf(backend.asarray(x)))
+    exact = np.array([math.erf(v) for v in x])
+    # relative error within 4 units in the last place: the rational approximations' own error
+    assert (np.abs(ours - exact) <= 4 * np.finfo(np.float64).eps * np.abs(exact) + 1e-300).all()
+    edges = backend.to_numpy(backend.erf(backend.asarray(np.array([1e300, -np.inf, np.inf, np.nan]))))
+    assert edges[:3].tolist() == [1.0, -1.0, 1.0] and np.isnan(edges[3])
+    for dtype in (np.float32, np.float16):  # the input's dtype is kept, and stays accurate to its own rounding
+        low = backend.to_numpy(backend.erf(backend.asarray(x[:20001].astype(dtype))))
+        assert low.dtype == dtype
+        assert np.abs(low - np.array([math.erf(v) for v in x[:20001].astype(dtype)])).max() <= 2 * np.finfo(dtype).eps
+
+
+@given(B=small, L=small, D=small, seed=seeds, scale=st.floats(0.1, 5), approximate=st.sampled_from(["none", "tanh"]))
+def test_gelu_gradients(B, L, D, seed, scale, approximate):
+    layer = GELU(approximate)
+    assert_gradients_match(layer, random_array(seed, (B, L, D), scale), seed=seed)
+
+
+def test_gelu_is_x_times_the_normal_cdf_and_tanh_is_gpt2s_approximation():
+    x = np.linspace(-6, 6, 1201)
+    exact = backend.to_numpy(GELU().forward(backend.asarray(x)))
+    tanh = backend.to_numpy(GELU("tanh").forward(backend.asarray(x)))
+    # atol: for x << 0, 1 + erf(x / sqrt 2) cancels, in this formula as in the layer
+    assert np.allclose(exact, [v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x], rtol=1e-14, atol=1e-15)
+    gpt2 = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))  # Hugging Face's gelu_new
+    assert np.allclose(tanh, gpt2, rtol=1e-14, atol=1e-15)
+    assert 1e-4 < np.abs(exact - tanh).max() < 1e-3  # close, but two functions
+    with pytest.raises(ValueError, match="'none' or 'tanh'"):
+        GELU("fast")
+
+
+@given(B=small, L=small, D=small, F=small, seed=seeds, activation=st.sampled_from(["gelu", "gelu_tanh"]))
+def test_feed_forward_with_gelu_gradients(B, L, D, F, seed, activation):
+    ff = randomize(FeedForward(D, F, activation), seed)
+    assert isinstance(ff.activation, GELU)
+    assert_gradients_match(ff, random_array(seed, (B, L, D)), seed=seed)
+
+
+# --------------------------------------------------------------------------- #
+# learned positions
+# --------------------------------------------------------------------------- #
+@given(B=small, L=small, D=small, extra=st.integers(0, 3), data=st.data(), seed=seeds)
+def test_learned_positional_embedding_gradients(B, L, D, extra, data, seed):
+    layer = randomize(LearnedPositionalEmbedding(L + extra, D), seed)
+    start = data.draw(st.integers(0, extra))  # a slice anywhere in the table (the cache's later steps)
+    assert_gradients_match(layer, random_array(seed, (B, L, D)), seed=seed, start=start)
+
+
+def test_learned_positions_add_their_rows_and_refuse_positions_beyond_the_table():
+    layer = LearnedPositionalEmbedding(5, 3)
+    table = backend.to_numpy(layer.weight.data)
+    x = random_array(1, (2, 2, 3))
+    assert np.array_equal(backend.to_numpy(layer.forward(x, start=3)), backend.to_numpy(x) + table[3:5])
+    layer.backward(random_array(2, (2, 2, 3)))
+    assert not backend.to_numpy(layer.weight.grad)[:3].any()  # rows not read get no gradient
+    with pytest.raises(ValueError, match=r"positions 4\.\.5 asked of a learned table of 5 positions"):
+        layer.forward(x, start=4)
+
+
+# --------------------------------------------------------------------------- #
+# the whole GPT
+# --------------------------------------------------------------------------- #
+@st.composite
+def gpt_and_ids(draw, max_layers=2):
+    """A randomly configured GPT (every option drawn) and a batch of token ids (B, L + 1)."""
+    H = draw(st.integers(1, 2))
+    D = H * draw(st.integers(2 if H == 1 else 1, 3))
+    L = draw(st.integers(1, 4))
+    config = dict(vocab_size=draw(st.integers(2, 7)), max_len=L + draw(st.integers(0, 2)), d_model=D, num_heads=H,
+                  num_layers=draw(st.integers(1, max_layers)), d_ff=draw(st.integers(1, 5)),
+                  dropout=draw(st.sampled_from([0.0, 0.3])), pre_norm=draw(st.booleans()),
+                  activation=draw(st.sampled_from(["relu", "gelu", "gelu_tanh"])),
+                  positions=draw(st.sampled_from(["learned", "sinusoidal"])), scale_embedding=draw(st.booleans()),
+                  init=draw(st.sampled_from(["gpt2", "normal", "xavier"])), tie_embeddings=draw(st.booleans()))
+    seed = draw(seeds)
+    ids = np.random.default_rng(seed).integers(0, config["vocab_size"], (draw(st.integers(1, 3)), L + 1))
+    return config, ids, seed
+
+
+def next_token_loss():
+    """The causal language-model loss: the target of position t is token t + 1 (no smoothing, no
+    padding: ignore_index -1 is no token id)."""
+    return minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+
+
+@settings(max_examples=15)
+@given(case=gpt_and_ids())
+def test_whole_gpt_gradient_of_the_next_token_loss(case):
+    """Every entry of every parameter's gradient against central differences of the loss, through
+    a random upstream gradient of the scalar loss; the token ids are not changed."""
+    config, ids, seed = case
+    backend.manual_seed(seed)
+    model = randomize(GPT(**config), seed)  # random gains, biases: every term counts, no ReLU kink at 0
+    loss_fn, before = next_token_loss(), ids.copy()
+    inputs, targets = ids[:, :-1], ids[:, 1:]  # the shift: position t predicts token t + 1
+    assert_gradients_match(lambda: backend.asarray(loss_fn(model(inputs), targets)),
+                           lambda g: model.backward(loss_fn.backward(float(g))), {},
+                           dict(model.named_parameters()), seed=seed, reseed=seed, rtol=LN_RTOL)
+    assert np.array_equal(ids, before)
+
+
+@given(case=gpt_and_ids())
+def test_gpt_causality_changing_token_t_changes_no_earlier_output(case):
+    config, ids, seed = case
+    backend.manual_seed(seed)
+    model = randomize(GPT(**config), seed).eval()
+    t = int(np.random.default_rng(seed).integers(0, ids.shape[1]))
+    changed = ids.copy()
+    changed[:, t] = (changed[:, t] + 1) % config["vocab_size"]  # another token at t
+    ids, changed = ids[:, :config["max_len"]], changed[:, :config["max_len"]]
+    with minitf.no_grad():
+        a, b = backend.to_numpy(model(ids)), backend.to_numpy(model(changed))
+    assert np.array_equal(a[:, :t], b[:, :t])  # bit for bit: nothing before t reads token t
+
+
+def test_gpt2_initialisation_scales_the_residual_projections():
+    """normal(0, 0.02) everywhere, 0.02 / sqrt(2 x layers) for attention's W^O and the second
+    feed-forward linear (GPT-2 section 2.3); biases 0, gains 1. 'normal' (GPT-1) does not scale."""
+    N, D = 3, 64
+    model = GPT(100, max_len=64, d_model=D, num_heads=4, num_layers=N, d_ff=4 * D)
+    std = {name: float(backend.to_numpy(p.data).std()) for name, p in model.named_parameters()}
+    for name, value in std.items():
+        if name.endswith(("self_attn.w_o", "feed_forward.linear2.weight")):
+            assert abs(value / (0.02 / math.sqrt(2 * N)) - 1) < 0.05, (name, value)
+        elif name.endswith(("bias", "beta", "b_qkv", "b_o")):
+            assert value == 0 and not backend.to_numpy(dict(model.named_parameters())[name].data).any(), name
+        elif name.endswith("gamma"):
+            assert value == 0 and (backend.to_numpy(dict(model.named_parameters())[name].data) == 1).all(), name
+        else:
+            assert abs(value / 0.02 - 1) < 0.05, (name, value)
+    gpt1 = GPT.preset("gpt1", 100, max_len=64, d_model=D, num_heads=4, num_layers=N, d_ff=4 * D)
+    assert abs(float(backend.to_numpy(gpt1.decoder.layers[0].self_attn.w_o.data).std()) / 0.02 - 1) < 0.05
+    assert gpt1.decoder.final_norm is None and model.decoder.final_norm is not None  # post-LN vs pre-LN
+    assert model.generator.weight is model.embed.weight  # tied
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(vocab_size=0), "vocab_size must be a positive integer"),
+    (dict(vocab_size=5, d_model=6, num_heads=4), "divisible by num_heads"),
+    (dict(vocab_size=5, activation="swish"), "activation must be one of relu, gelu, gelu_tanh"),
+    (dict(vocab_size=5, positions="rotary"), "positions must be one of learned, sinusoidal"),
+    (dict(vocab_size=5, init="he"), "init must be one of gpt2, normal, xavier"),
+])
+def test_bad_gpt_config_gives_clear_value_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GPT(**({"max_len": 4, "d_model": 4, "num_heads": 2, "num_layers": 1, "d_ff": 4} | kwargs))
+
+
+def test_bad_ids_give_clear_value_errors():
+    model = GPT(5, max_len=4, d_model=4, num_heads=2, num_layers=1, d_ff=4)
+    with pytest.raises(ValueError, match=r"ids must hold ids in \[0, 5\)"):
+        model(np.array([[1, 5]]))
+    with pytest.raises(ValueError, match=r"positions 0\.\.4 asked of a learned table of 4 positions"):
+        model(np.array([[1, 2, 3, 4, 0]]))
+
+
+# --------------------------------------------------------------------------- #
+# sampling with the key/value cache
+# --------------------------------------------------------------------------- #
+@settings(max_examples=20)
+@given(case=gpt_and_ids(), new=st.integers(1, 6), temperature=st.sampled_from([0.0, 0.7, 1.0, 2.0]),
+       top_k=st.none() | st.integers(1, 4), top_p=st.none() | st.floats(0.05, 1.0))
+def test_cached_generation_logits_equal_a_full_recomputation_at_every_step(case, new, temperature, top_k, top_p):
+    config, ids, seed = case
+    config = config | {"max_len": ids.shape[1] + new}
+    backend.manual_seed(seed)
+    model = randomize(GPT(**config), seed)  # left in training mode: generate must switch dropout off
+    prompt = ids
+    out, step_logits = generate(model, prompt, new, temperature, top_k, top_p, seed=seed, return_logits=True)
+    assert out.shape == (ids.shape[0], ids.shape[1] + new) and np.array_equal(out[:, :ids.shape[1]], prompt)
+    assert model.training  # the mode is restored
+    with minitf.no_grad():
+        full = backend.to_numpy(model.eval()(out[:, :-1]))  # every position at once, no cache
+    # step s chose token L + s from the logits at position L - 1 + s
+    assert np.allclose(step_logits, full[:, ids.shape[1] - 1:], rtol=1e-12, atol=1e-12)
+    again = generate(model, prompt, new, temperature, top_k, top_p, seed=seed)
+    assert np.array_equal(out, again)  # the seed fixes the draws
+
+
+def test_choose_tokens_respects_greedy_top_k_and_top_p():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 2, (500, 8))
+    greedy = logits.argmax(axis=-1)
+    assert np.array_equal(choose_tokens(logits, 0.0), greedy)
+    assert np.array_equal(choose_tokens(logits, 1.0, top_k=1, rng=rng), greedy)
+    assert np.array_equal(choose_tokens(logits, 1.0, top_p=1e-9, rng=rng), greedy)  # the nucleus keeps the top token
+    top3 = np.argsort(-logits, axis=-1)[:, :3]
+    drawn = choose_tokens(logits, 1.5, top_k=3, rng=rng)
+    assert (top3 == drawn[:, None]).any(axis=-1).all() and len(set(drawn.tolist())) > 3
+    # one row drawn many times: the frequencies follow softmax(z / T) (10,000 draws: std < 0.005)
+    row = np.repeat(np.array([[2.0, 1.0, 0.0, -1.0]]), 10000, axis=0)
+    counts = np.bincount(choose_tokens(row, 2.0, rng=rng), minlength=4) / 10000
+    expected = np.exp(row[0] / 2) / np.exp(row[0] / 2).sum()
+    assert np.abs(counts - expected).max() < 0.025, (counts, expected)
+    # top_p 0.5 keeps the smallest most-likely set whose mass reaches 0.5: tokens 0 (0.475) and 1 (0.288)
+    nucleus = choose_tokens(row, 2.0, top_p=0.5, rng=rng)
+    assert set(nucleus.tolist()) == {0, 1}
+
+
+def test_generation_stops_at_eos_and_refuses_more_positions_than_the_table_has():
+    backend.manual_seed(0)
+    model = GPT(6, max_len=8, d_model=4, num_heads=2, num_layers=1, d_ff=4)
+    prompt = np.array([[1, 2], [3, 4]])
+    greedy = generate(model, prompt, 4, temperature=0)
+    eos = int(greedy[0, 2])  # the first row's first new token
+    stopped = generate(model, prompt, 4, temperature=0, eos_id=eos)
+    assert (stopped[0, 2:] == eos).all()  # a finished row repeats eos
+    assert stopped.shape[1] == 6 or (stopped[1, 2:] == eos).any()
+    assert generate(model, prompt, 7, temperature=0).shape == (2, 9)  # 8 positions fed: the table's all
+    with pytest.raises(ValueError, match="ask for at most 7 new tokens"):
+        generate(model, prompt, 8, temperature=0)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        generate(model, prompt, 2, temperature=-1)
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+        generate(model, prompt, 2, top_p=0)
+
+
+# --------------------------------------------------------------------------- #
+# Hugging Face GPT-2 folders (safetensors only; tests/test_gpt2_parity.py compares with transformers)
+# --------------------------------------------------------------------------- #
+HF_REASON = 'needs safetensors: pip install -e ".[hf]"'
+
+
+def small_gpt2(seed=0, **options):
+    backend.manual_seed(seed)
+    return randomize(GPT.preset("gpt2", 11, **({"max_len": 6, "d_model": 4, "num_heads": 2, "num_layers": 2,
+                                                "d_ff": 8} | options)), seed)
+
+
+@pytest.mark.parametrize("options", [{}, {"tie_embeddings": False, "activation": "relu"}])
+def test_save_pretrained_then_from_pretrained_gives_the_same_model(tmp_path, options):
+    pytest.importorskip("safetensors", reason=HF_REASON)
+    model = small_gpt2(**options)
+    model.save_pretrained(tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]  # no temp files
+    back = GPT.from_pretrained(tmp_path / "out")
+    assert back.config == model.config
+    before, after = model.state_dict(), back.state_dict()
+    assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
+    ids = np.array([[1, 2, 3, 10]])
+    with minitf.no_grad():
+        assert np.array_equal(backend.to_numpy(model.eval()(ids)), backend.to_numpy(back.eval()(ids)))
+    with backend.default_dtype("float32"):  # a dtype of the caller's choice
+        assert GPT.from_pretrained(tmp_path / "out").embed.weight.data.dtype == np.float32
+
+
+def test_save_pretrained_refuses_a_model_gpt2_cannot_describe(tmp_path):
+    pytest.importorskip("safetensors", reason=HF_REASON)
+    for preset in ("paper", "gpt1"):
+        model = GPT.preset(preset, 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8)
+        with pytest.raises(ValueError, match="a Hugging Face GPT-2 folder cannot hold this model: it has post-LN"):
+            model.save_pretrained(tmp_path / preset)
+        assert not (tmp_path / preset).exists()
+
+
+def test_from_pretrained_names_what_does_not_fit(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy", reason=HF_REASON)
+    import json
+    folder = tmp_path / "gpt2"
+    small_gpt2().save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    with pytest.raises(ValueError, match="is not a folder"):
+        GPT.from_pretrained(tmp_path / "nowhere")
+    for change, message in [({"model_type": "bert"}, "model_type 'bert', not 'gpt2'"),
+                            ({"activation_function": "silu"}, "activation_function 'silu'"),
+                            ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
+                            ({"n_embd": 6}, r"shape mismatch embed.weight: expected \(11, 6\), got \(11, 4\)")]:
+        (folder / "config.json").write_text(json.dumps(config | change))
+        with pytest.raises(ValueError, match=message):
+            GPT.from_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = safetensors_numpy.load_file(str(folder / "model.safetensors"))
+    weights["transformer.h.0.attn.bias"] = np.tril(np.ones((1, 1, 6, 6)))  # older files' mask buffer: left out
+    weights["transformer.h.0.mlp.extra"] = weights.pop("transformer.h.0.mlp.c_fc.bias")
+    safetensors_numpy.save_file(weights, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"missing \['h.0.mlp.c_fc.bias'\]; not GPT-2 parameters \['h.0.mlp.extra'\]"):
+        GPT.from_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="has no model.safetensors.*not read: it is a pickle"):
+        GPT.from_pretrained(folder)
