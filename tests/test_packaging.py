@@ -63,5 +63,8 @@ def test_setup_cfg_declares_the_extras():
     extras = config["options.extras_require"]
     assert "cupy-cuda12x" in extras["gpu"] and "hypothesis" in extras["test"] and "pytest" in extras["test"]
     assert "matplotlib" in extras["plot"] and "torch" in extras["bench"]
+    # GPT-2 parity needs transformers and safetensors; reading GPT-2 without torch needs only the hf extra
+    assert "transformers" in extras["bench"] and "safetensors" in extras["bench"]
+    assert "safetensors" in extras["hf"] and "tokenizers" in extras["hf"] and "torch" not in extras["hf"]
     assert "mpi4py" in extras["mpi"] and "mpich" in extras["mpi"]
     assert ">=3.10" in config["options"]["python_requires"]
