@@ -247,18 +247,15 @@ def test_generation_stops_at_eos_and_refuses_more_positions_than_the_table_has()
 # --------------------------------------------------------------------------- #
 # Hugging Face GPT-2 folders (safetensors only; tests/test_gpt2_parity.py compares with transformers)
 # --------------------------------------------------------------------------- #
-HF_REASON = 'needs safetensors: pip install -e ".[hf]"'
-
-
 def small_gpt2(seed=0, **options):
     backend.manual_seed(seed)
     return randomize(GPT.preset("gpt2", 11, **({"max_len": 6, "d_model": 4, "num_heads": 2, "num_layers": 2,
                                                 "d_ff": 8} | options)), seed)
 
 
+@pytest.mark.extra("safetensors", "hf")
 @pytest.mark.parametrize("options", [{}, {"tie_embeddings": False, "activation": "relu"}])
 def test_save_pretrained_then_from_pretrained_gives_the_same_model(tmp_path, options):
-    pytest.importorskip("safetensors", reason=HF_REASON)
     model = small_gpt2(**options)
     model.save_pretrained(tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]  # no temp files
@@ -273,8 +270,8 @@ def test_save_pretrained_then_from_pretrained_gives_the_same_model(tmp_path, opt
         assert GPT.from_pretrained(tmp_path / "out").embed.weight.data.dtype == np.float32
 
 
+@pytest.mark.extra("safetensors", "hf")
 def test_save_pretrained_refuses_a_model_gpt2_cannot_describe(tmp_path):
-    pytest.importorskip("safetensors", reason=HF_REASON)
     for preset in ("paper", "gpt1"):
         model = GPT.preset(preset, 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8)
         with pytest.raises(ValueError, match="a Hugging Face GPT-2 folder cannot hold this model: it has post-LN"):
@@ -282,9 +279,11 @@ def test_save_pretrained_refuses_a_model_gpt2_cannot_describe(tmp_path):
         assert not (tmp_path / preset).exists()
 
 
+@pytest.mark.extra("safetensors", "hf")
 def test_from_pretrained_names_what_does_not_fit(tmp_path):
-    safetensors_numpy = pytest.importorskip("safetensors.numpy", reason=HF_REASON)
     import json
+
+    import safetensors.numpy as safetensors_numpy
     folder = tmp_path / "gpt2"
     small_gpt2().save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())

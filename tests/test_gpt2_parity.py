@@ -23,7 +23,8 @@ from minitf.testing import randomize, seeds  # noqa: E402
 np = backend.host
 RTOL = 1e-10
 
-pytestmark = pytest.mark.usefixtures("float64")
+pytestmark = [pytest.mark.usefixtures("float64"), pytest.mark.extra("torch", "bench"),
+              pytest.mark.extra("transformers", "bench"), pytest.mark.extra("safetensors", "bench")]
 
 
 def relative_difference(a, b, floor=0.0):
