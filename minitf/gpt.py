@@ -158,8 +158,10 @@ class GPT(Module):
         (default: minitf's default float dtype). A ValueError names what does not fit."""
         folder = pathlib.Path(folder)
         hf = _read_hf_config(folder)
+        config = _config_from_hf(hf)
         with backend.default_dtype(dtype or backend.get_default_dtype()):
-            model = cls(**_config_from_hf(hf))
+            model = cls(**(config | {"init": "xavier"}))  # the weights are read next: no second random draw
+        model.config["init"] = config["init"]  # how the model was made, for save_pretrained's config.json
         model.hf_config = hf  # kept, so that save_pretrained writes back its other entries
         weights = _safetensors().load_file(str(folder / "model.safetensors"))
         model.load_state_dict(hf_to_minitf_state(weights, model.config))
