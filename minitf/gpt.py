@@ -23,8 +23,8 @@ import pathlib
 
 from minitf import backend
 from minitf.atomic import write_atomic
-from minitf.layers import (ACTIVATIONS, Dropout, Embedding, LearnedPositionalEmbedding, OutputProjection,
-                           PositionalEncoding)
+from minitf.layers import (ACTIVATIONS, Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding,
+                           OutputProjection, PositionalEncoding)
 from minitf.module import Module, no_grad
 from minitf.transformer import Decoder, check_ids
 
@@ -98,7 +98,7 @@ class GPT(Module):
         self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation,
                                cross_attention=False)
         for module in self.decoder.modules():
-            if hasattr(module, "eps"):  # every LayerNorm (GPT-2's layer_norm_epsilon)
+            if isinstance(module, LayerNorm):  # GPT-2's layer_norm_epsilon
                 module.eps = layer_norm_eps
         # tied (paper 3.4, GPT-2): the embedding's own weight; untied: a weight of its own
         self.generator = OutputProjection(self.embed.weight if tie_embeddings
@@ -163,7 +163,13 @@ class GPT(Module):
             model = cls(**(config | {"init": "xavier"}))  # the weights are read next: no second random draw
         model.config["init"] = config["init"]  # how the model was made, for save_pretrained's config.json
         model.hf_config = hf  # kept, so that save_pretrained writes back its other entries
-        weights = _safetensors().load_file(str(folder / "model.safetensors"))
+        try:
+            weights = _safetensors().load_file(str(folder / "model.safetensors"))
+        except ImportError:
+            raise
+        except Exception as error:  # safetensors' own error type: a damaged or foreign file
+            raise ValueError(f"{folder / 'model.safetensors'} is not a readable safetensors file "
+                             f"({type(error).__name__}: {error})") from None
         model.load_state_dict(hf_to_minitf_state(weights, model.config))
         return model
 
@@ -172,7 +178,7 @@ class GPT(Module):
         in the model's dtype), each file atomically. Only GPT-2's shape can be written: pre-LN,
         learned positions, no embedding scale."""
         folder = pathlib.Path(folder)
-        hf = _hf_config_from(self.config, getattr(self, "hf_config", {}))
+        hf = _hf_config_from(self.config, getattr(self, "hf_config", {}), str(self.embed.weight.data.dtype))
         tensors = {name: backend.host.ascontiguousarray(array) for name, array in
                    minitf_to_hf_state(self.state_dict(), self.config).items()}
         write_atomic(folder / "model.safetensors", _safetensors().save(tensors, metadata={"format": "pt"}))
@@ -286,9 +292,10 @@ def _config_from_hf(hf):
                 tie_embeddings=hf.get("tie_word_embeddings", True))
 
 
-def _hf_config_from(config, previous):
-    """A GPT-2 config.json for a model of ``config``, keeping ``previous``'s other entries (token
-    ids, task parameters of a loaded model). A ValueError for a model GPT-2 cannot describe."""
+def _hf_config_from(config, previous, dtype):
+    """A GPT-2 config.json for a model of ``config`` whose arrays are of ``dtype`` (a name such as
+    "float32"), keeping ``previous``'s other entries (token ids, task parameters of a loaded model).
+    A ValueError for a model GPT-2 cannot describe."""
     wrong = [what for what, bad in [("post-LN (pre_norm=False)", not config["pre_norm"]),
                                     ("sinusoidal positions", config["positions"] != "learned"),
                                     ("a scaled embedding", config["scale_embedding"])] if bad]
@@ -306,6 +313,8 @@ def _hf_config_from(config, previous):
               tie_word_embeddings=config["tie_embeddings"], scale_attn_weights=True,
               scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False)
     hf.pop("n_ctx", None)  # an older name of n_positions: one number, not two that could disagree
+    hf.pop("torch_dtype", None)  # transformers' older name of dtype
+    hf["dtype"] = dtype
     return hf
 
 

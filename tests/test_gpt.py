@@ -303,6 +303,9 @@ def test_from_pretrained_names_what_does_not_fit(tmp_path):
     safetensors_numpy.save_file(weights, str(folder / "model.safetensors"))
     with pytest.raises(ValueError, match=r"missing \['h.0.mlp.c_fc.bias'\]; not GPT-2 parameters \['h.0.mlp.extra'\]"):
         GPT.from_pretrained(folder)
+    (folder / "model.safetensors").write_bytes(b"\x08" + bytes(20))  # damaged: a header cut short
+    with pytest.raises(ValueError, match="model.safetensors is not a readable safetensors file"):
+        GPT.from_pretrained(folder)
     (folder / "model.safetensors").unlink()
     (folder / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(ValueError, match="has no model.safetensors.*not read: it is a pickle"):
