@@ -4,6 +4,7 @@ GPT-2's initialisation, and sampling with the key/value cache against full recom
 
 Tolerances as in tests/test_transformer.py: rtol 1e-6 for a layer without LayerNorm, 1e-5
 (LN_RTOL) with one inside; a wrong backward is off by O(1)."""
+import dataclasses
 import math
 
 import pytest
@@ -161,6 +162,17 @@ def test_gpt2_initialisation_scales_the_residual_projections():
     assert abs(float(backend.to_numpy(gpt1.decoder.layers[0].self_attn.w_o.data).std()) / 0.02 - 1) < 0.05
     assert gpt1.decoder.final_norm is None and model.decoder.final_norm is not None  # post-LN vs pre-LN
     assert model.generator.weight is model.embed.weight  # tied
+
+
+def test_config_dataclass_and_presets_build_the_models_they_describe():
+    config = minitf.GPTConfig(vocab_size=9, max_len=5, d_model=4, num_heads=2, num_layers=1, d_ff=6)
+    assert GPT.from_config(config).config == dataclasses.asdict(config)  # GPTConfig's defaults are GPT's
+    paper = GPT.preset("paper", 9, max_len=5, d_model=4, num_heads=2, num_layers=1, d_ff=6)
+    assert isinstance(paper.positional, minitf.PositionalEncoding) and paper.embed.scale == 2.0
+    assert isinstance(paper.decoder.layers[0].feed_forward.activation, minitf.ReLU)
+    assert paper.decoder.layers[0].cross_attn is None and paper.decoder.final_norm is None
+    with pytest.raises(ValueError, match="preset must be one of paper, gpt1, gpt2"):
+        GPT.preset("gpt3", 9)
 
 
 @pytest.mark.parametrize("kwargs, message", [
