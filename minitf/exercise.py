@@ -76,6 +76,13 @@ def _loss(cls, rng):
         {"logits": _arr(rng, B, T, V, scale=2.0)}, module
 
 
+def _gelu(cls, rng):
+    exact, tanh = cls(), cls("tanh")  # both forms, each on its own input: a wrong one is named
+    return (lambda x_erf, x_tanh: backend.xp.stack([exact.forward(x_erf), tanh.forward(x_tanh)])), \
+        (lambda dy: (exact.backward(dy[0]), tanh.backward(dy[1]))), \
+        {"x_erf": _arr(rng, B, T, D, scale=2.0), "x_tanh": _arr(rng, B, T, D, scale=2.0)}, exact
+
+
 def _embedding(cls, rng):
     module = _randomize(cls(V, D), rng)
     ids = rng.integers(0, V, (B, T))
@@ -99,6 +106,7 @@ EXERCISES = {e.name: e for e in [
              "layers/loss.md", _loss),
     Exercise("embedding", "Embedding", "y = W[ids] sqrt(D): the scatter-add into dW", "layers/embedding.md",
              _embedding),
+    Exercise("gelu", "GELU", "y = x Phi(x), exact (erf) and GPT-2's tanh form: dx", "gpt.md", _gelu),
 ]}
 
 

@@ -15,6 +15,7 @@ SOLUTIONS = {
     "attention": "def backward(self, dO):\n        return minitf.scaled_dot_product_attention_backward(dO, *self.saved_tensors())",
     "loss": "backward = minitf.LabelSmoothedCrossEntropy.backward",
     "embedding": "backward = minitf.Embedding.backward",
+    "gelu": "backward = minitf.GELU.backward",
 }
 
 #: exercise -> (a planted bug, what the checker must print about it)
@@ -54,6 +55,13 @@ BUGS = {
         (ids,) = self.saved_tensors()
         self.weight.grad[ids.reshape(-1)] += dy.reshape(-1, dy.shape[-1]) * self.scale  # not a scatter-add""",
                   "hint: only"),
+    "gelu": ("""def backward(self, dy):
+        x, cdf, t = self.saved_tensors()
+        if t is None:
+            return dy * cdf                      # the product rule's x phi(x) forgotten
+        du_dx = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x)
+        return dy * (cdf + 0.5 * x * (1.0 - t * t) * du_dx)""",
+             "furthest off: x_erf["),
 }
 
 
@@ -87,6 +95,26 @@ def test_a_planted_bug_fails_and_says_how(name, tmp_path, capsys):
     assert exercise.main(["check", str(filled(tmp_path, name, body))]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and message in out and "backward is wrong" in out, out
+
+
+@pytest.mark.parametrize("bug, message", [
+    ("(1.0 - t) * du_dx", "the product rule's second term"),         # tanh' = 1 - tanh^2, not 1 - tanh
+    ("(1.0 - t * t) * SQRT_2_OVER_PI", "the product rule's second term"),  # du/dx without the cubic's 3 x^2
+])
+def test_a_wrong_tanh_gelu_backward_is_named_and_the_exact_form_still_passes(bug, message, tmp_path, capsys):
+    """GELU's exercise checks its two forms on two inputs: a slip in the tanh form's chain rule
+    fails x_tanh alone, so the learner knows which branch to look at."""
+    body = f"""def backward(self, dy):
+        x, cdf, t = self.saved_tensors()
+        if t is None:
+            return dy * (cdf + x * xp.exp(-0.5 * x * x) / (2 * math.pi) ** 0.5)
+        du_dx = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x)
+        return dy * (cdf + 0.5 * x * {bug})"""
+    assert exercise.main(["check", str(filled(tmp_path, "gelu", body))]) == 1
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.startswith("x_")}
+    assert rows == {"x_erf": "ok", "x_tanh": "FAIL"}, out
+    assert "furthest off: x_tanh[" in out and message in out and "docs/gpt.md" in out, out
 
 
 @pytest.mark.parametrize("name", list(exercise.EXERCISES))
