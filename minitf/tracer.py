@@ -6,6 +6,8 @@ The example: B = 1 sentence, S = T = 2 tokens, D = 4, H = 2 heads (dk = 2), F = 
 V = 5 tokens, one encoder and one decoder layer, float64, dropout 0, label smoothing 0.1.
 Weight matrices hold round numbers (k/10); biases and LayerNorm gains keep their
 initial 0 and 1, so every step can be redone with a pocket calculator (docs/trace.md).
+The GPT example (``run_gpt``, ``python -m minitf.trace --model gpt``, docs/gpt.md): one
+sequence of L = 4 tokens, the same sizes, GPT-2's choices, one layer, the next-token loss.
 
 How it records, without knowing how any layer works inside: every sub-module
 instance gets its ``forward`` and ``backward`` wrapped at runtime, and the wrapper
@@ -37,6 +39,12 @@ SRC = [[3, 4]]          # (B, S) = (1, 2)
 TGT_IN = [[1, 4]]       # (B, T) = (1, 2): BOS, then the first target token
 TGT_OUT = [[4, 3]]      # (B, T): the source reversed
 SMOOTHING = 0.1
+# the GPT example (``--model gpt``): GPT-2's choices (pre-LN with a final LayerNorm, tanh GELU,
+# learned positions), one layer; position t predicts token t + 1, and the last position, which
+# has no next token, gets the target -1 (ignored): its dlogits row is 0. Token 3 occurs twice.
+GPT_CONFIG = dict(vocab_size=5, max_len=4, d_model=4, num_heads=2, num_layers=1, d_ff=8, dropout=0.0)
+GPT_IDS = [[3, 1, 3, 4]]       # (B, L) = (1, 4)
+GPT_NEXT = [[1, 3, 4, -1]]     # GPT_IDS shifted left by one; -1: no next token
 ATTENTION_FUNCTIONS = ("scaled_dot_product_attention", "scaled_dot_product_attention_backward")
 
 
@@ -173,10 +181,10 @@ class Tracer:
         return f"{self.stack[-1]}/attention" if self.stack else "attention"
 
 
-def build_model():
-    """The traced model: CONFIG, float64, weight matrices set to round numbers."""
+def build_model(model_class="transformer"):
+    """The traced model: CONFIG (or GPT_CONFIG for "gpt"), float64, weight matrices set to round numbers."""
     backend.manual_seed(0)
-    model = minitf.Transformer(**CONFIG)
+    model = minitf.GPT(**GPT_CONFIG) if model_class == "gpt" else minitf.Transformer(**CONFIG)
     for offset, (_, p) in enumerate(model.named_parameters()):
         data = backend.to_numpy(p.data)
         if data.ndim >= 2:                                  # weights: round numbers
@@ -195,6 +203,20 @@ def run(model=None):
     with tracer.active():
         logits = model(src, tgt_in)
         loss = loss_fn(logits, tgt_out)
+        model.backward(loss_fn.backward())
+    return tracer, model, loss
+
+
+def run_gpt(model=None):
+    """The GPT example: forward, the next-token loss (no smoothing) and backward under a Tracer.
+    Returns (tracer, model, loss). Call inside ``default_dtype("float64")``."""
+    model = build_model("gpt") if model is None else model
+    loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+    tracer = Tracer(model, extra=[("loss", loss_fn)])
+    model.zero_grad()
+    with tracer.active():
+        logits = model(numpy.array(GPT_IDS))
+        loss = loss_fn(logits, numpy.array(GPT_NEXT))
         model.backward(loss_fn.backward())
     return tracer, model, loss
 

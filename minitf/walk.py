@@ -3,7 +3,8 @@
 
 - ``print_walk``: the example of ``minitf.tracer`` from dL/dlogits down to the tied
   embedding, one step per line of code, with the file and line computed from the source
-  at run time (docs/walk.md);
+  at run time (docs/walk.md); ``print_gpt_walk``: the same for the GPT example
+  (``--model gpt --walk``: pre-LN, GELU, learned positions; docs/gpt.md);
 - ``print_norm_terms``: the mean and variance terms of every LayerNorm backward, per row
   (docs/trace.md: where the variance term vanishes, and why);
 - ``print_gradient_norms``: the gradient norm reaching each layer of a freshly
@@ -16,9 +17,9 @@ import minitf
 from minitf import backend
 from minitf.attention import MultiHeadAttention
 from minitf.backend import host as numpy  # host arrays for printing
-from minitf.layers import Embedding, LayerNorm, OutputProjection
+from minitf.layers import GELU, Embedding, LayerNorm, LearnedPositionalEmbedding, OutputProjection
 from minitf.transformer import Decoder, FeedForward, SublayerConnection, Transformer
-from minitf.tracer import SMOOTHING, Tracer, format_values
+from minitf.tracer import GPT_IDS, GPT_NEXT, SMOOTHING, Tracer, format_values
 
 # --------------------------------------------------------------------------- #
 # --norm-terms: the three terms of every LayerNorm backward, per row
@@ -118,6 +119,93 @@ def walk_steps(tracer, model):
     ]
 
 
+def gpt_walk_steps(tracer, model):
+    """The steps of the GPT walk (``--model gpt --walk``), as :func:`walk_steps`, from the
+    records of ``run_gpt()`` (pre-LN, one layer, tied embedding)."""
+    def out(name, key):
+        for r in tracer.records:
+            if r.kind == "backward" and r.name == name:
+                found = dict(r.outputs + r.inputs + r.grads)
+                return found[key]
+        raise LookupError(f"no backward of {name!r}")
+
+    norm = (LayerNorm.backward, "return rstd * (dxhat")
+    skip = (SublayerConnection.backward, "dx_skip = dy\n")  # the code line, not the comment above it
+    block_sum = (SublayerConnection.backward, "dx = dx_skip +")
+    layer = "decoder.layers.0"
+
+    def block(prefix, sublayer, sublayer_code, inner=()):
+        # pre-LN: y = x + s(LN(x)), so dx = dy (the skip) + LN'(s'(dy)) (dropout 0: Dropout'(g) = g)
+        return [(f"{prefix}: dx_skip = dy (pre-LN: the skip passes dy on unchanged)", out(prefix, "dy")) + skip,
+                *inner,
+                (f"{sublayer}: dh = Sublayer'(dy)", out(sublayer, "dx")) + sublayer_code,
+                (f"{prefix}.norm: LN'(dh)", out(f"{prefix}.norm", "dx")) + norm,
+                (f"{prefix}: dx = dx_skip + LN'(dh)", out(prefix, "dx")) + block_sum]
+
+    gelu = [(f"{layer}.feed_forward.activation: GELU'(u) dy, inside the feed-forward",
+             out(f"{layer}.feed_forward.activation", "dx"), GELU.backward, "return dy * (cdf + 0.5")]
+    uses = [out("generator", "weight"), out("embed", "weight")]
+    return [
+        ("the next-token loss and the output projection (logits = h W^T, W the tied (V, D) matrix)",),
+        ("loss: dlogits = (softmax - onehot(next)) / N, 0 on the last position", out("loss", "dlogits"),
+         minitf.LabelSmoothedCrossEntropy.backward, "dlogits *= "),
+        ("generator: dh = dlogits W", out("generator", "dh"),
+         OutputProjection.backward, "return matmul_rows(dlogits, self.weight.data)"),
+        ("generator: W.grad += dlogits^T h (tied use 1 of 2)", uses[0], OutputProjection.backward,
+         "self.weight.grad +="),
+        ("the final LayerNorm (pre-LN)",),
+        ("decoder.final_norm: dy of the last block = LN'(dh)", out("decoder.final_norm", "dx"),
+         Decoder.backward, "dx = self.final_norm.backward(dy)"),
+        ("layer 0, top block first: feed-forward (Linear, GELU, Linear)",),
+        *block(f"{layer}.ff_block", f"{layer}.feed_forward",
+               (FeedForward.backward, "return self.linear1.backward"), gelu),
+        ("layer 0: masked self-attention (no cross-attention: no encoder)",),
+        *block(f"{layer}.self_attn_block", f"{layer}.self_attn", (MultiHeadAttention.backward, "return (dqkv @ W.T)")),
+        ("learned positions and the tied embedding",),
+        ("positional: P.grad[0:L] += dy summed over the batch (a scatter-add onto the rows read)",
+         out("positional", "weight"), LearnedPositionalEmbedding.backward, "self.weight.grad[start:start + L] +="),
+        ("positional: dx = dy", out("positional", "dx"), LearnedPositionalEmbedding.backward, "return dy"),
+        ("embed: W.grad[ids] += dy, summed where an id repeats (tied use 2 of 2)", uses[1], Embedding.backward,
+         "xp.add.at("),
+        ("embed.weight.grad = use 1 + use 2 (the two += above, into one Parameter)",
+         backend.to_numpy(model.embed.weight.grad), None, None),
+    ]
+
+
+def print_gpt_walk(tracer, model, loss):
+    print("walk: the GPT example of python -m minitf.trace --model gpt (pre-LN, tanh GELU, learned")
+    print(f"positions, one layer, B=1, L=4, D=4, V=5; ids {GPT_IDS}, targets {GPT_NEXT}; loss {loss:.6f}),")
+    print("from dL/dlogits down to the tied embedding. each step: what it computes, shape, norm, one row")
+    print("([0, 0] of an activation gradient; row 3 of a (V, D) weight gradient: token 3 is read at")
+    print("positions 0 and 2 and predicted at 1; row 0 of the position table), and the line of minitf")
+    print("that computes it. The last position's dlogits row is 0: it has no next token, and no earlier")
+    print("position reads it (the causal mask), so its row is 0 in every gradient below the loss.")
+    _print_steps(gpt_walk_steps(tracer, model), lambda array: array[3] if array.shape == model.embed.weight.shape
+                 else array[0] if array.ndim == 2 else array[0, 0])
+    last = backend.to_numpy(dict(_backward_arrays(tracer, "loss"))["dlogits"])[0, -1]
+    print()
+    print(f"dlogits at the last position: {format_values(last)}")
+
+
+def _backward_arrays(tracer, name):
+    return next(r.outputs for r in tracer.records if r.kind == "backward" and r.name == name)
+
+
+def _print_steps(steps, row_of):
+    number = 0
+    for step in steps:
+        if len(step) == 1:
+            print()
+            print(f"-- {step[0]}")
+            continue
+        label, array, function, snippet = step
+        number += 1
+        print(f"{number:2d} {label}")
+        print(f"   {str(tuple(array.shape)):10s} norm {numpy.linalg.norm(array):.4f}  row {format_values(row_of(array))}")
+        if function is not None:
+            print("   {}  {}".format(*source_line(function, snippet)))
+
+
 def print_walk(tracer, model, loss):
     print("walk: the example of python -m minitf.trace (post-LN, one encoder and one decoder layer,")
     print(f"B=1, S=T=2, D=4, V=5; loss {loss:.6f}), from dL/dlogits down to the tied embedding.")
@@ -125,19 +213,8 @@ def print_walk(tracer, model, loss):
     print("row 4 of a (V, D) weight gradient: token 4 is in the source, the target and the output),")
     print("and the line of minitf that computes it; in a residual block, dx_skip, dh and dx are")
     print("the names of SublayerConnection.backward (dropout 0, so Dropout'(g) = g)")
-    number = 0
-    for step in walk_steps(tracer, model):
-        if len(step) == 1:
-            print()
-            print(f"-- {step[0]}")
-            continue
-        label, array, function, snippet = step
-        number += 1
-        row = array[4] if array.shape == model.src_embed.weight.shape else array[0, 0]
-        print(f"{number:2d} {label}")
-        print(f"   {str(tuple(array.shape)):10s} norm {numpy.linalg.norm(array):.4f}  row {format_values(row)}")
-        if function is not None:
-            print("   {}  {}".format(*source_line(function, snippet)))
+    _print_steps(walk_steps(tracer, model),
+                 lambda array: array[4] if array.shape == model.src_embed.weight.shape else array[0, 0])
 
 
 # --------------------------------------------------------------------------- #

@@ -321,3 +321,102 @@ def test_gradient_norms_agree_with_finite_differences(pre_norm):
                 delta[index] = H
                 numeric[index] = (stack_loss(model, data, point, delta) - stack_loss(model, data, point, -delta)) / (2 * H)
             assert abs(norm - np.linalg.norm(numeric)) <= 1e-6 * norm, point
+
+
+# --------------------------------------------------------------------------- #
+# The GPT example (--model gpt, docs/gpt.md)
+# --------------------------------------------------------------------------- #
+@pytest.fixture(scope="module")
+def traced_gpt():
+    with default_dtype("float64"):
+        tracer, model, loss = trace.run_gpt()
+    return tracer, model, loss
+
+
+def gpt_loss_of(model):
+    import minitf
+    loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+    with minitf.no_grad():
+        return loss_fn(model(np.array(trace.GPT_IDS)), np.array(trace.GPT_NEXT))
+
+
+def test_gpt_trace_parameter_gradients_agree_with_finite_differences(traced_gpt):
+    tracer, model, loss = traced_gpt
+    assert type(model).__name__ == "GPT" and model.config["pre_norm"] and model.config["positions"] == "learned"
+    assert loss == pytest.approx(gpt_loss_of(model), abs=1e-12)
+    with default_dtype("float64"):
+        flat = FlatBuffers.flatten(model.parameters())
+        theta = flat.data
+        analytic = backend.to_numpy(flat.grad).copy()
+        numeric = np.zeros_like(analytic)
+        for i in range(theta.size):
+            old = float(theta[i])
+            theta[i] = old + H
+            plus = gpt_loss_of(model)
+            theta[i] = old - H
+            minus = gpt_loss_of(model)
+            theta[i] = old
+            numeric[i] = (plus - minus) / (2 * H)
+    assert np.abs(analytic).max() > 1e-3
+    assert np.abs(analytic - numeric).max() <= 1e-6 * np.abs(numeric).max() + 1e-8
+    called = {r.name for r in tracer.records}
+    for name, module in trace.named_modules(model):
+        if type(module).__name__ not in ("ModuleList", "SublayerConnection"):
+            assert name in called, name
+        assert "forward" not in vars(module) and "backward" not in vars(module)
+
+
+def test_gpt_walk_points_at_its_lines_and_its_scatter_adds_add_up(traced_gpt):
+    tracer, model, _ = traced_gpt
+    text = walk_output("--model", "gpt")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    places = re.findall(r"^   (minitf/\S+\.py):(\d+)  (.+)$", text, re.M)
+    assert len(places) >= 14
+    for path, number, code in places:
+        line = (root / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
+        assert line.strip().startswith(code), (path, number, code, line)
+    steps = re.findall(r"^\s*(\d+) ", text, re.M)
+    assert [int(n) for n in steps] == list(range(1, len(steps) + 1))
+    assert "GELU" in text and "final_norm" in text and "cross" not in text.replace("no cross-attention", "")
+
+    def backward_of(name):
+        record = next(r for r in tracer.records if r.kind == "backward" and r.name == name)
+        return dict(record.inputs + record.outputs + record.grads)
+
+    # the shift: the last position has no next token, so its dlogits row (and, by causality, its
+    # row of every gradient below) is 0; the others are (softmax - onehot(next)) / 3
+    dlogits = backward_of("loss")["dlogits"][0]
+    z = dict(next(r for r in tracer.records if r.kind == "forward" and r.name == "").outputs)["y"][0]
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    expected = (p - np.eye(5)[[*trace.GPT_NEXT[0][:-1], 0]]) / 3
+    expected[-1] = 0
+    np.testing.assert_allclose(dlogits, expected, atol=1e-12)
+    dx = backward_of("positional")["dx"][0]
+    assert not dx[-1].any() and np.abs(dx[:-1]).min(axis=-1).max() > 0
+    # learned positions: P.grad[0:L] = dy summed over the batch (B = 1: dy itself); the embedding's
+    # add.at sums the rows where an id repeats (token 3 at positions 0 and 2)
+    np.testing.assert_allclose(backward_of("positional")["weight"], dx, atol=1e-15)
+    embedding_use = backward_of("embed")["weight"]
+    np.testing.assert_allclose(embedding_use[3], dx[0] + dx[2], atol=1e-15)
+    np.testing.assert_allclose(embedding_use[trace.GPT_IDS[0][3]], dx[3], atol=1e-15)
+    # tied: the generator's use plus the embedding's is the parameter's gradient, as printed
+    total = backward_of("generator")["weight"] + embedding_use
+    np.testing.assert_allclose(total, backend.to_numpy(model.embed.weight.grad), atol=1e-15)
+    rows = [np.array([float(v) for v in re.findall(r"-?\d+\.\d+", row)])
+            for row in re.findall(r"^   \(5, 4\)\s+norm \S+\s+row (\[.*\])$", text, re.M)]
+    assert len(rows) == 3
+    np.testing.assert_allclose(rows[0] + rows[1], rows[2], atol=3e-4)
+
+
+def test_gpt_trace_prints_every_call_with_its_shapes_and_refuses_grad_norms(capsys):
+    assert trace.main(["--model", "gpt", "--no-params"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("trace: GPT")
+    for call in ["forward embed", "forward positional", "forward decoder.layers.0.feed_forward.activation",
+                 "backward decoder.final_norm", "backward loss", "backward positional"]:
+        assert re.search(rf"^\s*{re.escape(call)}$", out, re.M), call
+    assert re.search(r"-> dlogits\s+\(1, 4, 5\)", out) and "cross_attn" not in out
+    with pytest.raises(SystemExit) as error:
+        trace.main(["--model", "gpt", "--grad-norms"])
+    assert error.value.code == 2 and "takes no --model" in capsys.readouterr().err
