@@ -319,6 +319,53 @@ def _tied(rng, buggy):
     return forward, backward, {}, {"weight": W}
 
 
+# --------------------------------------------------------------------------- #
+# 10. Learned positions: the table's gradient averaged over the batch, not summed
+# --------------------------------------------------------------------------- #
+def _learned_positions(rng, buggy):
+    """y = x + P[start : start + T] on B sequences: every sequence reads the same rows."""
+    from minitf.layers import LearnedPositionalEmbedding
+    table = _randomize(LearnedPositionalEmbedding(T + 2, D), rng)  # max_len 5: rows 0 and 4 are not read
+    start = 1
+
+    def forward(x):
+        with no_grad():
+            return table(x, start=start)
+
+    def backward(dy):
+        if buggy:
+            table.weight.grad[start:start + T] += dy.mean(axis=0)  # "the average gradient of the batch"
+        else:
+            table.weight.grad[start:start + T] += dy.sum(axis=0)   # each sequence read the row: all add
+        return dy
+
+    return forward, backward, {"x": _arr(rng, B, T, D)}, {"weight": table.weight}
+
+
+# --------------------------------------------------------------------------- #
+# 11. GELU: the product rule's second term forgotten
+# --------------------------------------------------------------------------- #
+def _gelu(rng, buggy):
+    from minitf.layers import GELU
+    gelu = GELU()
+    saved = {}
+
+    def forward(x):
+        saved["x"] = x
+        with no_grad():
+            return gelu(x)
+
+    def backward(dy):
+        x = saved["x"]
+        cdf = 0.5 * (1.0 + backend.erf(x * (1.0 / math.sqrt(2.0))))      # Phi(x)
+        if buggy:
+            return dy * cdf  # y = x Phi(x) differentiated as x times a constant, ReLU's habit
+        pdf = xp.exp(-0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi))    # phi(x) = Phi'(x)
+        return dy * (cdf + x * pdf)
+
+    return forward, backward, {"x": _arr(rng, B, T, D, scale=2.0)}, {}
+
+
 BUGS = {bug.name: bug for bug in [
     Bug("no-variance-term", "layernorm", "LayerNorm backward without the term through the variance",
         "dx is off, dgamma and dbeta are right: within each row the error is proportional to xhat, "
@@ -347,6 +394,13 @@ BUGS = {bug.name: bug for bug in [
     Bug("tied-overwrite", "tied", "a tied weight's gradient overwritten (=) instead of accumulated (+=)",
         "rows of ids not in the batch have analytic 0 but numeric != 0: only the last use (the "
         "embedding) survived, the output projection's gradient was overwritten", _tied),
+    Bug("position-mean", "learned_positions", "the position table's gradient averaged over the batch",
+        "x is right; weight is off by one factor, analytic/numeric = 1/B, and the rows no position read are 0 "
+        "in both: every sequence of the batch read the same rows, so their gradients add (sum over the "
+        "batch, not mean)", _learned_positions),
+    Bug("gelu-no-product-term", "gelu", "GELU backward as Phi(x) alone, the product rule's x phi(x) forgotten",
+        "off almost everywhere by no single factor, least near x = 0 and for large |x|: analytic - numeric "
+        "= -x phi(x) dy, the product rule's second term (y = x Phi(x), and Phi depends on x too)", _gelu),
 ]}
 
 

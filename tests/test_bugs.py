@@ -119,6 +119,23 @@ def test_tied_overwrite_zeroes_the_rows_of_unused_ids():
     assert not a[-2:].any() and np.abs(n[-2:]).max() > 1e-3  # ids V-2, V-1 never occur
 
 
+def test_position_mean_is_off_by_one_over_the_batch_on_the_rows_read():
+    report, _ = report_of("position-mean", 0)
+    assert failing(report) == {"weight"}
+    a, n = report["weight"]
+    assert np.allclose(a, n / bugs.B, atol=1e-9)
+    assert not a[[0, -1]].any() and np.abs(n[[0, -1]]).max() <= 1e-7  # start 1, T rows: 0 and T+1 unread
+    assert np.abs(n[1:-1]).min(axis=1).max() > 1e-3
+
+
+def test_gelu_without_the_product_term_is_off_by_x_phi_dy():
+    report, inputs = report_of("gelu-no-product-term", 0)
+    a, n = report["x"]
+    x = backend.to_numpy(inputs["x"])
+    G = backend.host_rng([0, 0x5EED]).standard_normal(a.shape)  # compare_gradients' upstream gradient
+    assert np.allclose(n - a, x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi) * G, atol=1e-7)
+
+
 def test_reshape_heads_leaves_the_output_projection_right():
     report, _ = report_of("reshape-heads", 0)
     assert failing(report) == {"x", "w_qkv", "b_qkv"}
