@@ -124,6 +124,25 @@ def test_vocab_json_and_merges_txt_read_as_gpt2s_byte_level_bpe(folder, tmp_path
     assert result.stdout == command(folder, "--temperature", 0, "--max-new-tokens", 12, stdin=stdin).stdout
 
 
+@_with_hf
+@pytest.mark.extra("transformers", "bench")
+def test_vocab_json_and_merges_txt_encode_as_transformers_gpt2_tokenizer(folder, tmp_path):
+    """The fallback reads GPT-2's two files as transformers' own GPT2Tokenizer does: the same ids
+    (its end-of-text token one special token) and the same text back."""
+    from tokenizers import Tokenizer
+    from transformers import GPT2Tokenizer
+
+    from minitf.lm.generate import read_tokenizer
+    Tokenizer.from_file(str(folder / "tokenizer.json")).model.save(str(tmp_path))
+    eos = "<|endoftext|>"
+    theirs = GPT2Tokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"), unk_token=eos,
+                           bos_token=eos, eos_token=eos)
+    ours = read_tokenizer(tmp_path, eos_id=theirs.eos_token_id)
+    texts = PROMPTS + [" once  upon a time" + eos + "the cat", "the  tree\tand a bird"]
+    assert ours.encode(texts) == [theirs.encode(text) for text in texts]
+    assert ours.decode(ours.encode(texts)) == [theirs.decode(theirs.encode(text)) for text in texts]
+
+
 # --------------------------------------------------------------------------- interactive
 @_with_hf
 @pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
