@@ -5,10 +5,12 @@ import hashlib
 import json
 import os
 import pathlib
+import select
 import shutil
 import struct
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
@@ -132,6 +134,20 @@ def translate(argv, capsys, stdin_bytes=None, monkeypatch=None, tmp_path=None):
         code = exit_.code
     captured = capsys.readouterr()
     return code, captured.err.strip().splitlines(), captured.out
+
+
+def read_line(fd, timeout=60):
+    """One line from a pipe (a command's stdout), or fail after ``timeout`` seconds."""
+    data, deadline = b"", time.monotonic() + timeout
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        assert left > 0, f"no answer within {timeout} s (got {data!r})"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 1)
+            assert chunk, f"the command closed its output after {data!r}"
+            data += chunk
+    return data.decode("utf-8").rstrip("\n")
 
 
 def snapshot(folder):

@@ -1,6 +1,6 @@
-"""The layout: the core (the library a learner reads), the translation application
-on top of it (minitf.nmt), and the tools run as files (``train.py``,
-``benchmarks/*.py``, ``scripts/*.py``). Imports go from the application to the core,
+"""The layout: the core (the library a learner reads), the application on top of it
+(translation in minitf.nmt, language modelling in minitf.lm), and the tools run as files
+(``train.py``, ``benchmarks/*.py``, ``scripts/*.py``). Imports go from the application to the core,
 never back; the library never imports a tool; a tool imports no other tool except a
 folder's shared module (``benchmarks/common.py``); and nothing imports in a circle.
 
@@ -19,7 +19,7 @@ SCRIPT_FOLDERS = ("benchmarks", "scripts")
 #: The modules of the script folders that other files may import: what the folder's scripts share.
 SHARED = {"benchmarks.common"}
 #: Entry points of the application that keep a short command name in the top folder.
-APPLICATION_ENTRY_POINTS = {"minitf.translate"}
+APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate"}
 
 
 def module_name(path, root=ROOT):
@@ -34,8 +34,12 @@ def modules(root=ROOT):
     return {module_name(p, root): p for p in paths}
 
 
+#: The application's packages.
+APPLICATION_PACKAGES = ("minitf.nmt", "minitf.lm")
+
+
 def is_application(name):
-    return name == "minitf.nmt" or name.startswith("minitf.nmt.") or name in APPLICATION_ENTRY_POINTS
+    return any(name == p or name.startswith(p + ".") for p in APPLICATION_PACKAGES) or name in APPLICATION_ENTRY_POINTS
 
 
 def is_library(name):

@@ -5,16 +5,14 @@ tests/test_cli_errors.py; damaged checkpoints: tests/test_checkpoint.py.)"""
 import json
 import os
 import pathlib
-import select
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
 from minitf.nmt import checkpoint as ckpt
-from tests.runs import ROOT, TINY, copy_run, make_corpus, train, translate
+from tests.runs import ROOT, TINY, copy_run, make_corpus, read_line, train, translate
 
 
 @pytest.fixture(scope="module")
@@ -46,20 +44,6 @@ def test_translate_cli_reads_stdin_and_scores_references(tiny_run):
 
 
 # --------------------------------------------------------------------------- interactive
-def _read_line(fd, timeout=60):
-    """One line from a pipe, or fail after ``timeout`` seconds."""
-    data, deadline = b"", time.monotonic() + timeout
-    while not data.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        assert left > 0, f"no answer within {timeout} s (got {data!r})"
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            chunk = os.read(fd, 1)
-            assert chunk, f"the command closed its output after {data!r}"
-            data += chunk
-    return data.decode("utf-8").rstrip("\n")
-
-
 def _on_a_terminal(run, beam, type_lines):
     """``python -m minitf.translate`` with a pseudo-terminal as stdin: ``type_lines(write, read_answer)``
     types, then Ctrl-D ends the session. Returns what it returned and stderr."""
@@ -70,7 +54,7 @@ def _on_a_terminal(run, beam, type_lines):
                                cwd=ROOT, env=_env())
     os.close(slave)
     try:
-        typed = type_lines(lambda data: os.write(master, data), lambda: _read_line(process.stdout.fileno()))
+        typed = type_lines(lambda data: os.write(master, data), lambda: read_line(process.stdout.fileno()))
         os.write(master, b"\x04")  # Ctrl-D: end of input on a terminal
         assert process.wait(timeout=60) == 0
         return typed, process.stderr.read().decode()

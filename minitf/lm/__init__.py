@@ -1,0 +1,1 @@
+"""Language modelling: what only the GPT needs (sampling: ``python -m minitf.generate``)."""

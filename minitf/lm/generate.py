@@ -1,0 +1,288 @@
+"""Sample from a GPT: ``python -m minitf.generate --from-pretrained FOLDER [--prompt TEXT]``.
+
+Continues each prompt by at most ``--max-new-tokens`` tokens and writes the prompt with its
+continuation on stdout (a continuation may span lines). The prompt comes from ``--prompt``; else
+one per line from stdin: on a terminal each line is answered as it is typed, from a pipe or file
+every line is checked first, then answered in order. ``--temperature 0`` is greedy; otherwise
+tokens are drawn from softmax(logits / temperature) cut to ``--top-k`` and ``--top-p``
+(Hugging Face's defaults: 1.0, 50, 1.0). ``--seed S`` makes the samples reproducible: the n-th
+prompt (the n-th line, or ``--prompt`` as line 1) is sampled with seed (S, n), so a pipe and a
+terminal give the same answers to the same lines. Generation stops at the model's end-of-text
+token (``eos_token_id`` in config.json), which is not written.
+
+A model source is a loader, ``load(path, warn) -> (model, tokenizer)`` in :data:`LOADERS`: the
+model a :class:`minitf.gpt.GPT`, the tokenizer with the interface of
+:class:`minitf.nmt.tokenizer.Tokenizer` (``encode(texts)`` -> id lists, ``decode(id_lists)`` ->
+texts, ``vocab_size``, ``eos_id`` or None).
+"""
+import argparse
+import importlib
+import pathlib
+import sys
+
+from minitf import backend
+from minitf.gpt import GPT, generate
+# Shared with the translation command; they move to the shared application package with the rest of
+# the machinery (minitf/training), so that minitf.lm imports nothing of minitf.nmt.
+from minitf.nmt.data import decode_lines
+from minitf.nmt.errors import DataError, OneLineParser, UsageError, non_negative, positive, report_errors
+from minitf.nmt.translate import TERMINAL_LINE_LIMIT
+
+np = backend.host  # token ids live on the host
+
+
+# --------------------------------------------------------------------------- #
+# Model sources: (model, tokenizer) from a path
+# --------------------------------------------------------------------------- #
+class PretrainedTokenizer:
+    """A tokenizer of the ``tokenizers`` package with the interface of
+    :class:`minitf.nmt.tokenizer.Tokenizer`. No special tokens are added around a text (as
+    Hugging Face's text-generation pipeline encodes a prompt); ``eos_id`` is the model's."""
+
+    def __init__(self, tokenizer, eos_id=None):
+        self._tokenizer, self.eos_id = tokenizer, eos_id
+
+    @property
+    def vocab_size(self):
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, texts):
+        return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, id_lists):
+        return self._tokenizer.decode_batch([[int(i) for i in ids] for ids in id_lists], skip_special_tokens=False)
+
+
+def _require(*modules):
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name.partition(".")[0])
+    if missing:
+        raise DataError(f"--from-pretrained needs the {' and '.join(missing)} package{'s' * (len(missing) > 1)}, "
+                        "not installed here: pip install -e '.[hf]'")
+
+
+def tokenizer_files(folder):
+    """The tokenizer files of a Hugging Face folder: [tokenizer.json] if present, else
+    [vocab.json, merges.txt]; a DataError when neither is there."""
+    if (folder / "tokenizer.json").is_file():
+        return [folder / "tokenizer.json"]
+    if all((folder / name).is_file() for name in ("vocab.json", "merges.txt")):
+        return [folder / "vocab.json", folder / "merges.txt"]
+    raise DataError(f"{folder} has no tokenizer: expected tokenizer.json, or vocab.json and merges.txt "
+                    "(GPT-2's byte-level BPE); copy them from the model's Hugging Face folder")
+
+
+def read_tokenizer(folder, eos_id=None):
+    """The tokenizer of a Hugging Face folder: ``tokenizer.json`` if present, else ``vocab.json``
+    and ``merges.txt`` read as GPT-2's byte-level BPE (its end-of-text token, ``eos_id``, made
+    special as GPT-2's tokenizer does). A DataError names a missing or unreadable file."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+
+    files = tokenizer_files(pathlib.Path(folder))
+    try:
+        if len(files) == 1:
+            tokenizer = tokenizers.Tokenizer.from_file(str(files[0]))
+        else:
+            tokenizer = tokenizers.Tokenizer(models.BPE.from_file(*map(str, files)))
+            tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's
+            tokenizer.decoder = decoders.ByteLevel()
+            eos = tokenizer.id_to_token(eos_id) if eos_id is not None else None
+            if eos is not None:  # "<|endoftext|>" in a text is one token, not 7 pieces
+                tokenizer.add_special_tokens([eos])
+    except Exception as error:  # the tokenizers package raises a bare Exception
+        raise DataError(f"{' and '.join(str(f) for f in files)} cannot be read as a tokenizer "
+                        f"({str(error).strip() or type(error).__name__}); copy it again from the model's "
+                        "Hugging Face folder") from None
+    return PretrainedTokenizer(tokenizer, eos_id)
+
+
+def load_pretrained(folder, warn=None):
+    """(model, tokenizer) of a Hugging Face GPT-2 folder: config.json, model.safetensors and
+    a tokenizer (:func:`read_tokenizer`)."""
+    _require("safetensors.numpy", "tokenizers")
+    folder = pathlib.Path(folder)
+    if all((folder / name).is_file() for name in ("config.json", "model.safetensors")):
+        tokenizer_files(folder)  # a missing tokenizer is found before the weights are read
+    model = GPT.from_pretrained(folder)
+    eos_id = model.hf_config.get("eos_token_id")
+    if not (isinstance(eos_id, int) and not isinstance(eos_id, bool) and 0 <= eos_id < model.vocab_size):
+        eos_id = None  # absent, or not one id: generation runs to --max-new-tokens
+    tokenizer = read_tokenizer(folder, eos_id)
+    return model, tokenizer
+
+
+def load_run(run_dir, warn=None):
+    """(model, tokenizer) of a run folder of ``train.py --model gpt``: not wired in yet."""
+    raise UsageError(f"--checkpoint needs the run folder of a GPT trained by `train.py --model gpt`, and reading "
+                     f"one is not built into minitf.generate yet ({run_dir}); use --from-pretrained FOLDER "
+                     "(a Hugging Face GPT-2 folder)")
+
+
+#: ``--flag``'s destination -> its loader ``load(path, warn) -> (model, tokenizer)``
+LOADERS = {"checkpoint": load_run, "from_pretrained": load_pretrained}
+
+
+# --------------------------------------------------------------------------- #
+# Prompts in, text out
+# --------------------------------------------------------------------------- #
+class Sampler:
+    """Continues prompts with one model, tokenizer and set of sampling settings."""
+
+    def __init__(self, model, tokenizer, max_new_tokens, temperature, top_k, top_p, seed):
+        if tokenizer.vocab_size > model.vocab_size:
+            raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.vocab_size}; "
+                            "they do not belong together: use the tokenizer the model was trained with")
+        if self.limited(model) and max_new_tokens > model.max_len:
+            raise UsageError(f"--max-new-tokens {max_new_tokens} does not fit the model's {model.max_len} positions "
+                             f"(a prompt of n tokens leaves room for {model.max_len + 1} - n); ask for at most "
+                             f"{model.max_len}")
+        self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
+        self.options = dict(temperature=temperature, top_k=top_k or None, top_p=top_p)
+        self.seed = seed
+
+    @staticmethod
+    def limited(model):
+        """Whether the model has a last position (a learned position table)."""
+        return model.config["positions"] == "learned"
+
+    def encode(self, text, where):
+        """The prompt's ids (a DataError, naming ``where``, for an empty or too long prompt)."""
+        if not text.strip():
+            raise DataError(f"{where} is empty; expected text to continue")
+        ids = self.tokenizer.encode([text])[0]
+        if not ids:
+            raise DataError(f"{where} gives no tokens with this tokenizer; expected text in its alphabet")
+        fed = len(ids) + self.max_new_tokens - 1  # the last new token is never fed back
+        if self.limited(self.model) and fed > self.model.max_len:
+            room = self.model.max_len - self.max_new_tokens + 1
+            raise DataError(f"{where} has {len(ids)} tokens; with --max-new-tokens {self.max_new_tokens} that needs "
+                            f"{fed} positions and the model has {self.model.max_len}: shorten it to at most {room} "
+                            "tokens or ask for fewer new tokens")
+        return ids
+
+    def continue_text(self, ids, number):
+        """The text of prompt ``ids`` followed by its continuation; ``number`` (from 1) picks the seed."""
+        seed = None if self.seed is None else [self.seed, number]
+        eos = self.tokenizer.eos_id
+        out = generate(self.model, np.asarray([ids], dtype=np.int64), self.max_new_tokens, seed=seed, eos_id=eos,
+                       **self.options)[0, len(ids):].tolist()
+        if eos is not None and eos in out:
+            out = out[:out.index(eos)]  # the end-of-text token (and its repeats) is not written
+        return self.tokenizer.decode([ids + out])[0]
+
+
+def answer_each_line(answer, what, stdin=None, stdout=None, stderr=None):
+    """Read lines from a terminal and write ``answer(text, number)`` as soon as each line ends
+    (``number`` counts lines from 1). A line that is not UTF-8, or that ``answer`` refuses with a
+    DataError, gives a one-line error on stderr and the session goes on. Ctrl-D or Ctrl-C ends it
+    with status 0. (``minitf.translate``'s terminal session, with the answer passed in.)"""
+    stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
+    print(f"Type {what} and press Enter; Ctrl-D ends.", file=stderr, flush=True)
+    reader = getattr(stdin, "buffer", stdin)
+    try:
+        for number, raw in enumerate(iter(reader.readline, b""), start=1):
+            if len(raw.rstrip(b"\r\n")) >= TERMINAL_LINE_LIMIT:  # the terminal dropped the rest of the line
+                print(f"warning: a terminal passes at most {TERMINAL_LINE_LIMIT} bytes of a line, so this one was "
+                      "cut there; for longer lines use a pipe", file=stderr, flush=True)
+            try:
+                lines = decode_lines(raw, "that line", max_chars=None)
+                stdout.write(answer(lines[0] if lines else "", number) + "\n")
+                stdout.flush()
+            except DataError as error:
+                print(f"error: {error}", file=stderr, flush=True)
+    except KeyboardInterrupt:
+        print(file=stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- #
+# The command
+# --------------------------------------------------------------------------- #
+def _probability(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number above 0 and at most 1, got {text!r}")
+    return value
+
+
+def _count(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def build_parser():
+    p = OneLineParser(prog="python -m minitf.generate", description=__doc__.split("\n\n")[0])
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-pretrained", type=pathlib.Path, metavar="FOLDER",
+                        help="a Hugging Face GPT-2 folder: config.json, model.safetensors, tokenizer.json "
+                             "(or vocab.json and merges.txt)")
+    source.add_argument("--checkpoint", type=pathlib.Path, metavar="RUN",
+                        help="a run folder of train.py --model gpt (not wired in yet)")
+    p.add_argument("--prompt", help="the text to continue (default: one prompt per line of stdin)")
+    p.add_argument("--max-new-tokens", type=positive(int), default=50, help="at most this many tokens per prompt")
+    p.add_argument("--temperature", type=non_negative, default=1.0, help="0 is greedy")
+    p.add_argument("--top-k", type=_count, default=50, help="sample from the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=_probability, default=1.0,
+                   help="sample from the most likely tokens whose probability reaches p (1: all)")
+    p.add_argument("--seed", type=_count, default=None, help="makes sampling reproducible")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=None)
+    return p
+
+
+def run(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.prompt is not None and not args.prompt.strip():
+        raise UsageError("--prompt is empty; give the text to continue, e.g. --prompt 'Once upon a time'")
+    if args.device:
+        backend.set_device(args.device)
+    else:
+        backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
+    source = "checkpoint" if args.checkpoint is not None else "from_pretrained"
+
+    def sampler():
+        model, tokenizer = LOADERS[source](getattr(args, source), lambda message: print(message, file=sys.stderr))
+        return Sampler(model, tokenizer, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
+
+    if args.prompt is None and sys.stdin.isatty():  # a person typing: answer each line
+        s = sampler()
+        return answer_each_line(lambda text, number: s.continue_text(s.encode(text, "that prompt"), number),
+                                "a prompt")
+    if args.prompt is not None:
+        prompts = [args.prompt]
+    else:
+        prompts = decode_lines(sys.stdin.buffer.read(), "standard input", max_chars=None)
+        if not prompts:
+            raise DataError("standard input is empty; expected one prompt per line (or give --prompt TEXT)")
+        for number, prompt in enumerate(prompts, start=1):
+            if not prompt:
+                raise DataError(f"standard input: line {number} is empty; expected one prompt per line")
+    s = sampler()
+    where = ["--prompt"] if args.prompt is not None else [f"standard input: line {n}" for n in
+                                                         range(1, len(prompts) + 1)]
+    ids = [s.encode(prompt, w) for prompt, w in zip(prompts, where)]  # every prompt checked before the first answer
+    for number, prompt_ids in enumerate(ids, start=1):
+        sys.stdout.write(s.continue_text(prompt_ids, number) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def main(argv=None):
+    backend.keep_freed_memory()  # sampling's temporaries reuse freed memory (see train.py)
+    return report_errors("minitf.generate", run, argv, memory_hint="use a smaller --max-new-tokens or a shorter prompt")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
