@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from minitf.nmt import corpora
+from minitf.nmt import corpora, debian
 from minitf.nmt.download import Terminated
 from minitf.nmt.errors import DataError
 from minitf.nmt.train import main as train_main
@@ -209,8 +209,8 @@ def test_hostile_packages_write_nothing(tmp_path, serve, entries, pattern):
 def test_a_decompression_bomb_is_refused_and_leaves_nothing(tmp_path, serve, monkeypatch, where, pattern):
     """The real limits are 64 MiB (the dictionary) and 256 MiB (the tar stream up to it);
     here 1 and 2 MiB, against 3 MiB of zeros (a few KB compressed)."""
-    monkeypatch.setattr(corpora, "MAX_MEMBER_BYTES", 1 << 20)
-    monkeypatch.setattr(corpora, "MAX_DATA_TAR_BYTES", 2 << 20)
+    monkeypatch.setattr(debian, "MAX_MEMBER_BYTES", 1 << 20)
+    monkeypatch.setattr(debian, "MAX_DATA_TAR_BYTES", 2 << 20)
     zeros = bytes(3 << 20)
     entries = {MEMBER: zeros} if where == "the dictionary" else {"./usr/share/doc/big": zeros, MEMBER: b"x"}
     server = serve(make_deb(entries))
