@@ -34,8 +34,14 @@ def modules(root=ROOT):
     return {module_name(p, root): p for p in paths}
 
 
+#: The application's packages: translation, and language modelling (minitf.lm: it uses the shared machinery
+#: that still lives in minitf.nmt).
+APPLICATION_PACKAGES = ("minitf.nmt", "minitf.lm")
+
+
 def is_application(name):
-    return name == "minitf.nmt" or name.startswith("minitf.nmt.") or name in APPLICATION_ENTRY_POINTS
+    return (name in APPLICATION_PACKAGES or name.startswith(tuple(p + "." for p in APPLICATION_PACKAGES))
+            or name in APPLICATION_ENTRY_POINTS)
 
 
 def is_library(name):

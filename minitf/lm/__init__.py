@@ -1,0 +1,1 @@
+"""Language modelling with the decoder-only GPT: text data, the default text corpus, sampling."""
