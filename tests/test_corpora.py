@@ -143,8 +143,9 @@ def test_the_cache_is_read_without_apt_or_network(tmp_path, monkeypatch):
     assert corpora.fetch_default_corpus(tmp_path, base_url="http://127.0.0.1:9") == corpus
 
 
-def fake_apt(monkeypatch, deb=None):
-    """apt-get exists; ``apt-get download`` writes ``deb``, or fails as apt does without the package."""
+def fake_apt(monkeypatch, deb=None, package="trans-de-en"):
+    """apt-get exists; ``apt-get download`` writes ``deb`` (as a newer version of ``package``), or fails as apt
+    does without the package."""
     monkeypatch.delenv("MINITF_NO_APT", raising=False)
     monkeypatch.setattr(corpora.shutil, "which", lambda name: "/usr/bin/" + name)
     commands = []
@@ -152,8 +153,8 @@ def fake_apt(monkeypatch, deb=None):
     def run(command, cwd, **kwargs):
         commands.append(command)
         if deb is None:
-            return subprocess.CompletedProcess(command, 100, "", "E: Unable to locate package trans-de-en\n")
-        (cwd / "trans-de-en_1.9-7_all.deb").write_bytes(deb)
+            return subprocess.CompletedProcess(command, 100, "", f"E: Unable to locate package {package}\n")
+        (cwd / f"{package}_99.0-1_all.deb").write_bytes(deb)
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(subprocess, "run", run)

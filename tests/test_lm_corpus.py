@@ -21,7 +21,7 @@ from minitf.nmt.download import Terminated
 from minitf.nmt.errors import DataError
 from tests.loopback import Server, slowly
 from tests.runs import ROOT
-from tests.test_corpora import link, make_deb, root_entry, tree
+from tests.test_corpora import fake_apt, link, make_deb, root_entry, tree
 
 needs_pysword = pytest.mark.skipif(importlib.util.find_spec("pysword") is None,
                                    reason="needs pysword (an install requirement: pip install -e .)")
@@ -117,6 +117,25 @@ def test_the_mirror_comes_from_the_environment(tmp_path, serve, monkeypatch):
     monkeypatch.setenv("MINITF_DEBIAN_MIRROR", server.url)
     assert os.path.isfile(corpus.default_text_splits(tmp_path, progress=False, log=None)["test"])
     assert server.requests == [("/debian/" + corpus.PACKAGE.pool_path, None)]
+
+
+@needs_pysword
+def test_apt_comes_first_where_it_exists(tmp_path, serve, monkeypatch):
+    deb = make_deb(sword_entries())
+    server = serve(deb)
+    commands = fake_apt(monkeypatch, deb, package="sword-text-web")
+    paths = corpus.default_text_splits(tmp_path, progress=False, log=None, base_url=server.url)
+    assert commands == [["apt-get", "download", "sword-text-web"]] and server.requests == []
+    assert open(paths["valid"], encoding="utf-8").readline() == "Genesis 10:1 says Yahweh.\n"
+    assert tree(tmp_path)[0] == "web-bible-v1" and len(tree(tmp_path)) == 4  # apt's temp folder is gone
+
+
+@needs_pysword
+def test_apt_failing_falls_back_to_the_archive(tmp_path, serve, monkeypatch):
+    server = serve(make_deb(sword_entries()))
+    commands = fake_apt(monkeypatch, None, package="sword-text-web")
+    assert os.path.isfile(corpus.default_text_splits(tmp_path, progress=False, log=None, base_url=server.url)["test"])
+    assert len(commands) == 1 and len(server.requests) == 1 and len(tree(tmp_path)) == 4
 
 
 def corrupted(deb):
