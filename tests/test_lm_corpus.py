@@ -101,8 +101,8 @@ def test_the_default_text_is_fetched_read_split_by_chapter_and_cached(tmp_path, 
     chapters = sorted({(b, c) for b, c, _, _ in VERSES}, key=[(b, c) for b, c, _, _ in VERSES].index)
     held = {"valid": {chapters[9], chapters[29]}, "test": {chapters[19], chapters[39]}}  # Gen 10, 30; 20, 40
     for name in ("train", "valid", "test"):
-        want = "".join(expected_line(b, c, v) + "\n" for b, c, v, _ in VERSES
-                       if (b, c) in held.get(name, ()) or name == "train" and (b, c) not in held["valid"] | held["test"])
+        chosen = held[name] if name in held else set(chapters) - held["valid"] - held["test"]
+        want = "".join(expected_line(b, c, v) + "\n" for b, c, v, _ in VERSES if (b, c) in chosen)
         assert open(paths[name], encoding="utf-8").read() == want, name
         assert f"{name} {len(want):,} characters" in notes[0]
     assert tree(tmp_path) == ["web-bible-v1", "web-bible-v1/test.txt", "web-bible-v1/train.txt",
@@ -199,7 +199,8 @@ def test_sigterm_while_reading_the_module_leaves_nothing(tmp_path, serve, monkey
 
 
 CHILD = ("import sys; from minitf.lm import corpus; from minitf.nmt.debian import DebianPackage\n"
-         "corpus.PACKAGE = DebianPackage(corpus.PACKAGE.name, corpus.PACKAGE.pool_path, int(sys.argv[3]), sys.argv[4])\n"
+         "name, path = corpus.PACKAGE.name, corpus.PACKAGE.pool_path\n"
+         "corpus.PACKAGE = DebianPackage(name, path, int(sys.argv[3]), sys.argv[4])\n"
          "corpus.default_text_splits(sys.argv[2], progress=False, base_url=sys.argv[1])")
 
 

@@ -14,6 +14,7 @@ import zlib
 
 from minitf.atomic import write_atomic
 from minitf.nmt.debian import DebianPackage, extract_members, fetch_package
+from minitf.nmt.download import sigterm_raises
 from minitf.nmt.errors import DataError
 
 #: Fetched over HTTPS where apt is missing or fails; the file ``apt-get download sword-text-web`` gives on Debian 12.
@@ -33,8 +34,7 @@ SPLITS = ("train", "valid", "test")
 #: the one at ``VALID_AT`` is validation and the one at ``TEST_AT`` test, so each is about 5% of the text.
 HELD_OUT_EVERY, VALID_AT, TEST_AT = 20, 9, 19
 
-_TEXT_HINT = ("pass your own text with --train-text (and --valid-text, --test-text; plain UTF-8), "
-              "or --cache-dir with the splits already made")
+_TEXT_HINT = "pass your own text with --train-text (and --valid-text, --test-text; plain UTF-8)"
 _NOTE = re.compile(r"<note\b.*?</note>|<note\b[^<]*/>", re.DOTALL)
 _SPACE_BEFORE = re.compile(r"\s+([.,;:!?”’)\]])")
 _SPACE_AFTER = re.compile(r"([“‘(\[])\s+")
@@ -46,17 +46,18 @@ def default_text_splits(cache_dir, progress=True, log=print, use_apt=None, base_
     once under ``CACHE/web-bible-v1`` and read from there after. The package is fetched as
     :func:`minitf.nmt.debian.fetch_package` does (``use_apt``, ``base_url``, ``MINITF_DEBIAN_MIRROR``,
     ``MINITF_NO_APT``); its files unpack into a temp folder that goes with the .deb on success, error and
-    SIGTERM; each split is written atomically, test last (its presence marks a complete cache). ``log`` takes
-    one line on what was made. A one-line DataError says why not, and what to do."""
+    SIGTERM (which raises inside); each split is written atomically, and a cache missing one is made again.
+    ``log`` takes one line on what was made. A one-line DataError says why not, and what to do."""
     cache_dir = pathlib.Path(cache_dir)
     folder = cache_dir / SPLIT_FOLDER
     paths = {name: folder / f"{name}.txt" for name in SPLITS}
     if not all(path.is_file() for path in paths.values()):
         _require_pysword()
-        splits = fetch_package(PACKAGE, cache_dir, lambda deb: _read_package(deb, cache_dir), hint=_TEXT_HINT,
-                               use_apt=use_apt, base_url=base_url, progress=progress)
-        for name in SPLITS:  # test last: its presence marks a complete cache
-            write_atomic(paths[name], "".join(line + "\n" for line in splits[name]))
+        with sigterm_raises():  # the atomic writes remove their temp files too
+            splits = fetch_package(PACKAGE, cache_dir, lambda deb: _read_package(deb, cache_dir), hint=_TEXT_HINT,
+                                   use_apt=use_apt, base_url=base_url, progress=progress)
+            for name in SPLITS:
+                write_atomic(paths[name], "".join(line + "\n" for line in splits[name]))
         if log:
             sizes = ", ".join(f"{name} {sum(len(line) + 1 for line in splits[name]):,} characters"
                               for name in SPLITS)
