@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from minitf.nmt import corpora
+from minitf.nmt import corpora, debian
 from minitf.nmt.download import Terminated
 from minitf.nmt.errors import DataError
 from minitf.nmt.train import main as train_main
@@ -143,8 +143,9 @@ def test_the_cache_is_read_without_apt_or_network(tmp_path, monkeypatch):
     assert corpora.fetch_default_corpus(tmp_path, base_url="http://127.0.0.1:9") == corpus
 
 
-def fake_apt(monkeypatch, deb=None):
-    """apt-get exists; ``apt-get download`` writes ``deb``, or fails as apt does without the package."""
+def fake_apt(monkeypatch, deb=None, package="trans-de-en"):
+    """apt-get exists; ``apt-get download`` writes ``deb`` (as a newer version of ``package``), or fails as apt
+    does without the package."""
     monkeypatch.delenv("MINITF_NO_APT", raising=False)
     monkeypatch.setattr(corpora.shutil, "which", lambda name: "/usr/bin/" + name)
     commands = []
@@ -152,8 +153,8 @@ def fake_apt(monkeypatch, deb=None):
     def run(command, cwd, **kwargs):
         commands.append(command)
         if deb is None:
-            return subprocess.CompletedProcess(command, 100, "", "E: Unable to locate package trans-de-en\n")
-        (cwd / "trans-de-en_1.9-7_all.deb").write_bytes(deb)
+            return subprocess.CompletedProcess(command, 100, "", f"E: Unable to locate package {package}\n")
+        (cwd / f"{package}_99.0-1_all.deb").write_bytes(deb)
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(subprocess, "run", run)
@@ -209,8 +210,8 @@ def test_hostile_packages_write_nothing(tmp_path, serve, entries, pattern):
 def test_a_decompression_bomb_is_refused_and_leaves_nothing(tmp_path, serve, monkeypatch, where, pattern):
     """The real limits are 64 MiB (the dictionary) and 256 MiB (the tar stream up to it);
     here 1 and 2 MiB, against 3 MiB of zeros (a few KB compressed)."""
-    monkeypatch.setattr(corpora, "MAX_MEMBER_BYTES", 1 << 20)
-    monkeypatch.setattr(corpora, "MAX_DATA_TAR_BYTES", 2 << 20)
+    monkeypatch.setattr(debian, "MAX_MEMBER_BYTES", 1 << 20)
+    monkeypatch.setattr(debian, "MAX_DATA_TAR_BYTES", 2 << 20)
     zeros = bytes(3 << 20)
     entries = {MEMBER: zeros} if where == "the dictionary" else {"./usr/share/doc/big": zeros, MEMBER: b"x"}
     server = serve(make_deb(entries))

@@ -58,7 +58,7 @@ def test_setup_cfg_declares_the_extras():
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")
     requires = config["options"]["install_requires"]
-    for package in ("numpy", "sentencepiece", "sacrebleu", "tqdm"):
+    for package in ("numpy", "sentencepiece", "sacrebleu", "tqdm", "pysword"):  # pysword: the default LM text
         assert package in requires
     extras = config["options.extras_require"]
     assert "cupy-cuda12x" in extras["gpu"] and "hypothesis" in extras["test"] and "pytest" in extras["test"]

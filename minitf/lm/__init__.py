@@ -1,1 +1,1 @@
-"""Language modelling: what only the GPT needs (sampling: ``python -m minitf.generate``)."""
+"""Language modelling with the decoder-only GPT: text data, the default text corpus, sampling."""

@@ -1,25 +1,19 @@
 """The corpora, each fetched, verified, unpacked and split once under ``--cache-dir``: the default Ding
 German-English dictionary (Debian's ``trans-de-en``: apt, else the pinned .deb over HTTPS) as text files, and
 WMT 2014 English-German (the paper's) from pinned archives as memory-mapped token arrays."""
-import bz2
 import dataclasses
-import gzip
-import io
-import lzma
 import os
 import pathlib
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
-import tempfile
-import zlib
 
 from minitf.backend import host as np
 from minitf.nmt.data import read_lines, write_lines
+from minitf.nmt.debian import DEBIAN_ARCHIVE, MIRROR_VARIABLE, DebianPackage, extract_member, fetch_package
+from minitf.nmt.debian import make_cache as _make_cache
 from minitf.nmt.download import download, mirror_base, sigterm_raises
-from minitf.nmt.errors import CommandFailed, DataError
+from minitf.nmt.errors import DataError
 from minitf.nmt.files import atomic_writer
 from minitf.nmt.prepare import prepare_corpus
 
@@ -33,9 +27,6 @@ DING_DEB = "trans-de-en_1.9-6_all.deb"
 DING_DEB_PATH = "pool/main/d/ding/" + DING_DEB
 DING_DEB_SHA256 = "45f6b4cf1c434776fba6811d7bc522efabb5425c43ba8afd0e289bf9e2e53df4"
 DING_DEB_SIZE = 6276816
-#: ``MINITF_DEBIAN_MIRROR`` replaces it (another mirror, or a test's local server).
-DEBIAN_ARCHIVE = "https://deb.debian.org/debian"
-MIRROR_VARIABLE = "MINITF_DEBIAN_MIRROR"
 #: The archive's permanent copy of the same file, by its sha1 (tried when the pool no longer has it).
 DING_DEB_SNAPSHOT = "https://snapshot.debian.org/file/72c711ad89bff6de764306923b6d65ed49779bc2"
 
@@ -44,42 +35,18 @@ _CORPUS_HINT = ("pass your own corpus with --train-src/--train-tgt --valid-src/-
 
 
 def fetch_default_corpus(cache_dir, use_apt=None, base_url=None, progress=True):
-    """The Ding dictionary file ``CACHE/trans-de-en/usr/share/trans/de-en``, fetched once: by apt (``use_apt``
-    None: where ``apt-get`` exists, unless ``MINITF_NO_APT=1``), else the pinned .deb from ``base_url`` (default
-    ``MINITF_DEBIAN_MIRROR`` or Debian's archive, then its snapshot), a cut download resumed next time. The file
+    """The Ding dictionary file ``CACHE/trans-de-en/usr/share/trans/de-en``, fetched once by
+    :func:`minitf.nmt.debian.fetch_package` (apt, else the pinned .deb from ``base_url``, default
+    ``MINITF_DEBIAN_MIRROR`` or Debian's archive, then its snapshot; a cut download resumed next time). The file
     is renamed into place whole; temp files go on success, error and SIGTERM. A one-line DataError says why not."""
     cache_dir = pathlib.Path(cache_dir)
     corpus = cache_dir / DING_PACKAGE / DING_MEMBER
     if corpus.is_file():
         return corpus
-    if use_apt is None:
-        use_apt = shutil.which("apt-get") is not None and os.environ.get("MINITF_NO_APT") != "1"
-    _make_cache(cache_dir)
-    with sigterm_raises():  # SIGTERM raises, so that every finally below cleans up
-        apt_error = None
-        if use_apt:
-            work = pathlib.Path(tempfile.mkdtemp(prefix=f".{DING_PACKAGE}-apt-", dir=cache_dir))
-            try:
-                _unpack_dictionary(_apt_download(work), corpus, cache_dir)
-                return corpus
-            except DataError as error:
-                apt_error = error
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-        deb = _https_download(cache_dir, base_url, apt_error, progress)
-        try:
-            _unpack_dictionary(deb, corpus, cache_dir)
-        finally:
-            deb.unlink(missing_ok=True)
+    package = DebianPackage(DING_PACKAGE, DING_DEB_PATH, DING_DEB_SIZE, DING_DEB_SHA256, DING_DEB_SNAPSHOT)
+    fetch_package(package, cache_dir, lambda deb: _unpack_dictionary(deb, corpus, cache_dir), hint=_CORPUS_HINT,
+                  use_apt=use_apt, base_url=base_url, progress=progress)
     return corpus
-
-
-def _make_cache(folder):
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise DataError(f"cannot create the corpus cache folder {str(folder)!r} ({error}); "
-                        "pass a writable --cache-dir") from None
 
 
 def _unpack_dictionary(deb, corpus, cache_dir):
@@ -89,46 +56,6 @@ def _unpack_dictionary(deb, corpus, cache_dir):
             extract_member(deb, DING_MEMBER.as_posix(), out)
         except DataError as error:
             raise DataError(f"{deb.name}: {error}; {_CORPUS_HINT}") from None
-
-
-def _https_download(cache_dir, base_url, apt_error, progress):
-    """Download the pinned .deb into the cache; a DataError names apt's failure too."""
-    base = (base_url or mirror_base(MIRROR_VARIABLE, DEBIAN_ARCHIVE)).rstrip("/")
-    urls = [base + "/" + DING_DEB_PATH]
-    if base == DEBIAN_ARCHIVE:
-        urls.append(DING_DEB_SNAPSHOT)
-    try:
-        return download(urls, cache_dir / DING_DEB, size=DING_DEB_SIZE, sha256=DING_DEB_SHA256,
-                        what=f"Debian package {DING_PACKAGE}", progress=progress,
-                        log=lambda note: print(note, file=sys.stderr))
-    except DataError as error:
-        apt_text = str(apt_error).replace(f"; {_CORPUS_HINT}", "")  # the hint is said once, below
-        before = f"apt failed ({apt_text}), and " if apt_error is not None else ""
-        raise DataError(f"{before}{error}; or set {MIRROR_VARIABLE} to another Debian mirror, or "
-                        f"{_CORPUS_HINT}") from None
-
-
-def _apt_download(work):
-    """Run ``apt-get download`` quietly in ``work`` and return the path of the .deb; a failure is one line."""
-    what = "apt-get download"
-    try:
-        result = subprocess.run(["apt-get", "download", DING_PACKAGE], cwd=work, capture_output=True, text=True,
-                                timeout=600, check=False)
-    except FileNotFoundError:
-        raise DataError(f"apt-get is not installed, so apt is unavailable; {_CORPUS_HINT}") from None
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise DataError(f"{what} failed ({error}); {_CORPUS_HINT}") from None
-    if result.returncode != 0:
-        lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
-        errors = [line for line in lines if line.startswith("E:")]
-        detail = (errors or lines or [f"exit status {result.returncode}"])[-1].strip()
-        if "Unable to locate package" in detail or detail.startswith("E:"):
-            raise DataError(f"apt-get cannot get package {DING_PACKAGE} ({detail}; `apt-get update` as root may help)")
-        raise CommandFailed(what, detail, _CORPUS_HINT)
-    debs = sorted(work.glob(f"{DING_PACKAGE}_*.deb"))
-    if not debs:
-        raise DataError(f"apt-get download {DING_PACKAGE} reported success but wrote no .deb")
-    return debs[0]
 
 
 # Annotations Ding puts around words: {f}, {m}, {vt}, [ugs.], [Br.], (explanations).
@@ -300,88 +227,6 @@ def default_corpus_splits(cache_dir, src_lang="de", tgt_lang="en", phrases=False
             write_lines(folder / f"{name}.de", [de for de, _ in pairs])
             write_lines(folder / f"{name}.en", [en for _, en in pairs])
     return {k: os.path.abspath(v) for k, v in names.items()}
-
-
-# A .deb is an ``ar`` archive holding ``debian-binary``, ``control.tar.*`` and ``data.tar.*`` (.xz, .gz, .bz2
-# or plain), read with the standard library. A package comes from the network: a decompression bomb is refused.
-#: The most bytes unpacked: the file itself (the Ding dictionary has about 14 MB), and the data.tar stream up to it.
-MAX_MEMBER_BYTES = 64 << 20
-MAX_DATA_TAR_BYTES = 256 << 20
-_BLOCK = 1 << 16
-
-_AR_MAGIC = b"!<arch>\n"
-_DECOMPRESS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open, "": lambda f: f}
-
-
-def ar_members(data):
-    """``{name: bytes}`` of an ``ar`` archive (a .deb); a DataError for a bad header or size."""
-    if not data.startswith(_AR_MAGIC):
-        raise DataError("not a Debian package (.deb): the file does not start with an ar archive header")
-    members, offset = {}, len(_AR_MAGIC)
-    while offset < len(data):
-        header = data[offset:offset + 60]
-        if len(header) < 60 or header[58:60] != b"`\n":
-            raise DataError(f"damaged Debian package: bad ar member header at byte {offset}")
-        name = header[:16].decode("ascii", "replace").strip().rstrip("/")
-        try:
-            size = int(header[48:58].decode("ascii").strip())
-        except ValueError:
-            raise DataError(f"damaged Debian package: bad size of ar member {name!r}") from None
-        start = offset + 60
-        if start + size > len(data):
-            raise DataError(f"damaged Debian package: member {name!r} is cut short")
-        members[name] = data[start:start + size]
-        offset = start + size + (size % 2)  # members are 2-byte aligned
-    return members
-
-
-class _Capped:
-    """A read-only stream that refuses to give more than ``limit`` bytes in all."""
-
-    def __init__(self, stream, limit, name):
-        self.stream, self.limit, self.name, self.count = stream, limit, name, 0
-
-    def read(self, n=-1):
-        block = self.stream.read(self.limit + 1 - self.count if n is None or n < 0 else n)
-        self.count += len(block)
-        if self.count > self.limit:
-            raise DataError(f"{self.name} unpacks to more than {self.limit >> 20} MiB (a decompression "
-                            "bomb, or not the package expected); refused")
-        return block
-
-
-def extract_member(deb_path, member, out):
-    """Copy the regular file ``member`` of a .deb's ``data.tar.*`` into the open binary file ``out``; nothing
-    else is written, so no member name can reach outside. A link or device, a member over :data:`MAX_MEMBER_BYTES`,
-    over :data:`MAX_DATA_TAR_BYTES` of tar stream, a damaged or foreign package: a one-line DataError."""
-    members = ar_members(pathlib.Path(deb_path).read_bytes())
-    names = [n for n in members if n.startswith("data.tar")]
-    if not names:
-        raise DataError(f"damaged Debian package: no data.tar member (members: {sorted(members)})")
-    name = names[0]
-    suffix = name[len("data.tar"):]
-    if suffix not in _DECOMPRESS:
-        raise DataError(f"{name} is compressed in a way Python's standard library cannot read")
-    try:
-        stream = _Capped(_DECOMPRESS[suffix](io.BytesIO(members[name])), MAX_DATA_TAR_BYTES, name)
-        with tarfile.open(fileobj=stream, mode="r|") as archive:
-            for info in archive:
-                if re.sub(r"^(?:\./)+", "", info.name) != member:
-                    continue
-                if not info.isreg():
-                    raise DataError(f"{member} in the package is not a regular file (a link or device); refused")
-                if info.size > MAX_MEMBER_BYTES:
-                    raise DataError(f"{member} in the package has {info.size} bytes, more than the "
-                                    f"{MAX_MEMBER_BYTES >> 20} MiB expected of it; refused")
-                source = archive.extractfile(info)
-                while block := source.read(_BLOCK):
-                    out.write(block)
-                return
-    except DataError:
-        raise
-    except (tarfile.TarError, EOFError, OSError, ValueError, lzma.LZMAError, zlib.error) as error:
-        raise DataError(f"damaged Debian package: cannot read {name} ({error})") from None
-    raise DataError(f"the package has no {member}; its layout changed")
 
 
 # WMT 2014 English-German as fairseq's ``prepare-wmt14en2de.sh --icml17``: 4.5 million training pairs, newstest2013
