@@ -1,6 +1,7 @@
 """A/B one minitf training step: the working tree against a git revision, in one process.
 
     python benchmarks/ab_step.py --ref HEAD --config small --rounds 10
+    python benchmarks/ab_step.py --ref HEAD --gpt default --rounds 10     # the GPT's step instead
 
 The package as it is at ``--ref`` is extracted (``git show``) into a temporary folder
 as ``minitf_ref`` (its imports rewritten), both versions build the same seeded model,
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import minitf  # noqa: E402
 minitf.backend.keep_freed_memory()  # as train.py runs (no page faults for each fresh temporary)
-from benchmarks.common import CONFIGS, MinitfStep, load_reference, make_batch  # noqa: E402
+from benchmarks.common import CONFIGS, GPT_SHAPES, MinitfGPTStep, MinitfStep, load_reference, make_batch  # noqa: E402
 
 np = minitf.backend.host
 
@@ -35,14 +36,20 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ref", default="HEAD", help="git revision to compare with (default HEAD)")
     parser.add_argument("--config", choices=list(CONFIGS), default="small")
+    parser.add_argument("--gpt", choices=list(GPT_SHAPES),
+                        help="time the GPT's step (MinitfGPTStep) at this shape instead of --config's")
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args(argv)
-    c = CONFIGS[args.config]
-    batch = make_batch(c)
     with tempfile.TemporaryDirectory() as folder:
         minitf_ref = load_reference(args.ref, folder)
-        runs = {f"{args.ref}": MinitfStep(c, batch, lib=minitf_ref, reseed=True),   # the same dropout masks
-                "working tree": MinitfStep(c, batch, reseed=True)}
+        if args.gpt:  # each copy seeded once at 0 and drawing alike: the same dropout masks
+            runs = {f"{args.ref}": MinitfGPTStep(GPT_SHAPES[args.gpt], lib=minitf_ref),
+                    "working tree": MinitfGPTStep(GPT_SHAPES[args.gpt])}
+        else:
+            c = CONFIGS[args.config]
+            batch = make_batch(c)
+            runs = {f"{args.ref}": MinitfStep(c, batch, lib=minitf_ref, reseed=True),   # the same dropout masks
+                    "working tree": MinitfStep(c, batch, reseed=True)}
         times = {name: [] for name in runs}
         losses = {name: [] for name in runs}
         for name, step in runs.items():
@@ -52,7 +59,8 @@ def main(argv=None):
                 start = time.perf_counter()
                 losses[name].append(step(r + 2))
                 times[name].append(time.perf_counter() - start)
-    print(f"{args.config}, {args.rounds} alternating rounds, load average {os.getloadavg()[0]:.2f}, "
+    what = f"GPT {args.gpt}" if args.gpt else args.config
+    print(f"{what}, {args.rounds} alternating rounds, load average {os.getloadavg()[0]:.2f}, "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
     for name in runs:
         print(f"  {name:>14}: median {statistics.median(times[name]) * 1e3:8.1f} ms   "

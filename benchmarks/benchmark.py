@@ -104,7 +104,6 @@ PyTorch is optional (``pip install -e .[bench]``); without it minitf is timed al
 """
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -119,7 +118,8 @@ import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from minitf.nmt.decode import beam_search, greedy_decode  # noqa: E402
 from benchmarks.common import (BOS, CONFIGS, CORPUS, DEFAULT_RUN, PAD, MinitfStep, TorchStep,  # noqa: E402
-                               build_model, default_corpus_paths, first_batches, make_batch, tokenized_corpus)
+                               blas_description, blas_threads, build_model, cpu_model, default_corpus_paths,
+                               first_batches, make_batch, matmul_peak_gflops, tokenized_corpus)
 
 np = backend.host
 
@@ -141,50 +141,6 @@ def model_flops(c):
     return 3 * forward
 
 
-def blas_threads():
-    """Threads of NumPy's BLAS (OpenBLAS via ctypes, else threadpoolctl, else the env)."""
-    try:
-        import threadpoolctl
-        infos = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
-        if infos:
-            return int(infos[0]["num_threads"])
-    except ImportError:
-        pass
-    try:
-        import ctypes
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and "/" in line}
-        for path in sorted(paths):
-            lib = ctypes.CDLL(path)
-            for name in ("openblas_get_num_threads", "openblas_get_num_threads64_",
-                         "scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads"):
-                if hasattr(lib, name):
-                    return int(getattr(lib, name)())
-    except OSError:
-        pass
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return os.cpu_count() or 1
-
-
-def matmul_peak_gflops(device, n=2048, repeats=5):
-    """Best float32 GFLOP/s of an (n x n) @ (n x n) product with the active array module."""
-    xp = backend.xp
-    rng = np.random.default_rng(0)
-    a = backend.asarray(rng.standard_normal((n, n)), dtype=np.float32)
-    b = backend.asarray(rng.standard_normal((n, n)), dtype=np.float32)
-    xp.matmul(a, b)                                      # warm-up
-    backend.synchronize()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        xp.matmul(a, b)
-        backend.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best / 1e9
-
-
 def torch_version():
     """PyTorch's version without importing it (this process may not time it), or None."""
     import importlib.metadata
@@ -197,35 +153,6 @@ def torch_version():
 # --------------------------------------------------------------------------- #
 # the machine
 # --------------------------------------------------------------------------- #
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def blas_description():
-    """NumPy's BLAS: threadpoolctl's view when installed, else NumPy's build configuration."""
-    try:
-        import threadpoolctl
-        infos = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
-        if infos:
-            i = infos[0]
-            return (f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture', '?')} kernels, "
-                    f"{i.get('threading_layer', '?')} threading, {i.get('num_threads')} threads; threadpoolctl)")
-    except ImportError:
-        pass
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        return f"{blas.get('name')} {blas.get('version')} (NumPy build configuration; threadpoolctl not installed)"
-    except Exception:  # older NumPy: no mode="dicts"
-        return "unknown (install threadpoolctl to name it)"
-
-
 def machine_lines(args, threads, peak):
     """The header: what a reader needs to reproduce (or discount) the numbers."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

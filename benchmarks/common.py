@@ -22,17 +22,21 @@ module imports no script, and no script imports another (tests/test_architecture
   as the package ``minitf_ref``.
 """
 import importlib
+import math
 import os
 import pathlib
+import platform
 import re
 import subprocess
 import sys
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import minitf  # noqa: E402
+from minitf import backend  # noqa: E402
 from minitf.nmt.config import RunConfig  # noqa: E402
 from minitf.nmt.corpora import DEFAULT_CACHE, SPLIT_FOLDER  # noqa: E402
 from minitf.nmt.data import Corpus, read_parallel, read_splits, token_batches  # noqa: E402
@@ -208,6 +212,82 @@ class TorchStep:
 
 
 # --------------------------------------------------------------------------- #
+# the machine
+# --------------------------------------------------------------------------- #
+def blas_threads():
+    """Threads of NumPy's BLAS (OpenBLAS via ctypes, else threadpoolctl, else the env)."""
+    try:
+        import threadpoolctl
+        infos = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+        if infos:
+            return int(infos[0]["num_threads"])
+    except ImportError:
+        pass
+    try:
+        import ctypes
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and "/" in line}
+        for path in sorted(paths):
+            lib = ctypes.CDLL(path)
+            for name in ("openblas_get_num_threads", "openblas_get_num_threads64_",
+                         "scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads"):
+                if hasattr(lib, name):
+                    return int(getattr(lib, name)())
+    except OSError:
+        pass
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return os.cpu_count() or 1
+
+
+def matmul_peak_gflops(device, n=2048, repeats=5):
+    """Best float32 GFLOP/s of an (n x n) @ (n x n) product with the active array module."""
+    xp = backend.xp
+    rng = np.random.default_rng(0)
+    a = backend.asarray(rng.standard_normal((n, n)), dtype=np.float32)
+    b = backend.asarray(rng.standard_normal((n, n)), dtype=np.float32)
+    xp.matmul(a, b)                                      # warm-up
+    backend.synchronize()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        xp.matmul(a, b)
+        backend.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best / 1e9
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas_description():
+    """NumPy's BLAS: threadpoolctl's view when installed, else NumPy's build configuration."""
+    try:
+        import threadpoolctl
+        infos = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+        if infos:
+            i = infos[0]
+            return (f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture', '?')} kernels, "
+                    f"{i.get('threading_layer', '?')} threading, {i.get('num_threads')} threads; threadpoolctl)")
+    except ImportError:
+        pass
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name')} {blas.get('version')} (NumPy build configuration; threadpoolctl not installed)"
+    except Exception:  # older NumPy: no mode="dicts"
+        return "unknown (install threadpoolctl to name it)"
+
+
+# --------------------------------------------------------------------------- #
 # minitf at another revision
 # --------------------------------------------------------------------------- #
 def load_reference(ref, folder):
@@ -228,3 +308,95 @@ def load_reference(ref, folder):
             handle.write(text)
     sys.path.insert(0, folder)
     return importlib.import_module("minitf_ref")
+
+
+# --------------------------------------------------------------------------- #
+# the GPT (decoder-only) step: minitf.GPT against Hugging Face's GPT2LMHeadModel
+# --------------------------------------------------------------------------- #
+#: GPT shapes: ``default`` is the default language-model run's (docs: the layout of issue 28, GPT-2's
+#: choices, BPE vocabulary 4096, block 128); ``gpt2`` is GPT-2 small (124M) on a short block; ``tiny``
+#: is for dry runs and tests.
+GPT_SHAPES = {
+    "default": dict(vocab_size=4096, max_len=128, d_model=192, num_heads=4, num_layers=4, d_ff=768, batch=16,
+                    block=128),
+    "gpt2": dict(vocab_size=50257, max_len=1024, d_model=768, num_heads=12, num_layers=12, d_ff=3072, batch=4,
+                 block=64),
+    "tiny": dict(vocab_size=256, max_len=32, d_model=32, num_heads=2, num_layers=2, d_ff=64, batch=2, block=16),
+}
+GPT_LR, GPT_BETAS, GPT_EPS = 3e-4, (0.9, 0.95), 1e-8   # one Adam setting for both frameworks
+
+
+def gpt_kwargs(shape, dropout=0.1):
+    """``minitf.GPT``'s arguments for a GPT shape: GPT-2's choices (pre-LN, tanh GELU, learned
+    positions, tied output projection, GPT-2 init)."""
+    keys = ("vocab_size", "max_len", "d_model", "num_heads", "num_layers", "d_ff")
+    return {key: shape[key] for key in keys} | dict(dropout=dropout)
+
+
+def gpt_batch(shape, seed=0):
+    """Host int64 (inputs, targets), each (batch, block): random ids, the targets shifted by one."""
+    ids = np.random.default_rng(seed).integers(0, shape["vocab_size"], (shape["batch"], shape["block"] + 1))
+    return ids[:, :-1].copy(), ids[:, 1:].copy()
+
+
+class MinitfGPTStep:
+    """One minitf GPT training step: zero_grad, forward, next-token cross-entropy (its value a
+    Python float), backward, Adam (``GPT_LR``, ``GPT_BETAS``, ``GPT_EPS``); seed 0; on the GPU it
+    ends with a device synchronisation. ``model``, ``loss_fn``, ``optimizer`` as in MinitfStep."""
+
+    def __init__(self, shape, dropout=0.1, lib=minitf, batch=None):
+        self.lib = lib
+        lib.manual_seed(0)
+        self.model = lib.GPT(**gpt_kwargs(shape, dropout))
+        self.loss_fn = lib.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+        self.optimizer = lib.Adam(self.model.parameters(), lr=GPT_LR, betas=GPT_BETAS, eps=GPT_EPS)
+        self.batch = tuple(lib.backend.asarray(a) for a in (batch if batch is not None else gpt_batch(shape)))
+        self.num_parameters = self.model.num_parameters()
+
+    def __call__(self, i=0):
+        inputs, targets = self.batch
+        self.optimizer.zero_grad()
+        loss = self.loss_fn(self.model(inputs), targets)
+        self.model.backward(self.loss_fn.backward())
+        self.optimizer.step()
+        self.lib.backend.synchronize()
+        return loss
+
+
+class TorchGPTStep:
+    """PyTorch's step of the same model: ``transformers.GPT2LMHeadModel`` with the GPT-2 config
+    minitf writes for it (``attn_pdrop`` 0 as minitf, the same dropout elsewhere), holding
+    ``weights_of``'s parameters and dropout (a minitf GPT: both start equal) in float32;
+    cross-entropy on the logits, ``torch.optim.Adam`` with the same settings (its default implementation)."""
+
+    def __init__(self, shape, weights_of, device="cpu", batch=None):
+        import torch
+        import transformers
+        from minitf.gpt import _hf_config_from, minitf_to_hf_state
+        self.torch = torch
+        dev = torch.device("cuda" if device == "gpu" else "cpu")
+        token_ids = {"bos_token_id": 0, "eos_token_id": 0}  # inside any vocabulary (no warning)
+        config = transformers.GPT2Config(**_hf_config_from(weights_of.config, token_ids, "float32"))
+        torch.manual_seed(0)
+        self.model = transformers.GPT2LMHeadModel(config)
+        state = {name: torch.from_numpy(minitf.backend.to_numpy(array).astype("float32"))
+                 for name, array in minitf_to_hf_state(weights_of.state_dict(), weights_of.config).items()}
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if [m for m in missing if m != "lm_head.weight"] or unexpected:  # lm_head is tied to wte
+            raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+        self.model = self.model.to(dev).train()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=GPT_LR, betas=GPT_BETAS, eps=GPT_EPS)
+        self.batch = tuple(torch.from_numpy(a).to(dev) for a in (batch if batch is not None else gpt_batch(shape)))
+        self.sync = torch.cuda.synchronize if device == "gpu" else (lambda: None)
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+
+    def __call__(self, i=0):
+        inputs, targets = self.batch
+        self.optimizer.zero_grad()
+        logits = self.model(inputs).logits
+        loss = self.torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        value = loss.item()
+        loss.backward()
+        self.optimizer.step()
+        self.sync()
+        return value

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for minitf, for a machine with an NVIDIA GPU. Run from anywhere:
 #
-#     bash scripts/gpu_check.sh            # at most about 8 minutes: every step is time-boxed
+#     bash scripts/gpu_check.sh            # at most about 11 minutes: every step is time-boxed
 #
 # Written for the project's GPU test machine as it is: no network (nothing is installed
 # here: a missing module is reported, not fetched), `python3` is the interpreter that has
@@ -16,11 +16,13 @@
 # 5. the base configuration timed on the GPU (benchmarks/benchmark.py);
 # 6. the base preset trained for about 3 minutes on a prepared synthetic corpus of WMT 2014
 #    English-German's shape (scripts/wmt_gpu_throughput.py): target tokens/s, the fraction
-#    of the GPU's peak, GPU memory (skipped where train.py has no --corpus-dir).
+#    of the GPU's peak, GPU memory (skipped where train.py has no --corpus-dir);
+# 7. GPT-2 small (124M) training steps at block 1024 (scripts/gpt_gpu_throughput.py): tokens/s,
+#    the fraction of the GPU's float32 matmul peak, the memory CuPy's pool holds.
 # Exit status: 0 when every step passed, 1 otherwise (each step still runs).
 #
 # tests/test_gpu_check_script.py runs this script on the CPU (a dry run: nvidia-smi and
-# CuPy replaced by stand-ins, smaller test and benchmark sets through the two variables
+# CuPy replaced by stand-ins, smaller test and benchmark sets and shapes through the variables
 # below); the script has not been run on a GPU yet.
 set -u
 cd "$(dirname "$0")/.."
@@ -32,6 +34,7 @@ TESTS=${GPU_CHECK_TESTS:-tests/test_layers.py tests/test_attention.py tests/test
 tests/test_loss_optim.py tests/test_decode.py tests/test_gpu.py}
 BENCH=${GPU_CHECK_BENCH:---config base --steps 10}
 WMT=${GPU_CHECK_WMT:---pairs 200000 --minutes 3}
+GPT=${GPU_CHECK_GPT:---shape gpt2 --batch 8 --block 1024 --steps 20}
 
 step() { printf '\n=== %s  (%s)\n' "$1" "$(date +%T)"; }
 fail() { echo "*** FAILED: $1"; status=1; }
@@ -82,6 +85,10 @@ timeout 120 $PY benchmarks/benchmark.py --device gpu --in-process $BENCH || fail
 step "base preset on a WMT-shaped prepared corpus ($WMT)"
 # shellcheck disable=SC2086
 timeout 420 $PY scripts/wmt_gpu_throughput.py $WMT || fail "wmt_gpu_throughput.py (exit $?; 124 = timed out)"
+
+step "GPT-2 small training steps at block 1024 ($GPT)"
+# shellcheck disable=SC2086
+timeout 180 $PY scripts/gpt_gpu_throughput.py $GPT || fail "gpt_gpu_throughput.py (exit $?; 124 = timed out)"
 
 step "done"
 [ $status -eq 0 ] && echo "all GPU checks passed" || echo "some GPU checks FAILED (see *** above)"

@@ -117,7 +117,7 @@ def test_the_graph_sees_real_imports():
     assert "minitf.nmt.checkpoint" in graph["minitf.nmt.train"]
     assert "minitf.nmt.train" in graph["train"]
     assert "minitf.nmt.decode" in graph["scripts.compare_devices"]
-    for script in ("benchmark", "ab_step", "layer_profile", "data_parallel", "torch_equal_minutes"):
+    for script in ("benchmark", "ab_step", "layer_profile", "data_parallel", "torch_equal_minutes", "gpt_step"):
         assert "benchmarks.common" in graph[f"benchmarks.{script}"], script
 
 

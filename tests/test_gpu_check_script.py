@@ -5,8 +5,8 @@ the dry run reproduces that: `python3` is this interpreter, `python` does not wo
 `nvidia-smi` prints a made-up GPU, and CuPy is tests/fake_gpu/cupy (NumPy arrays, one
 "device", each CUDA kernel emulated after its signature is checked against the launch).
 The NVRTC compile step is real (skipped inside where the wheels are missing). The test
-and benchmark sets are the small ones the script's variables allow (GPU_CHECK_TESTS,
-GPU_CHECK_BENCH), so that the run takes a minute, not eight.
+and benchmark sets and shapes are the small ones the script's variables allow (GPU_CHECK_TESTS,
+GPU_CHECK_BENCH, GPU_CHECK_WMT, GPU_CHECK_GPT), so that the run takes a minute, not eleven.
 """
 import os
 import pathlib
@@ -45,7 +45,8 @@ def test_dry_run_of_gpu_check_passes_on_the_cpu(tmp_path):
                PYTHONPATH=str(ROOT / "tests" / "fake_gpu"),
                GPU_CHECK_TESTS="tests/test_gpu.py",
                GPU_CHECK_BENCH="--config tiny --steps 1 --warmup 0",
-               GPU_CHECK_WMT=f"--pairs 400 --minutes 0.4 --max-tokens 150 --vocab-size 300 --work {tmp_path / 'wmt'}")
+               GPU_CHECK_WMT=f"--pairs 400 --minutes 0.4 --max-tokens 150 --vocab-size 300 --work {tmp_path / 'wmt'}",
+               GPU_CHECK_GPT="--shape tiny --batch 2 --block 16 --steps 2 --warmup 1")
     result = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=900)
     output = result.stdout + result.stderr
@@ -55,3 +56,4 @@ def test_dry_run_of_gpu_check_passes_on_the_cpu(tmp_path):
     assert "11 passed" in output                                        # tests/test_gpu.py ran, none skipped
     assert "all CPU/GPU comparisons within tolerance" in output
     assert "base preset," in output and "target tokens/s" in output     # the WMT-shaped throughput part ran
+    assert "GPT tiny (26,368 parameters), batch 2 x block 16" in output and "tokens/s" in output  # the GPT part ran
