@@ -8,7 +8,7 @@ validation and test BLEU, and leaves a checkpoint for ``python -m minitf.transla
 """
 import sys
 
-from minitf.nmt.train import main
+from minitf.training.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,11 +9,11 @@ from minitf import backend
 from minitf.backend import host as np
 import ctypes
 
-from minitf.nmt.distributed import LocalWorld, NcclCollectives, init_mpi
-from minitf.nmt.config import RunConfig
+from minitf.training.distributed import LocalWorld, NcclCollectives, init_mpi
+from minitf.training.config import RunConfig
 from minitf.nmt.data import Corpus, read_splits, token_batches
-from minitf.nmt.tokenizer import Tokenizer
-from minitf.nmt.trainer import Trainer
+from minitf.training.tokenizer import Tokenizer
+from minitf.training.trainer import Trainer
 
 
 def host_view(ptr, count, dtype):

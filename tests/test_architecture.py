@@ -1,8 +1,9 @@
-"""The layout: the core (the library a learner reads), the translation application
-on top of it (minitf.nmt), and the tools run as files (``train.py``,
-``benchmarks/*.py``, ``scripts/*.py``). Imports go from the application to the core,
-never back; the library never imports a tool; a tool imports no other tool except a
-folder's shared module (``benchmarks/common.py``); and nothing imports in a circle.
+"""The layout: the core (the library a learner reads); the application on top of it: the
+training machinery both models share (minitf.training), translation (minitf.nmt) and language
+modelling (minitf.lm); and the tools run as files (``train.py``, ``benchmarks/*.py``,
+``scripts/*.py``). Imports go from the application to the core, never back; neither model's
+package imports the other's; the library never imports a tool; a tool imports no other tool
+except a folder's shared module (``benchmarks/common.py``); and nothing imports in a circle.
 
 The graph is built from the source with ``ast`` (every import statement, also
 those inside functions), not by importing anything."""
@@ -19,7 +20,11 @@ SCRIPT_FOLDERS = ("benchmarks", "scripts")
 #: The modules of the script folders that other files may import: what the folder's scripts share.
 SHARED = {"benchmarks.common"}
 #: Entry points of the application that keep a short command name in the top folder.
-APPLICATION_ENTRY_POINTS = {"minitf.translate"}
+APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate"}
+#: The application's packages: the shared training machinery, then one package per model.
+APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm")
+#: The model packages: neither imports the other (what both need belongs in minitf.training).
+MODEL_PACKAGES = ("minitf.nmt", "minitf.lm")
 
 
 def module_name(path, root=ROOT):
@@ -34,8 +39,13 @@ def modules(root=ROOT):
     return {module_name(p, root): p for p in paths}
 
 
+def package_of(name, packages):
+    """The package of ``packages`` that module ``name`` belongs to, or None."""
+    return next((p for p in packages if name == p or name.startswith(p + ".")), None)
+
+
 def is_application(name):
-    return name == "minitf.nmt" or name.startswith("minitf.nmt.") or name in APPLICATION_ENTRY_POINTS
+    return package_of(name, APPLICATION_PACKAGES) is not None or name in APPLICATION_ENTRY_POINTS
 
 
 def is_library(name):
@@ -109,9 +119,10 @@ def tool_imports(graph):
 def test_the_graph_sees_real_imports():
     graph = import_graph()
     assert "minitf.module" in graph["minitf.layers"]
-    assert "minitf.transformer" in graph["minitf.nmt.trainer"]
-    assert "minitf.nmt.checkpoint" in graph["minitf.nmt.train"]
-    assert "minitf.nmt.train" in graph["train"]
+    assert "minitf.transformer" in graph["minitf.training.checkpoint"]
+    assert "minitf.training.checkpoint" in graph["minitf.training.train"]
+    assert "minitf.training.text" in graph["minitf.nmt.data"]
+    assert "minitf.training.train" in graph["train"]
     assert "minitf.nmt.decode" in graph["scripts.compare_devices"]
     for script in ("benchmark", "ab_step", "layer_profile", "data_parallel", "torch_equal_minutes"):
         assert "benchmarks.common" in graph[f"benchmarks.{script}"], script
@@ -148,6 +159,31 @@ def test_the_core_never_imports_the_application():
              for core, imports in import_graph().items() if is_library(core) and not is_application(core)}
     wrong = {k: v for k, v in wrong.items() if v}
     assert not wrong, f"core modules importing the application: {wrong}"
+
+
+def model_crossings(graph):
+    """{importer: [modules of another model's package it imports]}."""
+    wrong = {}
+    for name, imports in graph.items():
+        mine = package_of(name, MODEL_PACKAGES)
+        crossing = sorted(m for m in imports if mine and package_of(m, MODEL_PACKAGES) not in (None, mine))
+        if crossing:
+            wrong[name] = crossing
+    return wrong
+
+
+def test_neither_model_imports_the_other():
+    """Translation (minitf.nmt) and language modelling (minitf.lm) share only minitf.training and the core."""
+    wrong = model_crossings(import_graph())
+    assert not wrong, f"a model's modules importing the other's (move what they share into minitf.training): {wrong}"
+
+
+def test_model_crossings_are_seen():
+    graph = {"minitf.lm.data": {"minitf.nmt.data", "minitf.training.text"}, "minitf.nmt.decode": {"minitf.lm"},
+             "minitf.training.train": {"minitf.nmt.data", "minitf.lm.data"}, "minitf.nmtx": {"minitf.lm"}}
+    assert model_crossings(graph) == {"minitf.lm.data": ["minitf.nmt.data"], "minitf.nmt.decode": ["minitf.lm"]}
+    assert is_application("minitf.training.trainer") and is_application("minitf.generate")
+    assert not is_application("minitf.gpt") and not is_application("minitf.nmtx")
 
 
 def test_the_library_never_imports_a_tool():

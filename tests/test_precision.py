@@ -8,14 +8,14 @@ import pytest
 
 import minitf
 from minitf import backend
-from minitf.nmt import checkpoint as ckpt, trainer as trainer_module
+from minitf.training import checkpoint as ckpt, trainer as trainer_module
 from minitf.backend import host as np
 from minitf.backend import to_numpy
 from minitf.optim import MixedPrecisionAdam, buffer_norm
-from minitf.nmt.config import RunConfig
+from minitf.training.config import RunConfig
 from minitf.nmt.data import Corpus, read_splits
-from minitf.nmt.tokenizer import Tokenizer
-from minitf.nmt.train import main as train_main
+from minitf.training.tokenizer import Tokenizer
+from minitf.training.train import main as train_main
 from tests.runs import TINY, metrics
 
 

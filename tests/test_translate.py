@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from minitf.nmt import checkpoint as ckpt
+from minitf.training import checkpoint as ckpt
 from tests.runs import ROOT, TINY, copy_run, make_corpus, train, translate
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from minitf.backend import host as np
 from minitf.nmt import corpora
-from minitf.nmt.errors import DataError
+from minitf.training.errors import DataError
 from minitf.nmt.data import IndexedCorpus
 from tests.loopback import Server
 from tests.runs import WORDS
@@ -95,9 +95,9 @@ def prepare(cache, archives):
 
 def test_fetch_prepare_train_and_evaluate_end_to_end(tmp_path, mirror):
     from minitf.nmt.decode import report
-    from minitf.nmt.config import RunConfig
+    from minitf.training.config import RunConfig
     from minitf.nmt.decode import translate_texts
-    from minitf.nmt.trainer import Trainer
+    from minitf.training.trainer import Trainer
 
     contents, archives, expected = build_archives()
     server = mirror(contents)

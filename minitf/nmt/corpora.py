@@ -17,10 +17,10 @@ import tempfile
 import zlib
 
 from minitf.backend import host as np
-from minitf.nmt.data import read_lines, write_lines
-from minitf.nmt.download import download, mirror_base, sigterm_raises
-from minitf.nmt.errors import CommandFailed, DataError
-from minitf.nmt.files import atomic_writer
+from minitf.training.text import read_lines, write_lines
+from minitf.training.download import download, mirror_base, sigterm_raises
+from minitf.training.errors import CommandFailed, DataError
+from minitf.training.files import atomic_writer
 from minitf.nmt.prepare import prepare_corpus
 
 #: Where fetched corpora are kept: $XDG_CACHE_HOME/minitf, else ~/.cache/minitf (``--cache-dir``).

@@ -30,10 +30,11 @@ except ImportError:  # not POSIX: temp folders of killed preparations are not to
 
 from minitf.backend import host as np
 from minitf.nmt import data
-from minitf.nmt.download import sigterm_raises
-from minitf.nmt.errors import DataError
-from minitf.nmt.files import file_sha256, fsync_dir, write_atomic, write_json_atomic
-from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
+from minitf.training.download import sigterm_raises
+from minitf.training.errors import DataError
+from minitf.training.files import file_sha256, fsync_dir, write_atomic, write_json_atomic
+from minitf.training.text import token_dtype
+from minitf.training.tokenizer import Tokenizer, train_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ class CleanRules:
 
 def iter_pairs(src_path, tgt_path):
     """Stream the line pairs of two aligned UTF-8 files as stripped ``(src, tgt)``, split as
-    :func:`minitf.nmt.data.read_lines` does; a DataError for a missing file, bad UTF-8 or unequal lengths."""
+    :func:`minitf.training.text.read_lines` does; a DataError for a missing file, bad UTF-8 or unequal lengths."""
     src_path, tgt_path = pathlib.Path(src_path), pathlib.Path(tgt_path)
     for path in (src_path, tgt_path):
         if not path.is_file():
@@ -384,7 +385,7 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
 
     # pass 3: encode
     start = time.perf_counter()
-    dtype = data.token_dtype(tokenizer.vocab_size)
+    dtype = token_dtype(tokenizer.vocab_size)
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     splits = {}
     writer = data.SplitWriter(work, "train", dtype)

@@ -9,11 +9,11 @@ import pathlib
 import sys
 
 from minitf import backend
-from minitf.nmt.checkpoint import load_model
-from minitf.nmt.config import MAX_ALPHA
-from minitf.nmt.data import decode_lines, read_lines
+from minitf.training.checkpoint import load_model
+from minitf.training.config import MAX_ALPHA
+from minitf.training.text import decode_lines, read_lines
 from minitf.nmt.decode import translate_texts
-from minitf.nmt.errors import DataError, OneLineParser, number_in, positive, report_errors
+from minitf.training.errors import DataError, OneLineParser, number_in, positive, report_errors
 
 
 #: Linux's terminal line discipline keeps at most this many bytes of a typed line (N_TTY_BUF_SIZE - 1).

@@ -7,9 +7,9 @@ import math
 import pathlib
 import sys
 
-from minitf.nmt.errors import UsageError
-from minitf.nmt.files import write_json_atomic
-from minitf.nmt.tokenizer import PAD_ID
+from minitf.training.errors import UsageError
+from minitf.training.files import write_json_atomic
+from minitf.training.tokenizer import PAD_ID
 from minitf.transformer import TransformerConfig
 
 #: Bumped whenever a field changes meaning; config.json records it.

@@ -28,13 +28,13 @@ from minitf.backend import xp
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.optim import Adam, MixedPrecisionAdam, WarmupSchedule, clip_factor
 from minitf.transformer import Transformer
-from minitf.nmt import checkpoint as ckpt
+from minitf.training import checkpoint as ckpt
 from minitf.nmt.data import token_batches
 from minitf.nmt.decode import bleu_from_stats, bleu_stats, bootstrap_wins, inference_mode, translate_texts
-from minitf.nmt.distributed import get_world, rank_share, shard_range
-from minitf.nmt.errors import CheckpointError, DataError, MetricsWriteError, StepOutOfMemory
-from minitf.nmt.files import write_atomic, write_json_atomic
-from minitf.nmt.tokenizer import PAD_ID
+from minitf.training.distributed import get_world, rank_share, shard_range
+from minitf.training.errors import CheckpointError, DataError, MetricsWriteError, StepOutOfMemory
+from minitf.training.files import write_atomic, write_json_atomic
+from minitf.training.tokenizer import PAD_ID
 
 
 def step_seed(seed, step):

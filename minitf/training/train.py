@@ -9,16 +9,17 @@ import sys
 import time
 
 from minitf import backend
-from minitf.nmt import checkpoint as ckpt, corpora, files, prepare, trainer as training
-from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
+from minitf.nmt import corpora, prepare
+from minitf.training import checkpoint as ckpt, files, trainer as training
+from minitf.training.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
 from minitf.nmt.corpora import DEFAULT_CACHE, default_corpus_splits
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
-from minitf.nmt.distributed import get_world, launched_by_mpi
-from minitf.nmt.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,
+from minitf.training.distributed import get_world, launched_by_mpi
+from minitf.training.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,
                                report_errors)
-from minitf.nmt.files import check_output_folder, check_resumable, file_sha256
-from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
-from minitf.nmt.trainer import Trainer
+from minitf.training.files import check_output_folder, check_resumable, file_sha256
+from minitf.training.tokenizer import Tokenizer, train_tokenizer
+from minitf.training.trainer import Trainer
 
 #: The flags that name the model, recipe or data of a run: refused with --resume.
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
@@ -461,7 +462,7 @@ def main(argv=None):
     backend.keep_freed_memory()  # a step's large temporaries reuse freed memory: no page faults (~20% on CPU)
     with files.released_on_exit():
         if launched_by_mpi():
-            from minitf.nmt import distributed
+            from minitf.training import distributed
             return distributed.main(run, argv, "train.py", memory_hint="use a smaller --max-tokens",
                                     interrupt_message="interrupted; nothing after the last checkpoint was saved")
         return report_errors("train.py", run, argv, memory_hint="use a smaller --max-tokens",
