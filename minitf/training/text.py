@@ -27,6 +27,27 @@ def read_lines(path, what="input", max_chars=MAX_CHARS):
     return lines
 
 
+def read_text(path, what="input"):
+    """A whole UTF-8 text file as one string (a BOM dropped, line ends kept: a language model learns them);
+    ``what`` names its role in errors. A DataError for a missing, empty, non-UTF-8 or all-blank file or a
+    directory."""
+    path = pathlib.Path(path)
+    data = _read_bytes(path, what, hint="expected a plain UTF-8 text file")
+    if not data:
+        raise DataError(f"{what} file {str(path)!r} is empty (0 bytes); expected a plain UTF-8 text file")
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as error:
+        line_no = data.count(b"\n", 0, error.start) + 1
+        raise DataError(f"{what} file {str(path)!r} is not valid UTF-8 at line {line_no} "
+                        f"(byte {error.object[error.start:error.start + 1]!r}); "
+                        "re-encode it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+    if not text.strip():
+        raise DataError(f"{what} file {str(path)!r} has no text ({len(data)} bytes of blanks); "
+                        "expected a plain UTF-8 text file")
+    return text
+
+
 def decode_lines(data, origin, max_chars=MAX_CHARS):
     """Split UTF-8 bytes into stripped lines as :func:`read_lines` does (for stdin, say); ``origin`` names
     them in errors (``"standard input"``). Empty input gives ``[]``."""
@@ -49,9 +70,8 @@ def decode_lines(data, origin, max_chars=MAX_CHARS):
     return lines
 
 
-def _read_bytes(path, what):
+def _read_bytes(path, what, hint="expected a plain text file with one sentence per line"):
     """The bytes of a file, with a DataError for anything that is not a readable file."""
-    hint = "expected a plain text file with one sentence per line"
     if not path.exists():
         raise DataError(f"{what} file {str(path)!r} does not exist; {hint}, check the path")
     if path.is_dir():

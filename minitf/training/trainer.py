@@ -244,11 +244,11 @@ class Trainer:
         # fp16: a float16 model (parameters, activations, gradients) with float32 master weights in the optimizer
         self.mixed = config.precision == "fp16"
         with backend.default_dtype("float16" if self.mixed else backend.get_default_dtype()):
-            self.model = Transformer.from_config(config.model_config(tokenizer.vocab_size))
+            self.model = self.build_model()
         corpus.set_bpe_dropout(config.bpe_dropout)
         if config.lexicon:
             corpus.set_lexicon(config.lexicon)
-        self.loss_fn = LabelSmoothedCrossEntropy(config.label_smoothing, ignore_index=PAD_ID)
+        self.loss_fn = self.build_loss()
         self.schedule = WarmupSchedule(config.d_model, config.warmup, config.lr_scale)
         # the gradient sums over ranks: MPI on host buffers, NCCL on the GPU (None for one process)
         self.collectives = self.world.device_collectives() if self.world.size > 1 else None
@@ -270,6 +270,34 @@ class Trainer:
             pids = ", ".join(f"{rank}={pid}" for rank, pid in enumerate(self.world.pids()))
             log(f"data parallel: {self.world.size} ranks (pids {pids}), {config.accumulate} batch(es) of "
                 f"--max-tokens {config.max_tokens} per update{', ZeRO-1 sharded Adam' if zero else ''}")
+
+    # -- what a model's trainer provides (a language model's: minitf.lm.trainer) ------------------
+    def build_model(self):
+        """The model of this run (translation: the encoder-decoder Transformer)."""
+        return Transformer.from_config(self.config.model_config(self.tokenizer.vocab_size))
+
+    def build_loss(self):
+        """The loss over the model's outputs (translation: label-smoothed, pads ignored)."""
+        return LabelSmoothedCrossEntropy(self.config.label_smoothing, ignore_index=PAD_ID)
+
+    def epoch_batches(self):
+        """(batches, lengths) of this epoch: the global batch list (index arrays, the same on every rank,
+        from (seed, epoch)) and the host arrays (source, target) of tokens per item that weigh the ranks'
+        shares and the update's mean."""
+        c = self.config
+        self.corpus.start_epoch(c.seed, self.epoch)  # BPE-dropout: this epoch's segmentation
+        lengths = self.corpus.lengths("train")
+        batches, skipped = token_batches(*lengths, c.max_tokens, c.seed, self.epoch, c.max_len)
+        if not batches:
+            raise DataError(f"every training pair is longer than --max-len {c.max_len} tokens; raise --max-len")
+        if self.batch_in_epoch == 0 and skipped:
+            self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c.max_len}")
+        return batches, lengths
+
+    def forward_loss(self, share):
+        """The loss of the training items ``share`` (translation: sentence pairs, teacher-forced)."""
+        src, tgt_in, tgt_out = self.corpus.batch("train", share)
+        return self.loss_fn(self.model(src, tgt_in), tgt_out)
 
     @property
     def sharded(self):
@@ -297,8 +325,7 @@ class Trainer:
             if share.size == 0:
                 continue
             backend.manual_seed(micro_batch_seed(c.seed, self.step, world.rank, j, len(batches)))
-            src, tgt_in, tgt_out = self.corpus.batch("train", share)
-            loss = loss_fn(model(src, tgt_in), tgt_out)
+            loss = self.forward_loss(share)
             weight = loss_fn.num_tokens / total  # this share's part of the update's mean (1.0 for one batch)
             stats += (loss * weight, loss_fn.nll_sum, loss_fn.num_tokens)
             if not math.isfinite(loss):
@@ -365,13 +392,7 @@ class Trainer:
         window_tokens, window_start = 0, time.perf_counter()
         self.budget.before = self.elapsed  # a resumed run: wall time of its earlier invocations
         while not self.finished():
-            self.corpus.start_epoch(c.seed, self.epoch)  # BPE-dropout: this epoch's segmentation
-            lengths = self.corpus.lengths("train")
-            batches, skipped = token_batches(*lengths, c.max_tokens, c.seed, self.epoch, c.max_len)
-            if not batches:
-                raise DataError(f"every training pair is longer than --max-len {c.max_len} tokens; raise --max-len")
-            if self.batch_in_epoch == 0 and skipped:
-                self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c.max_len}")
+            batches, lengths = self.epoch_batches()
             while self.batch_in_epoch < len(batches) and not self.finished():
                 update = batches[self.batch_in_epoch:self.batch_in_epoch + c.accumulate]  # one update's batches
                 lr = self.optimizer.current_lr(self.step + 1)

@@ -1,0 +1,157 @@
+"""``train.py --model gpt``: a language model trained by the shared trainer (the same update, loop,
+checkpoints, resume and errors as translation): it learns, a killed run resumes exactly, 2 ranks equal one
+process, and bad input is one line."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from minitf.backend import host as np
+from minitf.training import checkpoint as ckpt
+from minitf.training.train import main as train_main
+from tests.runs import CPU_ENV, ROOT, final_params, metrics, needs_mpi, one_error_line, train_py
+
+#: A tiny GPT over characters: seconds per run on this machine.
+TINY_GPT = ["--model", "gpt", "--tokenizer", "char", "--d-model", "24", "--num-heads", "2", "--num-layers", "2",
+            "--d-ff", "48", "--block-size", "24", "--max-tokens", "192", "--warmup", "10", "--lr-scale", "0.3",
+            "--no-progress", "--seed", "5"]
+
+
+def make_text(folder, lines=300, seed=0):
+    """A repetitive little language (learnable in a few dozen steps): train, valid and test files."""
+    rng = np.random.default_rng(seed)
+    words = ["the cat", "a dog", "sees", "likes", "the red ball", "a small bird", "and", "runs home"]
+    text = ["%s %s %s." % tuple(words[i] for i in rng.integers(0, len(words), 3)) for _ in range(lines)]
+    paths = {}
+    for split, part in (("train", text[:240]), ("valid", text[240:270]), ("test", text[270:])):
+        paths[split] = folder / f"{split}.txt"
+        paths[split].write_text("\n".join(part) + "\n", encoding="utf-8")
+    return ["--train-text", str(paths["train"]), "--valid-text", str(paths["valid"]),
+            "--test-text", str(paths["test"])]
+
+
+def test_a_gpt_run_learns_on_a_tiny_text(tmp_path, capsys):
+    argv = make_text(tmp_path) + TINY_GPT + ["--max-steps", "60", "--eval-every", "20", "--save-every", "20",
+                                             "--out", str(tmp_path / "run")]
+    assert train_main(argv) == 0
+    err = capsys.readouterr().err
+    valid = metrics(tmp_path / "run", "valid")
+    assert [r["step"] for r in valid] == [20, 40, 60]
+    assert valid[-1]["loss"] < valid[0]["loss"] - 0.3, valid
+    assert all(r["bpc"] > 0 and r["ppl"] == pytest.approx(np.exp(r["loss"]), rel=1e-3) for r in valid)
+    assert "bits/char" in err and "sample: " in err and "test loss" in err
+    test = metrics(tmp_path / "run", "test")
+    assert len(test) == 1 and test[0]["loss"] < valid[0]["loss"]
+    assert json.loads((tmp_path / "run" / "best.json").read_text())["model"] == "last"
+
+
+def test_the_bpe_tokenizer_trains_a_gpt_too(tmp_path, capsys):
+    argv = make_text(tmp_path) + [a for a in TINY_GPT if a not in ("--tokenizer", "char")] + [
+        "--vocab-size", "60", "--max-steps", "4", "--eval-every", "4", "--out", str(tmp_path / "run")]
+    assert train_main(argv) == 0
+    assert "bpe vocabulary of 60" in capsys.readouterr().err
+    assert [r["step"] for r in metrics(tmp_path / "run", "valid")] == [4]
+
+
+def _train_steps(run):
+    path = run / "metrics.jsonl"
+    return sum('"kind": "train"' in line for line in path.read_text().splitlines()) if path.is_file() else 0
+
+
+def test_a_killed_gpt_run_resumed_equals_an_uninterrupted_run(tmp_path):
+    """SIGKILL during training, then --resume: the final parameters, Adam's moments and the metrics equal
+    those of a run never killed (batches depend on (seed, epoch, batch), dropout on (seed, step))."""
+    steps = 16
+    argv = make_text(tmp_path) + TINY_GPT + ["--max-steps", str(steps), "--save-every", "2", "--eval-every", "5",
+                                             "--keep", "20"]
+    ref, run = tmp_path / "ref", tmp_path / "killed"
+    assert train_main(argv + ["--out", str(ref)]) == 0
+    proc = subprocess.Popen([sys.executable, "train.py", *argv, "--out", str(run)], cwd=ROOT, env=CPU_ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline and _train_steps(run) < 7:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it was killed"
+    assert 7 <= _train_steps(run) < steps
+    assert train_main(["--resume", str(run), "--no-progress"]) == 0
+    a = ckpt.read_checkpoint(ckpt.checkpoint_path(ref, steps))
+    b = ckpt.read_checkpoint(ckpt.checkpoint_path(run, steps))
+    for name in a["params"]:
+        np.testing.assert_array_equal(a["params"][name], b["params"][name])
+    for key in ("m", "v"):
+        np.testing.assert_array_equal(a["optimizer"][key], b["optimizer"][key])
+    keys = ("kind", "step", "epoch", "loss", "ppl", "lr", "tokens", "bpc")
+
+    def log(run_dir):
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [{k: r.get(k) for k in keys} for r in records if r["kind"] != "done"]
+
+    assert log(run) == log(ref)
+
+
+@needs_mpi
+def test_two_ranks_train_the_gpt_as_one_process(tmp_path):
+    """2 ranks of mpiexec, dropout 0, 20 steps: the parameters equal one process's (float32 sums in
+    another order: relative 1e-4), and so do 2 ranks with half batches, --accumulate 2 and --zero 1."""
+    common = make_text(tmp_path) + TINY_GPT + ["--dropout", "0", "--max-steps", "20", "--save-every", "20",
+                                               "--eval-every", "20"]
+    halves = common + ["--max-tokens", "96", "--accumulate", "2", "--zero", "1"]  # the last --max-tokens wins
+    runs = {"one": train_py(*common, "--out", tmp_path / "one"),
+            "two": train_py(*common, "--out", tmp_path / "two", ranks=2),
+            "zero": train_py(*halves, "--out", tmp_path / "zero", ranks=2)}
+    for name, done in runs.items():
+        assert done.returncode == 0, (name, done.stderr[-2000:])
+    assert "data parallel: 2 ranks" in runs["two"].stderr and "ZeRO-1" in runs["zero"].stderr
+    step, one = final_params(tmp_path / "one")  # without the attention key biases (their true gradient is 0)
+    assert step == 20
+    for name in ("two", "zero"):
+        step, other = final_params(tmp_path / name)
+        assert step == 20 and np.linalg.norm(one - other) <= 1e-4 * np.linalg.norm(one), name
+
+
+def _write(path, data):
+    path.write_bytes(data)
+    return str(path)
+
+
+# name: (argv from (tmp folder, a good command line), exit status, words of the one error line)
+BAD_LM_INPUTS = {
+    "missing text": (lambda d, c: c + ["--train-text", str(d / "nope.txt")], 1, "does not exist"),
+    "empty text": (lambda d, c: c + ["--valid-text", _write(d / "empty.txt", b"")], 1, "is empty (0 bytes)"),
+    "blank text": (lambda d, c: c + ["--valid-text", _write(d / "blank.txt", b" \n\n ")], 1, "has no text"),
+    "invalid utf-8": (lambda d, c: c + ["--train-text", _write(d / "latin1.txt", "Straße\n".encode("latin-1") * 50)],
+                      1, "is not valid UTF-8 at line 1"),
+    "directory": (lambda d, c: c + ["--train-text", str(d)], 1, "is a directory"),
+    "text shorter than a block": (lambda d, c: c + ["--train-text", _write(d / "short.txt", b"abc\n")],
+                                  1, "fewer than the 25 it needs"),
+    "no valid text": (lambda d, c: [a for a in c if a != c[c.index("--valid-text") + 1] and a != "--valid-text"],
+                      2, "needs --valid-text FILE too"),
+    "no text at all": (lambda d, c: ["--model", "gpt"], 2, "--model gpt needs --train-text FILE"),
+    "translation flags": (lambda d, c: c + ["--train-src", "x.de"], 2, "--train-src belong to translation"),
+    "text without --model gpt": (lambda d, c: c[c.index("--train-text"):c.index("--train-text") + 2],
+                                 2, "--train-text belong to the language model"),
+    "translation preset": (lambda d, c: c + ["--preset", "base"], 2, "unknown preset 'base' for --model gpt"),
+    "unknown tokenizer": (lambda d, c: c + ["--tokenizer", "words"], 2, "invalid choice: 'words'"),
+    "zero block": (lambda d, c: c + ["--block-size", "0"], 2, "argument --block-size: expected a positive int"),
+    "vocabulary too large": (lambda d, c: [a for a in c if a not in ("--tokenizer", "char")] + ["--vocab-size", "5000"],
+                             1, "vocab size 5000 is too large"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LM_INPUTS))
+def test_bad_language_model_input_is_one_line(tmp_path, capsys, case):
+    make_argv, status, words = BAD_LM_INPUTS[case]
+    good = make_text(tmp_path) + TINY_GPT + ["--max-steps", "1", "--out", str(tmp_path / "run")]
+    try:
+        got = train_main(make_argv(tmp_path, good))
+    except SystemExit as stop:  # argparse's usage errors
+        got = stop.code
+    assert got == status
+    line = one_error_line(capsys.readouterr().err.splitlines())
+    assert words in line, line
+    assert not (tmp_path / "run").exists() or not (tmp_path / "run" / "config.json").exists()
