@@ -69,7 +69,8 @@ def test_a_killed_gpt_run_resumed_equals_an_uninterrupted_run(tmp_path):
                                              "--keep", "20"]
     ref, run = tmp_path / "ref", tmp_path / "killed"
     assert train_main(argv + ["--out", str(ref)]) == 0
-    proc = subprocess.Popen([sys.executable, "train.py", *argv, "--out", str(run)], cwd=ROOT, env=CPU_ENV,
+    slow = dict(CPU_ENV, MINITF_TEST_SLOW_CHECKPOINT="0.05")  # slower saves: the kill lands before the end
+    proc = subprocess.Popen([sys.executable, "train.py", *argv, "--out", str(run)], cwd=ROOT, env=slow,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline and _train_steps(run) < 7:
