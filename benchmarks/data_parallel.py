@@ -39,13 +39,13 @@ def worker(size, steps, folder, out):
     from minitf.training.config import RunConfig
     from minitf.nmt.data import Corpus, read_splits, token_batches
     from minitf.training.tokenizer import Tokenizer
-    from minitf.training.trainer import Trainer
+    from minitf.nmt.trainer import TranslationTrainer
     world = init_mpi()
     config = RunConfig.from_preset("tiny", **SIZES[size], vocab_size=VOCAB, max_tokens=1500, dropout=0.1,
                                    lexicon=0.0, max_steps=10 ** 6)  # sentences only, as the default run
     tok = Tokenizer(pathlib.Path(folder) / "tokenizer.model")
     paths = json.loads((pathlib.Path(folder) / "paths.json").read_text())
-    trainer = Trainer(config, pathlib.Path(folder) / "run", tok, Corpus(tok, read_splits(paths), lambda m: None), lambda m: None,
+    trainer = TranslationTrainer(config, pathlib.Path(folder) / "run", tok, Corpus(tok, read_splits(paths), lambda m: None), lambda m: None,
                       progress=False, world=world)
     batches, _ = token_batches(*trainer.corpus.lengths("train"), config.max_tokens, 1, 0)
     coll = trainer.collectives

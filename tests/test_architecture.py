@@ -25,6 +25,8 @@ APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate"}
 APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm")
 #: The model packages: neither imports the other (what both need belongs in minitf.training).
 MODEL_PACKAGES = ("minitf.nmt", "minitf.lm")
+#: The one module of the shared machinery that names the models: the train.py command chooses one (--model).
+TRAINING_ENTRY_POINTS = {"minitf.training.train"}
 
 
 def module_name(path, root=ROOT):
@@ -122,6 +124,8 @@ def test_the_graph_sees_real_imports():
     assert "minitf.transformer" in graph["minitf.training.checkpoint"]
     assert "minitf.training.checkpoint" in graph["minitf.training.train"]
     assert "minitf.training.text" in graph["minitf.nmt.data"]
+    assert {"minitf.training.trainer", "minitf.nmt.decode"} <= graph["minitf.nmt.trainer"]
+    assert {"minitf.nmt.trainer", "minitf.lm.trainer"} <= graph["minitf.training.train"]
     assert "minitf.training.train" in graph["train"]
     assert "minitf.nmt.decode" in graph["scripts.compare_devices"]
     for script in ("benchmark", "ab_step", "layer_profile", "data_parallel", "torch_equal_minutes"):
@@ -184,6 +188,16 @@ def test_model_crossings_are_seen():
     assert model_crossings(graph) == {"minitf.lm.data": ["minitf.nmt.data"], "minitf.nmt.decode": ["minitf.lm"]}
     assert is_application("minitf.training.trainer") and is_application("minitf.generate")
     assert not is_application("minitf.gpt") and not is_application("minitf.nmtx")
+
+
+def test_the_shared_training_machinery_imports_no_model():
+    """minitf.training serves both models: only its train.py command imports them (to choose one by --model);
+    a model's differences live in its own package (a Trainer subclass), never in an if/else here."""
+    wrong = {name: sorted(m for m in imports if package_of(m, MODEL_PACKAGES))
+             for name, imports in import_graph().items()
+             if package_of(name, ("minitf.training",)) and name not in TRAINING_ENTRY_POINTS}
+    wrong = {k: v for k, v in wrong.items() if v}
+    assert not wrong, f"shared training modules importing a model's package: {wrong}"
 
 
 def test_the_library_never_imports_a_tool():

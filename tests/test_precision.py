@@ -8,6 +8,7 @@ import pytest
 
 import minitf
 from minitf import backend
+from minitf.nmt.trainer import TranslationTrainer
 from minitf.training import checkpoint as ckpt, trainer as trainer_module
 from minitf.backend import host as np
 from minitf.backend import to_numpy
@@ -116,7 +117,7 @@ def test_fp16_resume_restores_scale_and_master_weights_and_keeps_precision(tmp_p
     config = RunConfig.read(split)
     state = ckpt.read_checkpoint(ckpt.checkpoint_path(split, 3))
     tokenizer = Tokenizer(split / "tokenizer.model")
-    t = trainer_module.Trainer(config, split, tokenizer, Corpus(tokenizer, read_splits(config.data), print),
+    t = TranslationTrainer(config, split, tokenizer, Corpus(tokenizer, read_splits(config.data), print),
                                print, progress=False)
     t.optimizer.load_scaler_state({"scale": 1.0, "good_steps": 0, "overflows": 0})
     t.restore(state)

@@ -2,4 +2,9 @@
 machinery (:mod:`minitf.training`): its text data (blocks of tokens, memory-mapped token arrays), its default
 corpus and sampling. Imports go to the training machinery and the core, never to another application
 (``minitf.nmt``).
+
+=================  ===========================================================================================
+``data``           the text as a token stream (BPE or characters), training blocks, evaluation blocks
+``trainer``        ``LanguageModelTrainer``: the shared Trainer with a GPT, next-token loss, bits per character
+=================  ===========================================================================================
 """

@@ -10,9 +10,10 @@ import time
 from minitf.gpt import GPT, generate
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import no_grad
-from minitf.training.files import write_json_atomic
 from minitf.training.errors import StepOutOfMemory
-from minitf.training.trainer import Trainer, clock, perplexity
+from minitf.training.files import write_json_atomic
+from minitf.training import trainer as base
+from minitf.training.trainer import Trainer, perplexity
 from minitf.lm.data import decode_ids
 
 #: Tokens of the validation text that prompt the sample printed at each validation.
@@ -33,6 +34,9 @@ class LanguageModelTrainer(Trainer):
 
     def build_loss(self):
         return LabelSmoothedCrossEntropy(self.config.label_smoothing, ignore_index=NO_IGNORE)
+
+    def prepare_corpus(self):
+        self.corpus.set_bpe_dropout(self.config.bpe_dropout)
 
     def epoch_batches(self):
         return self.corpus.epoch_batches(self.config.seed, self.epoch, self.config.max_tokens)
@@ -94,7 +98,7 @@ class LanguageModelTrainer(Trainer):
     def validate(self, bleu_sentences=0, beam=1, bar=None, split="valid", samples=1, model_name=None):
         """Loss, perplexity and bits per character (nll summed / characters of the text, in bits) on
         ``split``, logged and written to metrics.jsonl, with a sample; rank 0 returns the record, the others {}."""
-        started = clock()
+        started = base.clock()
         loss, nll, tokens = self.evaluate(split)
         ppl = perplexity(nll / tokens)
         bpc = nll / math.log(2) / max(self.corpus.chars[split], 1)
@@ -104,7 +108,7 @@ class LanguageModelTrainer(Trainer):
             record["model"] = model_name
         if split == "valid" and model_name is None:
             self.valid_ppl[self.step] = ppl
-            self.budget.note_validation(clock() - started, 1)
+            self.budget.note_validation(base.clock() - started, 1)
         if not self.world.is_root:
             return {}
         self.metrics.write(**record)

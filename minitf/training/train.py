@@ -15,6 +15,7 @@ from minitf.training.config import (INVOCATION_OPTIONS, LM_PRESETS, MODELS, PREC
                                     RUN_OPTIONS, TOKENIZERS, RunConfig)
 from minitf.lm.data import CharTokenizer, TextCorpus, load_tokenizer
 from minitf.lm.trainer import LanguageModelTrainer
+from minitf.nmt.trainer import TranslationTrainer
 from minitf.nmt.corpora import DEFAULT_CACHE, default_corpus_splits
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
 from minitf.training.distributed import get_world, launched_by_mpi
@@ -23,7 +24,6 @@ from minitf.training.errors import (CheckpointError, DataError, OneLineParser, U
 from minitf.training.files import check_output_folder, check_resumable, file_sha256
 from minitf.training.text import read_text
 from minitf.training.tokenizer import Tokenizer, train_tokenizer
-from minitf.training.trainer import Trainer
 
 #: The flags that name the model, recipe or data of a run: refused with --resume.
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
@@ -374,7 +374,7 @@ def warn_if_large(train_src):
 
 def train_new_run(config, run_dir, tokenizer, corpus, args, where=""):
     """The trainer of a new run, one line saying what it trains, then the run."""
-    trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    trainer = TranslationTrainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     if config.lexicon:
         where += (f", and {config.lexicon:g} lexicon pairs per sentence each epoch "
                   f"(from {len(corpus.text['lexicon'][0]):,})")
@@ -475,7 +475,7 @@ def resume_run(args, given):
             log(f"warning: {data_file} changed since the run started: the resumed run will not repeat an "
                 "uninterrupted one (restore the original file for an exact resume)")
     tokenizer = (load_tokenizer if config.model == "gpt" else Tokenizer)(run_dir / "tokenizer.model")
-    trainer_class = LanguageModelTrainer if config.model == "gpt" else Trainer
+    trainer_class = LanguageModelTrainer if config.model == "gpt" else TranslationTrainer
     if config.model == "gpt":
         corpus = TextCorpus(tokenizer, read_texts(config.data), config.block_size)
     elif "prepared" in config.data:  # memory-mapped token arrays: the run's tokenizer must be theirs
