@@ -1,8 +1,16 @@
 """Text and token files any model trains on (host NumPy): reading UTF-8 text safely, writing lines
 atomically, and memory-mapped token arrays with the checks that refuse a damaged one. Bad input is a one-line
 DataError saying what was expected, what came and what to do."""
+import glob
 import os
 import pathlib
+import shutil
+import tempfile
+
+try:  # the lock that tells a live preparation's temp folder from a killed one's
+    import fcntl
+except ImportError:  # not POSIX: temp folders of killed preparations are not told apart, so none is removed
+    fcntl = None
 
 from minitf.backend import host as np
 from minitf.training.errors import DataError
@@ -146,12 +154,12 @@ def check_offsets(offsets, n_ids, path, chunk=None):
         beyond = np.flatnonzero(part > n_ids)
         if beyond.size:
             raise damaged_file(path, f"has offset {int(part[beyond[0]])} at index {start + int(beyond[0])}, past the "
-                           f"end of the {n_ids} ids of its .bin")
+                               f"end of the {n_ids} ids of its .bin")
         falls = np.flatnonzero(part[1:] < part[:-1])
         if falls.size:
             i = start + int(falls[0])
             raise damaged_file(path, f"has offset {int(part[falls[0] + 1])} after {int(part[falls[0]])} (sentence "
-                           f"{i}): offsets must never decrease")
+                               f"{i}): offsets must never decrease")
     if last != n_ids:
         raise damaged_file(path, f"ends at offset {last} but its .bin holds {n_ids} ids")
 
@@ -164,4 +172,64 @@ def check_ids(flat, vocab_size, path, chunk=None):
         low, high = int(part.min()), int(part.max())
         if low < 0 or high >= vocab_size:
             raise damaged_file(path, f"holds id {high if high >= vocab_size else low}, outside the vocabulary of "
-                           f"{vocab_size}")
+                               f"{vocab_size}")
+
+
+# A prepared folder is built in a locked temp folder beside it and renamed into place when whole.
+def work_glob(out_dir):
+    return glob.escape(f".{out_dir.name}.") + "*.tmp"
+
+
+def new_work_folder(out_dir):
+    """``(temp folder, descriptor holding its lock or None)``: a hidden folder beside ``out_dir``, locked (flock on
+    the folder itself) for as long as this process lives, so that :func:`remove_stale_work` leaves it alone."""
+    while True:
+        work = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+        if fcntl is None:
+            return work, None
+        fd = os.open(work, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks only while a cleaner that took it first removes it
+        try:
+            if os.path.samestat(os.stat(work), os.fstat(fd)):
+                return work, fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # a cleaner removed it between mkdtemp and flock: make another
+
+
+def remove_stale_work(out_dir):
+    """Remove the temp folders of preparations of ``out_dir`` that were killed (SIGKILL, a power cut): those whose
+    lock nobody holds (the kernel drops a dead process's lock); a live preparation's is kept. Returns their paths."""
+    out_dir = pathlib.Path(out_dir)
+    if fcntl is None or not out_dir.parent.is_dir():
+        return []
+    removed = []
+    for work in sorted(out_dir.parent.glob(work_glob(out_dir))):
+        if work.is_symlink() or not work.is_dir():
+            continue
+        try:
+            fd = os.open(work, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # held: a preparation is running
+            continue
+        try:
+            shutil.rmtree(work, ignore_errors=True)
+            removed.append(work)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def move_into_place(work, out_dir):
+    """Rename the finished folder to ``out_dir``, replacing an old one only after the new one is whole."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        os.rename(out_dir, old)
+    os.rename(work, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
