@@ -156,3 +156,85 @@ def test_bad_language_model_input_is_one_line(tmp_path, capsys, case):
     line = one_error_line(capsys.readouterr().err.splitlines())
     assert words in line, line
     assert not (tmp_path / "run").exists() or not (tmp_path / "run" / "config.json").exists()
+
+
+def _params(run_dir):
+    state = ckpt.read_checkpoint(ckpt.list_checkpoints(run_dir)[-1])
+    return np.concatenate([np.ravel(a) for _, a in sorted(state["params"].items())])
+
+
+def test_a_text_prepared_into_token_arrays_trains_as_the_text_itself(tmp_path, capsys):
+    """--corpus-dir: the text prepared once into memory-mapped ids (then reused, also without the text
+    flags) trains the same model, step for step, as the text read into memory."""
+    text = make_text(tmp_path)
+    common = TINY_GPT + ["--max-steps", "8", "--eval-every", "4", "--save-every", "8"]
+    prepared = tmp_path / "prepared"
+    assert train_main(text + common + ["--out", str(tmp_path / "memory")]) == 0
+    assert train_main(text + common + ["--corpus-dir", str(prepared), "--out", str(tmp_path / "mapped")]) == 0
+    assert "prepared train: " in capsys.readouterr().err
+    assert train_main(text + common + ["--corpus-dir", str(prepared), "--out", str(tmp_path / "reused")]) == 0
+    assert "reused (its manifest matches" in capsys.readouterr().err
+    assert train_main(common + ["--corpus-dir", str(prepared), "--out", str(tmp_path / "folder-only")]) == 0
+    keys = ("step", "loss", "ppl", "bpc", "tokens")
+    expected = [{k: r[k] for k in keys} for r in metrics(tmp_path / "memory", "valid")]
+    for run in ("mapped", "reused", "folder-only"):
+        assert [{k: r[k] for k in keys} for r in metrics(tmp_path / run, "valid")] == expected, run
+        np.testing.assert_array_equal(_params(tmp_path / run), _params(tmp_path / "memory"))
+    config = json.loads((tmp_path / "folder-only" / "config.json").read_text())
+    assert config["data"] == {"prepared": str(prepared.resolve())} and config["tokenizer"] == "char"
+
+
+def _damage(name, data=None, cut=None):
+    def damage(folder):
+        path = folder / name
+        if cut is not None:
+            path.write_bytes(path.read_bytes()[:cut])
+        else:
+            path.write_bytes(data)
+    return damage
+
+
+def _manifest(change):
+    def damage(folder):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        change(manifest)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    return damage
+
+
+# name: (what is done to a good prepared folder, whether the text flags are given too, words of the one line)
+BAD_PREPARED_TEXTS = {
+    "truncated ids": (_damage("train.bin", cut=100), False, "bytes, its manifest says"),
+    "an id outside the vocabulary": (lambda folder: (folder / "valid.bin").write_bytes(
+        b"\xff" * (folder / "valid.bin").stat().st_size), False, "outside the vocabulary"),
+    "another tokenizer": (_damage("tokenizer.model", data=b'{"format": "minitf-char-1", "chars": "ab"}'), False,
+                          "is not the tokenizer its manifest names"),
+    "a translation corpus's manifest": (_manifest(lambda m: m.update(kind=None)), False, "not a translation corpus"),
+    "manifest not JSON": (_damage("manifest.json", data=b"{nope"), False, "is not valid JSON"),
+    "made from another text": (lambda folder: None, "other", "was made from other sources"),
+    "no manifest": (lambda folder: (folder / "manifest.json").unlink(), "same", "is not empty and holds no prepared"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PREPARED_TEXTS))
+def test_a_bad_prepared_text_is_one_line(tmp_path, capsys, case):
+    damage, with_text, words = BAD_PREPARED_TEXTS[case]
+    text = make_text(tmp_path)
+    prepared = tmp_path / "prepared"
+    common = TINY_GPT + ["--max-steps", "1", "--corpus-dir", str(prepared)]
+    assert train_main(text + common + ["--out", str(tmp_path / "good")]) == 0
+    capsys.readouterr()
+    damage(prepared)
+    argv = common + ["--out", str(tmp_path / "run")]
+    if with_text == "other":
+        (tmp_path / "valid.txt").write_text("another validation text\n" * 5, encoding="utf-8")
+    if with_text:
+        argv = text + argv
+    got = train_main(argv)
+    line = one_error_line(capsys.readouterr().err.splitlines())
+    assert got == 1 and words in line, line
+    assert not (tmp_path / "run" / "config.json").exists()
+    if case in ("made from another text", "truncated ids"):  # --prepare-again replaces it
+        again = text + common + ["--prepare-again", "--out", str(tmp_path / "again")]
+        assert train_main(again) == 0
+        assert metrics(tmp_path / "again", "train")

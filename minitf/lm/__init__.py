@@ -5,6 +5,7 @@ corpus and sampling. Imports go to the training machinery and the core, never to
 
 =================  ===========================================================================================
 ``data``           the text as a token stream (BPE or characters), training blocks, evaluation blocks
+``prepare``        a large text prepared once into memory-mapped token arrays (``--corpus-dir``), reused
 ``trainer``        ``LanguageModelTrainer``: the shared Trainer with a GPT, next-token loss, bits per character
 =================  ===========================================================================================
 """

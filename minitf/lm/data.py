@@ -96,9 +96,20 @@ class TextCorpus:
     only on (seed, epoch, batch); each batch holds ``max_tokens // block_size`` blocks."""
 
     def __init__(self, tokenizer, texts, block_size):
+        self._setup(tokenizer, {split: encode_text(tokenizer, text) for split, text in texts.items()},
+                    {split: len(text) for split, text in texts.items()}, block_size)
+
+    @classmethod
+    def from_tokens(cls, tokenizer, tokens, chars, block_size):
+        """A corpus over token arrays already made (``tokens``: {split: ids}, memory-mapped ones too) and the
+        characters of each split's text (``chars``, for bits per character)."""
+        corpus = cls.__new__(cls)
+        corpus._setup(tokenizer, tokens, chars, block_size)
+        return corpus
+
+    def _setup(self, tokenizer, tokens, chars, block_size):
         self.tokenizer, self.block_size = tokenizer, int(block_size)
-        self.tokens = {split: encode_text(tokenizer, text) for split, text in texts.items()}
-        self.chars = {split: len(text) for split, text in texts.items()}
+        self.tokens, self.chars = dict(tokens), dict(chars)
         self.text = {}  # (translation's sentences: none here)
         for split, ids in self.tokens.items():
             least = self.block_size + 1 if split == "train" else 2
@@ -130,7 +141,7 @@ class TextCorpus:
         """Host int64 inputs (B, T) and targets (B, T) of training blocks ``index`` of the current epoch."""
         starts = self._starts[np.asarray(index, dtype=np.int64)]
         rows = starts[:, None] + np.arange(self.block_size + 1)[None, :]    # (B, T + 1)
-        block = self.tokens[split][rows]
+        block = np.asarray(self.tokens[split][rows], dtype=np.int64)
         return block[:, :-1], block[:, 1:]
 
     def eval_batches(self, split, max_tokens):
@@ -142,9 +153,9 @@ class TextCorpus:
         rows = max(1, int(max_tokens) // T)
         out = []
         for i in range(0, full.size, rows):
-            block = ids[full[i:i + rows, None] + np.arange(T + 1)[None, :]]
+            block = np.asarray(ids[full[i:i + rows, None] + np.arange(T + 1)[None, :]], dtype=np.int64)
             out.append((block[:, :-1], block[:, 1:]))
         if full.size < starts.size:  # the tail: fewer than T targets
-            tail = ids[starts[full.size]:]
+            tail = np.asarray(ids[starts[full.size]:], dtype=np.int64)
             out.append((tail[None, :-1], tail[None, 1:]))
         return out

@@ -7,12 +7,13 @@ import math
 import pathlib
 import time
 
+from minitf.backend import host as np
 from minitf.gpt import GPT, generate
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import no_grad
+from minitf.training import trainer as base
 from minitf.training.errors import StepOutOfMemory
 from minitf.training.files import write_json_atomic
-from minitf.training import trainer as base
 from minitf.training.trainer import Trainer, perplexity
 from minitf.lm.data import decode_ids
 
@@ -90,7 +91,8 @@ class LanguageModelTrainer(Trainer):
 
     def sample(self):
         """A short continuation of the validation text's first tokens (fixed prompt, fixed seed)."""
-        prompt = self.corpus.tokens["valid"][:min(PROMPT_TOKENS, self.config.block_size - 1)]
+        prompt = np.asarray(self.corpus.tokens["valid"][:min(PROMPT_TOKENS, self.config.block_size - 1)],
+                            dtype=np.int64)
         new = max(1, min(SAMPLE_TOKENS, self.config.block_size - prompt.size + 1))
         ids = generate(self.model, prompt[None, :], new, temperature=0.8, top_k=40, seed=0)[0]
         return decode_ids(self.tokenizer, prompt), decode_ids(self.tokenizer, ids[prompt.size:])

@@ -110,7 +110,7 @@ def token_dtype(vocab_size):
 #: What a damaged or foreign prepared folder's error says to do: the command-line flag, the one step that prepares
 #: it again (library callers: ``prepare_corpus(..., rebuild=True)``).
 PREPARE_AGAIN = ("prepare the corpus again: train.py --prepare-again with the data flags that made it "
-                 "(--train-src ... --corpus-dir DIR, or --corpus wmt14-en-de)")
+                 "(--train-src ... or --model gpt --train-text ... with --corpus-dir DIR, or --corpus wmt14-en-de)")
 #: Offsets and ids are checked this many at a time when a folder is opened: memory stays bounded whatever its size.
 VERIFY_CHUNK = 1 << 22
 

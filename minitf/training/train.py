@@ -14,6 +14,7 @@ from minitf.training import checkpoint as ckpt, files, trainer as training
 from minitf.training.config import (INVOCATION_OPTIONS, LM_PRESETS, MODELS, PRECISIONS, PRESETS, RESUME_CHANGEABLE,
                                     RUN_OPTIONS, TOKENIZERS, RunConfig)
 from minitf.lm.data import CharTokenizer, TextCorpus, load_tokenizer
+from minitf.lm.prepare import open_prepared_text, prepare_text_corpus
 from minitf.lm.trainer import LanguageModelTrainer
 from minitf.nmt.trainer import TranslationTrainer
 from minitf.nmt.corpora import DEFAULT_CACHE, default_corpus_splits
@@ -272,9 +273,8 @@ def run(argv=None):
 def check_model_flags(args):
     """One line for a data flag of the other model (--train-src with --model gpt, --train-text without it)."""
     translation = [f"--{s}-{side}" for s in TEXT_SPLITS for side in ("src", "tgt") if getattr(args, f"{s}_{side}")]
-    translation += [flag for flag, given in (("--corpus", args.corpus != "ding"), ("--corpus-dir", args.corpus_dir),
-                                             ("--phrases", args.phrases), ("--lexicon", args.lexicon),
-                                             ("--prepare-again", args.prepare_again)) if given]
+    translation += [flag for flag, given in (("--corpus", args.corpus != "ding"), ("--phrases", args.phrases),
+                                             ("--lexicon", args.lexicon)) if given]
     text = [f"--{s}-text" for s in TEXT_SPLITS if getattr(args, f"{s}_text")]
     text += [flag for flag, given in (("--block-size", args.block_size), ("--tokenizer", args.tokenizer)) if given]
     if args.model == "gpt" and translation:
@@ -308,6 +308,11 @@ def read_texts(paths):
 def new_text_run(args, config, run_dir, world):
     """A new language-model run (--model gpt) on --train-text: rank 0 makes the run folder and the
     tokenizer (BPE or characters), every rank reads the text, then the shared trainer."""
+    if args.corpus_dir is not None:
+        return new_prepared_text_run(args, config, run_dir, world)
+    if args.prepare_again:
+        raise UsageError("--prepare-again prepares a text into memory-mapped arrays: it needs --corpus-dir DIR "
+                         "(with --train-text etc.)")
     paths = text_paths(args)
     texts = read_texts(paths)  # fail on bad data before writing anything
     world.barrier()
@@ -340,11 +345,49 @@ def new_text_run(args, config, run_dir, world):
         tokenizer = load_tokenizer(run_dir / "tokenizer.model")
         config.vocab_size = tokenizer.vocab_size
         corpus = TextCorpus(tokenizer, texts, config.block_size)
+    return train_text_run(config, run_dir, tokenizer, corpus, args)
+
+
+def new_prepared_text_run(args, config, run_dir, world):
+    """A new language-model run on a text prepared once into memory-mapped token arrays (--corpus-dir): with
+    --train-text etc., rank 0 prepares them into DIR first (a folder of the same sources and settings is
+    reused); without, DIR must hold a prepared text. Every rank then maps the same files."""
+    given = args.train_text is not None
+    if args.prepare_again and not given:
+        raise UsageError(f"--prepare-again prepares --corpus-dir {args.corpus_dir} from the texts it was made from: "
+                         "give them too (--train-text ... --valid-text ...)")
+    folder = pathlib.Path(args.corpus_dir)
+    if world.is_root:
+        if given:
+            paths = text_paths(args)
+            prepare_text_corpus(folder, {split: paths[f"{split}_text"] for split in TEXT_SPLITS},
+                                config.tokenizer, config.vocab_size, rebuild=args.prepare_again, log=log)
+        elif not (folder / "manifest.json").is_file():
+            raise UsageError(f"--corpus-dir {folder} holds no prepared text (no manifest.json); prepare one with "
+                             "--model gpt --train-text ... --valid-text ... --corpus-dir DIR")
+    world.barrier()
+    tokenizer, corpus = open_prepared_text(folder, config.block_size)
+    config.vocab_size = tokenizer.vocab_size
+    config.tokenizer = "char" if isinstance(tokenizer, CharTokenizer) else "bpe"
+    config.data = {"prepared": str(folder.resolve())}
+    config.data_sha256 = {"manifest": file_sha256(folder / "manifest.json")}
+    if world.is_root:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        files.lock_run_folder(run_dir)
+        check_output_folder(run_dir)  # again, under the lock
+        files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
+        config.write(run_dir)
+    world.barrier()
+    return train_text_run(config, run_dir, tokenizer, corpus, args, where=f" (prepared in {folder})")
+
+
+def train_text_run(config, run_dir, tokenizer, corpus, args, where=""):
+    """The language model's trainer of a new run, one line saying what it trains, then the run."""
     trainer = LanguageModelTrainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     log(f"gpt {config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
         f"{config.num_decoder_layers} layers, block {config.block_size}, {config.tokenizer} vocabulary of "
-        f"{tokenizer.vocab_size}, on {backend.get_device()}; {corpus.tokens['train'].size:,} training tokens; "
-        f"run folder {run_dir}")
+        f"{tokenizer.vocab_size}, on {backend.get_device()}; {corpus.tokens['train'].size:,} training tokens"
+        f"{where}; run folder {run_dir}")
     return trainer.train_and_finish()
 
 
@@ -476,7 +519,12 @@ def resume_run(args, given):
                 "uninterrupted one (restore the original file for an exact resume)")
     tokenizer = (load_tokenizer if config.model == "gpt" else Tokenizer)(run_dir / "tokenizer.model")
     trainer_class = LanguageModelTrainer if config.model == "gpt" else TranslationTrainer
-    if config.model == "gpt":
+    if config.model == "gpt" and "prepared" in config.data:  # memory-mapped ids: the run's tokenizer must be theirs
+        theirs, corpus = open_prepared_text(config.data["prepared"], config.block_size)
+        if theirs.sha256 != tokenizer.sha256:
+            raise DataError(f"--resume {run_dir}: the prepared text {config.data['prepared']} has another "
+                            "tokenizer than the run (it was prepared again); restore it or start a new run")
+    elif config.model == "gpt":
         corpus = TextCorpus(tokenizer, read_texts(config.data), config.block_size)
     elif "prepared" in config.data:  # memory-mapped token arrays: the run's tokenizer must be theirs
         corpus = IndexedCorpus(config.data["prepared"])
