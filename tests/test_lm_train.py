@@ -95,6 +95,45 @@ def test_a_killed_gpt_run_resumed_equals_an_uninterrupted_run(tmp_path):
     assert log(run) == log(ref)
 
 
+def test_ctrl_c_saves_a_gpt_checkpoint_and_a_prepared_run_resumes_from_it(tmp_path):
+    """Ctrl-C during a --corpus-dir run: a checkpoint of the step reached, exit 130, one line saying how to
+    continue; --resume (the prepared folder mapped again) then ends where an uninterrupted run ends."""
+    text = make_text(tmp_path)
+    common = TINY_GPT + ["--corpus-dir", str(tmp_path / "prepared"), "--eval-every", "1000", "--save-every", "1000"]
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "train.py", *text, *common, "--max-steps", "100000", "--out", str(run)],
+                            cwd=ROOT, env=CPU_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline and _train_steps(run) < 3:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    err = err.decode()
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    step = int(err.split("stopped at step ")[1].split(";")[0])
+    assert step >= 3 and f"python train.py --resume {run}" in err
+    assert ckpt.read_checkpoint(ckpt.checkpoint_path(run, step))["meta"]["step"] == step
+    assert train_main(["--resume", str(run), "--max-steps", str(step + 3), "--no-progress"]) == 0
+    ref = tmp_path / "ref"
+    assert train_main(common + ["--max-steps", str(step + 3), "--out", str(ref)]) == 0
+    np.testing.assert_array_equal(_params(run), _params(ref))
+    assert [r["step"] for r in metrics(run)] == list(range(1, step + 4))
+
+
+def test_a_gpt_trains_in_fp16_with_a_loss_scale(tmp_path):
+    """--precision fp16: a float16 GPT, float32 master weights, the dynamic loss scale in the metrics; it learns,
+    and the checkpoint holds the float32 master weights."""
+    argv = make_text(tmp_path) + TINY_GPT + ["--precision", "fp16", "--max-steps", "40", "--eval-every", "20",
+                                             "--save-every", "40", "--out", str(tmp_path / "run")]
+    assert train_main(argv) == 0
+    train = metrics(tmp_path / "run")
+    assert len(train) == 40 and all("loss_scale" in r for r in train)
+    valid = metrics(tmp_path / "run", "valid")
+    assert valid[-1]["loss"] < valid[0]["loss"]
+    state = ckpt.read_checkpoint(ckpt.checkpoint_path(tmp_path / "run", 40))
+    assert {a.dtype for a in state["params"].values()} == {np.dtype("float32")}
+
+
 @needs_mpi
 def test_two_ranks_train_the_gpt_as_one_process(tmp_path):
     """2 ranks of mpiexec, dropout 0, 20 steps: the parameters equal one process's (float32 sums in
@@ -238,3 +277,16 @@ def test_a_bad_prepared_text_is_one_line(tmp_path, capsys, case):
         again = text + common + ["--prepare-again", "--out", str(tmp_path / "again")]
         assert train_main(again) == 0
         assert metrics(tmp_path / "again", "train")
+
+
+def test_a_gpt_checkpoint_loads_into_the_model_its_config_describes(tmp_path):
+    """A run's checkpoint (meta.json's config, tokenizer.model, model.npz) is all a sampler needs: the GPT built by
+    gpt_from_run_config from its config takes its parameters and has the shape the run recorded."""
+    from minitf.lm.data import CharTokenizer
+    from minitf.lm.trainer import gpt_from_run_config
+    assert train_main(make_text(tmp_path) + TINY_GPT + ["--max-steps", "3", "--out", str(tmp_path / "run")]) == 0
+    state = ckpt.read_checkpoint(ckpt.checkpoint_path(tmp_path / "run", 3))
+    tokenizer = CharTokenizer.from_bytes((ckpt.checkpoint_path(tmp_path / "run", 3) / "tokenizer.model").read_bytes())
+    model = gpt_from_run_config(state["meta"]["config"], tokenizer.vocab_size)
+    model.load_state_dict(state["params"])
+    assert model.config == state["meta"]["model"]

@@ -25,13 +25,20 @@ SAMPLE_TOKENS = 64
 NO_IGNORE = -1
 
 
+def gpt_from_run_config(config, vocab_size):
+    """The GPT a ``--model gpt`` run trains, from its config (``RunConfig.to_dict()``, or a checkpoint's
+    meta.json ``config``): GPT-2's choices, the run's sizes, ``num_decoder_layers`` blocks, ``block_size``
+    positions. For loading a run's checkpoint elsewhere (sampling)."""
+    return GPT(vocab_size, max_len=config["block_size"], d_model=config["d_model"], num_heads=config["num_heads"],
+               num_layers=config["num_decoder_layers"], d_ff=config["d_ff"], dropout=config["dropout"],
+               pre_norm=config["pre_norm"])
+
+
 class LanguageModelTrainer(Trainer):
     """A run of ``python train.py --model gpt``: ``corpus`` is a :class:`minitf.lm.data.TextCorpus`."""
 
     def build_model(self):
-        c = self.config
-        return GPT(self.tokenizer.vocab_size, max_len=c.block_size, d_model=c.d_model, num_heads=c.num_heads,
-                   num_layers=c.num_decoder_layers, d_ff=c.d_ff, dropout=c.dropout, pre_norm=c.pre_norm)
+        return gpt_from_run_config(self.config.to_dict(), self.tokenizer.vocab_size)
 
     def build_loss(self):
         return LabelSmoothedCrossEntropy(self.config.label_smoothing, ignore_index=NO_IGNORE)
