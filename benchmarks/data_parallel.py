@@ -39,7 +39,7 @@ def worker(size, steps, folder, out):
     from minitf.training.config import RunConfig
     from minitf.nmt.data import Corpus, read_splits, token_batches
     from minitf.training.tokenizer import Tokenizer
-    from minitf.nmt.trainer import TranslationTrainer
+    from minitf.nmt.translation_trainer import TranslationTrainer
     world = init_mpi()
     config = RunConfig.from_preset("tiny", **SIZES[size], vocab_size=VOCAB, max_tokens=1500, dropout=0.1,
                                    lexicon=0.0, max_steps=10 ** 6)  # sentences only, as the default run

@@ -13,7 +13,7 @@ from minitf.training.distributed import LocalWorld, NcclCollectives, init_mpi
 from minitf.training.config import RunConfig
 from minitf.nmt.data import Corpus, read_splits, token_batches
 from minitf.training.tokenizer import Tokenizer
-from minitf.nmt.trainer import TranslationTrainer
+from minitf.nmt.translation_trainer import TranslationTrainer
 
 
 def host_view(ptr, count, dtype):

@@ -124,8 +124,8 @@ def test_the_graph_sees_real_imports():
     assert "minitf.transformer" in graph["minitf.training.checkpoint"]
     assert "minitf.training.checkpoint" in graph["minitf.training.train"]
     assert "minitf.training.text" in graph["minitf.nmt.data"]
-    assert {"minitf.training.trainer", "minitf.nmt.decode"} <= graph["minitf.nmt.trainer"]
-    assert {"minitf.nmt.trainer", "minitf.lm.trainer"} <= graph["minitf.training.train"]
+    assert {"minitf.training.trainer", "minitf.nmt.decode"} <= graph["minitf.nmt.translation_trainer"]
+    assert {"minitf.nmt.translation_trainer", "minitf.lm.trainer"} <= graph["minitf.training.train"]
     assert "minitf.training.train" in graph["train"]
     assert "minitf.nmt.decode" in graph["scripts.compare_devices"]
     for script in ("benchmark", "ab_step", "layer_profile", "data_parallel", "torch_equal_minutes"):

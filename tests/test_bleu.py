@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from minitf.nmt.decode import (bleu_from_stats, bleu_stats, bootstrap_wins, report, sacrebleu_score, split_compounds,
                                tokenized_bleu)
-from minitf.nmt.trainer import TranslationTrainer
+from minitf.nmt.translation_trainer import TranslationTrainer
 
 
 def test_compounds_split_as_perl_does():

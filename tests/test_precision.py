@@ -8,7 +8,7 @@ import pytest
 
 import minitf
 from minitf import backend
-from minitf.nmt.trainer import TranslationTrainer
+from minitf.nmt.translation_trainer import TranslationTrainer
 from minitf.training import checkpoint as ckpt, trainer as trainer_module
 from minitf.backend import host as np
 from minitf.backend import to_numpy

@@ -16,7 +16,7 @@ from minitf.backend import host as np
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import FlatBuffers
 from minitf.training import checkpoint as ckpt, trainer as trainer_module
-from minitf.nmt.trainer import EVERYDAY_GERMAN, TranslationTrainer
+from minitf.nmt.translation_trainer import EVERYDAY_GERMAN, TranslationTrainer
 from minitf.training.trainer import WallBudget
 from minitf.transformer import Transformer
 from tests.runs import QUIET, ROOT, TINY, make_corpus, metrics, one_error_line, params_of, same_params, train

@@ -2,12 +2,12 @@
 (:mod:`minitf.training`): its corpora, parallel data and batching, decoding and BLEU, and the translate command.
 Imports go to the training machinery and the core, never to another application (``minitf.lm``).
 
-=================  ===========================================================================================
-``corpora``        each corpus: download, verify, unpack, split (Ding; WMT 2014 en-de)
-``data``           parallel text, token-count batching, padding, encoded splits, prepared parallel corpora (mmap)
-``prepare``        preparing a large parallel corpus: cleaning, tokenizer sample, parallel encoding
-``decode``         batched greedy and beam search, translating text, BLEU (both ways)
-``trainer``        ``TranslationTrainer``: the shared Trainer with batches of pairs, BLEU, the end of a run
-``translate``      the ``python -m minitf.translate`` command, interactive mode included
-=================  ===========================================================================================
+=======================  =====================================================================================
+``corpora``              each corpus: download, verify, unpack, split (Ding; WMT 2014 en-de)
+``data``                 parallel text, token-count batching, padding, encoded splits, prepared parallel corpora (mmap)
+``prepare``              preparing a large parallel corpus: cleaning, tokenizer sample, parallel encoding
+``decode``               batched greedy and beam search, translating text, BLEU (both ways)
+``translation_trainer``  ``TranslationTrainer``: the shared Trainer with batches of pairs, BLEU, the run's end
+``translate``            the ``python -m minitf.translate`` command, interactive mode included
+=======================  =====================================================================================
 """

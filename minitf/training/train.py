@@ -16,7 +16,7 @@ from minitf.training.config import (INVOCATION_OPTIONS, LM_PRESETS, MODELS, PREC
 from minitf.lm.data import CharTokenizer, TextCorpus, load_tokenizer
 from minitf.lm.prepare import open_prepared_text, prepare_text_corpus
 from minitf.lm.trainer import LanguageModelTrainer
-from minitf.nmt.trainer import TranslationTrainer
+from minitf.nmt.translation_trainer import TranslationTrainer
 from minitf.nmt.corpora import DEFAULT_CACHE, default_corpus_splits
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
 from minitf.training.distributed import get_world, launched_by_mpi

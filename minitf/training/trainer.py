@@ -1,7 +1,7 @@
 """Training, shared by every model: one update for any world size, the loop over the batches with
 validation, checkpoints and the time budget, resume and signals. What differs between models (the model, its
-batches, its loss, validation, the end of a run) is a subclass's: :class:`minitf.nmt.trainer.TranslationTrainer`,
-:class:`minitf.lm.trainer.LanguageModelTrainer`.
+batches, its loss, validation, the end of a run) is a subclass's:
+:class:`minitf.nmt.translation_trainer.TranslationTrainer`, :class:`minitf.lm.trainer.LanguageModelTrainer`.
 
 The recipe is the paper's (section 5): Adam (0.9, 0.98, 1e-9) with the warmup schedule,
 label smoothing, dropout. One update (:meth:`Trainer.update`, as fairseq's ``train_step``
@@ -263,7 +263,7 @@ class Trainer:
             log(f"data parallel: {self.world.size} ranks (pids {pids}), {config.accumulate} batch(es) of "
                 f"--max-tokens {config.max_tokens} per update{', ZeRO-1 sharded Adam' if zero else ''}")
 
-    # -- what a model's trainer provides (translation: minitf.nmt.trainer; language model: minitf.lm.trainer) --
+    # -- what a model's subclass provides (minitf.nmt.translation_trainer, minitf.lm.trainer) -----------------
     def build_model(self):
         """The model of this run (built under the run's default dtype)."""
         raise NotImplementedError
