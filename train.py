@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Train a Transformer translation model: ``python train.py --help``.
+"""Train a Transformer translation model, or (``--model gpt``) a decoder-only language model:
+``python train.py --help``.
 
 With no arguments: fetches the Ding German-English dictionary (via apt, or over
 HTTPS from Debian's archive, once), trains the tiny preset on the CPU within 14

@@ -46,6 +46,8 @@ def test_a_gpt_run_learns_on_a_tiny_text(tmp_path, capsys):
     test = metrics(tmp_path / "run", "test")
     assert len(test) == 1 and test[0]["loss"] < valid[0]["loss"]
     assert json.loads((tmp_path / "run" / "best.json").read_text())["model"] == "last"
+    model = ckpt.read_checkpoint(ckpt.checkpoint_path(tmp_path / "run", 60))["meta"]["model"]
+    assert model["pre_norm"] and model["activation"] == "gelu_tanh" and model["positions"] == "learned"  # GPT-2's
 
 
 def test_the_bpe_tokenizer_trains_a_gpt_too(tmp_path, capsys):

@@ -49,7 +49,8 @@ def default(name):
 
 def build_parser():
     p = OneLineParser(prog="train.py", description="Train a Transformer translation model (German to English "
-                      "on the Ding dictionary's example sentences by default).")
+                      "on the Ding dictionary's example sentences by default), or with --model gpt a decoder-only "
+                      "language model on --train-text.")
     p.add_argument("--model", choices=MODELS, default="transformer",
                    help="transformer: the paper's translation model (default); gpt: a decoder-only language model "
                    "(minitf.GPT) trained on --train-text")
@@ -158,7 +159,9 @@ def config_from_args(args):
              "max_minutes", "max_steps", "epochs", "max_len", "seed", "label_smoothing", "bpe_dropout", "clip_norm",
              "lexicon", "src_lang", "tgt_lang", "skip_nonfinite", "precision", "accumulate", "zero", "model",
              "block_size", "tokenizer") + RUN_OPTIONS
-    config = RunConfig.from_preset(args.preset, **layers, **{name: getattr(args, name) for name in flags})
+    values = {name: getattr(args, name) for name in flags}
+    values["pre_norm"] = args.pre_norm or None  # not given: the preset's (a GPT's is pre-LN, GPT-2's choice)
+    config = RunConfig.from_preset(args.preset, **layers, **values)
     other_data = args.corpus != "ding" or args.corpus_dir is not None or any(
         getattr(args, f"{s}_{side}") is not None for s in ("train", "valid", "test") for side in ("src", "tgt"))
     if other_data or args.phrases:  # the lexicon is the Ding dictionary's, sampled instead of every phrase
