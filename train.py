@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Train a Transformer translation model: ``python train.py --help``.
+"""Train a Transformer translation model, or (``--model gpt``) a decoder-only language model:
+``python train.py --help``.
 
 With no arguments: fetches the Ding German-English dictionary (via apt, or over
 HTTPS from Debian's archive, once), trains the tiny preset on the CPU within 14
@@ -8,7 +9,7 @@ validation and test BLEU, and leaves a checkpoint for ``python -m minitf.transla
 """
 import sys
 
-from minitf.nmt.train import main
+from minitf.training.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

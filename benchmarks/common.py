@@ -37,10 +37,10 @@ if str(ROOT) not in sys.path:
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
-from minitf.nmt.config import RunConfig  # noqa: E402
+from minitf.training.config import RunConfig  # noqa: E402
 from minitf.nmt.corpora import DEFAULT_CACHE, SPLIT_FOLDER  # noqa: E402
 from minitf.nmt.data import Corpus, read_parallel, read_splits, token_batches  # noqa: E402
-from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
+from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
 
 np = minitf.backend.host
 

@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from benchmarks.common import CONFIGS, run_config_fields, synthetic_corpus, tokenized_corpus  # noqa: E402
-from minitf.nmt.config import PRESETS  # noqa: E402
+from minitf.training.config import PRESETS  # noqa: E402
 from minitf.nmt.corpora import DEFAULT_CACHE, default_corpus_splits  # noqa: E402
 
 #: the model sizes timed: the tiny preset's shape (benchmark.py's `default`) and `small`
@@ -35,17 +35,17 @@ VOCAB = PRESETS["tiny"]["vocab_size"]
 
 
 def worker(size, steps, folder, out):
-    from minitf.nmt.distributed import init_mpi
-    from minitf.nmt.config import RunConfig
+    from minitf.training.distributed import init_mpi
+    from minitf.training.config import RunConfig
     from minitf.nmt.data import Corpus, read_splits, token_batches
-    from minitf.nmt.tokenizer import Tokenizer
-    from minitf.nmt.trainer import Trainer
+    from minitf.training.tokenizer import Tokenizer
+    from minitf.nmt.translation_trainer import TranslationTrainer
     world = init_mpi()
     config = RunConfig.from_preset("tiny", **SIZES[size], vocab_size=VOCAB, max_tokens=1500, dropout=0.1,
                                    lexicon=0.0, max_steps=10 ** 6)  # sentences only, as the default run
     tok = Tokenizer(pathlib.Path(folder) / "tokenizer.model")
     paths = json.loads((pathlib.Path(folder) / "paths.json").read_text())
-    trainer = Trainer(config, pathlib.Path(folder) / "run", tok, Corpus(tok, read_splits(paths), lambda m: None), lambda m: None,
+    trainer = TranslationTrainer(config, pathlib.Path(folder) / "run", tok, Corpus(tok, read_splits(paths), lambda m: None), lambda m: None,
                       progress=False, world=world)
     batches, _ = token_batches(*trainer.corpus.lengths("train"), config.max_tokens, 1, 0)
     coll = trainer.collectives

@@ -47,11 +47,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from minitf.backend import keep_freed_memory  # noqa: E402
-from minitf.nmt.config import PRESETS, RunConfig  # noqa: E402
+from minitf.training.config import PRESETS, RunConfig  # noqa: E402
 from minitf.nmt.corpora import default_corpus_splits  # noqa: E402
 from minitf.nmt.data import pad_batch, token_batches  # noqa: E402
-from minitf.nmt.distributed import rank_share  # noqa: E402
-from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
+from minitf.training.distributed import rank_share  # noqa: E402
+from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from minitf.nmt.corpora import DEFAULT_CACHE  # noqa: E402
 from minitf.optim import WarmupSchedule  # noqa: E402
 from benchmarks.common import init_embedding_as_minitf, tokenized_corpus  # noqa: E402

@@ -1,6 +1,6 @@
 """Atomic file writes for the core: every write goes to a temp file beside its final place, is
 flushed to disk (fsync) and renamed into place in one step, so a crash leaves the old file or
-the new one, never a torn one. (The application's ``minitf.nmt.files`` uses these too.)"""
+the new one, never a torn one. (The application's ``minitf.training.files`` uses these too.)"""
 import contextlib
 import os
 import pathlib

@@ -631,7 +631,7 @@ def guarded(run, path, seconds, what="the check failed", wrap=True):
 
 def one_line_parser(**kwargs):
     """argparse for the study tools, with a usage error in one line (exit 2), as the application's
-    ``minitf.nmt.errors.OneLineParser`` (the core does not import the application)."""
+    ``minitf.training.errors.OneLineParser`` (the core does not import the application)."""
     import argparse
 
     class OneLineParser(argparse.ArgumentParser):

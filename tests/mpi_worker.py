@@ -9,11 +9,11 @@ from minitf import backend
 from minitf.backend import host as np
 import ctypes
 
-from minitf.nmt.distributed import LocalWorld, NcclCollectives, init_mpi
-from minitf.nmt.config import RunConfig
+from minitf.training.distributed import LocalWorld, NcclCollectives, init_mpi
+from minitf.training.config import RunConfig
 from minitf.nmt.data import Corpus, read_splits, token_batches
-from minitf.nmt.tokenizer import Tokenizer
-from minitf.nmt.trainer import Trainer
+from minitf.training.tokenizer import Tokenizer
+from minitf.nmt.translation_trainer import TranslationTrainer
 
 
 def host_view(ptr, count, dtype):
@@ -72,7 +72,7 @@ def build(folder, world, **overrides):
     paths = {f"{s}_{side}": str(folder / f"{s}.{side}") for s in ("train", "valid") for side in ("src", "tgt")}
     corpus = Corpus(tokenizer, read_splits(paths), lambda message: None)
     with backend.default_dtype("float64"):
-        return Trainer(config, folder / f"run-{world.rank}", tokenizer, corpus, lambda m: None, progress=False,
+        return TranslationTrainer(config, folder / f"run-{world.rank}", tokenizer, corpus, lambda m: None, progress=False,
                        world=world)
 
 

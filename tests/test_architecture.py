@@ -1,8 +1,9 @@
-"""The layout: the core (the library a learner reads), the application on top of it
-(translation in minitf.nmt, language modelling in minitf.lm), and the tools run as files
-(``train.py``, ``benchmarks/*.py``, ``scripts/*.py``). Imports go from the application to the core,
-never back; the library never imports a tool; a tool imports no other tool except a
-folder's shared module (``benchmarks/common.py``); and nothing imports in a circle.
+"""The layout: the core (the library a learner reads); the application on top of it: the
+training machinery both models share (minitf.training), translation (minitf.nmt) and language
+modelling (minitf.lm); and the tools run as files (``train.py``, ``benchmarks/*.py``,
+``scripts/*.py``). Imports go from the application to the core, never back; neither model's
+package imports the other's; the library never imports a tool; a tool imports no other tool
+except a folder's shared module (``benchmarks/common.py``); and nothing imports in a circle.
 
 The graph is built from the source with ``ast`` (every import statement, also
 those inside functions), not by importing anything."""
@@ -20,6 +21,12 @@ SCRIPT_FOLDERS = ("benchmarks", "scripts")
 SHARED = {"benchmarks.common"}
 #: Entry points of the application that keep a short command name in the top folder.
 APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate"}
+#: The application's packages: the shared training machinery, then one package per model.
+APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm")
+#: The model packages: neither imports the other (what both need belongs in minitf.training).
+MODEL_PACKAGES = ("minitf.nmt", "minitf.lm")
+#: The one module of the shared machinery that names the models: the train.py command chooses one (--model).
+TRAINING_ENTRY_POINTS = {"minitf.training.train"}
 
 
 def module_name(path, root=ROOT):
@@ -34,12 +41,13 @@ def modules(root=ROOT):
     return {module_name(p, root): p for p in paths}
 
 
-#: The application's packages.
-APPLICATION_PACKAGES = ("minitf.nmt", "minitf.lm")
+def package_of(name, packages):
+    """The package of ``packages`` that module ``name`` belongs to, or None."""
+    return next((p for p in packages if name == p or name.startswith(p + ".")), None)
 
 
 def is_application(name):
-    return any(name == p or name.startswith(p + ".") for p in APPLICATION_PACKAGES) or name in APPLICATION_ENTRY_POINTS
+    return package_of(name, APPLICATION_PACKAGES) is not None or name in APPLICATION_ENTRY_POINTS
 
 
 def is_library(name):
@@ -113,9 +121,12 @@ def tool_imports(graph):
 def test_the_graph_sees_real_imports():
     graph = import_graph()
     assert "minitf.module" in graph["minitf.layers"]
-    assert "minitf.transformer" in graph["minitf.nmt.trainer"]
-    assert "minitf.nmt.checkpoint" in graph["minitf.nmt.train"]
-    assert "minitf.nmt.train" in graph["train"]
+    assert "minitf.transformer" in graph["minitf.training.checkpoint"]
+    assert "minitf.training.checkpoint" in graph["minitf.training.train"]
+    assert "minitf.training.text" in graph["minitf.nmt.data"]
+    assert {"minitf.training.trainer", "minitf.nmt.decode"} <= graph["minitf.nmt.translation_trainer"]
+    assert {"minitf.nmt.translation_trainer", "minitf.lm.trainer"} <= graph["minitf.training.train"]
+    assert "minitf.training.train" in graph["train"]
     assert "minitf.nmt.decode" in graph["scripts.compare_devices"]
     for script in ("benchmark", "ab_step", "layer_profile", "data_parallel", "torch_equal_minutes", "gpt_step"):
         assert "benchmarks.common" in graph[f"benchmarks.{script}"], script
@@ -152,6 +163,41 @@ def test_the_core_never_imports_the_application():
              for core, imports in import_graph().items() if is_library(core) and not is_application(core)}
     wrong = {k: v for k, v in wrong.items() if v}
     assert not wrong, f"core modules importing the application: {wrong}"
+
+
+def model_crossings(graph):
+    """{importer: [modules of another model's package it imports]}."""
+    wrong = {}
+    for name, imports in graph.items():
+        mine = package_of(name, MODEL_PACKAGES)
+        crossing = sorted(m for m in imports if mine and package_of(m, MODEL_PACKAGES) not in (None, mine))
+        if crossing:
+            wrong[name] = crossing
+    return wrong
+
+
+def test_neither_model_imports_the_other():
+    """Translation (minitf.nmt) and language modelling (minitf.lm) share only minitf.training and the core."""
+    wrong = model_crossings(import_graph())
+    assert not wrong, f"a model's modules importing the other's (move what they share into minitf.training): {wrong}"
+
+
+def test_model_crossings_are_seen():
+    graph = {"minitf.lm.data": {"minitf.nmt.data", "minitf.training.text"}, "minitf.nmt.decode": {"minitf.lm"},
+             "minitf.training.train": {"minitf.nmt.data", "minitf.lm.data"}, "minitf.nmtx": {"minitf.lm"}}
+    assert model_crossings(graph) == {"minitf.lm.data": ["minitf.nmt.data"], "minitf.nmt.decode": ["minitf.lm"]}
+    assert is_application("minitf.training.trainer") and is_application("minitf.generate")
+    assert not is_application("minitf.gpt") and not is_application("minitf.nmtx")
+
+
+def test_the_shared_training_machinery_imports_no_model():
+    """minitf.training serves both models: only its train.py command imports them (to choose one by --model);
+    a model's differences live in its own package (a Trainer subclass), never in an if/else here."""
+    wrong = {name: sorted(m for m in imports if package_of(m, MODEL_PACKAGES))
+             for name, imports in import_graph().items()
+             if package_of(name, ("minitf.training",)) and name not in TRAINING_ENTRY_POINTS}
+    wrong = {k: v for k, v in wrong.items() if v}
+    assert not wrong, f"shared training modules importing a model's package: {wrong}"
 
 
 def test_the_library_never_imports_a_tool():

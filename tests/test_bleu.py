@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from minitf.nmt.decode import (bleu_from_stats, bleu_stats, bootstrap_wins, report, sacrebleu_score, split_compounds,
                                tokenized_bleu)
-from minitf.nmt.trainer import Trainer
+from minitf.nmt.translation_trainer import TranslationTrainer
 
 
 def test_compounds_split_as_perl_does():
@@ -77,7 +77,7 @@ def test_bootstrap_wins_counts_resamples_where_the_first_system_is_better():
 
 
 def test_the_end_of_a_run_keeps_the_average_unless_another_candidate_is_clearly_better():
-    """Trainer._choose: the last checkpoint ahead of the average by one sentence in 50 is noise, the average is
+    """TranslationTrainer._choose: the last checkpoint ahead of the average by one sentence in 50 is noise, the average is
     kept; ahead on every sentence, the last is kept; with no BLEU to compare, the average."""
     references = [f"{w} {v} sat on the mat ." for w in WORDS for v in WORDS[:5]]
     good = bleu_stats(references, references)
@@ -87,9 +87,9 @@ def test_the_end_of_a_run_keeps_the_average_unless_another_candidate_is_clearly_
     log = []
     trainer = types.SimpleNamespace(log=log.append)
     names = ["last", "average of last 10", "best validation perplexity"]
-    assert Trainer._choose(trainer, names, [good, slightly_worse, worse]) == 1
+    assert TranslationTrainer._choose(trainer, names, [good, slightly_worse, worse]) == 1
     assert "not enough" in log[-1] and "the last model" in log[-1]
-    assert Trainer._choose(trainer, names, [good, worse, worse]) == 0
-    assert Trainer._choose(trainer, names, [worse, worse, good]) == 2
-    assert Trainer._choose(trainer, names, [None, None, None]) == 1
-    assert Trainer._choose(trainer, ["last", "best validation perplexity"], [slightly_worse, good]) == 0  # no average: the last
+    assert TranslationTrainer._choose(trainer, names, [good, worse, worse]) == 0
+    assert TranslationTrainer._choose(trainer, names, [worse, worse, good]) == 2
+    assert TranslationTrainer._choose(trainer, names, [None, None, None]) == 1
+    assert TranslationTrainer._choose(trainer, ["last", "best validation perplexity"], [slightly_worse, good]) == 0  # no average: the last

@@ -15,8 +15,8 @@ from hypothesis import example, given, strategies as st
 
 from minitf import backend
 from minitf.backend import host as np
-from minitf.nmt import checkpoint as ckpt
-from minitf.nmt.errors import CheckpointError
+from minitf.training import checkpoint as ckpt
+from minitf.training.errors import CheckpointError
 from tests.runs import (BAD_CHECKPOINTS, CRAFTED_MODEL_FILES, TINY, Payload, copy_run, npy_bytes, one_error_line,
                         replace_member, resign, rewrite_npz, train, translate)
 

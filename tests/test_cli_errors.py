@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from minitf import backend
-from minitf.nmt import checkpoint as ckpt
+from minitf.training import checkpoint as ckpt
 from tests.runs import (BAD_TRAIN_INPUTS, CPU_ENV, ROOT, TINY, flip_byte, one_error_line, snapshot, train,
                         translate, truncate_model)
 

@@ -1,5 +1,5 @@
 """The default corpus's fetch: apt first, else a .deb over HTTP(S) with a pinned
-size and sha256 (minitf.nmt.download, tested in test_download.py), then one file
+size and sha256 (minitf.training.download, tested in test_download.py), then one file
 unpacked with the standard library. Every test serves a small .deb it builds from
 a server on 127.0.0.1 (no network, no apt run)."""
 import hashlib
@@ -9,10 +9,11 @@ import tarfile
 
 import pytest
 
-from minitf.nmt import corpora, debian
-from minitf.nmt.download import Terminated
-from minitf.nmt.errors import DataError
-from minitf.nmt.train import main as train_main
+from minitf.nmt import corpora
+from minitf.training import debian
+from minitf.training.download import Terminated
+from minitf.training.errors import DataError
+from minitf.training.train import main as train_main
 from tests.loopback import Server
 
 DING_TEXT = ("# Version :: test\n"

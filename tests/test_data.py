@@ -10,11 +10,12 @@ import sys
 import pytest
 from hypothesis import given, strategies as st
 
-from minitf.nmt import corpora as ding, data, tokenizer
+from minitf.nmt import corpora as ding, data
+from minitf.training import text, tokenizer
 from minitf.backend import host as np
-from minitf.nmt.errors import DataError
+from minitf.training.errors import DataError
 from minitf.nmt.data import Corpus, read_splits
-from minitf.nmt.tokenizer import BpeDropout, train_tokenizer
+from minitf.training.tokenizer import BpeDropout, train_tokenizer
 from tests.runs import ROOT
 
 # --------------------------------------------------------------------------- parse Ding
@@ -125,7 +126,7 @@ def test_read_parallel_ok_drops_empty_sides(tmp_path):
 def test_read_lines_splits_on_newline_only(tmp_path):
     # \u2028 and \x0c are line breaks for str.splitlines but not for wc -l.
     path = _write(tmp_path / "f", "a\u2028b\nc\x0cd\n")
-    assert data.read_lines(path, "source") == ["a\u2028b", "c\x0cd"]
+    assert text.read_lines(path, "source") == ["a\u2028b", "c\x0cd"]
 
 
 @pytest.mark.parametrize("case, pattern", [
@@ -162,11 +163,11 @@ def test_read_parallel_errors(tmp_path, case, pattern):
 
 def test_write_lines_round_trip_and_atomic(tmp_path):
     path = tmp_path / "sub" / "out.txt"
-    data.write_lines(path, ["eins", "zwei ü"])
-    assert data.read_lines(path, "x") == ["eins", "zwei ü"]
+    text.write_lines(path, ["eins", "zwei ü"])
+    assert text.read_lines(path, "x") == ["eins", "zwei ü"]
     with pytest.raises(DataError, match="newline"):
-        data.write_lines(path, ["ok", "bad\nline"])
-    assert data.read_lines(path, "x") == ["eins", "zwei ü"]  # old content kept
+        text.write_lines(path, ["ok", "bad\nline"])
+    assert text.read_lines(path, "x") == ["eins", "zwei ü"]  # old content kept
     assert sorted(p.name for p in path.parent.iterdir()) == ["out.txt"]  # no temp left
 
 
@@ -420,8 +421,8 @@ def test_lexicon_needs_a_lexicon_split(bpe_tokenizer, tmp_path):
 
 
 def test_the_presets_lexicon_belongs_to_the_default_corpus(monkeypatch):
-    from minitf.nmt.config import PRESETS
-    from minitf.nmt.train import build_parser, config_from_args
+    from minitf.training.config import PRESETS
+    from minitf.training.train import build_parser, config_from_args
 
     def lexicon(*argv):
         return config_from_args(build_parser().parse_args(list(argv))).lexicon
@@ -482,7 +483,7 @@ def test_samples_are_the_same_in_another_process(bpe_tokenizer, tmp_path):
     """The reason for not using sentencepiece's sampling: its samples differ between processes."""
     model = tmp_path / "t.model"
     model.write_bytes(bpe_tokenizer.model_bytes())
-    code = ("import sys; from minitf.nmt.tokenizer import Tokenizer; from minitf.nmt.tokenizer import BpeDropout; "
+    code = ("import sys; from minitf.training.tokenizer import Tokenizer; from minitf.training.tokenizer import BpeDropout; "
             "from tests.test_data import TEXTS; "
             "print(BpeDropout(Tokenizer(sys.argv[1]), TEXTS, 0.2).sample(5, 3))")
     other = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True, text=True, cwd=ROOT,

@@ -1,4 +1,4 @@
-"""Data parallelism (minitf.nmt.distributed): the same recipe at any world size.
+"""Data parallelism (minitf.training.distributed): the same recipe at any world size.
 
 The MPI tests launch ``mpiexec -n 2`` in subprocesses (2 cores: tiny model, few
 steps) and compare with one process in the same test; they skip where mpi4py or
@@ -19,14 +19,14 @@ from minitf import backend
 from minitf.backend import host as np
 from minitf.optim import Adam
 from minitf.module import Parameter
-from minitf.nmt.config import RunConfig
-from minitf.nmt.distributed import rank_share, shard_range
-from minitf.nmt.errors import UsageError
+from minitf.training.config import RunConfig
+from minitf.training.distributed import rank_share, shard_range
+from minitf.training.errors import UsageError
 from tests.runs import MPI_ENV, MPIEXEC, ROOT, TINY, final_params, make_corpus, metrics, mpiexec, needs_mpi, train_py
 
 
 def test_one_process_never_imports_mpi4py():
-    code = ("import sys, minitf, minitf.nmt.train, minitf.nmt.trainer, minitf.nmt.distributed; "
+    code = ("import sys, minitf, minitf.training.train, minitf.training.trainer, minitf.training.distributed; "
             "assert 'mpi4py' not in sys.modules, 'imported mpi4py'")
     env = {k: v for k, v in MPI_ENV.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
@@ -100,7 +100,7 @@ def test_library_two_ranks_equal_one_process_float64(tmp_path):
     gradient is exactly zero, Adam amplifies its rounding noise to ~lr-sized steps that
     do not change the model's function; measured 2e-10 with them)."""
     make_corpus(tmp_path)
-    from minitf.nmt.tokenizer import train_tokenizer
+    from minitf.training.tokenizer import train_tokenizer
     lines = [line for side in ("src", "tgt") for line in (tmp_path / f"train.{side}").read_text().splitlines()]
     train_tokenizer(lines, tmp_path / "tokenizer.model", 40)
     done = mpiexec(2, ROOT / "tests" / "mpi_worker.py", tmp_path, tmp_path / "result.json")
@@ -157,8 +157,8 @@ def test_accumulated_update_weights_its_batches_by_this_epochs_tokens(tmp_path):
     (they did not from the second epoch on while the first epoch's lengths were cached)."""
     make_corpus(tmp_path)
     from tests.mpi_worker import build
-    from minitf.nmt.distributed import LocalWorld
-    from minitf.nmt.tokenizer import train_tokenizer
+    from minitf.training.distributed import LocalWorld
+    from minitf.training.tokenizer import train_tokenizer
     lines = [line for side in ("src", "tgt") for line in (tmp_path / f"train.{side}").read_text().splitlines()]
     train_tokenizer(lines, tmp_path / "tokenizer.model", 40)
     trainer = build(tmp_path, LocalWorld(), accumulate=2, bpe_dropout=0.3)
@@ -227,7 +227,7 @@ def test_the_shared_validation_translates_in_the_sentences_order_as_one_process(
     updates (float64, a vocabulary of whole words: BLEU above 0), 2 ranks translating together give one
     process's hypotheses (greedy and beam 2), per-sentence BLEU counts and BLEU for the same parameters."""
     make_corpus(tmp_path, n_train=400)
-    from minitf.nmt.tokenizer import train_tokenizer
+    from minitf.training.tokenizer import train_tokenizer
     lines = [line for side in ("src", "tgt") for line in (tmp_path / f"train.{side}").read_text().splitlines()]
     train_tokenizer(lines, tmp_path / "tokenizer.model", 100)
     done = mpiexec(2, ROOT / "tests" / "mpi_worker.py", tmp_path, tmp_path / "result.json", "shared-validation")

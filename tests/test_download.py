@@ -1,4 +1,4 @@
-"""minitf.nmt.download: one pinned file over HTTP, resumed, capped, verified, and
+"""minitf.training.download: one pinned file over HTTP, resumed, capped, verified, and
 every failure one line. Every test serves its own bytes from 127.0.0.1."""
 import hashlib
 import os
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from minitf.nmt import download as dl
-from minitf.nmt.errors import DataError
+from minitf.training import download as dl
+from minitf.training.errors import DataError
 from tests.loopback import Server, raw, slowly
 from tests.runs import ROOT
 
@@ -172,7 +172,7 @@ def test_mirror_base_from_the_environment(monkeypatch):
     assert dl.mirror_base("MINITF_TEST_MIRROR", "https://deb.debian.org/debian") == "https://deb.debian.org/debian"
 
 
-CHILD = ("import sys; from minitf.nmt.download import download\n"
+CHILD = ("import sys; from minitf.training.download import download\n"
          "download(sys.argv[1], sys.argv[2], size=int(sys.argv[3]), sha256=sys.argv[4], what='x', progress=False)")
 
 

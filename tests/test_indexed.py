@@ -11,7 +11,7 @@ import pytest
 
 from minitf.backend import host as np
 from minitf.nmt.data import Corpus, read_splits, token_batches
-from minitf.nmt.errors import DataError
+from minitf.training.errors import DataError
 from minitf.nmt.data import IndexedCorpus
 from minitf.nmt.prepare import CleanRules, clean_pass, prepare_corpus
 from tests.runs import make_corpus
@@ -166,7 +166,7 @@ def test_word_by_word_encoding_equals_the_tokenizer(prepared):
 @pytest.fixture(scope="module")
 def good_folder(tmp_path_factory):
     """A prepared folder, and a tokenizer.model of the same vocabulary size made from other text."""
-    from minitf.nmt.tokenizer import train_tokenizer
+    from minitf.training.tokenizer import train_tokenizer
     base = tmp_path_factory.mktemp("good")
     out = prepare_corpus(base / "prepared", sources_of(base, n_train=60, n_valid=8), vocab_size=40,
                          sample_sentences=200, workers=0, rules=KEEP_ALL, log=quiet)
@@ -304,7 +304,7 @@ def test_train_py_refuses_a_damaged_corpus_dir_in_one_line(good_folder, tmp_path
 @pytest.mark.parametrize("chunk", [1, 2, 3, 4, 7])
 def test_the_chunked_checks_find_a_fault_at_every_position(chunk):
     """Every chunk size finds a falling offset, one past the end, and a bad id wherever it is (chunk edges too)."""
-    from minitf.nmt.data import check_ids, check_offsets
+    from minitf.training.text import check_ids, check_offsets
     good = np.array([0, 2, 2, 5, 6, 9, 11, 12, 15], dtype=np.int64)
     check_offsets(good, 15, pathlib.Path("x.idx"), chunk=chunk)
     for i in range(1, good.size - 1):
@@ -329,7 +329,7 @@ def test_opening_a_large_prepared_folder_checks_it_in_bounded_memory(good_folder
     """A training split of 1,000,000 pairs (8 MB of offsets, 4 MB of ids a side) is checked with at most a few
     chunks of temporaries (tracemalloc counts NumPy's allocations); a fault at its very end is still found."""
     import tracemalloc
-    from minitf.nmt import data
+    from minitf.training import text
     folder = shutil.copytree(good_folder[0], tmp_path / "prepared")
     n = 1_000_000
     lengths = np.full(n, 2, dtype=np.int64)
@@ -337,7 +337,7 @@ def test_opening_a_large_prepared_folder_checks_it_in_bounded_memory(good_folder
         np.concatenate([[0], np.cumsum(lengths)]).astype("<i8").tofile(folder / f"train.{side}.idx")
         (np.arange(2 * n) % 36 + 4).astype("<u2").tofile(folder / f"train.{side}.bin")
     _manifest(lambda m: m["splits"].update(train=dict(pairs=n, src_tokens=2 * n, tgt_tokens=2 * n)))(folder)
-    monkeypatch.setattr(data, "VERIFY_CHUNK", 1 << 14)
+    monkeypatch.setattr(text, "VERIFY_CHUNK", 1 << 14)
     tracemalloc.start()
     try:
         corpus = IndexedCorpus(folder)
@@ -415,7 +415,7 @@ def test_prepare_again_replaces_a_changed_or_damaged_corpus_dir(tmp_path, capsys
 
 def test_a_large_train_src_without_corpus_dir_first_says_that_corpus_dir_keeps_memory_flat(tmp_path, capsys,
                                                                                             monkeypatch):
-    from minitf.nmt import train as train_module
+    from minitf.training import train as train_module
     from tests.runs import QUIET, TINY, make_corpus, train
     corpus = make_corpus(tmp_path)             # 120 training pairs
     monkeypatch.setattr(train_module, "LARGE_CORPUS_LINES", 100)

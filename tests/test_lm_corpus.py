@@ -1,6 +1,6 @@
 """The language model's default text (minitf.lm.corpus): a small fake ``sword-text-web`` package, built here
 with a tiny zText SWORD module, is served from 127.0.0.1 (no network, no apt), read with pysword, split by
-chapter and cached; failures are one line and leave nothing. The package fetch itself is minitf.nmt.debian's,
+chapter and cached; failures are one line and leave nothing. The package fetch itself is minitf.training.debian's,
 tested with the Ding corpus in test_corpora.py."""
 import hashlib
 import importlib.util
@@ -16,9 +16,9 @@ import zlib
 import pytest
 
 from minitf.lm import corpus
-from minitf.nmt.debian import DebianPackage
-from minitf.nmt.download import Terminated
-from minitf.nmt.errors import DataError
+from minitf.training.debian import DebianPackage
+from minitf.training.download import Terminated
+from minitf.training.errors import DataError
 from tests.loopback import Server, slowly
 from tests.runs import ROOT
 from tests.test_corpora import fake_apt, link, make_deb, root_entry, tree
@@ -198,7 +198,7 @@ def test_sigterm_while_reading_the_module_leaves_nothing(tmp_path, serve, monkey
     assert list(tmp_path.iterdir()) == []
 
 
-CHILD = ("import sys; from minitf.lm import corpus; from minitf.nmt.debian import DebianPackage\n"
+CHILD = ("import sys; from minitf.lm import corpus; from minitf.training.debian import DebianPackage\n"
          "name, path = corpus.PACKAGE.name, corpus.PACKAGE.pool_path\n"
          "corpus.PACKAGE = DebianPackage(name, path, int(sys.argv[3]), sys.argv[4])\n"
          "corpus.default_text_splits(sys.argv[2], progress=False, base_url=sys.argv[1])")

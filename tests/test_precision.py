@@ -8,14 +8,15 @@ import pytest
 
 import minitf
 from minitf import backend
-from minitf.nmt import checkpoint as ckpt, trainer as trainer_module
+from minitf.nmt.translation_trainer import TranslationTrainer
+from minitf.training import checkpoint as ckpt, trainer as trainer_module
 from minitf.backend import host as np
 from minitf.backend import to_numpy
 from minitf.optim import MixedPrecisionAdam, buffer_norm
-from minitf.nmt.config import RunConfig
+from minitf.training.config import RunConfig
 from minitf.nmt.data import Corpus, read_splits
-from minitf.nmt.tokenizer import Tokenizer
-from minitf.nmt.train import main as train_main
+from minitf.training.tokenizer import Tokenizer
+from minitf.training.train import main as train_main
 from tests.runs import TINY, metrics
 
 
@@ -116,7 +117,7 @@ def test_fp16_resume_restores_scale_and_master_weights_and_keeps_precision(tmp_p
     config = RunConfig.read(split)
     state = ckpt.read_checkpoint(ckpt.checkpoint_path(split, 3))
     tokenizer = Tokenizer(split / "tokenizer.model")
-    t = trainer_module.Trainer(config, split, tokenizer, Corpus(tokenizer, read_splits(config.data), print),
+    t = TranslationTrainer(config, split, tokenizer, Corpus(tokenizer, read_splits(config.data), print),
                                print, progress=False)
     t.optimizer.load_scaler_state({"scale": 1.0, "good_steps": 0, "overflows": 0})
     t.restore(state)

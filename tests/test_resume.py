@@ -15,7 +15,7 @@ import tracemalloc
 
 import pytest
 
-from minitf.nmt import checkpoint as ckpt, train as train_module, trainer as trainer_module
+from minitf.training import checkpoint as ckpt, train as train_module, trainer as trainer_module
 from minitf.nmt.translate import load_model
 from minitf.backend import host as np
 from tests.runs import (BAD_CHECKPOINTS, CPU_ENV, MPI_ENV, QUIET, ROOT, TINY, copy_run, final_params, make_corpus,

@@ -12,15 +12,15 @@ import time
 
 import pytest
 
-from minitf.nmt import checkpoint as ckpt, files, trainer as trainer_module
-from minitf.nmt.trainer import MetricsLog
+from minitf.training import checkpoint as ckpt, files, trainer as trainer_module
+from minitf.training.trainer import MetricsLog
 from tests.runs import (CPU_ENV, QUIET, ROOT, TINY, copy_run, make_corpus, metrics, one_error_line, params_of,
                         same_params, snapshot, train)
 
 
 def holder(folder):
     """A separate process that takes ``folder``'s run lock and waits."""
-    code = ("import sys, time; from minitf.nmt import files; files.lock_run_folder(sys.argv[1]); "
+    code = ("import sys, time; from minitf.training import files; files.lock_run_folder(sys.argv[1]); "
             "print('locked', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=ROOT, env=CPU_ENV, stdout=subprocess.PIPE)
     assert proc.stdout.readline().strip() == b"locked"
@@ -115,7 +115,7 @@ def test_unwritable_output_folder(world, tmp_path, capsys):
 
 # --------------------------------------------------------------------------- disk full
 def _fail_on_second_file(monkeypatch, step):
-    """open() inside minitf.nmt.checkpoint fails with ENOSPC on the second file written
+    """open() inside minitf.training.checkpoint fails with ENOSPC on the second file written
     into the temporary folder of the checkpoint of ``step``."""
     calls = []
 

@@ -15,8 +15,9 @@ from minitf.attention import MultiHeadAttention
 from minitf.backend import host as np
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import FlatBuffers
-from minitf.nmt import checkpoint as ckpt, trainer as trainer_module
-from minitf.nmt.trainer import EVERYDAY_GERMAN, Trainer, WallBudget
+from minitf.training import checkpoint as ckpt, trainer as trainer_module
+from minitf.nmt.translation_trainer import EVERYDAY_GERMAN, TranslationTrainer
+from minitf.training.trainer import WallBudget
 from minitf.transformer import Transformer
 from tests.runs import QUIET, ROOT, TINY, make_corpus, metrics, one_error_line, params_of, same_params, train
 
@@ -80,8 +81,8 @@ def fake(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(trainer_module, "clock", clock)
     monkeypatch.setattr(trainer_module, "_command_start", None)  # train.py marks the start: not left to later tests
-    update = Trainer.update
-    evaluate_loss, translate_shared = Trainer.evaluate_loss, Trainer.translate_shared
+    update = TranslationTrainer.update
+    evaluate_loss, translate_shared = TranslationTrainer.evaluate_loss, TranslationTrainer.translate_shared
     steps = []
 
     def slow_step(self, *args):
@@ -98,9 +99,9 @@ def fake(monkeypatch):
         clock.t += PER_SENTENCE * len(sources) * (1 if beam == 1 else 2)
         return translate_shared(self, sources, beam)
 
-    monkeypatch.setattr(Trainer, "update", slow_step)
-    monkeypatch.setattr(Trainer, "evaluate_loss", slow_loss)
-    monkeypatch.setattr(Trainer, "translate_shared", slow_decode)
+    monkeypatch.setattr(TranslationTrainer, "update", slow_step)
+    monkeypatch.setattr(TranslationTrainer, "evaluate_loss", slow_loss)
+    monkeypatch.setattr(TranslationTrainer, "translate_shared", slow_decode)
     return clock
 
 
@@ -326,13 +327,13 @@ def test_when_validation_perplexity_turns_up_its_best_checkpoint_is_kept_and_a_c
     checkpoint survives --keep 2, and the end of the run weighs it as a third candidate beside the last
     checkpoint and the average; best.json names whichever had the best validation BLEU."""
     scripted = {2: 10.0, 4: 20.0, 6: 30.0, 8: 40.0}
-    real = Trainer.evaluate_loss
+    real = TranslationTrainer.evaluate_loss
 
     def evaluate_loss(self, split):
         loss, ppl = real(self, split)
         return (loss, scripted[self.step]) if split == "valid" and self.step in scripted and not self._stopping_now \
             else (loss, ppl)
-    monkeypatch.setattr(Trainer, "evaluate_loss", evaluate_loss)
+    monkeypatch.setattr(TranslationTrainer, "evaluate_loss", evaluate_loss)
     run = tmp_path / "run"
     assert train(corpus + TINY + ["--max-steps", "8", "--eval-every", "2", "--save-every", "2", "--keep", "2",
                                   "--average", "2", "--bleu-sentences", "4", "--out", run]) == 0

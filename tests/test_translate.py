@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from minitf.nmt import checkpoint as ckpt
+from minitf.training import checkpoint as ckpt
 from tests.runs import ROOT, TINY, copy_run, make_corpus, read_line, train, translate
 
 

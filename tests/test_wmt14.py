@@ -13,7 +13,7 @@ import pytest
 
 from minitf.backend import host as np
 from minitf.nmt import corpora
-from minitf.nmt.errors import DataError
+from minitf.training.errors import DataError
 from minitf.nmt.data import IndexedCorpus
 from tests.loopback import Server
 from tests.runs import WORDS
@@ -95,9 +95,9 @@ def prepare(cache, archives):
 
 def test_fetch_prepare_train_and_evaluate_end_to_end(tmp_path, mirror):
     from minitf.nmt.decode import report
-    from minitf.nmt.config import RunConfig
+    from minitf.training.config import RunConfig
     from minitf.nmt.decode import translate_texts
-    from minitf.nmt.trainer import Trainer
+    from minitf.nmt.translation_trainer import TranslationTrainer
 
     contents, archives, expected = build_archives()
     server = mirror(contents)
@@ -113,7 +113,7 @@ def test_fetch_prepare_train_and_evaluate_end_to_end(tmp_path, mirror):
                                    d_ff=32, vocab_size=60, max_tokens=120, warmup=20, seed=3, max_steps=3,
                                    eval_every=100, save_every=100, bleu_sentences=0, beam=1, lexicon=0.0)
     (tmp_path / "run").mkdir()
-    trainer = Trainer(config, tmp_path / "run", corpus.tokenizer, corpus, lambda m: None, progress=False)
+    trainer = TranslationTrainer(config, tmp_path / "run", corpus.tokenizer, corpus, lambda m: None, progress=False)
     trainer.run()
     assert trainer.step == 3
     record = trainer.validate(bleu_sentences=4, beam=1, split="test", samples=0)

@@ -1,5 +1,5 @@
 """The default text of the language model: the World English Bible (public domain), Debian's ``sword-text-web``
-package fetched once as the Ding corpus is (:func:`minitf.nmt.debian.fetch_package`: apt, else the pinned .deb
+package fetched once as the Ding corpus is (:func:`minitf.training.debian.fetch_package`: apt, else the pinned .deb
 over HTTPS), its SWORD module read with PyPI's ``pysword`` and cached under ``--cache-dir`` as plain UTF-8 text,
 one verse a line, in book order, split by whole chapters into train, valid and test (docs/data.md)."""
 import functools
@@ -13,9 +13,9 @@ import tempfile
 import zlib
 
 from minitf.atomic import write_atomic
-from minitf.nmt.debian import DebianPackage, extract_members, fetch_package
-from minitf.nmt.download import sigterm_raises
-from minitf.nmt.errors import DataError
+from minitf.training.debian import DebianPackage, extract_members, fetch_package
+from minitf.training.download import sigterm_raises
+from minitf.training.errors import DataError
 
 #: Fetched over HTTPS where apt is missing or fails; the file ``apt-get download sword-text-web`` gives on Debian 12.
 PACKAGE = DebianPackage(
@@ -44,7 +44,7 @@ _cleaner = None  # pysword's OSIS cleaner, made on first use (it compiles its pa
 def default_text_splits(cache_dir, progress=True, log=print, use_apt=None, base_url=None):
     """``{"train": path, "valid": path, "test": path}`` (absolute) of the World English Bible's splits, made
     once under ``CACHE/web-bible-v1`` and read from there after. The package is fetched as
-    :func:`minitf.nmt.debian.fetch_package` does (``use_apt``, ``base_url``, ``MINITF_DEBIAN_MIRROR``,
+    :func:`minitf.training.debian.fetch_package` does (``use_apt``, ``base_url``, ``MINITF_DEBIAN_MIRROR``,
     ``MINITF_NO_APT``); its files unpack into a temp folder that goes with the .deb on success, error and
     SIGTERM (which raises inside); each split is written atomically, and a cache missing one is made again.
     ``log`` takes one line on what was made. A one-line DataError says why not, and what to do."""

@@ -12,7 +12,7 @@ token (``eos_token_id`` in config.json), which is not written.
 
 A model source is a loader, ``load(path, warn) -> (model, tokenizer)`` in :data:`LOADERS`: the
 model a :class:`minitf.gpt.GPT`, the tokenizer with the interface of
-:class:`minitf.nmt.tokenizer.Tokenizer` (``encode(texts)`` -> id lists, ``decode(id_lists)`` ->
+:class:`minitf.training.tokenizer.Tokenizer` (``encode(texts)`` -> id lists, ``decode(id_lists)`` ->
 texts, ``vocab_size``, ``eos_id`` or None).
 """
 import argparse
@@ -22,11 +22,8 @@ import sys
 
 from minitf import backend
 from minitf.gpt import GPT, generate
-# Shared with the translation command; they move to the shared application package with the rest of
-# the machinery (minitf/training), so that minitf.lm imports nothing of minitf.nmt.
-from minitf.nmt.data import decode_lines
-from minitf.nmt.errors import DataError, OneLineParser, UsageError, non_negative, positive, report_errors
-from minitf.nmt.translate import TERMINAL_LINE_LIMIT
+from minitf.training.text import answer_each_line, decode_lines
+from minitf.training.errors import DataError, OneLineParser, UsageError, non_negative, positive, report_errors
 
 np = backend.host  # token ids live on the host
 
@@ -36,7 +33,7 @@ np = backend.host  # token ids live on the host
 # --------------------------------------------------------------------------- #
 class PretrainedTokenizer:
     """A tokenizer of the ``tokenizers`` package with the interface of
-    :class:`minitf.nmt.tokenizer.Tokenizer`. No special tokens are added around a text (as
+    :class:`minitf.training.tokenizer.Tokenizer`. No special tokens are added around a text (as
     Hugging Face's text-generation pipeline encodes a prompt); ``eos_id`` is the model's."""
 
     def __init__(self, tokenizer, eos_id=None):
@@ -176,30 +173,6 @@ class Sampler:
         return self.tokenizer.decode([ids + out])[0]
 
 
-def answer_each_line(answer, what, stdin=None, stdout=None, stderr=None):
-    """Read lines from a terminal and write ``answer(text, number)`` as soon as each line ends
-    (``number`` counts lines from 1). A line that is not UTF-8, or that ``answer`` refuses with a
-    DataError, gives a one-line error on stderr and the session goes on. Ctrl-D or Ctrl-C ends it
-    with status 0. (``minitf.translate``'s terminal session, with the answer passed in.)"""
-    stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
-    print(f"Type {what} and press Enter; Ctrl-D ends.", file=stderr, flush=True)
-    reader = getattr(stdin, "buffer", stdin)
-    try:
-        for number, raw in enumerate(iter(reader.readline, b""), start=1):
-            if len(raw.rstrip(b"\r\n")) >= TERMINAL_LINE_LIMIT:  # the terminal dropped the rest of the line
-                print(f"warning: a terminal passes at most {TERMINAL_LINE_LIMIT} bytes of a line, so this one was "
-                      "cut there; for longer lines use a pipe", file=stderr, flush=True)
-            try:
-                lines = decode_lines(raw, "that line", max_chars=None)
-                stdout.write(answer(lines[0] if lines else "", number) + "\n")
-                stdout.flush()
-            except DataError as error:
-                print(f"error: {error}", file=stderr, flush=True)
-    except KeyboardInterrupt:
-        print(file=stderr)
-    return 0
-
-
 # --------------------------------------------------------------------------- #
 # The command
 # --------------------------------------------------------------------------- #
@@ -259,7 +232,7 @@ def run(argv=None):
     if args.prompt is None and sys.stdin.isatty():  # a person typing: answer each line
         s = sampler()
         return answer_each_line(lambda text, number: s.continue_text(s.encode(text, "that prompt"), number),
-                                "a prompt")
+                                "a prompt", max_chars=None)
     if args.prompt is not None:
         prompts = [args.prompt]
     else:

@@ -9,12 +9,12 @@ import shutil
 import tarfile
 
 from minitf.backend import host as np
-from minitf.nmt.data import read_lines, write_lines
-from minitf.nmt.debian import DEBIAN_ARCHIVE, MIRROR_VARIABLE, DebianPackage, extract_member, fetch_package
-from minitf.nmt.debian import make_cache as _make_cache
-from minitf.nmt.download import download, mirror_base, sigterm_raises
-from minitf.nmt.errors import DataError
-from minitf.nmt.files import atomic_writer
+from minitf.training.text import read_lines, write_lines
+from minitf.training.debian import DEBIAN_ARCHIVE, MIRROR_VARIABLE, DebianPackage, extract_member, fetch_package
+from minitf.training.debian import make_cache as _make_cache
+from minitf.training.download import download, mirror_base, sigterm_raises
+from minitf.training.errors import DataError
+from minitf.training.files import atomic_writer
 from minitf.nmt.prepare import prepare_corpus
 
 #: Where fetched corpora are kept: $XDG_CACHE_HOME/minitf, else ~/.cache/minitf (``--cache-dir``).
@@ -36,7 +36,7 @@ _CORPUS_HINT = ("pass your own corpus with --train-src/--train-tgt --valid-src/-
 
 def fetch_default_corpus(cache_dir, use_apt=None, base_url=None, progress=True):
     """The Ding dictionary file ``CACHE/trans-de-en/usr/share/trans/de-en``, fetched once by
-    :func:`minitf.nmt.debian.fetch_package` (apt, else the pinned .deb from ``base_url``, default
+    :func:`minitf.training.debian.fetch_package` (apt, else the pinned .deb from ``base_url``, default
     ``MINITF_DEBIAN_MIRROR`` or Debian's archive, then its snapshot; a cut download resumed next time). The file
     is renamed into place whole; temp files go on success, error and SIGTERM. A one-line DataError says why not."""
     cache_dir = pathlib.Path(cache_dir)

@@ -1,6 +1,6 @@
-"""Host-side data pipeline (host NumPy): reading text safely, token-count batching, padding, the encoded
-splits of a run, and prepared corpora (memory-mapped token arrays). Bad input is a one-line DataError saying
-what was expected, what came and what to do."""
+"""Translation's data pipeline (host NumPy): parallel text, token-count batching, padding, the encoded
+splits of a run, and prepared parallel corpora (memory-mapped token arrays checked by :mod:`minitf.training.text`).
+Bad input is a one-line DataError saying what was expected, what came and what to do."""
 import hashlib
 import json
 import os
@@ -9,12 +9,10 @@ import re
 import reprlib
 
 from minitf.backend import host as np
-from minitf.nmt.errors import DataError
-from minitf.nmt.files import write_atomic
-from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, BpeDropout, Tokenizer
-
-#: Longest line (in characters) accepted by :func:`read_lines` by default.
-MAX_CHARS = 10_000
+from minitf.training.errors import DataError
+from minitf.training.text import (MAX_CHARS, check_ids, check_offsets, damaged_file, inside_folder, map_array,
+                                  read_lines, token_dtype)
+from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, BpeDropout, Tokenizer
 
 
 class Pairs(list):
@@ -23,57 +21,6 @@ class Pairs(list):
     def __init__(self, pairs=(), n_dropped=0):
         super().__init__(pairs)
         self.n_dropped = int(n_dropped)
-
-
-def read_lines(path, what="input", max_chars=MAX_CHARS):
-    """A UTF-8 text file as stripped lines (empty ones kept), split on ``\\n`` only so that line numbers match
-    ``wc -l`` (a BOM ignored); ``what`` names its role in errors, ``max_chars`` is the longest line (None: any).
-    A DataError for a missing, empty, non-UTF-8 or all-blank file, a directory, or a too-long line."""
-    path = pathlib.Path(path)
-    data = _read_bytes(path, what)
-    if not data:
-        raise DataError(f"{what} file {str(path)!r} is empty (0 bytes); expected plain text with one sentence per line")
-    lines = decode_lines(data, f"{what} file {str(path)!r}", max_chars)
-    if not any(lines):
-        raise DataError(f"{what} file {str(path)!r} has only empty lines; "
-                        "expected plain text with one sentence per line")
-    return lines
-
-
-def decode_lines(data, origin, max_chars=MAX_CHARS):
-    """Split UTF-8 bytes into stripped lines as :func:`read_lines` does (for stdin, say); ``origin`` names
-    them in errors (``"standard input"``). Empty input gives ``[]``."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line_no = data.count(b"\n", 0, error.start) + 1
-        raise DataError(f"{origin} is not valid UTF-8 at line {line_no} "
-                        f"(byte {error.object[error.start:error.start + 1]!r}); "
-                        "re-encode it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
-    lines = text.removeprefix("\ufeff").split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the final newline ends the last line, it does not start a new one
-    lines = [line.strip() for line in lines]
-    if max_chars is not None:
-        for number, line in enumerate(lines, start=1):
-            if len(line) > max_chars:
-                raise DataError(f"{origin}: line {number} has {len(line)} characters, more than the limit "
-                                f"{max_chars}; expected one sentence per line, split or drop that line")
-    return lines
-
-
-def _read_bytes(path, what):
-    """The bytes of a file, with a DataError for anything that is not a readable file."""
-    hint = "expected a plain text file with one sentence per line"
-    if not path.exists():
-        raise DataError(f"{what} file {str(path)!r} does not exist; {hint}, check the path")
-    if path.is_dir():
-        raise DataError(f"{what} path {str(path)!r} is a directory; {hint}, pass the file inside it")
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise DataError(f"cannot read {what} file {str(path)!r} ({error.strerror or error}); "
-                        f"{hint}, check its permissions") from None
 
 
 def read_parallel(src_path, tgt_path, max_chars=MAX_CHARS):
@@ -97,17 +44,6 @@ def read_splits(paths):
     None (or missing) is left out."""
     return {split: read_parallel(paths[f"{split}_src"], paths[f"{split}_tgt"])
             for split in ("train", "valid", "test", "lexicon") if paths.get(f"{split}_src") is not None}
-
-
-def write_lines(path, lines):
-    """Write one line per item, atomically; an item with a newline (it would shift a parallel file) is refused."""
-    path = pathlib.Path(path)
-    lines = list(lines)
-    for number, line in enumerate(lines, start=1):
-        if "\n" in line or "\r" in line:
-            raise DataError(f"line {number} for {str(path)!r} contains a newline; "
-                            "expected one sentence per item, remove the line break")
-    write_atomic(path, "".join(line + "\n" for line in lines))
 
 
 def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, max_len=None):
@@ -246,11 +182,7 @@ class Corpus:
 #: Bumped whenever the layout or the manifest's meaning changes; a folder of another version is refused.
 FORMAT_VERSION = 1
 SIDES = ("src", "tgt")
-
-
-def token_dtype(vocab_size):
-    """The smallest id type for a vocabulary: uint16 up to 65,536 ids, else int32."""
-    return "uint16" if int(vocab_size) <= 1 << 16 else "int32"
+SPLITS = ("train", "valid", "test")
 
 
 class SplitWriter:
@@ -318,15 +250,15 @@ class IndexedCorpus:
     def __init__(self, folder):
         self.folder = folder = pathlib.Path(folder)
         self.manifest = read_manifest(folder)  # every field checked: no KeyError or TypeError below
-        path = _inside(folder, "tokenizer.model")
+        path = inside_folder(folder, "tokenizer.model")
         model = path.read_bytes() if path.is_file() else None
         if model is None or hashlib.sha256(model).hexdigest() != self.manifest["tokenizer_sha256"]:
             what = "is missing" if model is None else "is not the tokenizer its manifest names (it was replaced)"
-            raise _damaged(path, what)
+            raise damaged_file(path, what)
         self.tokenizer = Tokenizer.from_bytes(model)
         vocab = self.manifest["vocab_size"]
         if self.tokenizer.vocab_size != vocab:
-            raise _damaged(path, f"has {self.tokenizer.vocab_size} ids, its manifest says {vocab}")
+            raise damaged_file(path, f"has {self.tokenizer.vocab_size} ids, its manifest says {vocab}")
         dtype = np.dtype(self.manifest["dtype"])
         self.text, self.ids = {}, {}
         self._flat, self._offsets, self._lengths = {}, {}, {}
@@ -334,8 +266,8 @@ class IndexedCorpus:
             n = counts["pairs"]
             sides = []
             for side in SIDES:
-                offsets = _map(folder, f"{split}.{side}.idx", np.dtype("<i8"), n + 1)
-                flat = _map(folder, f"{split}.{side}.bin", dtype, counts[f"{side}_tokens"])
+                offsets = map_array(folder, f"{split}.{side}.idx", np.dtype("<i8"), n + 1)
+                flat = map_array(folder, f"{split}.{side}.bin", dtype, counts[f"{side}_tokens"])
                 check_offsets(offsets, flat.size, folder / f"{split}.{side}.idx")
                 check_ids(flat, vocab, folder / f"{split}.{side}.bin")
                 self._flat[split, side], self._offsets[split, side] = flat, offsets
@@ -401,85 +333,16 @@ def _pad_right(ids, extra):
     return out
 
 
-#: What a damaged or foreign prepared folder's error says to do: the command-line flag, the one step that prepares
-#: it again (library callers: ``prepare_corpus(..., rebuild=True)``).
-PREPARE_AGAIN = ("prepare the corpus again: train.py --prepare-again with the data flags that made it "
-                 "(--train-src ... --corpus-dir DIR, or --corpus wmt14-en-de)")
-#: Offsets and ids are checked this many at a time when a folder is opened: memory stays bounded whatever its size.
-VERIFY_CHUNK = 1 << 22
-SPLITS = ("train", "valid", "test")
-
-
-def _damaged(path, what):
-    return DataError(f"prepared corpus file {str(path)!r} {what}; {PREPARE_AGAIN}")
-
-
-def _inside(folder, name):
-    """``folder / name``, refused when it is a link that leads out of ``folder``."""
-    path = folder / name
-    if path.is_symlink() and pathlib.Path(os.path.realpath(path)).parent != pathlib.Path(os.path.realpath(folder)):
-        raise _damaged(path, f"is a link to {os.path.realpath(path)!r}, outside the folder")
-    return path
-
-
-def _map(folder, name, dtype, count):
-    """A read-only memory map of ``count`` items of ``folder / name``, refusing a missing or wrong-sized file."""
-    path = _inside(folder, name)
-    expected = int(count) * dtype.itemsize
-    if not path.is_file():
-        raise _damaged(path, "is missing")
-    size = path.stat().st_size
-    if size != expected:
-        raise _damaged(path, f"has {size} bytes, its manifest says {expected} (it was truncated or replaced)")
-    if count == 0:
-        return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=(int(count),))
-
-
-def check_offsets(offsets, n_ids, path, chunk=None):
-    """Refuse offsets (N + 1,) that do not cut ``n_ids`` ids into N rows: they must start at 0, never decrease
-    and end at ``n_ids`` (so each lies within the ids and no row has a negative length), checked ``chunk``
-    (default :data:`VERIFY_CHUNK`) at a time, each slice overlapping the next by one."""
-    chunk = chunk or VERIFY_CHUNK
-    first, last = int(offsets[0]), int(offsets[-1])
-    if first != 0:
-        raise _damaged(path, f"starts at offset {first}, not 0")
-    for start in range(0, offsets.size - 1, chunk):
-        part = np.asarray(offsets[start:start + chunk + 1])
-        beyond = np.flatnonzero(part > n_ids)
-        if beyond.size:
-            raise _damaged(path, f"has offset {int(part[beyond[0]])} at index {start + int(beyond[0])}, past the "
-                           f"end of the {n_ids} ids of its .bin")
-        falls = np.flatnonzero(part[1:] < part[:-1])
-        if falls.size:
-            i = start + int(falls[0])
-            raise _damaged(path, f"has offset {int(part[falls[0] + 1])} after {int(part[falls[0]])} (sentence "
-                           f"{i}): offsets must never decrease")
-    if last != n_ids:
-        raise _damaged(path, f"ends at offset {last} but its .bin holds {n_ids} ids")
-
-
-def check_ids(flat, vocab_size, path, chunk=None):
-    """Refuse a token array with an id outside ``0 .. vocab_size - 1``, checked ``chunk`` ids at a time."""
-    chunk = chunk or VERIFY_CHUNK
-    for start in range(0, flat.size, chunk):
-        part = np.asarray(flat[start:start + chunk])
-        low, high = int(part.min()), int(part.max())
-        if low < 0 or high >= vocab_size:
-            raise _damaged(path, f"holds id {high if high >= vocab_size else low}, outside the vocabulary of "
-                           f"{vocab_size}")
-
-
 def _read_text(folder, name, n):
-    path = _inside(folder, name)
+    path = inside_folder(folder, name)
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as error:
-        raise _damaged(path, f"cannot be read as UTF-8 text ({error})") from None
+        raise damaged_file(path, f"cannot be read as UTF-8 text ({error})") from None
     if lines and lines[-1] == "":
         lines.pop()
     if len(lines) != n:
-        raise _damaged(path, f"has {len(lines)} lines, its manifest says {n}")
+        raise damaged_file(path, f"has {len(lines)} lines, its manifest says {n}")
     return lines
 
 
@@ -491,7 +354,7 @@ def check_manifest(manifest, path):
     """Refuse a manifest (parsed JSON) with any field missing or of the wrong type or value, so that
     nothing that reads it meets a KeyError, a TypeError or a path outside its folder."""
     def refuse(field, value, expected):
-        raise _damaged(path, f"has {field} = {reprlib.repr(value)}, expected {expected}")
+        raise damaged_file(path, f"has {field} = {reprlib.repr(value)}, expected {expected}")
 
     recipe = manifest.get("recipe")
     if not isinstance(recipe, dict):
@@ -531,7 +394,7 @@ def read_manifest(folder):
     """The manifest of a prepared folder, every field checked (:func:`check_manifest`), with a one-line
     DataError for anything else."""
     folder = pathlib.Path(folder)
-    path = _inside(folder, "manifest.json")
+    path = inside_folder(folder, "manifest.json")
     if not path.is_file():
         what = "does not exist" if not folder.exists() else "has no manifest.json"
         raise DataError(f"prepared corpus {str(folder)!r} {what}; prepare it first "
@@ -539,9 +402,9 @@ def read_manifest(folder):
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
-        raise _damaged(path, f"is not valid JSON ({error})") from None
+        raise damaged_file(path, f"is not valid JSON ({error})") from None
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
     if not _is_count(version) or version != FORMAT_VERSION:
-        raise _damaged(path, f"has format version {reprlib.repr(version)}, this minitf reads version {FORMAT_VERSION}")
+        raise damaged_file(path, f"has format version {reprlib.repr(version)}, this minitf reads version {FORMAT_VERSION}")
     check_manifest(manifest, path)
     return manifest

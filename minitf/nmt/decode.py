@@ -17,7 +17,7 @@ from minitf import backend
 from minitf.backend import xp
 from minitf.module import no_grad
 from minitf.nmt.data import pad_batch
-from minitf.nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 def length_penalty(length, alpha):

@@ -11,7 +11,6 @@ the temp folders of killed ones."""
 import array
 import collections
 import dataclasses
-import glob
 import hashlib
 import itertools
 import multiprocessing
@@ -20,20 +19,15 @@ import pathlib
 import shutil
 import signal
 import sys
-import tempfile
 import time
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: temp folders of killed preparations are not told apart, so none is removed
-    fcntl = None
 
 from minitf.backend import host as np
 from minitf.nmt import data
-from minitf.nmt.download import sigterm_raises
-from minitf.nmt.errors import DataError
-from minitf.nmt.files import file_sha256, fsync_dir, write_atomic, write_json_atomic
-from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
+from minitf.training.download import sigterm_raises
+from minitf.training.errors import DataError
+from minitf.training.files import file_sha256, fsync_dir, write_atomic, write_json_atomic
+from minitf.training.text import move_into_place, new_work_folder, remove_stale_work, token_dtype
+from minitf.training.tokenizer import Tokenizer, train_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +53,7 @@ class CleanRules:
 
 def iter_pairs(src_path, tgt_path):
     """Stream the line pairs of two aligned UTF-8 files as stripped ``(src, tgt)``, split as
-    :func:`minitf.nmt.data.read_lines` does; a DataError for a missing file, bad UTF-8 or unequal lengths."""
+    :func:`minitf.training.text.read_lines` does; a DataError for a missing file, bad UTF-8 or unequal lengths."""
     src_path, tgt_path = pathlib.Path(src_path), pathlib.Path(tgt_path)
     for path in (src_path, tgt_path):
         if not path.is_file():
@@ -225,66 +219,18 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
         log(f"prepared corpus {out_dir}: reused (its manifest matches the sources and settings)")
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work, held = _new_work(out_dir)
+    work, held = new_work_folder(out_dir)
     try:
         with sigterm_raises():  # SIGTERM too runs the finally below: no temp folder is left
             manifest = _build(work, sources, recipe, rules, workers, chunk_pairs, log)
             write_json_atomic(work / "manifest.json", manifest)  # last: its presence marks a complete folder
             fsync_dir(work)
-            _move_into_place(work, out_dir)
+            move_into_place(work, out_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if held is not None:
             os.close(held)
     return out_dir
-
-
-def _work_glob(out_dir):
-    return glob.escape(f".{out_dir.name}.") + "*.tmp"
-
-
-def _new_work(out_dir):
-    """``(temp folder, descriptor holding its lock or None)``: a hidden folder beside ``out_dir``, locked (flock on
-    the folder itself) for as long as this process lives, so that :func:`remove_stale_work` leaves it alone."""
-    while True:
-        work = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-        if fcntl is None:
-            return work, None
-        fd = os.open(work, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks only while a cleaner that took it first removes it
-        try:
-            if os.path.samestat(os.stat(work), os.fstat(fd)):
-                return work, fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # a cleaner removed it between mkdtemp and flock: make another
-
-
-def remove_stale_work(out_dir):
-    """Remove the temp folders of preparations of ``out_dir`` that were killed (SIGKILL, a power cut): those whose
-    lock nobody holds (the kernel drops a dead process's lock); a live preparation's is kept. Returns their paths."""
-    out_dir = pathlib.Path(out_dir)
-    if fcntl is None or not out_dir.parent.is_dir():
-        return []
-    removed = []
-    for work in sorted(out_dir.parent.glob(_work_glob(out_dir))):
-        if work.is_symlink() or not work.is_dir():
-            continue
-        try:
-            fd = os.open(work, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)  # held: a preparation is running
-            continue
-        try:
-            shutil.rmtree(work, ignore_errors=True)
-            removed.append(work)
-        finally:
-            os.close(fd)
-    return removed
 
 
 def _file_pairs(paths):
@@ -347,17 +293,6 @@ def _reusable(out_dir, recipe, rebuild, log):
                     "--corpus-dir, or replace it: train.py --prepare-again with these data flags")
 
 
-def _move_into_place(work, out_dir):
-    """Rename the finished folder to ``out_dir``, replacing an old one only after the new one is whole."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        os.rename(out_dir, old)
-    os.rename(work, out_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
     started = time.perf_counter()
     train = sources["train"]
@@ -384,7 +319,7 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
 
     # pass 3: encode
     start = time.perf_counter()
-    dtype = data.token_dtype(tokenizer.vocab_size)
+    dtype = token_dtype(tokenizer.vocab_size)
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
     splits = {}
     writer = data.SplitWriter(work, "train", dtype)

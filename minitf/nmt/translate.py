@@ -9,41 +9,19 @@ import pathlib
 import sys
 
 from minitf import backend
-from minitf.nmt.checkpoint import load_model
-from minitf.nmt.config import MAX_ALPHA
-from minitf.nmt.data import decode_lines, read_lines
+from minitf.training.checkpoint import load_model
+from minitf.training.config import MAX_ALPHA
+from minitf.training.text import answer_each_line, decode_lines, read_lines
 from minitf.nmt.decode import translate_texts
-from minitf.nmt.errors import DataError, OneLineParser, number_in, positive, report_errors
-
-
-#: Linux's terminal line discipline keeps at most this many bytes of a typed line (N_TTY_BUF_SIZE - 1).
-TERMINAL_LINE_LIMIT = 4095
+from minitf.training.errors import DataError, OneLineParser, number_in, positive, report_errors
 
 
 def translate_interactively(model, tokenizer, beam, alpha, stdin=None, stdout=None, stderr=None):
-    """Read lines from a terminal and write each translation as soon as its line ends. An empty
-    line gives an empty line; a line that is not UTF-8 a one-line error on stderr (the session
-    goes on). Ctrl-D or Ctrl-C ends it with status 0."""
-    stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
-    print("Type a sentence and press Enter; Ctrl-D ends.", file=stderr, flush=True)
-    reader = getattr(stdin, "buffer", stdin)
-    try:
-        for raw in iter(reader.readline, b""):
-            if len(raw.rstrip(b"\r\n")) >= TERMINAL_LINE_LIMIT:  # the terminal dropped the rest of the line
-                print(f"warning: a terminal passes at most {TERMINAL_LINE_LIMIT} bytes of a line, so this one was "
-                      "cut there; for longer lines use --src FILE or a pipe", file=stderr, flush=True)
-            try:
-                lines = decode_lines(raw, "that line")
-            except DataError as error:
-                print(f"error: {error}", file=stderr, flush=True)
-                continue
-            text = lines[0] if lines else ""
-            answer = translate_texts(model, tokenizer, [text], beam, alpha, batch_size=1)[0] if text else ""
-            stdout.write(answer + "\n")
-            stdout.flush()
-    except KeyboardInterrupt:
-        print(file=stderr)
-    return 0
+    """Answer each line typed in a terminal with its translation as soon as it ends (an empty line
+    gives an empty line)."""
+    def answer(text, number):
+        return translate_texts(model, tokenizer, [text], beam, alpha, batch_size=1)[0] if text else ""
+    return answer_each_line(answer, "a sentence", "--src FILE or a pipe", stdin, stdout, stderr)
 
 
 def build_parser():

@@ -23,7 +23,7 @@ except ImportError:  # not POSIX: no locking (docs/reliability.md)
     fcntl = None
 
 from minitf.atomic import atomic_writer, fsync_dir, write_atomic  # noqa: F401  (the core's, used here too)
-from minitf.nmt.errors import RunFolderBusy, UsageError
+from minitf.training.errors import RunFolderBusy, UsageError
 
 
 def write_json_atomic(path, value):

@@ -26,10 +26,10 @@ import zipfile
 from minitf import backend
 from minitf.backend import host as np
 from minitf.transformer import Transformer
-from minitf.nmt.config import RunConfig
-from minitf.nmt.errors import CheckpointError, DataError, UsageError
-from minitf.nmt.files import file_sha256, fsync_dir
-from minitf.nmt.tokenizer import Tokenizer
+from minitf.training.config import RunConfig
+from minitf.training.errors import CheckpointError, DataError, UsageError
+from minitf.training.files import file_sha256, fsync_dir
+from minitf.training.tokenizer import Tokenizer
 
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
 FORMAT_VERSION = 1

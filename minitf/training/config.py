@@ -7,19 +7,21 @@ import math
 import pathlib
 import sys
 
-from minitf.nmt.errors import UsageError
-from minitf.nmt.files import write_json_atomic
-from minitf.nmt.tokenizer import PAD_ID
+from minitf.training.errors import UsageError
+from minitf.training.files import write_json_atomic
+from minitf.training.tokenizer import PAD_ID
 from minitf.transformer import TransformerConfig
 
 #: Bumped whenever a field changes meaning; config.json records it.
 #: 3: ``accumulate`` and ``zero`` (data parallelism) or ``bpe_dropout`` (two branches each wrote a version
 #: 3); 4: both, and ``max_minutes`` is the wall time of the whole command (it counted training steps only).
-SCHEMA_VERSION = 5
+#: 6: ``model`` (transformer or gpt), ``block_size`` and ``tokenizer`` (the language model's).
+SCHEMA_VERSION = 6
 #: Fields added since an older schema, with the values that keep the old meaning (a file's own values win).
-_ADDED_SINCE_4 = {"lexicon": 0.0}
+_ADDED_SINCE_5 = {"model": "transformer", "block_size": 128, "tokenizer": "bpe"}
+_ADDED_SINCE_4 = {"lexicon": 0.0, **_ADDED_SINCE_5}
 _ADDED_SINCE_2 = {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0, **_ADDED_SINCE_4}
-ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2, 4: _ADDED_SINCE_4}
+ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2, 4: _ADDED_SINCE_4, 5: _ADDED_SINCE_5}
 
 # Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement (docs/training.md: more
 # updates of a small, fast model win a 15-minute budget; scripts/recipe_arms.sh decided dropout and BPE-dropout).
@@ -32,6 +34,15 @@ PRESETS = {
     "big": dict(d_model=1024, num_heads=16, num_encoder_layers=6, num_decoder_layers=6, d_ff=4096, dropout=0.3,
                 vocab_size=8000, warmup=4000, lr_scale=1.0, max_tokens=25000, max_minutes=None),
 }
+#: The language model's presets (``--model gpt``): GPT-2's choices (pre-LN, GELU, learned positions) at a CPU
+#: size; ``num_decoder_layers`` is the GPT's number of blocks (docs/architecture.md, the layout decision).
+LM_PRESETS = {
+    "tiny": dict(d_model=192, num_heads=4, num_encoder_layers=0, num_decoder_layers=4, d_ff=768, dropout=0.1,
+                 pre_norm=True, vocab_size=4096, block_size=128, warmup=400, lr_scale=0.5, max_tokens=2048,
+                 label_smoothing=0.0, max_minutes=9.0, eval_every=200, save_every=200, keep=5, average=0),
+}
+MODELS = ("transformer", "gpt")
+TOKENIZERS = ("bpe", "char")
 PRECISIONS = ("fp32", "tf32", "fp16")
 #: The fields that shape the model (a checkpoint fits a run only if these agree, dropout aside).
 MODEL_FIELDS = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout", "pre_norm")
@@ -70,6 +81,9 @@ class RunConfig:
     d_ff: int = 512
     dropout: float = 0.1
     pre_norm: bool = False
+    model: str = "transformer"  # or "gpt": the decoder-only language model (minitf.lm)
+    block_size: int = 128       # gpt: tokens per training block (the model's context)
+    tokenizer: str = "bpe"      # gpt: "bpe" (sentencepiece) or "char" (one id per character)
     # the recipe
     vocab_size: int = 4000
     warmup: int = 800
@@ -108,9 +122,11 @@ class RunConfig:
     def from_preset(cls, preset, **overrides):
         """The preset's values, then every override that is not None, validated.
         An explicit ``max_steps`` or ``epochs`` replaces the preset's time budget."""
-        if preset not in PRESETS:
-            raise UsageError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
-        values = dict(PRESETS[preset], preset=preset)
+        presets = LM_PRESETS if overrides.get("model") == "gpt" else PRESETS
+        if preset not in presets:
+            raise UsageError(f"unknown preset {preset!r}{' for --model gpt' if presets is LM_PRESETS else ''}; "
+                             f"expected one of {sorted(presets)}")
+        values = dict(presets[preset], preset=preset)
         given = {k: v for k, v in overrides.items() if v is not None}
         if "max_steps" in given or "epochs" in given:
             values["max_minutes"] = None
@@ -126,11 +142,17 @@ class RunConfig:
         def flag(name):
             return "--" + name.replace("_", "-")
 
+        if self.model not in MODELS:
+            raise UsageError(f"--model must be one of {MODELS}, got {self.model!r}")
+        if self.tokenizer not in TOKENIZERS:
+            raise UsageError(f"--tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
         for name in ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "vocab_size", "warmup",
                      "max_tokens", "max_len", "eval_every", "save_every", "keep", "beam", "accumulate", "max_steps",
-                     "epochs"):
+                     "epochs", "block_size"):
             value = getattr(self, name)
             if value is None and name in ("max_steps", "epochs"):  # no such limit
+                continue
+            if name == "num_encoder_layers" and self.model == "gpt" and value == 0:  # a GPT has no encoder
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UsageError(f"{flag(name)} must be a positive integer, got {value!r}")
@@ -169,7 +191,8 @@ class RunConfig:
                                  share_embeddings=True, pad_id=PAD_ID)
 
     def model_fields(self, with_dropout=False):
-        return {k: getattr(self, k) for k in MODEL_FIELDS if with_dropout or k != "dropout"}
+        fields = MODEL_FIELDS + (("model", "block_size", "tokenizer") if self.model == "gpt" else ())
+        return {k: getattr(self, k) for k in fields if with_dropout or k != "dropout"}
 
     def to_dict(self):
         return dict(dataclasses.asdict(self), schema_version=SCHEMA_VERSION)

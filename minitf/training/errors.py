@@ -32,7 +32,7 @@ class StepOutOfMemory(MemoryError):
 
 
 class RunFolderBusy(ValueError):
-    """Another process holds the lock of a run folder (``minitf.nmt.files.lock_run_folder``)."""
+    """Another process holds the lock of a run folder (``minitf.training.files.lock_run_folder``)."""
 
 
 class MetricsWriteError(OSError):

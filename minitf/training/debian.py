@@ -1,6 +1,6 @@
 """Data from a Debian package, shared by both models' default corpora: one pinned .deb, got by ``apt-get download``
 where apt exists (unless ``MINITF_NO_APT=1``), else over HTTPS from Debian's archive (``MINITF_DEBIAN_MIRROR``, then
-the snapshot) through :func:`minitf.nmt.download.download`; then only the named regular files of its ``data.tar``
+the snapshot) through :func:`minitf.training.download.download`; then only the named regular files of its ``data.tar``
 unpacked with the standard library, refusing links, oversized files and decompression bombs."""
 import bz2
 import dataclasses
@@ -17,8 +17,8 @@ import tarfile
 import tempfile
 import zlib
 
-from minitf.nmt.download import download, mirror_base, sigterm_raises
-from minitf.nmt.errors import CommandFailed, DataError
+from minitf.training.download import download, mirror_base, sigterm_raises
+from minitf.training.errors import CommandFailed, DataError
 
 #: ``MINITF_DEBIAN_MIRROR`` replaces it (another mirror, or a test's local server).
 DEBIAN_ARCHIVE = "https://deb.debian.org/debian"

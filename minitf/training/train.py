@@ -9,22 +9,31 @@ import sys
 import time
 
 from minitf import backend
-from minitf.nmt import checkpoint as ckpt, corpora, files, prepare, trainer as training
-from minitf.nmt.config import (INVOCATION_OPTIONS, PRECISIONS, PRESETS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig)
+from minitf.nmt import corpora, prepare
+from minitf.training import checkpoint as ckpt, files, trainer as training
+from minitf.training.config import (INVOCATION_OPTIONS, LM_PRESETS, MODELS, PRECISIONS, PRESETS, RESUME_CHANGEABLE,
+                                    RUN_OPTIONS, TOKENIZERS, RunConfig)
+from minitf.lm.data import CharTokenizer, TextCorpus, load_tokenizer
+from minitf.lm.prepare import open_prepared_text, prepare_text_corpus
+from minitf.lm.trainer import LanguageModelTrainer
+from minitf.nmt.translation_trainer import TranslationTrainer
 from minitf.nmt.corpora import DEFAULT_CACHE, default_corpus_splits
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
-from minitf.nmt.distributed import get_world, launched_by_mpi
-from minitf.nmt.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,
+from minitf.training.distributed import get_world, launched_by_mpi
+from minitf.training.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,
                                report_errors)
-from minitf.nmt.files import check_output_folder, check_resumable, file_sha256
-from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
-from minitf.nmt.trainer import Trainer
+from minitf.training.files import check_output_folder, check_resumable, file_sha256
+from minitf.training.text import read_text
+from minitf.training.tokenizer import Tokenizer, train_tokenizer
 
 #: The flags that name the model, recipe or data of a run: refused with --resume.
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
                 "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "src_lang",
                 "tgt_lang", "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src",
-                "test_tgt", "phrases", "lexicon", "corpus", "corpus_dir", "prepare_again")
+                "test_tgt", "phrases", "lexicon", "corpus", "corpus_dir", "prepare_again", "model", "block_size",
+                "tokenizer", "train_text", "valid_text", "test_text")
+#: The language model's text files (``--model gpt``).
+TEXT_SPLITS = ("train", "valid", "test")
 #: A --train-src of more lines than this (without --corpus-dir) is read into memory after a note that says
 #: --corpus-dir keeps memory flat (about 3 GB were measured for a million pairs, on every rank).
 LARGE_CORPUS_LINES = 200_000
@@ -40,9 +49,13 @@ def default(name):
 
 def build_parser():
     p = OneLineParser(prog="train.py", description="Train a Transformer translation model (German to English "
-                      "on the Ding dictionary's example sentences by default).")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                   help="model size and recipe: tiny (CPU default), base and big (paper, Table 3)")
+                      "on the Ding dictionary's example sentences by default), or with --model gpt a decoder-only "
+                      "language model on --train-text.")
+    p.add_argument("--model", choices=MODELS, default="transformer",
+                   help="transformer: the paper's translation model (default); gpt: a decoder-only language model "
+                   "(minitf.GPT) trained on --train-text")
+    p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS)), default="tiny",
+                   help="model size and recipe: tiny (CPU default), base and big (paper, Table 3); --model gpt: tiny")
     g = p.add_argument_group("model (override the preset)")
     g.add_argument("--d-model", type=positive(int))
     g.add_argument("--num-heads", type=positive(int))
@@ -93,6 +106,14 @@ def build_parser():
     g.add_argument("--beam", type=positive(int), help=f"beam size ({default('beam')})")
     g.add_argument("--alpha", type=non_negative, help=f"length penalty exponent ({default('alpha')})")
     g.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    g = p.add_argument_group("language model (--model gpt)")
+    g.add_argument("--block-size", type=positive(int), help="tokens per training block, the model's context "
+                   f"(default: {LM_PRESETS['tiny']['block_size']})")
+    g.add_argument("--tokenizer", choices=TOKENIZERS, help="bpe: sentencepiece BPE of --vocab-size (default); "
+                   "char: one id per character of the training text")
+    for split in TEXT_SPLITS:
+        g.add_argument(f"--{split}-text", type=pathlib.Path, metavar="FILE",
+                       help=f"the {split} text (UTF-8)" + (" (optional)" if split == "test" else ""))
     g = p.add_argument_group("data (default: the Ding de-en example sentences, fetched with apt)")
     for split in ("train", "valid", "test"):
         g.add_argument(f"--{split}-src", type=pathlib.Path)
@@ -136,8 +157,11 @@ def config_from_args(args):
                   num_decoder_layers=args.num_decoder_layers or args.num_layers)
     flags = ("d_model", "num_heads", "d_ff", "dropout", "pre_norm", "vocab_size", "warmup", "lr_scale", "max_tokens",
              "max_minutes", "max_steps", "epochs", "max_len", "seed", "label_smoothing", "bpe_dropout", "clip_norm",
-             "lexicon", "src_lang", "tgt_lang", "skip_nonfinite", "precision", "accumulate", "zero") + RUN_OPTIONS
-    config = RunConfig.from_preset(args.preset, **layers, **{name: getattr(args, name) for name in flags})
+             "lexicon", "src_lang", "tgt_lang", "skip_nonfinite", "precision", "accumulate", "zero", "model",
+             "block_size", "tokenizer") + RUN_OPTIONS
+    values = {name: getattr(args, name) for name in flags}
+    values["pre_norm"] = args.pre_norm or None  # not given: the preset's (a GPT's is pre-LN, GPT-2's choice)
+    config = RunConfig.from_preset(args.preset, **layers, **values)
     other_data = args.corpus != "ding" or args.corpus_dir is not None or any(
         getattr(args, f"{s}_{side}") is not None for s in ("train", "valid", "test") for side in ("src", "tgt"))
     if other_data or args.phrases:  # the lexicon is the Ding dictionary's, sampled instead of every phrase
@@ -202,11 +226,14 @@ def run(argv=None):
     args = build_parser().parse_args(argv)
     if args.resume is not None:
         return resume_run(args, given_options(argv))
+    check_model_flags(args)
     config = config_from_args(args)
-    run_dir = args.out or pathlib.Path("runs") / args.preset
+    run_dir = args.out or pathlib.Path("runs") / (args.preset if args.model == "transformer" else f"gpt-{args.preset}")
     world = get_world()
     check_output_folder(run_dir)
     setup_device(config.precision, args.device)
+    if args.model == "gpt":
+        return new_text_run(args, config, run_dir, world)
     if args.corpus != "ding" or args.corpus_dir is not None:
         return new_prepared_run(args, given_options(argv), config, run_dir, world)
     if args.prepare_again:
@@ -246,6 +273,127 @@ def run(argv=None):
     return train_new_run(config, run_dir, tokenizer, corpus, args)
 
 
+def check_model_flags(args):
+    """One line for a data flag of the other model (--train-src with --model gpt, --train-text without it)."""
+    translation = [f"--{s}-{side}" for s in TEXT_SPLITS for side in ("src", "tgt") if getattr(args, f"{s}_{side}")]
+    translation += [flag for flag, given in (("--corpus", args.corpus != "ding"), ("--phrases", args.phrases),
+                                             ("--lexicon", args.lexicon)) if given]
+    text = [f"--{s}-text" for s in TEXT_SPLITS if getattr(args, f"{s}_text")]
+    text += [flag for flag, given in (("--block-size", args.block_size), ("--tokenizer", args.tokenizer)) if given]
+    if args.model == "gpt" and translation:
+        raise UsageError(f"{', '.join(translation)} belong to translation; --model gpt trains on --train-text FILE "
+                         "--valid-text FILE (and optionally --test-text FILE)")
+    if args.model != "gpt" and text:
+        raise UsageError(f"{', '.join(text)} belong to the language model: add --model gpt (or use --train-src "
+                         "... for translation)")
+
+
+def text_paths(args):
+    """{"train_text": path, "valid_text": ..., "test_text": path or None}, absolute (--resume from anywhere)."""
+    given = {f"{s}_text": getattr(args, f"{s}_text") for s in TEXT_SPLITS}
+    if given["train_text"] is None:
+        # THE DEFAULT TEXT CORPUS: minitf.lm.corpus (another helper's) returns the cached train/valid/test paths;
+        # call it here at merge, as data_paths calls default_corpus_splits for translation.
+        raise UsageError("--model gpt needs --train-text FILE and --valid-text FILE (the default text corpus is "
+                         "not there yet)")
+    if given["valid_text"] is None:
+        raise UsageError("--train-text needs --valid-text FILE too (validation loss, perplexity and bits per "
+                         "character are measured on it)")
+    return {k: (os.path.abspath(v) if v is not None else None) for k, v in given.items()}
+
+
+def read_texts(paths):
+    """{"train": text, "valid": ..., "test": ...} of the paths given (each checked: one line if bad)."""
+    return {split: read_text(paths[f"{split}_text"], f"--{split}-text") for split in TEXT_SPLITS
+            if paths.get(f"{split}_text") is not None}
+
+
+def new_text_run(args, config, run_dir, world):
+    """A new language-model run (--model gpt) on --train-text: rank 0 makes the run folder and the
+    tokenizer (BPE or characters), every rank reads the text, then the shared trainer."""
+    if args.corpus_dir is not None:
+        return new_prepared_text_run(args, config, run_dir, world)
+    if args.prepare_again:
+        raise UsageError("--prepare-again prepares a text into memory-mapped arrays: it needs --corpus-dir DIR "
+                         "(with --train-text etc.)")
+    paths = text_paths(args)
+    texts = read_texts(paths)  # fail on bad data before writing anything
+    world.barrier()
+    config.data = paths
+    if world.is_root:
+        created = not run_dir.exists()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        files.lock_run_folder(run_dir)
+        check_output_folder(run_dir)  # again, under the lock
+        try:
+            if config.tokenizer == "char":
+                tokenizer = CharTokenizer(texts["train"])
+                files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
+            else:
+                tokenizer = prepare_tokenizer(run_dir, texts["train"].split("\n"), config.vocab_size, log)
+            corpus = TextCorpus(tokenizer, texts, config.block_size)  # e.g. a text shorter than a block
+        except DataError:
+            if created:  # a tokenizer of a refused run is no use to anyone
+                (run_dir / "tokenizer.model").unlink(missing_ok=True)
+            files.release(run_dir)
+            if created and not any(run_dir.iterdir()):
+                run_dir.rmdir()
+            raise
+    config.data_sha256 = {key: file_sha256(path) for key, path in paths.items() if path is not None}
+    if world.is_root:
+        config.vocab_size = tokenizer.vocab_size
+        config.write(run_dir)
+    world.barrier()
+    if not world.is_root:
+        tokenizer = load_tokenizer(run_dir / "tokenizer.model")
+        config.vocab_size = tokenizer.vocab_size
+        corpus = TextCorpus(tokenizer, texts, config.block_size)
+    return train_text_run(config, run_dir, tokenizer, corpus, args)
+
+
+def new_prepared_text_run(args, config, run_dir, world):
+    """A new language-model run on a text prepared once into memory-mapped token arrays (--corpus-dir): with
+    --train-text etc., rank 0 prepares them into DIR first (a folder of the same sources and settings is
+    reused); without, DIR must hold a prepared text. Every rank then maps the same files."""
+    given = args.train_text is not None
+    if args.prepare_again and not given:
+        raise UsageError(f"--prepare-again prepares --corpus-dir {args.corpus_dir} from the texts it was made from: "
+                         "give them too (--train-text ... --valid-text ...)")
+    folder = pathlib.Path(args.corpus_dir)
+    if world.is_root:
+        if given:
+            paths = text_paths(args)
+            prepare_text_corpus(folder, {split: paths[f"{split}_text"] for split in TEXT_SPLITS},
+                                config.tokenizer, config.vocab_size, rebuild=args.prepare_again, log=log)
+        elif not (folder / "manifest.json").is_file():
+            raise UsageError(f"--corpus-dir {folder} holds no prepared text (no manifest.json); prepare one with "
+                             "--model gpt --train-text ... --valid-text ... --corpus-dir DIR")
+    world.barrier()
+    tokenizer, corpus = open_prepared_text(folder, config.block_size)
+    config.vocab_size = tokenizer.vocab_size
+    config.tokenizer = "char" if isinstance(tokenizer, CharTokenizer) else "bpe"
+    config.data = {"prepared": str(folder.resolve())}
+    config.data_sha256 = {"manifest": file_sha256(folder / "manifest.json")}
+    if world.is_root:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        files.lock_run_folder(run_dir)
+        check_output_folder(run_dir)  # again, under the lock
+        files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
+        config.write(run_dir)
+    world.barrier()
+    return train_text_run(config, run_dir, tokenizer, corpus, args, where=f" (prepared in {folder})")
+
+
+def train_text_run(config, run_dir, tokenizer, corpus, args, where=""):
+    """The language model's trainer of a new run, one line saying what it trains, then the run."""
+    trainer = LanguageModelTrainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    log(f"gpt {config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
+        f"{config.num_decoder_layers} layers, block {config.block_size}, {config.tokenizer} vocabulary of "
+        f"{tokenizer.vocab_size}, on {backend.get_device()}; {corpus.tokens['train'].size:,} training tokens"
+        f"{where}; run folder {run_dir}")
+    return trainer.train_and_finish()
+
+
 def count_lines(path, stop_after):
     """The newlines of ``path``, counted in 1 MiB blocks, and no further once over ``stop_after``
     (0 for a file that cannot be read: reading it reports that)."""
@@ -272,7 +420,7 @@ def warn_if_large(train_src):
 
 def train_new_run(config, run_dir, tokenizer, corpus, args, where=""):
     """The trainer of a new run, one line saying what it trains, then the run."""
-    trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    trainer = TranslationTrainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     if config.lexicon:
         where += (f", and {config.lexicon:g} lexicon pairs per sentence each epoch "
                   f"(from {len(corpus.text['lexicon'][0]):,})")
@@ -372,15 +520,23 @@ def resume_run(args, given):
         if data_file and pathlib.Path(data_file).is_file() and file_sha256(data_file) != digest:
             log(f"warning: {data_file} changed since the run started: the resumed run will not repeat an "
                 "uninterrupted one (restore the original file for an exact resume)")
-    tokenizer = Tokenizer(run_dir / "tokenizer.model")
-    if "prepared" in config.data:  # memory-mapped token arrays: the run's tokenizer must be theirs
+    tokenizer = (load_tokenizer if config.model == "gpt" else Tokenizer)(run_dir / "tokenizer.model")
+    trainer_class = LanguageModelTrainer if config.model == "gpt" else TranslationTrainer
+    if config.model == "gpt" and "prepared" in config.data:  # memory-mapped ids: the run's tokenizer must be theirs
+        theirs, corpus = open_prepared_text(config.data["prepared"], config.block_size)
+        if theirs.sha256 != tokenizer.sha256:
+            raise DataError(f"--resume {run_dir}: the prepared text {config.data['prepared']} has another "
+                            "tokenizer than the run (it was prepared again); restore it or start a new run")
+    elif config.model == "gpt":
+        corpus = TextCorpus(tokenizer, read_texts(config.data), config.block_size)
+    elif "prepared" in config.data:  # memory-mapped token arrays: the run's tokenizer must be theirs
         corpus = IndexedCorpus(config.data["prepared"])
         if corpus.tokenizer.sha256 != tokenizer.sha256:
             raise DataError(f"--resume {run_dir}: the prepared corpus {config.data['prepared']} has another "
                             "tokenizer than the run (it was prepared again); restore it or start a new run")
     else:
         corpus = Corpus(tokenizer, read_splits(config.data), log)
-    trainer = Trainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    trainer = trainer_class(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
     if not world.is_root:
         world.barrier()  # rank 0 recovers and checks the checkpoints (moving bad ones aside) first
     for stale in ckpt.recover_checkpoints(run_dir):
@@ -461,7 +617,7 @@ def main(argv=None):
     backend.keep_freed_memory()  # a step's large temporaries reuse freed memory: no page faults (~20% on CPU)
     with files.released_on_exit():
         if launched_by_mpi():
-            from minitf.nmt import distributed
+            from minitf.training import distributed
             return distributed.main(run, argv, "train.py", memory_hint="use a smaller --max-tokens",
                                     interrupt_message="interrupted; nothing after the last checkpoint was saved")
         return report_errors("train.py", run, argv, memory_hint="use a smaller --max-tokens",

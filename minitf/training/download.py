@@ -14,8 +14,8 @@ import time
 import urllib.error
 import urllib.request
 
-from minitf.nmt.errors import DataError
-from minitf.nmt.files import file_sha256, fsync_dir
+from minitf.training.errors import DataError
+from minitf.training.files import file_sha256, fsync_dir
 
 _BLOCK = 1 << 16
 

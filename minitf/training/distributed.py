@@ -2,7 +2,7 @@
 and the collectives their update uses. MPI (``mpi4py``, imported only by :class:`MpiWorld`,
 i.e. only under ``mpiexec``) launches the ranks and reduces host (NumPy) buffers; NCCL
 (``cupy.cuda.nccl``, its unique id broadcast over MPI) reduces device (CuPy) buffers. The
-update itself is :meth:`minitf.nmt.trainer.Trainer.update`, the same for any world size.
+update itself is :meth:`minitf.training.trainer.Trainer.update`, the same for any world size.
 
 ZeRO-1 shards of a flat buffer of n elements: rank r owns ``[r*q, (r+1)*q)`` with
 ``q = n // size``, the last rank also the tail up to n. NCCL's reduce-scatter and
@@ -262,7 +262,7 @@ def main(run, argv, prog, **report_options):
     """``run(argv)`` on every rank of ``mpiexec -n N``. A failure on any rank ends the
     whole job within seconds with one line naming the rank (MPI_Abort); rank 0 alone
     prints progress, --help and usage errors."""
-    from minitf.nmt.errors import report_errors
+    from minitf.training.errors import report_errors
 
     world = init_mpi()
     if world.size > 1:

@@ -8,8 +8,8 @@ import random
 import re
 
 from minitf.backend import host as np
-from minitf.nmt.errors import DataError
-from minitf.nmt.files import write_atomic
+from minitf.training.errors import DataError
+from minitf.training.files import write_atomic
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _SPECIALS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}

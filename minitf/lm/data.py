@@ -1,0 +1,161 @@
+"""A language model's data (host NumPy): the text as one stream of token ids, the training blocks of an
+epoch and the evaluation blocks of a split. Tokens are sentencepiece BPE pieces (lines joined by EOS, which
+stands for the line break) or characters (:class:`CharTokenizer`). Bad input is a one-line DataError."""
+import hashlib
+import json
+import pathlib
+
+from minitf.backend import host as np
+from minitf.training.errors import DataError
+from minitf.training.tokenizer import EOS_ID, Tokenizer
+
+#: The first bytes of a character tokenizer's tokenizer.model (a sentencepiece model is a protobuf, never JSON).
+CHAR_FORMAT = "minitf-char-1"
+
+
+class CharTokenizer:
+    """One id per character of the training text; id 0 stands for any character it did not have. The same
+    interface as :class:`minitf.training.tokenizer.Tokenizer` (``vocab_size``, ``sha256``, ``model_bytes``,
+    ``encode``, ``decode``), saved as JSON in tokenizer.model."""
+
+    def __init__(self, chars):
+        self.chars = "".join(sorted(set(chars)))
+        self._ids = {ch: i + 1 for i, ch in enumerate(self.chars)}
+        self._bytes = json.dumps({"format": CHAR_FORMAT, "chars": self.chars}).encode("utf-8")
+        self.sha256 = hashlib.sha256(self._bytes).hexdigest()
+
+    @classmethod
+    def from_bytes(cls, data, origin="tokenizer.model"):
+        try:
+            values = json.loads(data.decode("utf-8"))
+            if values.get("format") != CHAR_FORMAT or not isinstance(values.get("chars"), str):
+                raise ValueError("not a character tokenizer")
+        except (ValueError, UnicodeDecodeError, AttributeError) as error:
+            raise DataError(f"{origin} is not a character tokenizer written by train.py ({error}); "
+                            "use the run's own tokenizer.model") from None
+        return cls(values["chars"])
+
+    @property
+    def vocab_size(self):
+        return len(self.chars) + 1
+
+    def model_bytes(self):
+        return self._bytes
+
+    def encode(self, texts):
+        if isinstance(texts, str):
+            raise TypeError("CharTokenizer.encode takes a list of strings; wrap one text as [text]")
+        return [[self._ids.get(ch, 0) for ch in text] for text in texts]
+
+    def decode(self, id_lists):
+        return ["".join(self.chars[int(i) - 1] if 0 < int(i) <= len(self.chars) else "\ufffd" for i in ids)
+                for ids in id_lists]
+
+
+def load_tokenizer(path):
+    """A run's tokenizer.model: a character tokenizer (JSON) or a sentencepiece BPE model."""
+    path = pathlib.Path(path)
+    data = path.read_bytes() if path.is_file() else None
+    if data is not None and data.startswith(b"{"):
+        return CharTokenizer.from_bytes(data, str(path))
+    return Tokenizer(path)
+
+
+def encode_text(tokenizer, text):
+    """The ids of a whole text (int64, host): characters one by one, or each line's BPE pieces followed by
+    EOS for its line break."""
+    if isinstance(tokenizer, CharTokenizer):
+        return np.asarray(tokenizer.encode([text])[0], dtype=np.int64)
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    ids = []
+    for piece in tokenizer.encode(lines):
+        ids.extend(piece)
+        ids.append(EOS_ID)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def decode_ids(tokenizer, ids):
+    """The text of a stream of ids (:func:`encode_text` reversed: EOS back to a line break)."""
+    ids = [int(i) for i in ids]
+    if isinstance(tokenizer, CharTokenizer):
+        return tokenizer.decode([ids])[0]
+    lines, start = [], 0
+    for i, token in enumerate(ids + [EOS_ID]):
+        if token == EOS_ID:
+            lines.append(tokenizer.decode([ids[start:i]])[0])
+            start = i + 1
+    return "\n".join(lines)
+
+
+class TextCorpus:
+    """The splits of a text (``{"train": str, "valid": str, "test": str}``, test optional) as token streams.
+    Training blocks: ``block_size`` + 1 consecutive tokens (the input and its next-token targets), cut at an
+    offset drawn from (seed, epoch) and shuffled by it, so that an epoch's batches, and a resumed run's, depend
+    only on (seed, epoch, batch); each batch holds ``max_tokens // block_size`` blocks."""
+
+    def __init__(self, tokenizer, texts, block_size):
+        self._setup(tokenizer, {split: encode_text(tokenizer, text) for split, text in texts.items()},
+                    {split: len(text) for split, text in texts.items()}, block_size)
+
+    @classmethod
+    def from_tokens(cls, tokenizer, tokens, chars, block_size):
+        """A corpus over token arrays already made (``tokens``: {split: ids}, memory-mapped ones too) and the
+        characters of each split's text (``chars``, for bits per character)."""
+        corpus = cls.__new__(cls)
+        corpus._setup(tokenizer, tokens, chars, block_size)
+        return corpus
+
+    def _setup(self, tokenizer, tokens, chars, block_size):
+        self.tokenizer, self.block_size = tokenizer, int(block_size)
+        self.tokens, self.chars = dict(tokens), dict(chars)
+        self.text = {}  # (translation's sentences: none here)
+        for split, ids in self.tokens.items():
+            least = self.block_size + 1 if split == "train" else 2
+            if ids.size < least:
+                raise DataError(f"the {split} text has {ids.size} tokens, fewer than the {least} it needs "
+                                f"(--block-size {self.block_size} + 1 for training); give a longer text or a "
+                                "smaller --block-size")
+        self._starts = None
+
+    def set_bpe_dropout(self, p):
+        if p > 0:
+            raise DataError(f"--bpe-dropout {p} is for translation; a language model trains with --bpe-dropout 0")
+
+    def epoch_batches(self, seed, epoch, max_tokens):
+        """(batches, lengths): index arrays of this epoch's blocks, ``max_tokens // block_size`` a batch, and
+        the tokens each block predicts (twice: the trainer's (source, target) lengths)."""
+        T, n_tokens = self.block_size, self.tokens["train"].size
+        rng = np.random.default_rng([int(seed), int(epoch), 0x4C4D])  # "LM": not the translation batches' stream
+        shift = int(rng.integers(0, min(T, n_tokens - T)))
+        n_blocks = (n_tokens - 1 - shift) // T
+        self._starts = shift + rng.permutation(n_blocks).astype(np.int64) * T
+        rows = max(1, int(max_tokens) // T)
+        order = np.arange(n_blocks, dtype=np.int64)
+        batches = [order[i:i + rows] for i in range(0, n_blocks, rows)]
+        lengths = np.full(n_blocks, T, dtype=np.int64)
+        return batches, (lengths, lengths)
+
+    def batch(self, split, index):
+        """Host int64 inputs (B, T) and targets (B, T) of training blocks ``index`` of the current epoch."""
+        starts = self._starts[np.asarray(index, dtype=np.int64)]
+        rows = starts[:, None] + np.arange(self.block_size + 1)[None, :]    # (B, T + 1)
+        block = np.asarray(self.tokens[split][rows], dtype=np.int64)
+        return block[:, :-1], block[:, 1:]
+
+    def eval_batches(self, split, max_tokens):
+        """[(inputs, targets)] covering every token of ``split`` after the first once: consecutive blocks,
+        ``max_tokens // block_size`` a batch, the last block shorter."""
+        ids, T = self.tokens[split], self.block_size
+        starts = np.arange(0, ids.size - 1, T)
+        full = starts[starts + T + 1 <= ids.size]
+        rows = max(1, int(max_tokens) // T)
+        out = []
+        for i in range(0, full.size, rows):
+            block = np.asarray(ids[full[i:i + rows, None] + np.arange(T + 1)[None, :]], dtype=np.int64)
+            out.append((block[:, :-1], block[:, 1:]))
+        if full.size < starts.size:  # the tail: fewer than T targets
+            tail = np.asarray(ids[starts[full.size]:], dtype=np.int64)
+            out.append((tail[None, :-1], tail[None, 1:]))
+        return out

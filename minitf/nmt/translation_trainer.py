@@ -1,0 +1,236 @@
+"""Training a translation model with the shared trainer: :class:`TranslationTrainer` is
+:class:`minitf.training.trainer.Trainer` with what the encoder-decoder Transformer needs: token-count batches
+of sentence pairs, the label-smoothed loss, validation by loss, perplexity and BLEU with example translations,
+and the end of the run (last, average of the last N, best validation; chosen on validation BLEU, reported on
+the test set with beam search)."""
+import pathlib
+import time
+
+from minitf.loss import LabelSmoothedCrossEntropy
+from minitf.transformer import Transformer
+from minitf.nmt.data import token_batches
+from minitf.nmt.decode import bleu_from_stats, bleu_stats, bootstrap_wins, inference_mode, translate_texts
+from minitf.training import checkpoint as ckpt, trainer as base
+from minitf.training.errors import DataError, StepOutOfMemory
+from minitf.training.files import write_json_atomic
+from minitf.training.tokenizer import PAD_ID
+from minitf.training.trainer import Trainer, perplexity
+
+#: Short everyday German sentences shown at the end of a German-English run.
+EVERYDAY_GERMAN = ("Ich habe Hunger.", "Die Tür ist geschlossen.", "Das Wetter ist heute schön.",
+                   "Wo ist der Bahnhof?", "Kannst du mir helfen?")
+
+
+class TranslationTrainer(Trainer):
+    """A run of ``python train.py`` (the default ``--model transformer``): ``corpus`` is a
+    :class:`minitf.nmt.data.Corpus` or :class:`minitf.nmt.data.IndexedCorpus`."""
+
+    def build_model(self):
+        """The model of this run (translation: the encoder-decoder Transformer)."""
+        return Transformer.from_config(self.config.model_config(self.tokenizer.vocab_size))
+
+    def build_loss(self):
+        """The loss over the model's outputs (translation: label-smoothed, pads ignored)."""
+        return LabelSmoothedCrossEntropy(self.config.label_smoothing, ignore_index=PAD_ID)
+
+    def epoch_batches(self):
+        """(batches, lengths) of this epoch: the global batch list (index arrays, the same on every rank,
+        from (seed, epoch)) and the host arrays (source, target) of tokens per item that weigh the ranks'
+        shares and the update's mean."""
+        c = self.config
+        self.corpus.start_epoch(c.seed, self.epoch)  # BPE-dropout: this epoch's segmentation
+        lengths = self.corpus.lengths("train")
+        batches, skipped = token_batches(*lengths, c.max_tokens, c.seed, self.epoch, c.max_len)
+        if not batches:
+            raise DataError(f"every training pair is longer than --max-len {c.max_len} tokens; raise --max-len")
+        if self.batch_in_epoch == 0 and skipped:
+            self.log(f"epoch {self.epoch + 1}: skipped {skipped} sentence pairs longer than --max-len {c.max_len}")
+        return batches, lengths
+
+    def prepare_corpus(self):
+        self.corpus.set_bpe_dropout(self.config.bpe_dropout)
+        if self.config.lexicon:
+            self.corpus.set_lexicon(self.config.lexicon)
+
+    def forward_loss(self, share):
+        """The loss of the training items ``share`` (translation: sentence pairs, teacher-forced)."""
+        src, tgt_in, tgt_out = self.corpus.batch("train", share)
+        return self.loss_fn(self.model(src, tgt_in), tgt_out)
+
+    def end_reserve(self):
+        """Seconds the end of the run needs (:meth:`WallBudget.end_reserve`)."""
+        n_valid = len(self.corpus.text["valid"][0]) if "valid" in self.corpus.text else 0
+        n_test = len(self.corpus.text["test"][0]) if "test" in self.corpus.text else 0
+        # a third candidate model at the end when validation perplexity has turned up
+        candidates = 3 if self.valid_ppl and min(self.valid_ppl.values()) < self.valid_ppl[max(self.valid_ppl)] else 2
+        return self.budget.end_reserve(n_valid, n_test, self.config.beam, candidates)
+
+    def _out_of_memory(self, update):
+        self.model.clear_saved()
+        self.loss_fn.clear_saved()  # its (B, T, V) cache too
+        src, tgt_in, _ = self.corpus.batch("train", update[0])  # its shape, for the message
+        c = self.config
+        return StepOutOfMemory(
+            f"out of memory at step {self.step + 1} on a batch of {src.shape[0]} sentences padded to "
+            f"{src.shape[1]} source and {tgt_in.shape[1]} target tokens (rank {self.world.rank}, "
+            f"{len(update)} batches per update); use a smaller --max-tokens (this run: {c.max_tokens}), "
+            f"e.g. --resume {self.run_dir} --max-tokens {max(1, c.max_tokens // 2)}; "
+            f"last good checkpoint: {self.last_checkpoint or 'none yet'}")
+
+    def evaluate_loss(self, split):
+        """Mean per-token loss and perplexity (unsmoothed NLL) over a split; every rank calls it (a share each)."""
+        batches, _ = token_batches(*self.corpus.lengths(split), self.config.max_tokens, seed=0, epoch=0)
+        total_loss = total_nll = total_tokens = 0.0
+        with inference_mode(self.model):
+            for index in batches[self.world.rank::self.world.size]:  # this rank's share
+                src, tgt_in, tgt_out = self.corpus.batch(split, index)
+                loss = self.loss_fn(self.model(src, tgt_in), tgt_out)
+                total_loss += loss * self.loss_fn.num_tokens
+                total_nll += self.loss_fn.nll_sum
+                total_tokens += self.loss_fn.num_tokens
+        if self.world.size > 1:
+            total_loss, total_nll, total_tokens = (float(t) for t in self.world.sum_host(
+                [total_loss, total_nll, total_tokens]))
+        tokens = max(total_tokens, 1.0)
+        return total_loss / tokens, perplexity(total_nll / tokens)
+
+    def translate_shared(self, sources, beam):
+        """``sources`` translated by every rank together (each takes every size-th), in order on rank 0
+        (None elsewhere); every rank calls it."""
+        world = self.world
+        mine = translate_texts(self.model, self.tokenizer, list(sources[world.rank::world.size]), beam,
+                               self.config.alpha)
+        if world.size == 1:
+            return mine
+        shares = world.gather_objects(mine)
+        if not world.is_root:
+            return None
+        hypotheses = [None] * len(sources)
+        for rank, share in enumerate(shares):
+            hypotheses[rank::world.size] = share
+        return hypotheses
+
+    def validate(self, bleu_sentences, beam, bar=None, split="valid", samples=3, model_name=None):
+        """Loss, perplexity and (``bleu_sentences`` > 0) BLEU on ``split``, logged and written to
+        metrics.jsonl. Every rank evaluates and decodes a share; rank 0 returns the record, the others {}."""
+        started = base.clock()
+        loss, ppl = self.evaluate_loss(split)
+        record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3))
+        if model_name is not None:  # the end-of-run candidates: "last", "average of last N", "best"
+            record["model"] = model_name
+        hypotheses = None
+        if bleu_sentences > 0:
+            sources, references = (t[:bleu_sentences] for t in self.corpus.text[split])
+            hypotheses = self.translate_shared(sources, beam)  # in order on rank 0, None elsewhere
+        periodic = split == "valid" and model_name is None
+        if periodic:  # every rank: the ranks agree on when the time budget ends training
+            self.valid_ppl[self.step] = ppl
+            if bleu_sentences > 0:  # times the end's estimate
+                self.budget.note_validation(base.clock() - started, len(sources))
+        if not self.world.is_root:
+            return {}
+        if hypotheses is not None:  # corpus BLEU from per-sentence counts, which the end's choice resamples
+            stats = bleu_stats(hypotheses, references)
+            record.update(bleu=round(bleu_from_stats(stats.sum(axis=0)), 2), bleu_sentences=len(sources), beam=beam)
+            if split == "test" and self.config.data.get("corpus") == "wmt14-en-de":  # as the field reports it
+                from minitf.nmt.decode import report
+                record.update(report(hypotheses, references, lang=self.config.tgt_lang))
+        self.metrics.write(**record)
+        message = f"step {self.step} {split}: loss {loss:.3f}  ppl {ppl:.2f}" + (
+            f"  BLEU {record['bleu']:.2f} ({record['bleu_sentences']} sentences, beam {beam})" if "bleu" in record else "")
+        for i in range(min(samples, len(sources)) if hypotheses is not None else 0):
+            message += f"\n  src: {sources[i]}\n  ref: {references[i]}\n  out: {hypotheses[i]}"
+        (bar.write if bar is not None else self.log)(message)
+        if model_name is not None and hypotheses is not None:  # for choosing between the end's candidates
+            record["bleu_stats"] = stats
+        return record
+
+    def finish(self, final):
+        """The end of a run. Candidates: the last checkpoint, the average of the last --average (paper
+        6.1: 5) of the run's second half and, when validation perplexity has turned up, the best periodic
+        validation's. The average is kept unless another candidate is clearly better on validation BLEU (greedy,
+        whole set; :meth:`_choose`); best.json names the kept one, reported on the test set with beam search.
+        Every rank decodes a share; rank 0 decides and writes."""
+        config, run_dir, world = self.config, self.run_dir, self.world
+        plan = None
+        if world.is_root:
+            # first: the last checkpoint, so that a signal during the evaluation leaves a valid choice behind
+            write_json_atomic(run_dir / "best.json", {"model": "last", "checkpoint": str(pathlib.Path("checkpoints")
+                                                                                        / final.name)})
+            recent = ckpt.list_checkpoints(run_dir)[-config.keep:]  # not an older best kept beside them
+            checkpoints = recent[-config.average:] if config.average > 1 else []
+            # never from the first half of the run: a short run's early models only blur the average
+            checkpoints = [p for p in checkpoints if 2 * ckpt.checkpoint_step(p) >= self.step]
+            plan = [("last", str(final))]
+            if len(checkpoints) > 1:
+                averaged = ckpt.average_checkpoints(checkpoints, run_dir / "checkpoints" / "averaged")
+                plan.append((f"average of last {len(checkpoints)}", str(averaged)))
+            elif config.average > 1:  # asked for, but nothing to average: say why, in one line
+                self.log(f"no average of the last {config.average} checkpoints: " + self._why_no_average(recent))
+            best_valid = self._best_validated_checkpoint()
+            if best_valid is not None and best_valid != final and best_valid not in checkpoints:
+                plan.append(("best validation perplexity", str(best_valid)))
+        plan = world.bcast_object(plan)  # every rank evaluates the same candidates
+        last = self.model.state_dict()
+        stats = []
+        for name, path in plan:  # pick on validation BLEU (greedy, quick), report test with beam
+            self.model.load_state_dict(last if name == "last" else ckpt.read_checkpoint(path)["params"])
+            # on the whole validation set: on 200 sentences the choice flipped between identical runs
+            record = self.validate(len(self.corpus.text["valid"][0]), beam=1, samples=0, model_name=name)
+            self.log(f"  ({name})")
+            stats.append(record.get("bleu_stats"))
+        chosen = world.bcast_object(self._choose([n for n, _ in plan], stats) if world.is_root else None)
+        name, path = plan[chosen]
+        self.model.load_state_dict(last if name == "last" else ckpt.read_checkpoint(path)["params"])
+        if world.is_root:  # relative to the run folder, so that the run can be moved or used elsewhere
+            write_json_atomic(run_dir / "best.json", {"model": name, "checkpoint": str(
+                pathlib.Path("checkpoints") / pathlib.Path(path).name)})
+        if "test" in self.corpus.text:
+            start = time.perf_counter()
+            record = self.validate(len(self.corpus.text["test"][0]), beam=config.beam, split="test", samples=5)
+            if world.is_root:
+                self.log(f"test BLEU {record['bleu']:.2f} with the {name} model (beam {config.beam}, alpha "
+                         f"{config.alpha}, {time.perf_counter() - start:.0f} s to translate "
+                         f"{record['bleu_sentences']} sentences)")
+            if "tokenized_bleu" in record:  # WMT 2014: the paper's Table 2 counts tokenized, compound-split BLEU
+                self.log(f"  sacreBLEU {record['sacrebleu']:.2f} ({record['sacrebleu_signature']}); tokenized BLEU "
+                         f"with compound splitting {record['tokenized_bleu']:.2f} ({record['tokenized_bleu_tokenizer']}"
+                         "; the paper's figure; docs/paper.md says why the two differ)")
+        if not world.is_root:
+            return
+        self.log(f"translate with: python -m minitf.translate --checkpoint {run_dir}")
+        if config.src_lang == "de":
+            outputs = translate_texts(self.model, self.tokenizer, list(EVERYDAY_GERMAN), config.beam, config.alpha)
+            width = max(map(len, EVERYDAY_GERMAN))
+            self.log("for example:\n" + "\n".join(f"  {src:<{width}}  ->  {out}"
+                                                  for src, out in zip(EVERYDAY_GERMAN, outputs)))
+        spent = self.budget.elapsed()
+        budget = f" (--max-minutes {config.max_minutes:g})" if config.max_minutes is not None else ""
+        self.log(f"whole command: {int(spent // 60)} min {int(spent % 60):02d} s wall time{budget}")
+
+    def _why_no_average(self, recent):
+        """Why the end of the run found fewer than two checkpoints to average (``recent``: the kept ones)."""
+        if self.config.keep < 2:
+            return (f"--keep {self.config.keep} keeps only the last checkpoint (give --keep at least 2, e.g. "
+                    f"--keep {self.config.average})")
+        half = sum(2 * ckpt.checkpoint_step(p) >= self.step for p in recent[-self.config.average:])
+        return (f"{half} of the kept checkpoints {'is' if half == 1 else 'are'} from the run's second half (steps "
+                f"{(self.step + 1) // 2} to {self.step}), and an average takes none from its first; save more "
+                f"often than --save-every {self.config.save_every} or train longer")
+
+    def _choose(self, names, stats, confidence=0.95):
+        """The index of the kept candidate. The paper keeps the average of the last checkpoints (6.1), so that is
+        the default (else the last); the candidate with the best validation BLEU replaces it only when it wins
+        in ``confidence`` of the paired bootstrap resamples of the sentences: on 500 sentences BLEU differs
+        by about 0.5 between models of the same quality, and a noisy pick cost up to 0.8 test BLEU."""
+        default = next((i for i, name in enumerate(names) if name.startswith("average")), 0)
+        if any(s is None or not len(s) for s in stats):  # no validation BLEU to compare
+            return default
+        best = max(range(len(names)), key=lambda i: (bleu_from_stats(stats[i].sum(axis=0)), -i))
+        if best == default:
+            return default
+        wins = bootstrap_wins(stats[best], stats[default], samples=1000)
+        self.log(f"  the {names[best]} model has the higher validation BLEU in {100 * wins:.0f}% of 1,000 bootstrap "
+                 f"resamples of the sentences: {'kept' if wins >= confidence else 'not enough'} "
+                 f"(the {names[default]} model is kept unless {100 * confidence:.0f}%)")
+        return best if wins >= confidence else default

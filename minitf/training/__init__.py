@@ -1,0 +1,16 @@
+"""The training machinery every model of the application shares (translation in :mod:`minitf.nmt`, language
+modelling in :mod:`minitf.lm`), on the minitf core. Imports go to the core, never back.
+
+=================  ===========================================================================================
+``errors``         the typed errors, one-line usage errors, exit codes of the commands
+``files``          atomic writes, checksums, the run folder's checks and its lock
+``download``       one pinned file over HTTP(S): mirrors, resume, caps, sha256
+``text``           reading text safely, writing lines atomically, memory-mapped token arrays and their checks
+``tokenizer``      the sentencepiece BPE vocabulary, and BPE-dropout
+``config``         ``RunConfig``: presets, flag overrides, validation, config.json
+``checkpoint``     checkpoint folders: atomic writes, verified loads, averaging, finding
+``distributed``    the ranks of ``mpiexec`` and their collectives (MPI, NCCL)
+``trainer``        ``Trainer``: one update for any world size, the loop, validation, metrics, time budget, end
+``train``          the ``train.py`` command: new runs and ``--resume``
+=================  ===========================================================================================
+"""
