@@ -329,15 +329,9 @@ class GELU(Module):
 
     def forward(self, x):
         if self.approximate == "tanh":
-            # u = sqrt(2/pi) (x + 0.044715 x^3), then t = tanh u, in one array (in place: no temporaries)
-            t = x * x
-            t *= x
-            t *= GELU_CUBIC
-            t += x
-            t *= SQRT_2_OVER_PI                                  # u
-            xp.tanh(t, out=t)                                    # t = tanh u
-            cdf = t + 1.0
-            cdf *= 0.5                                           # Phi(x) ~ (1 + tanh u) / 2
+            u = SQRT_2_OVER_PI * (x + GELU_CUBIC * (x * x * x))   # u = sqrt(2/pi) (x + 0.044715 x^3)
+            t = xp.tanh(u)
+            cdf = 0.5 * (1.0 + t)                                # Phi(x) ~ (1 + tanh u) / 2
         else:
             t = None
             cdf = 0.5 * (1.0 + backend.erf(x * (1.0 / math.sqrt(2.0))))  # Phi(x) = (1 + erf(x / sqrt 2)) / 2
@@ -352,19 +346,9 @@ class GELU(Module):
             pdf = xp.exp(-0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi))
             return dy * (cdf + x * pdf)
         # y = x (1 + tanh u) / 2  =>  dy/dx = (1 + t) / 2 + x (1 - t^2) / 2 * du/dx,
-        # du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2); computed in place, in three arrays
-        du_dx = x * x
-        du_dx *= 3.0 * GELU_CUBIC
-        du_dx += 1.0
-        du_dx *= SQRT_2_OVER_PI                                  # du/dx
-        sech2 = xp.multiply(t, t)
-        xp.subtract(1.0, sech2, out=sech2)                       # tanh'(u) = 1 - t^2
-        dx = x * 0.5
-        dx *= sech2
-        dx *= du_dx                                              # x (1 - t^2) / 2 * du/dx
-        dx += cdf                                                # dy/dx
-        dx *= dy
-        return dx
+        # du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+        du_dx = SQRT_2_OVER_PI * (1.0 + (3.0 * GELU_CUBIC) * (x * x))
+        return dy * (cdf + 0.5 * x * (1.0 - t * t) * du_dx)
 
 
 #: the feed-forward activations by name: the paper's ReLU, exact GELU, GPT-2's tanh GELU
