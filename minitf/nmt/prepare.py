@@ -23,7 +23,7 @@ import time
 from minitf.backend import host as np
 from minitf.nmt import data
 from minitf.nmt.download import sigterm_raises
-from minitf.nmt.errors import DataError
+from minitf.nmt.errors import DataError, Interrupted, pause_for_tests
 from minitf.nmt.files import file_sha256, fsync_dir, write_atomic, write_json_atomic
 from minitf.nmt.tokenizer import Tokenizer, train_tokenizer
 
@@ -220,6 +220,12 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
             write_json_atomic(work / "manifest.json", manifest)  # last: its presence marks a complete folder
             fsync_dir(work)
             _move_into_place(work, out_dir)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM: say what is kept
+        shutil.rmtree(work, ignore_errors=True)
+        if (out_dir / "manifest.json").is_file() or isinstance(stop, Interrupted):
+            raise
+        raise Interrupted(getattr(stop, "signum", signal.SIGINT), f"stopped preparing {out_dir} and removed its "
+                          "temp folder: nothing was kept; the same command prepares it again") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out_dir
@@ -293,6 +299,7 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
     train = sources["train"]
     keep, dropped = clean_pass(iter_corpora(train), rules)
     n_kept = int(keep.sum())
+    pause_for_tests("prepare")
     log(f"cleaned the training pairs: {keep.size:,} read, {n_kept:,} kept, dropped {dropped} "
         f"({time.perf_counter() - started:.0f} s)")
     if n_kept == 0:

@@ -32,7 +32,7 @@ from minitf.nmt import checkpoint as ckpt
 from minitf.nmt.data import token_batches
 from minitf.nmt.decode import bleu_from_stats, bleu_stats, bootstrap_wins, inference_mode, translate_texts
 from minitf.nmt.distributed import get_world, rank_share, shard_range
-from minitf.nmt.errors import CheckpointError, DataError, MetricsWriteError, StepOutOfMemory
+from minitf.nmt.errors import CheckpointError, DataError, MetricsWriteError, StepOutOfMemory, pause_for_tests
 from minitf.nmt.files import write_atomic, write_json_atomic
 from minitf.nmt.tokenizer import PAD_ID
 
@@ -156,10 +156,12 @@ clock = time.monotonic
 _command_start = None
 
 
-def mark_command_start():
-    """Called first thing by ``train.py``: the budget counts the whole command from here."""
+def mark_command_start(started=None):
+    """Called first thing by ``train.py``: the budget counts the whole command from here, or from
+    ``started`` (``time.time()`` when the command started: before its imports, and in every rank before
+    the launch of ``mpiexec``)."""
     global _command_start
-    _command_start = clock()
+    _command_start = clock() - (0.0 if started is None else min(max(time.time() - started, 0.0), 86400.0))
 
 
 class WallBudget:
@@ -681,6 +683,7 @@ class Trainer:
             best_valid = self._best_validated_checkpoint()
             if best_valid is not None and best_valid != final and best_valid not in checkpoints:
                 plan.append(("best validation perplexity", str(best_valid)))
+            pause_for_tests("end")
         plan = world.bcast_object(plan)  # every rank evaluates the same candidates
         last = self.model.state_dict()
         stats = []
