@@ -155,8 +155,8 @@ MPIEXEC_CTRL_C = ("Sending Ctrl-C to processes as requested", "Press Ctrl-C agai
 def assert_one_clean_line(lines, status, expected_status, words):
     """The command ended with ``expected_status`` and its last line says ``words``, with no traceback,
     no MPI abort and no second error."""
-    assert status == expected_status, lines
-    mpi_noise = [line for line in lines if "BAD TERMINATION" in line or "Abort" in line or "MPI_" in line
+    assert status == expected_status, "\n".join(lines)
+    mpi_noise = [line for line in lines if "BAD TERMINATION" in line or "Abort" in line or "MPI" in line
                  or "Traceback" in line or (line.startswith("[mpiexec@") and not line.endswith(MPIEXEC_CTRL_C))]
     assert not mpi_noise, lines
     assert re.search(words, lines[-1]), lines

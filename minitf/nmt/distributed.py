@@ -98,20 +98,23 @@ class MpiWorld:
         self.local_rank = self.comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
         self.is_root = self.rank == 0
         self.control = self.comm.Dup()  # the end of the job's agreement (:meth:`agree`), apart from the run's messages
+        self.pending = 0
         self._collectives = None
 
-    @staticmethod
-    def _wait(request, deadline=None):
+    def _wait(self, request, deadline=None):
         """Wait for a non-blocking MPI request, sleeping between tests (up to 10 ms): a waiting rank leaves the
         cores to the working ones and takes Ctrl-C and SIGTERM at once (a blocking MPI call spins at full CPU
         and holds Python's signal handlers until it returns, which it never does if another rank stopped).
-        False if ``deadline`` (time.monotonic) passed first."""
+        False if ``deadline`` (time.monotonic) passed first; ``self.pending`` counts the requests a signal
+        left open."""
+        self.pending += 1
         delay = 0.0
         while not request.Test():
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(delay)
             delay = min(2 * delay or 1e-5, 0.01)
+        self.pending -= 1
         return True
 
     def _allreduce_host(self, values, op):
@@ -302,19 +305,19 @@ def rank_share(index, src_lens, tgt_lens, size, rank):
     return index[owner == rank]
 
 
-def _exit_now(status):
+def _quiet_stderr():
+    """Send what MPI_Finalize says about the requests left open to /dev/null (runs after everything of ours)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(status)
+    with open(os.devnull, "wb") as null:
+        os.dup2(null.fileno(), 2)
 
 
 def main(run, argv, prog, grace_s=2.0, **report_options):
     """``run(argv)`` on every rank of ``mpiexec -n N``. The ranks then agree on how the job ends: an
     error every rank sees (bad input), or Ctrl-C/SIGTERM, ends it with rank 0's one line and its exit
-    status (every rank leaves with it, before MPI_Finalize, which would wait on or complain about the
-    collectives an interruption left open); a failure on some ranks only ends the whole job within
-    seconds with one line naming the rank (MPI_Abort). Rank 0 alone prints progress, --help and usage
-    errors."""
+    status (every rank returns it); a failure on some ranks only ends the whole job within seconds
+    with one line naming the rank (MPI_Abort). Rank 0 alone prints progress, --help and usage errors."""
     from minitf.nmt.errors import report_errors
 
     world = init_mpi()
@@ -331,6 +334,8 @@ def main(run, argv, prog, grace_s=2.0, **report_options):
             status = report_errors(prog, run, argv, **report_options)
         except SystemExit as error:  # argparse: --help (0) or a usage error (2)
             status = error.code if isinstance(error.code, int) else 1
+        except KeyboardInterrupt as error:  # a signal just after run's own handling: the same ending
+            status = 128 + getattr(error, "signum", signal.SIGINT)
         except BaseException as error:  # a bug: still end every rank, in one line
             status, line = 1, f"{prog}: error: {type(error).__name__}: {error}"
     status = status or 0
@@ -344,7 +349,8 @@ def main(run, argv, prog, grace_s=2.0, **report_options):
             ending = statuses[0] or failed[0]  # every rank failed, or stopped on a signal: rank 0's status
             if line is not None and world.is_root:
                 print(line, file=sys.stderr)
-            atexit.register(_exit_now, ending)  # after the command's own cleanup (locks), before MPI_Finalize
+            if world.pending:  # MPI_Finalize (which mpiexec needs, or it kills the other ranks) would complain
+                atexit.register(_quiet_stderr)  # about the requests a signal left open: after our last line
             return ending
         if status != 0:  # this rank failed, and not every rank did
             said = [text for text in captured.getvalue().splitlines() if text.strip()]
