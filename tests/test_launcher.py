@@ -6,6 +6,7 @@ terminal's Ctrl-C, or to the launcher alone, as ``kill``), waiting ranks sleep i
 whole command's time counts from its start. A phase is reached by watching the command's output (or the
 ``MINITF_TEST_PAUSE`` marker, where rank 0 sleeps as a long step would), never by sleeping a fixed time;
 the timeouts only matter when something hangs, and every process a test started is killed in a finally."""
+import contextlib
 import os
 import pathlib
 import re
@@ -57,12 +58,22 @@ def descendants(pid):
     return found
 
 
-def alive(pid):
+def started_at(pid):
+    """(pid, its start time in clock ticks since boot): a process id reused later is not the same process."""
     try:
-        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return pid, int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return pid, None
+
+
+def alive(process):
+    """True while ``process`` (pid, start time) runs (a zombie has ended)."""
+    pid, start = process
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return False
-    return state != "Z"
+    return fields[0] != "Z" and int(fields[19]) == start
 
 
 def cpu_seconds(pid):
@@ -92,7 +103,7 @@ class Command:
             self.changed.notify_all()
 
     def note_processes(self):
-        self.seen.update(descendants(self.proc.pid))
+        self.seen.update(started_at(pid) for pid in descendants(self.proc.pid))
         return self.seen
 
     def wait_for(self, text, timeout=HANG):
@@ -127,24 +138,23 @@ class Command:
         status = self.proc.wait(timeout)
         self.reader.join(timeout)
         deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in self.seen) and time.monotonic() < deadline:
+        while any(alive(process) for process in self.seen) and time.monotonic() < deadline:
             time.sleep(0.05)
-        left = [pid for pid in self.seen if alive(pid)]
+        left = [pid for pid, start in self.seen if alive((pid, start))]
         assert not left, f"processes left behind: {left}: {self.lines}"
         return status, self.lines
 
     def kill(self):
-        """Whatever happened: no process of the command outlives the test."""
-        pids = self.note_processes() if self.proc.poll() is None else self.seen
-        for pid in [self.proc.pid, *pids]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """Whatever happened: no process of the command outlives the test (only those still the same
+        processes: a process id that ended may have been given to another)."""
+        if self.proc.poll() is None:
+            self.note_processes()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid, start in self.seen:
+            if alive((pid, start)):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         self.proc.wait(30)
 
 
@@ -300,7 +310,7 @@ def test_a_waiting_rank_sleeps_instead_of_spinning(tmp_path):
                     MINITF_TEST_PAUSE="tokenize:120")
     try:
         command.wait_for("test pause: tokenize")
-        ranks = [pid for pid in command.note_processes()
+        ranks = [pid for pid, _ in command.note_processes()
                  if "train.py" in pathlib.Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
                  and "PMI_RANK" in pathlib.Path(f"/proc/{pid}/environ").read_text(errors="replace")]
         assert len(ranks) == 2, ranks
