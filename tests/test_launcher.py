@@ -18,10 +18,10 @@ import time
 
 import pytest
 
-from minitf.nmt import corpora
+from minitf.nmt import corpora, trainer as trainer_module
 from minitf.nmt.train import every_core_command
 from tests.loopback import Server
-from tests.runs import MPIEXEC, ROOT, TINY, make_corpus, needs_mpi
+from tests.runs import MPIEXEC, QUIET, ROOT, TINY, make_corpus, needs_mpi, train
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 #: What a hang would take; a run that works ends in seconds.
@@ -324,6 +324,31 @@ def test_a_waiting_rank_sleeps_instead_of_spinning(tmp_path):
         command.kill()
     assert max(used) < 0.25 * wall, f"CPU seconds of the ranks in {wall:.1f} s: {used}"
     assert status == 130, lines
+
+
+def test_a_signal_just_after_training_stops_the_end_of_run_evaluation(tmp_path, corpus, capsys, monkeypatch):
+    """A signal that lands after training's last look at it, before the end-of-run evaluation takes signals
+    itself (where a busy rank can be when mpiexec forwards a Ctrl-C), stops the evaluation: it used to be
+    ignored, and under mpiexec that rank then waited alone for the others, which had stopped."""
+    real, evaluation_handler = signal.signal, []
+
+    class Signals:  # the trainer's signal module: SIGTERM arrives as the evaluation's handler is set
+        def __getattr__(self, name):
+            return getattr(signal, name)
+
+        @staticmethod
+        def signal(sig, handler):
+            previous = real(sig, handler)
+            if sig == signal.SIGINT and getattr(handler, "__name__", "") == "on_signal":
+                evaluation_handler.append(handler)
+                if len(evaluation_handler) == 2:  # the first is set before training
+                    os.kill(os.getpid(), signal.SIGTERM)
+            return previous
+
+    monkeypatch.setattr(trainer_module, "signal", Signals())
+    code, err = train(corpus + TINY + QUIET + ["--max-steps", 2, "--out", tmp_path / "run"], capsys)
+    assert code == 143 and "SIGTERM during the end-of-run evaluation: stopped it" in err[-1], err
+    assert len(evaluation_handler) == 2 and (tmp_path / "run" / "checkpoints" / "step-00000002").is_dir()
 
 
 # --------------------------------------------------------------------------- checked before mpiexec starts

@@ -342,8 +342,9 @@ def main(run, argv, prog, grace_s=2.0, **report_options):
     if world.size > 1:
         for sig in (signal.SIGINT, signal.SIGTERM):  # from here on the job ends by itself (mpiexec's own
             signal.signal(sig, signal.SIG_IGN)       # second Ctrl-C still kills it)
-        # a finished rank waits for the others for as long as they run; a failed one a few seconds
-        statuses = world.agree(status, None if status == 0 else grace_s)
+        # a finished rank waits for the others for as long as they run, a failed one a few seconds, one
+        # stopped by a signal longer (mpiexec sent it to every rank; a busy machine may be slow to deliver it)
+        statuses = world.agree(status, None if status == 0 else 5 * grace_s if status in INTERRUPTED else grace_s)
         failed = [s for s in statuses or [] if s]
         if statuses is not None and failed and (len(failed) == world.size or set(failed) <= set(INTERRUPTED)):
             ending = statuses[0] or failed[0]  # every rank failed, or stopped on a signal: rank 0's status

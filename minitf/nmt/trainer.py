@@ -630,8 +630,10 @@ class Trainer:
                          f"python train.py --resume {self.run_dir}")
                 return 128 + int(self.stop_requested)  # 130 after Ctrl-C, 143 after SIGTERM
             signal.signal(signal.SIGINT, on_signal)
-            self._stopping_now = True
             try:
+                self._stopping_now = True
+                if self.stop_requested:  # a signal after the check above: the evaluation stops as it would
+                    raise EndOfRunInterrupted(self.stop_requested)
                 self.metrics.write(kind="done", step=self.step, train_minutes=round(self.elapsed / 60, 2))
                 self.log(f"trained {self.step} steps, {self.elapsed / 60:.1f} min after the start; checkpoint {final}")
                 self.finish(final)
