@@ -8,8 +8,11 @@ minutes for the whole command, reports
 validation and test BLEU, and leaves a checkpoint for ``python -m minitf.translate``.
 """
 import sys
+import time
 
-from minitf.training.train import main
+STARTED = time.time()  # the whole command's wall time and --max-minutes count from here, before the imports
+
+from minitf.training.train import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(started=STARTED))

@@ -173,7 +173,9 @@ BAD_LM_INPUTS = {
                                   1, "fewer than the 25 it needs"),
     "no valid text": (lambda d, c: [a for a in c if a != c[c.index("--valid-text") + 1] and a != "--valid-text"],
                       2, "needs --valid-text FILE too"),
-    "no text at all": (lambda d, c: ["--model", "gpt"], 2, "--model gpt needs --train-text FILE"),
+    "a valid text without a training text": (lambda d, c: [a for a in c if a != c[c.index("--train-text") + 1]
+                                                            and a != "--train-text"],
+                                             2, "--valid-text and --test-text go with --train-text FILE"),
     "translation flags": (lambda d, c: c + ["--train-src", "x.de"], 2, "--train-src belong to translation"),
     "text without --model gpt": (lambda d, c: c[c.index("--train-text"):c.index("--train-text") + 2],
                                  2, "--train-text belong to the language model"),

@@ -24,7 +24,7 @@ import time
 from minitf.backend import host as np
 from minitf.nmt import data
 from minitf.training.download import sigterm_raises
-from minitf.training.errors import DataError
+from minitf.training.errors import DataError, Interrupted, pause_for_tests
 from minitf.training.files import file_sha256, fsync_dir, write_atomic, write_json_atomic
 from minitf.training.text import move_into_place, new_work_folder, remove_stale_work, token_dtype
 from minitf.training.tokenizer import Tokenizer, train_tokenizer
@@ -226,6 +226,12 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
             write_json_atomic(work / "manifest.json", manifest)  # last: its presence marks a complete folder
             fsync_dir(work)
             move_into_place(work, out_dir)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM: say what is kept
+        shutil.rmtree(work, ignore_errors=True)
+        if (out_dir / "manifest.json").is_file() or isinstance(stop, Interrupted):
+            raise
+        raise Interrupted(getattr(stop, "signum", signal.SIGINT), f"stopped preparing {out_dir} and removed its "
+                          "temp folder: nothing was kept; the same command prepares it again") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if held is not None:
@@ -298,6 +304,7 @@ def _build(work, sources, recipe, rules, workers, chunk_pairs, log):
     train = sources["train"]
     keep, dropped = clean_pass(iter_corpora(train), rules)
     n_kept = int(keep.sum())
+    pause_for_tests("prepare")
     log(f"cleaned the training pairs: {keep.size:,} read, {n_kept:,} kept, dropped {dropped} "
         f"({time.perf_counter() - started:.0f} s)")
     if n_kept == 0:

@@ -11,7 +11,7 @@ from minitf.transformer import Transformer
 from minitf.nmt.data import token_batches
 from minitf.nmt.decode import bleu_from_stats, bleu_stats, bootstrap_wins, inference_mode, translate_texts
 from minitf.training import checkpoint as ckpt, trainer as base
-from minitf.training.errors import DataError, StepOutOfMemory
+from minitf.training.errors import DataError, StepOutOfMemory, pause_for_tests
 from minitf.training.files import write_json_atomic
 from minitf.training.tokenizer import PAD_ID
 from minitf.training.trainer import Trainer, perplexity
@@ -170,6 +170,7 @@ class TranslationTrainer(Trainer):
             best_valid = self._best_validated_checkpoint()
             if best_valid is not None and best_valid != final and best_valid not in checkpoints:
                 plan.append(("best validation perplexity", str(best_valid)))
+            pause_for_tests("end")
         plan = world.bcast_object(plan)  # every rank evaluates the same candidates
         last = self.model.state_dict()
         stats = []

@@ -9,9 +9,11 @@ ZeRO-1 shards of a flat buffer of n elements: rank r owns ``[r*q, (r+1)*q)`` wit
 all-gather need equal counts, so they run on the ``size*q`` head and the tail
 (fewer than ``size`` elements) is all-reduced / broadcast on its own.
 """
+import atexit
 import contextlib
 import io
 import os
+import signal
 import sys
 import time
 
@@ -21,6 +23,10 @@ from minitf.backend import xp
 
 #: Set by MPICH's hydra (PMI_*), Open MPI (OMPI_*) and PMIx launchers in every rank.
 LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+#: Exit statuses of Ctrl-C and SIGTERM: every rank stops on them, none has failed.
+INTERRUPTED = (130, 143)
+#: The MPI tag of the pickled objects that :meth:`MpiWorld.bcast_object` and ``gather_objects`` send.
+_OBJECT_TAG = 7
 
 
 def launched_by_mpi():
@@ -91,11 +97,29 @@ class MpiWorld:
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.local_rank = self.comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
         self.is_root = self.rank == 0
+        self.control = self.comm.Dup()  # the end of the job's agreement (:meth:`agree`), apart from the run's messages
+        self.pending = 0
         self._collectives = None
+
+    def _wait(self, request, deadline=None):
+        """Wait for a non-blocking MPI request, sleeping between tests (up to 10 ms): a waiting rank leaves the
+        cores to the working ones and takes Ctrl-C and SIGTERM at once (a blocking MPI call spins at full CPU
+        and holds Python's signal handlers until it returns, which it never does if another rank stopped).
+        False if ``deadline`` (time.monotonic) passed first; ``self.pending`` counts the requests a signal
+        left open."""
+        self.pending += 1
+        delay = 0.0
+        while not request.Test():
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(delay)
+            delay = min(2 * delay or 1e-5, 0.01)
+        self.pending -= 1
+        return True
 
     def _allreduce_host(self, values, op):
         values = np.array(values, dtype=np.float64)
-        self.comm.Allreduce(self.MPI.IN_PLACE, values, op=op)
+        self._wait(self.comm.Iallreduce(self.MPI.IN_PLACE, values, op=op))
         return values
 
     def sum_host(self, values):
@@ -106,23 +130,46 @@ class MpiWorld:
         """Element-wise maximum over ranks (a stop any rank asks for)."""
         return self._allreduce_host(values, self.MPI.MAX)
 
+    def _receive_object(self, source):
+        delay = 0.0
+        while not self.comm.Iprobe(source=source, tag=_OBJECT_TAG):  # as _wait: no spinning, signals taken
+            time.sleep(delay)
+            delay = min(2 * delay or 1e-5, 0.01)
+        return self.comm.recv(source=source, tag=_OBJECT_TAG)
+
     def gather_objects(self, value):
         """Every rank's ``value`` (a few Python objects), in rank order on rank 0; None elsewhere."""
-        return self.comm.gather(value, root=0)
+        if not self.is_root:
+            self._wait(self.comm.isend(value, dest=0, tag=_OBJECT_TAG))
+            return None
+        return [value] + [self._receive_object(rank) for rank in range(1, self.size)]
 
     def bcast_object(self, value):
         """Rank 0's ``value`` on every rank (a decision only rank 0 can take: the kept model)."""
-        return self.comm.bcast(value, root=0)
+        if not self.is_root:
+            return self._receive_object(0)
+        for request in [self.comm.isend(value, dest=rank, tag=_OBJECT_TAG) for rank in range(1, self.size)]:
+            self._wait(request)
+        return value
 
     def gather_shards(self, shard, n):
         """The full host array on rank 0 from every rank's shard (None elsewhere)."""
         shard = np.ascontiguousarray(backend.to_numpy(shard))
         full = np.empty(n, dtype=shard.dtype) if self.is_root else None
-        self.comm.Gatherv(shard, [full, _shard_counts(n, self.size)] if self.is_root else None, root=0)
+        self._wait(self.comm.Igatherv(shard, [full, _shard_counts(n, self.size)] if self.is_root else None, root=0))
         return full
 
     def barrier(self):
-        self.comm.Barrier()
+        """Every rank waits here for the others, without spinning (rank 0 may download or prepare for hours)."""
+        self._wait(self.comm.Ibarrier())
+
+    def agree(self, status, grace_s=None):
+        """Every rank's exit status in rank order, once every rank has given its own; None if they have not
+        within ``grace_s`` seconds (None: wait for as long as they run)."""
+        every = np.zeros(self.size, dtype=np.int64)
+        request = self.control.Iallgather(np.array([status], dtype=np.int64), every)
+        deadline = None if grace_s is None else time.monotonic() + grace_s
+        return [int(s) for s in every] if self._wait(request, deadline) else None
 
     def pids(self):
         """Every rank's process id, on every rank (to tell which rank mpiexec reports dead)."""
@@ -258,10 +305,19 @@ def rank_share(index, src_lens, tgt_lens, size, rank):
     return index[owner == rank]
 
 
-def main(run, argv, prog, **report_options):
-    """``run(argv)`` on every rank of ``mpiexec -n N``. A failure on any rank ends the
-    whole job within seconds with one line naming the rank (MPI_Abort); rank 0 alone
-    prints progress, --help and usage errors."""
+def _quiet_stderr():
+    """Send what MPI_Finalize says about the requests left open to /dev/null (runs after everything of ours)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(os.devnull, "wb") as null:
+        os.dup2(null.fileno(), 2)
+
+
+def main(run, argv, prog, grace_s=2.0, **report_options):
+    """``run(argv)`` on every rank of ``mpiexec -n N``. The ranks then agree on how the job ends: an
+    error every rank sees (bad input), or Ctrl-C/SIGTERM, ends it with rank 0's one line and its exit
+    status (every rank returns it); a failure on some ranks only ends the whole job within seconds
+    with one line naming the rank (MPI_Abort). Rank 0 alone prints progress, --help and usage errors."""
     from minitf.training.errors import report_errors
 
     world = init_mpi()
@@ -278,15 +334,31 @@ def main(run, argv, prog, **report_options):
             status = report_errors(prog, run, argv, **report_options)
         except SystemExit as error:  # argparse: --help (0) or a usage error (2)
             status = error.code if isinstance(error.code, int) else 1
+        except KeyboardInterrupt as error:  # a signal just after run's own handling: the same ending
+            status = 128 + getattr(error, "signum", signal.SIGINT)
         except BaseException as error:  # a bug: still end every rank, in one line
             status, line = 1, f"{prog}: error: {type(error).__name__}: {error}"
-    # 130/143: every rank stopped at the same step after Ctrl-C/SIGTERM and rank 0 saved
-    if world.size > 1 and status not in (0, None, 130, 143):
-        said = [text for text in captured.getvalue().splitlines() if text.strip()]
-        if line is None and not world.is_root and said:
-            line = said[-1] if prog in said[-1] else said[-1].replace(": error:", f" (rank {world.rank} of "
-                                                                       f"{world.size}): error:", 1)
-        report_and_abort(world, status, line)
+    status = status or 0
+    if world.size > 1:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # from here on the job ends by itself (mpiexec's own
+            signal.signal(sig, signal.SIG_IGN)       # second Ctrl-C still kills it)
+        # a finished rank waits for the others for as long as they run, a failed one a few seconds, one
+        # stopped by a signal longer (mpiexec sent it to every rank; a busy machine may be slow to deliver it)
+        statuses = world.agree(status, None if status == 0 else 5 * grace_s if status in INTERRUPTED else grace_s)
+        failed = [s for s in statuses or [] if s]
+        if statuses is not None and failed and (len(failed) == world.size or set(failed) <= set(INTERRUPTED)):
+            ending = statuses[0] or failed[0]  # every rank failed, or stopped on a signal: rank 0's status
+            if line is not None and world.is_root:
+                print(line, file=sys.stderr)
+            if world.pending:  # MPI_Finalize (which mpiexec needs, or it kills the other ranks) would complain
+                atexit.register(_quiet_stderr)  # about the requests a signal left open: after our last line
+            return ending
+        if status != 0:  # this rank failed, and not every rank did
+            said = [text for text in captured.getvalue().splitlines() if text.strip()]
+            if line is None and not world.is_root and said:
+                line = said[-1] if prog in said[-1] else said[-1].replace(": error:", f" (rank {world.rank} of "
+                                                                           f"{world.size}): error:", 1)
+            report_and_abort(world, status, line, grace_s=0.0)  # the agreement has waited for rank 0 already
     if line is not None:
         print(line, file=sys.stderr)
     return status

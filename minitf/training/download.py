@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 
-from minitf.training.errors import DataError
+from minitf.training.errors import DataError, Interrupted
 from minitf.training.files import file_sha256, fsync_dir
 
 _BLOCK = 1 << 16
@@ -82,6 +82,18 @@ def download(urls, dest, *, size, sha256, what, progress=True, min_rate=1024, ra
     except OSError as error:
         raise DataError(f"cannot write {what} to {dest.parent} ({error.strerror or error}); "
                         "choose another cache folder") from None
+    try:
+        return _download(urls, dest, part, size, sha256, what, progress, min_rate, rate_window, read_timeout, note)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated): say what is kept
+        if isinstance(stop, Interrupted):
+            raise
+        kept = part.stat().st_size if part.is_file() else 0
+        raise Interrupted(getattr(stop, "signum", signal.SIGINT), (
+            f"kept {part} ({kept:,} of {size:,} bytes of {what}): the same command resumes the download"
+            if kept else f"nothing of {what} was kept")) from None
+
+
+def _download(urls, dest, part, size, sha256, what, progress, min_rate, rate_window, read_timeout, note):
     reasons = []
     with sigterm_raises():
         for url in urls:

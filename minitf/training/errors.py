@@ -2,7 +2,9 @@
 usage errors, and :func:`report_errors`, which turns every expected error into one line
 on stderr and an exit status (never a traceback from deep inside NumPy)."""
 import argparse
+import os
 import sys
+import time
 
 from minitf.backend import DeviceError
 
@@ -41,6 +43,15 @@ class MetricsWriteError(OSError):
     def __init__(self, path, reason, advice=""):
         super().__init__(f"could not append to {path}: {reason}" + (f"; {advice}" if advice else ""))
         self.path, self.reason = path, reason
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (``signum`` 2) or SIGTERM (15) stopped a step whose leftovers are known: ``kept`` says what
+    stays on disk (a download's ``.part`` to resume, nothing) and how to go on, for the one line reporting it."""
+
+    def __init__(self, signum, kept):
+        super().__init__(signum, kept)
+        self.signum, self.kept = int(signum), kept
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -94,7 +105,20 @@ def report_errors(prog, run, argv, memory_hint, interrupt_message="interrupted")
         return fail(error)
     except MemoryError as error:
         return fail(f"out of memory ({error or 'MemoryError'}); {memory_hint}")
-    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM during a download (download.Terminated)
-        return fail(interrupt_message, 128 + getattr(error, "signum", 2))
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM (download.Terminated, Interrupted)
+        signum = getattr(error, "signum", 2)
+        if isinstance(error, Interrupted):
+            return fail(f"interrupted ({'Ctrl-C' if signum == 2 else 'SIGTERM'}); {error.kept}", 128 + signum)
+        return fail(interrupt_message, 128 + signum)
     except OSError as error:
         return fail(f"{error.strerror or error}: {error.filename or ''}")
+
+
+def pause_for_tests(phase):
+    """For tests only: with ``MINITF_TEST_PAUSE=PHASE:SECONDS`` the process says ``test pause: PHASE`` on
+    stderr and sleeps there (as a long download, preparation or decode would), so that a test can signal it
+    in that phase. Phases: ``tokenize``, ``prepare``, ``end`` (rank 0 only, where the others wait for it)."""
+    wanted, _, seconds = os.environ.get("MINITF_TEST_PAUSE", "").partition(":")
+    if wanted == phase:
+        print(f"test pause: {phase}", file=sys.stderr, flush=True)
+        time.sleep(float(seconds or 60))

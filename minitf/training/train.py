@@ -2,9 +2,13 @@
 since the last checkpoint (docs/reliability.md): ``--resume`` takes the newest checkpoint that
 passes its checks (checksums, model shape, tokenizer), moves newer bad ones aside with a warning,
 and cuts metrics.jsonl back to that checkpoint's step."""
+import contextlib
+import io
 import os
 import pathlib
+import re
 import shutil
+import signal
 import sys
 import time
 
@@ -13,6 +17,7 @@ from minitf.nmt import corpora, prepare
 from minitf.training import checkpoint as ckpt, files, trainer as training
 from minitf.training.config import (INVOCATION_OPTIONS, LM_PRESETS, MODELS, PRECISIONS, PRESETS, RESUME_CHANGEABLE,
                                     RUN_OPTIONS, TOKENIZERS, RunConfig)
+from minitf.lm.corpus import default_text_splits
 from minitf.lm.data import CharTokenizer, TextCorpus, load_tokenizer
 from minitf.lm.prepare import open_prepared_text, prepare_text_corpus
 from minitf.lm.trainer import LanguageModelTrainer
@@ -20,8 +25,9 @@ from minitf.nmt.translation_trainer import TranslationTrainer
 from minitf.nmt.corpora import DEFAULT_CACHE, default_corpus_splits
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
 from minitf.training.distributed import get_world, launched_by_mpi
-from minitf.training.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,
-                               report_errors)
+from minitf.training.download import sigterm_raises
+from minitf.training.errors import (CheckpointError, DataError, Interrupted, OneLineParser, UsageError, non_negative,
+                                   pause_for_tests, positive, report_errors)
 from minitf.training.files import check_output_folder, check_resumable, file_sha256
 from minitf.training.text import read_text
 from minitf.training.tokenizer import Tokenizer, train_tokenizer
@@ -50,10 +56,10 @@ def default(name):
 def build_parser():
     p = OneLineParser(prog="train.py", description="Train a Transformer translation model (German to English "
                       "on the Ding dictionary's example sentences by default), or with --model gpt a decoder-only "
-                      "language model on --train-text.")
+                      "language model (on the World English Bible by default, or --train-text).")
     p.add_argument("--model", choices=MODELS, default="transformer",
                    help="transformer: the paper's translation model (default); gpt: a decoder-only language model "
-                   "(minitf.GPT) trained on --train-text")
+                   "(minitf.GPT) trained on the World English Bible (fetched once) or --train-text")
     p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS)), default="tiny",
                    help="model size and recipe: tiny (CPU default), base and big (paper, Table 3); --model gpt: tiny")
     g = p.add_argument_group("model (override the preset)")
@@ -210,6 +216,7 @@ def prepare_tokenizer(run_dir, train_texts, vocab_size, log):
     config.json (it may come from other flags); a resumed run reads its own instead."""
     path = pathlib.Path(run_dir) / "tokenizer.model"
     start = time.perf_counter()
+    pause_for_tests("tokenize")
     tokenizer = train_tokenizer(train_texts, path, vocab_size)
     log(f"trained a joint BPE vocabulary of {tokenizer.vocab_size} on {len(train_texts)} sentences "
         f"in {time.perf_counter() - start:.1f} s")
@@ -221,8 +228,22 @@ def log(message):
         print(message, file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def before_training(run_dir):
+    """Ctrl-C or SIGTERM while a new run reads, fetches, prepares or tokenizes its data: one line saying
+    what is kept and what the next command does (a download or a preparation says it itself)."""
+    try:
+        yield
+    except KeyboardInterrupt as stop:
+        if isinstance(stop, Interrupted):
+            raise
+        kept = (f"the run has no checkpoint yet: continue with python train.py --resume {run_dir}"
+                if (pathlib.Path(run_dir) / "config.json").is_file() else
+                "stopped before training: nothing to keep, the same command starts again")
+        raise Interrupted(getattr(stop, "signum", signal.SIGINT), kept) from None
+
+
 def run(argv=None):
-    training.mark_command_start()  # --max-minutes counts the whole command from here
     args = build_parser().parse_args(argv)
     if args.resume is not None:
         return resume_run(args, given_options(argv))
@@ -241,6 +262,14 @@ def run(argv=None):
                          "(with --train-src etc.) or --corpus wmt14-en-de")
     if args.train_src is not None and world.is_root:
         warn_if_large(args.train_src)
+    with before_training(run_dir):
+        tokenizer, corpus = new_run_data(args, config, run_dir, world)
+    return train_new_run(config, run_dir, tokenizer, corpus, args)
+
+
+def new_run_data(args, config, run_dir, world):
+    """A new run's data (the default corpus, fetched once, or --train-src ...), its tokenizer (trained
+    by rank 0) and config.json."""
     if not world.is_root:  # rank 0 fetches the default corpus once; the others then find it in the cache
         world.barrier()
     paths = data_paths(args, config.lexicon)
@@ -269,8 +298,7 @@ def run(argv=None):
     world.barrier()
     if not world.is_root:
         tokenizer = Tokenizer(run_dir / "tokenizer.model")
-    corpus = Corpus(tokenizer, splits, log)
-    return train_new_run(config, run_dir, tokenizer, corpus, args)
+    return tokenizer, Corpus(tokenizer, splits, log)
 
 
 def check_model_flags(args):
@@ -291,11 +319,12 @@ def check_model_flags(args):
 def text_paths(args):
     """{"train_text": path, "valid_text": ..., "test_text": path or None}, absolute (--resume from anywhere)."""
     given = {f"{s}_text": getattr(args, f"{s}_text") for s in TEXT_SPLITS}
+    if all(path is None for path in given.values()):  # the default text, fetched once into the cache
+        splits = default_text_splits(args.cache_dir, progress=not args.no_progress, log=log)
+        return {f"{s}_text": str(splits[s]) for s in TEXT_SPLITS}
     if given["train_text"] is None:
-        # THE DEFAULT TEXT CORPUS: minitf.lm.corpus (another helper's) returns the cached train/valid/test paths;
-        # call it here at merge, as data_paths calls default_corpus_splits for translation.
-        raise UsageError("--model gpt needs --train-text FILE and --valid-text FILE (the default text corpus is "
-                         "not there yet)")
+        raise UsageError("--valid-text and --test-text go with --train-text FILE (or give none of them for the "
+                         "default text, the World English Bible)")
     if given["valid_text"] is None:
         raise UsageError("--train-text needs --valid-text FILE too (validation loss, perplexity and bits per "
                          "character are measured on it)")
@@ -316,7 +345,19 @@ def new_text_run(args, config, run_dir, world):
     if args.prepare_again:
         raise UsageError("--prepare-again prepares a text into memory-mapped arrays: it needs --corpus-dir DIR "
                          "(with --train-text etc.)")
+    with before_training(run_dir):
+        tokenizer, corpus = new_text_data(args, config, run_dir, world)
+    return train_text_run(config, run_dir, tokenizer, corpus, args)
+
+
+def new_text_data(args, config, run_dir, world):
+    """A new language-model run's text (--train-text ..., or the default text, fetched once by rank 0), its
+    tokenizer (made by rank 0) and config.json."""
+    if not world.is_root:  # rank 0 fetches the default text once; the others then find it in the cache
+        world.barrier()
     paths = text_paths(args)
+    if world.is_root:
+        world.barrier()
     texts = read_texts(paths)  # fail on bad data before writing anything
     world.barrier()
     config.data = paths
@@ -348,7 +389,7 @@ def new_text_run(args, config, run_dir, world):
         tokenizer = load_tokenizer(run_dir / "tokenizer.model")
         config.vocab_size = tokenizer.vocab_size
         corpus = TextCorpus(tokenizer, texts, config.block_size)
-    return train_text_run(config, run_dir, tokenizer, corpus, args)
+    return tokenizer, corpus
 
 
 def new_prepared_text_run(args, config, run_dir, world):
@@ -442,11 +483,12 @@ def new_prepared_run(args, given, config, run_dir, world):
     if args.corpus == "wmt14-en-de" and config.preset in ("base", "big") and not {"max_steps", "epochs",
                                                                                   "max_minutes"} & given:
         config.max_steps, config.epochs = 100_000, None  # the paper's length (section 5.2)
-    if world.is_root:
-        folder = prepare_data(args, given, config)
-    world.barrier()
-    if not world.is_root:
-        folder = prepare_data(args, given, config, reuse_only=True)
+    with before_training(run_dir):
+        if world.is_root:
+            folder = prepare_data(args, given, config)
+        world.barrier()
+        if not world.is_root:
+            folder = prepare_data(args, given, config, reuse_only=True)
     corpus = IndexedCorpus(folder)
     tokenizer = corpus.tokenizer
     config.vocab_size = tokenizer.vocab_size
@@ -488,16 +530,21 @@ def prepare_data(args, given, config, reuse_only=False):
                                   languages=(args.src_lang, args.tgt_lang), rebuild=args.prepare_again, log=log)
 
 
-def resume_run(args, given):
-    run_dir = args.resume
+def check_resume_flags(args, given):
+    """Refuse the flags that belong to the run being resumed."""
     fixed = [k for k in RESUME_FIXED if k in given]
-    if args.out is not None and pathlib.Path(args.out).resolve() != pathlib.Path(run_dir).resolve():
+    if args.out is not None and pathlib.Path(args.out).resolve() != pathlib.Path(args.resume).resolve():
         fixed.append("out")
     if fixed:
         flags = ", ".join("--" + k.replace("_", "-") for k in fixed)
         raise UsageError(f"--resume continues a run with its own settings, so {flags} cannot be given; allowed with "
                          "--resume: " + ", ".join("--" + k.replace("_", "-") for k in RESUME_CHANGEABLE + RUN_OPTIONS)
                          + ", --device, --skip-nonfinite, --no-progress")
+
+
+def resume_run(args, given):
+    run_dir = args.resume
+    check_resume_flags(args, given)
     config = RunConfig.read(run_dir)
     world = get_world()
     if world.is_root:  # before anything is written; refused while another process trains here
@@ -572,24 +619,49 @@ def resume_run(args, given):
     return trainer.train_and_finish()
 
 
-def every_core_command(argv):
+def check_command(args, argv):
+    """What every rank would refuse at once, checked before ``mpiexec`` starts them: the run's config
+    from the flags, --out (or the folder of --resume) and the corpus flags. Raises the rank's error."""
+    if args.resume is not None:
+        check_resume_flags(args, given_options(argv))
+        with contextlib.redirect_stderr(io.StringIO()):  # its notes: said once, by rank 0
+            RunConfig.read(args.resume)
+        check_resumable(args.resume)
+        return 0
+    config = config_from_args(args)
+    check_output_folder(args.out or pathlib.Path("runs") / args.preset)
+    if args.corpus != "ding" or args.corpus_dir is not None:
+        if config.bpe_dropout > 0:
+            raise UsageError("--bpe-dropout needs the text of every epoch; a prepared corpus holds token ids only")
+    if any(getattr(args, f"{s}_{side}") is not None for s in ("train", "valid", "test") for side in ("src", "tgt")):
+        data_paths(args)  # the corpus flags go together
+    return 0
+
+
+def wanted_ranks():
+    """``MINITF_RANKS`` (None: unset, one rank per core); anything but a positive whole number is refused."""
+    wanted = os.environ.get("MINITF_RANKS")
+    if wanted is None:
+        return None
+    if not re.fullmatch(r"\s*[0-9]+\s*", wanted) or int(wanted) < 1:
+        raise UsageError(f"MINITF_RANKS must be a positive whole number of processes, got {wanted!r}; "
+                         "MINITF_RANKS=1 runs one process, unset it for one rank per core")
+    return int(wanted)
+
+
+def every_core_command(argv, device=None):
     """(the ``mpiexec`` command running this command with one rank per core and one BLAS thread each
-    (one process leaves a core idle in NumPy's elementwise work), None) or (None, a note or None): under
-    mpiexec already, one core, a GPU, no MPI, ``MINITF_RANKS=1``. ``MINITF_RANKS=N`` sets the ranks; the
-    global batch and the recipe are the same at any number of ranks, only the speed changes."""
-    wanted = os.environ.get("MINITF_RANKS", "").strip()
-    if launched_by_mpi() or wanted == "1" or any(a in ("-h", "--help") for a in argv):
+    (one process leaves a core idle in NumPy's elementwise work), its first line) or (None, a note or
+    None): one core, a GPU (``device``, else MINITF_DEVICE), no MPI, ``MINITF_RANKS=1``.
+    ``MINITF_RANKS=N`` sets the ranks; the global batch and the recipe are the same at any number of
+    ranks, only the speed changes."""
+    wanted = wanted_ranks()
+    if wanted == 1:
         return None, None
-    device = os.environ.get("MINITF_DEVICE", "cpu")
-    for i, arg in enumerate(argv):
-        if arg == "--device" and i + 1 < len(argv):
-            device = argv[i + 1]
-        elif arg.startswith("--device="):
-            device = arg.split("=", 1)[1]
-    if device == "gpu":
+    if (device or os.environ.get("MINITF_DEVICE", "cpu")) == "gpu":
         return None, None  # on GPUs the ranks are GPUs: mpiexec -n <GPUs> python train.py --device gpu
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    ranks = int(wanted) if wanted.isdigit() and int(wanted) > 1 else cores
+    ranks = wanted or cores
     if ranks < 2:
         return None, None
     import importlib.util
@@ -598,24 +670,64 @@ def every_core_command(argv):
     if importlib.util.find_spec("mpi4py") is None or mpiexec is None:
         return None, (f"note: one process on {cores} cores; pip install -e '.[mpi]' runs one rank per core "
                       "(data parallel, faster on the CPU)")
-    return [mpiexec, "-n", str(ranks), sys.executable, str(pathlib.Path(sys.argv[0]).resolve()), *argv], None
+    if wanted is None:
+        how = "one per core"
+    elif ranks <= cores:
+        how = f"MINITF_RANKS={ranks}, on {cores} usable cores"
+    else:
+        how = (f"MINITF_RANKS={ranks}, more ranks than the {cores} usable cores: they share them and each "
+               "runs slower")
+    line = f"train.py: {ranks} ranks through mpiexec, {how} (MINITF_RANKS=1 runs one process)"
+    return [mpiexec, "-n", str(ranks), sys.executable, str(pathlib.Path(sys.argv[0]).resolve()), *argv], line
 
 
-def main(argv=None):
+def launch(argv, started):
+    """The command ``python train.py``, before any rank starts: the flags and the run's config are checked
+    here (one line and the exit status of a rank's refusal, without starting ``mpiexec``); then this
+    process becomes ``mpiexec`` with one rank per core (not returning), or returns None to run here."""
+    args = build_parser().parse_args(argv)  # --help, an unknown or bad flag: here, as argparse reads them
+    status = report_errors("train.py", lambda _: check_command(args, argv), argv, memory_hint="")
+    if status:
+        return status
+    try:
+        command, line = every_core_command(argv, args.device)
+    except UsageError as error:
+        print(f"train.py: error: {error}", file=sys.stderr)
+        return 2
+    if command is None:
+        if line:
+            print(line, file=sys.stderr, flush=True)
+        return None
+    print(line, file=sys.stderr, flush=True)
+    env = dict(os.environ, MINITF_COMMAND_START=repr(started),  # the ranks count the whole command from here
+               **{name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
+    os.execve(command[0], command, env)  # mpiexec takes this process's place: signals reach it, and the ranks
+
+
+def command_start(started):
+    """When the command started (``time.time()``): a rank's, from the launcher (MINITF_COMMAND_START)."""
+    if launched_by_mpi():
+        try:
+            return float(os.environ["MINITF_COMMAND_START"])
+        except (KeyError, ValueError):
+            pass
+    return started
+
+
+def main(argv=None, started=None):
     """Entry point: bad input gives one error line and a non-zero exit. Under ``mpiexec`` every rank
-    runs it (data parallelism); as the command on several CPU cores with MPI installed it restarts
-    itself under ``mpiexec`` with one rank per core (``MINITF_RANKS=1``: one process)."""
-    if argv is None and pathlib.Path(sys.argv[0]).name == "train.py":  # the command, not a caller's call
-        command, note = every_core_command(sys.argv[1:])
-        if command is not None:
-            print(f"train.py: {command[2]} ranks through mpiexec, one per core (MINITF_RANKS=1 runs one "
-                  "process)", file=sys.stderr, flush=True)
-            threads = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-            os.execve(command[0], command, dict(os.environ, **threads))  # mpiexec takes this process's place
-        if note:
-            print(note, file=sys.stderr, flush=True)
+    runs it (data parallelism); as the command on several CPU cores with MPI installed it checks the
+    command line and restarts itself under ``mpiexec`` with one rank per core (``MINITF_RANKS=1``: one
+    process). ``started``: ``time.time()`` at the command's start (train.py's first line), which the
+    wall time of the whole command and --max-minutes count from."""
+    started = command_start(started)
+    training.mark_command_start(started)
+    if argv is None and pathlib.Path(sys.argv[0]).name == "train.py" and not launched_by_mpi():
+        status = launch(sys.argv[1:], time.time() if started is None else started)
+        if status is not None:
+            return status
     backend.keep_freed_memory()  # a step's large temporaries reuse freed memory: no page faults (~20% on CPU)
-    with files.released_on_exit():
+    with files.released_on_exit(), sigterm_raises():  # SIGTERM before training: cleanup runs, one line, 143
         if launched_by_mpi():
             from minitf.training import distributed
             return distributed.main(run, argv, "train.py", memory_hint="use a smaller --max-tokens",

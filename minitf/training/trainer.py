@@ -153,10 +153,12 @@ clock = time.monotonic
 _command_start = None
 
 
-def mark_command_start():
-    """Called first thing by ``train.py``: the budget counts the whole command from here."""
+def mark_command_start(started=None):
+    """Called first thing by ``train.py``: the budget counts the whole command from here, or from
+    ``started`` (``time.time()`` when the command started: before its imports, and in every rank before
+    the launch of ``mpiexec``)."""
     global _command_start
-    _command_start = clock()
+    _command_start = clock() - (0.0 if started is None else min(max(time.time() - started, 0.0), 86400.0))
 
 
 class WallBudget:
@@ -564,8 +566,10 @@ class Trainer:
                          f"python train.py --resume {self.run_dir}")
                 return 128 + int(self.stop_requested)  # 130 after Ctrl-C, 143 after SIGTERM
             signal.signal(signal.SIGINT, on_signal)
-            self._stopping_now = True
             try:
+                self._stopping_now = True
+                if self.stop_requested:  # a signal after the check above: the evaluation stops as it would
+                    raise EndOfRunInterrupted(self.stop_requested)
                 self.metrics.write(kind="done", step=self.step, train_minutes=round(self.elapsed / 60, 2))
                 self.log(f"trained {self.step} steps, {self.elapsed / 60:.1f} min after the start; checkpoint {final}")
                 self.finish(final)

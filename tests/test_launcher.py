@@ -1,0 +1,444 @@
+"""The command as a user starts it: ``python train.py`` on a CPU with several cores and MPI installed
+restarts itself under ``mpiexec`` with one rank per core (minitf.training.train.launch). These tests run that
+real launcher (conftest's ``MINITF_RANKS=1`` removed) on tiny made-up data: the command line is checked
+before any rank starts, one Ctrl-C or SIGTERM ends every rank in every phase (to the process group, as a
+terminal's Ctrl-C, or to the launcher alone, as ``kill``), waiting ranks sleep instead of spinning, and the
+whole command's time counts from its start. A phase is reached by watching the command's output (or the
+``MINITF_TEST_PAUSE`` marker, where rank 0 sleeps as a long step would), never by sleeping a fixed time;
+the timeouts only matter when something hangs, and every process a test started is killed in a finally."""
+import contextlib
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from minitf.nmt import corpora
+from minitf.training import trainer as trainer_module
+from minitf.training.train import every_core_command
+from tests.loopback import Server
+from tests.runs import MPIEXEC, QUIET, ROOT, TINY, make_corpus, needs_mpi, train
+
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+#: What a hang would take; a run that works ends in seconds.
+HANG = 120
+
+
+def command_env(**extra):
+    """The environment of a user's ``python train.py``: no MINITF_RANKS (the launcher picks one rank per
+    core; on a machine with more than 2 cores MINITF_RANKS=2 keeps the test small), the CPU."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MINITF_RANKS", "MINITF_TEST_PAUSE",
+                                                            "MINITF_COMMAND_START", "MINITF_TEST_SLOW_CHECKPOINT")}
+    env.update(PYTHONPATH=str(ROOT), MINITF_DEVICE="cpu")
+    if CORES != 2:
+        env["MINITF_RANKS"] = "2"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def descendants(pid):
+    """The process ids below ``pid`` (mpiexec's proxy and the ranks, which run in sessions of their own)."""
+    children = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def started_at(pid):
+    """(pid, its start time in clock ticks since boot): a process id reused later is not the same process."""
+    try:
+        return pid, int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return pid, None
+
+
+def alive(process):
+    """True while ``process`` (pid, start time) runs (a zombie has ended)."""
+    pid, start = process
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z" and int(fields[19]) == start
+
+
+def cpu_seconds(pid):
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Command:
+    """``python train.py ARGS`` in a session of its own (so that a test can signal its process group, as a
+    terminal's Ctrl-C does), its output read line by line in a thread; every process below it is noted."""
+
+    def __init__(self, args, env, cwd):
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *map(str, args)], env=env, cwd=cwd,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.lines, self.seen = [], set()
+        self.changed = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    def note_processes(self):
+        self.seen.update(started_at(pid) for pid in descendants(self.proc.pid))
+        return self.seen
+
+    def wait_for(self, text, timeout=HANG):
+        """Wait until a line containing ``text`` was written (while the command runs)."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not any(text in line for line in self.lines):
+                assert self.proc.poll() is None or self.reader.is_alive(), f"ended before {text!r}: {self.lines}"
+                assert time.monotonic() < deadline, f"no {text!r} in {HANG} s: {self.lines}"
+                self.changed.wait(0.2)
+        self.note_processes()
+
+    def wait_until(self, condition, what, timeout=HANG):
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert self.proc.poll() is None, f"ended before {what}: {self.lines}"
+            assert time.monotonic() < deadline, f"no {what} in {HANG} s: {self.lines}"
+            self.note_processes()
+            time.sleep(0.05)
+        self.note_processes()
+
+    def signal(self, sig, target):
+        """``group``: the command's process group (a terminal's Ctrl-C); ``top``: its first process alone."""
+        self.note_processes()
+        if target == "group":
+            os.killpg(self.proc.pid, sig)
+        else:
+            os.kill(self.proc.pid, sig)
+
+    def finish(self, timeout=HANG):
+        """(exit status, output lines) once the command ended; then no process of it is left."""
+        status = self.proc.wait(timeout)
+        self.reader.join(timeout)
+        deadline = time.monotonic() + 10
+        while any(alive(process) for process in self.seen) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid, start in self.seen if alive((pid, start))]
+        assert not left, f"processes left behind: {left}: {self.lines}"
+        return status, self.lines
+
+    def kill(self):
+        """Whatever happened: no process of the command outlives the test (only those still the same
+        processes: a process id that ended may have been given to another)."""
+        if self.proc.poll() is None:
+            self.note_processes()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid, start in self.seen:
+            if alive((pid, start)):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+
+#: mpiexec's own two lines when it forwards Ctrl-C to the ranks (MPICH's hydra); nothing else of it may show.
+MPIEXEC_CTRL_C = ("Sending Ctrl-C to processes as requested", "Press Ctrl-C again to force abort")
+
+
+def assert_one_clean_line(lines, status, expected_status, words):
+    """The command ended with ``expected_status`` and its last line says ``words``, with no traceback,
+    no MPI abort and no second error."""
+    assert status == expected_status, "\n".join(lines)
+    mpi_noise = [line for line in lines if "BAD TERMINATION" in line or "Abort" in line or "MPI" in line
+                 or "Traceback" in line or (line.startswith("[mpiexec@") and not line.endswith(MPIEXEC_CTRL_C))]
+    assert not mpi_noise, lines
+    assert re.search(words, lines[-1]), lines
+    errors = [line for line in lines if "error" in line.lower()]
+    assert len(errors) <= 1 and all(line == lines[-1] for line in errors), lines
+
+
+def temp_folders(folder):
+    return sorted(str(p) for p in pathlib.Path(folder).rglob(".*.tmp*"))
+
+
+SIGNALS = [pytest.param(signal.SIGINT, "group", id="ctrl-c"), pytest.param(signal.SIGINT, "top", id="kill-INT"),
+           pytest.param(signal.SIGTERM, "top", id="SIGTERM")]
+
+
+def start(tmp_path, args, **env):
+    return Command(args, command_env(**env), cwd=tmp_path)
+
+
+# --------------------------------------------------------------------------- one signal ends every rank
+@needs_mpi
+@pytest.mark.parametrize("sig, target", SIGNALS)
+def test_a_signal_while_the_default_corpus_downloads_keeps_the_part_file(tmp_path, sig, target):
+    """Rank 0 fetches the corpus (here from a loopback server that stops after 256 KiB) while rank 1 waits:
+    the job ends with one line naming the kept .part, which the next start resumes."""
+    release = threading.Event()
+
+    def stall(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(corpora.DING_DEB_SIZE))
+        handler.end_headers()
+        try:
+            handler.wfile.write(b"\0" * (256 << 10))
+            handler.wfile.flush()
+        except OSError:
+            return
+        release.wait(HANG)
+
+    server = Server({"/debian/" + corpora.DING_DEB_PATH: stall})
+    cache = tmp_path / "cache"
+    part = cache / (corpora.DING_DEB + ".part")
+    command = start(tmp_path, TINY + ["--cache-dir", cache, "--out", tmp_path / "run"], MINITF_NO_APT=1,
+                    MINITF_DEBIAN_MIRROR=server.url + "/debian")
+    try:
+        command.wait_until(lambda: part.is_file() and part.stat().st_size >= 64 << 10, "a partial download")
+        command.signal(sig, target)
+        status, lines = command.finish()
+    finally:
+        release.set()
+        command.kill()
+        server.close()
+    assert_one_clean_line(lines, status, 128 + sig, rf"interrupted .*kept {re.escape(str(part))} .*resumes")
+    assert sorted(p.name for p in cache.iterdir()) == [part.name] and not (tmp_path / "run").exists()
+
+
+@needs_mpi
+@pytest.mark.parametrize("sig, target", SIGNALS)
+def test_a_signal_while_rank_0_tokenizes_ends_every_rank(tmp_path, sig, target):
+    """Rank 0 reads and tokenizes (the marker: rank 0 sleeps where it trains the tokenizer) while rank 1
+    waits: one line, nothing to keep, and the same command starts again."""
+    data = make_corpus(tmp_path)
+    command = start(tmp_path, data + TINY + ["--max-steps", 2, "--out", tmp_path / "run"],
+                    MINITF_TEST_PAUSE="tokenize:120")
+    try:
+        command.wait_for("test pause: tokenize")
+        command.signal(sig, target)
+        status, lines = command.finish()
+    finally:
+        command.kill()
+    assert_one_clean_line(lines, status, 128 + sig, "interrupted .*nothing to keep, the same command starts again")
+    assert not (tmp_path / "run" / "config.json").exists() and not temp_folders(tmp_path)
+    if target != "group":
+        return
+    again = start(tmp_path, data + TINY + ["--max-steps", 2, "--eval-every", 100, "--average", 0,
+                                           "--bleu-sentences", 0, "--out", tmp_path / "run"])
+    try:
+        status, lines = again.finish()
+    finally:
+        again.kill()
+    assert status == 0, lines
+
+
+@needs_mpi
+@pytest.mark.parametrize("sig, target", SIGNALS)
+def test_a_signal_while_a_corpus_dir_is_prepared_leaves_no_temp_folder(tmp_path, sig, target):
+    data = make_corpus(tmp_path)
+    command = start(tmp_path, data + TINY + ["--corpus-dir", tmp_path / "prepared", "--out", tmp_path / "run"],
+                    MINITF_TEST_PAUSE="prepare:120")
+    try:
+        command.wait_for("test pause: prepare")
+        assert temp_folders(tmp_path)  # the preparation's private folder, while it runs
+        command.signal(sig, target)
+        status, lines = command.finish()
+    finally:
+        command.kill()
+    assert_one_clean_line(lines, status, 128 + sig, "interrupted .*removed its temp folder: nothing was kept")
+    assert not temp_folders(tmp_path) and not (tmp_path / "prepared").exists()
+
+
+@needs_mpi
+@pytest.mark.parametrize("sig, target", SIGNALS)
+def test_a_signal_during_training_saves_and_ends_every_rank(tmp_path, sig, target):
+    run = tmp_path / "run"
+    command = start(tmp_path, make_corpus(tmp_path) + TINY + ["--max-steps", 100000, "--save-every", 100000,
+                                                              "--eval-every", 100000, "--out", run])
+    metrics = run / "metrics.jsonl"
+    try:
+        command.wait_until(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 2, "2 steps")
+        command.signal(sig, target)
+        status, lines = command.finish()
+    finally:
+        command.kill()
+    assert_one_clean_line(lines, status, 128 + sig, r"stopped at step \d+; checkpoint .*--resume")
+    step = int(lines[-1].split("stopped at step ")[1].split(";")[0])
+    assert (run / "checkpoints" / f"step-{step:08d}" / "meta.json").is_file() and not temp_folders(tmp_path)
+
+
+@needs_mpi
+@pytest.mark.parametrize("sig, target", SIGNALS)
+def test_a_signal_during_the_end_of_run_evaluation_ends_every_rank(tmp_path, sig, target):
+    """Rank 0 chooses the candidates (the marker) while rank 1 waits for them: the evaluation stops at once,
+    best.json names the last checkpoint."""
+    run = tmp_path / "run"
+    command = start(tmp_path, make_corpus(tmp_path) + TINY + ["--max-steps", 2, "--eval-every", 100, "--out", run],
+                    MINITF_TEST_PAUSE="end:120")
+    try:
+        command.wait_for("test pause: end")
+        command.signal(sig, target)
+        status, lines = command.finish()
+    finally:
+        command.kill()
+    assert_one_clean_line(lines, status, 128 + sig, "during the end-of-run evaluation: stopped it")
+    assert (run / "best.json").is_file() and not temp_folders(tmp_path)
+
+
+@needs_mpi
+def test_a_waiting_rank_sleeps_instead_of_spinning(tmp_path):
+    """While rank 0 tokenizes (or downloads, or prepares for hours), rank 1 waits in a barrier: it takes
+    well under a core (a blocking MPI_Barrier polls at 100%)."""
+    command = start(tmp_path, make_corpus(tmp_path) + TINY + ["--out", tmp_path / "run"],
+                    MINITF_TEST_PAUSE="tokenize:120")
+    try:
+        command.wait_for("test pause: tokenize")
+        ranks = [pid for pid, _ in command.note_processes()
+                 if "train.py" in pathlib.Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+                 and "PMI_RANK" in pathlib.Path(f"/proc/{pid}/environ").read_text(errors="replace")]
+        assert len(ranks) == 2, ranks
+        before, start_time = [cpu_seconds(pid) for pid in ranks], time.monotonic()
+        time.sleep(1.5)
+        used = [cpu_seconds(pid) - b for pid, b in zip(ranks, before)]
+        wall = time.monotonic() - start_time
+        command.signal(signal.SIGINT, "group")
+        status, lines = command.finish()
+    finally:
+        command.kill()
+    assert max(used) < 0.25 * wall, f"CPU seconds of the ranks in {wall:.1f} s: {used}"
+    assert status == 130, lines
+
+
+def test_a_signal_just_after_training_stops_the_end_of_run_evaluation(tmp_path, corpus, capsys, monkeypatch):
+    """A signal that lands after training's last look at it, before the end-of-run evaluation takes signals
+    itself (where a busy rank can be when mpiexec forwards a Ctrl-C), stops the evaluation: it used to be
+    ignored, and under mpiexec that rank then waited alone for the others, which had stopped."""
+    real, evaluation_handler = signal.signal, []
+
+    class Signals:  # the trainer's signal module: SIGTERM arrives as the evaluation's handler is set
+        def __getattr__(self, name):
+            return getattr(signal, name)
+
+        @staticmethod
+        def signal(sig, handler):
+            previous = real(sig, handler)
+            if sig == signal.SIGINT and getattr(handler, "__name__", "") == "on_signal":
+                evaluation_handler.append(handler)
+                if len(evaluation_handler) == 2:  # the first is set before training
+                    os.kill(os.getpid(), signal.SIGTERM)
+            return previous
+
+    monkeypatch.setattr(trainer_module, "signal", Signals())
+    code, err = train(corpus + TINY + QUIET + ["--max-steps", 2, "--out", tmp_path / "run"], capsys)
+    assert code == 143 and "SIGTERM during the end-of-run evaluation: stopped it" in err[-1], err
+    assert len(evaluation_handler) == 2 and (tmp_path / "run" / "checkpoints" / "step-00000002").is_dir()
+
+
+# --------------------------------------------------------------------------- checked before mpiexec starts
+# name: (argv from the corpus flags, environment, exit status (None: any but 0), words of the line)
+BAD_COMMANDS = {
+    "a flag's bad value": (lambda c: c + ["--max-steps", "0"], {}, 2, "--max-steps: expected a positive int, got '0'"),
+    "a mistyped flag": (lambda c: c + ["--max-stesp", "3"], {}, 2, "unrecognized arguments: --max-stesp"),
+    "a config every rank refuses": (lambda c: c + ["--d-model", "10", "--num-heads", "3"], {}, 2, "divisible"),
+    "resume a folder that is not a run": (lambda c: ["--resume", "nothing-here"], {}, None, "nothing-here"),
+    "resume with a model flag": (lambda c: ["--resume", "nothing-here", "--d-model", "32"], {}, 2, "--d-model"),
+    "an --out below a file": (lambda c: c + ["--out", "afile/run"], {}, 2, "afile"),
+    **{f"MINITF_RANKS={value!r}": (lambda c: c, {"MINITF_RANKS": value}, 2, "MINITF_RANKS must be a positive whole "
+                                   f"number of processes, got {value!r}") for value in ("0", "-1", "abc", "1.5", "")},
+}
+
+
+@needs_mpi
+@pytest.mark.parametrize("case", sorted(BAD_COMMANDS))
+def test_a_bad_command_is_one_line_before_mpiexec_starts(tmp_path, case):
+    args, env, expected, words = BAD_COMMANDS[case]
+    (tmp_path / "afile").write_text("not a folder")
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), *args(make_corpus(tmp_path) + TINY)], cwd=tmp_path,
+                          env=command_env(**env), capture_output=True, text=True, timeout=HANG)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: ") and words in lines[0], lines
+    assert done.returncode == (expected or done.returncode) and done.returncode != 0, lines
+    assert not list(tmp_path.glob("run*")) and not (tmp_path / "runs").exists()
+
+
+@needs_mpi
+def test_an_abbreviated_device_flag_is_read_as_argparse_reads_it(tmp_path):
+    """``--dev gpu`` is ``--device gpu`` to argparse: the launcher starts no CPU ranks for it."""
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), *make_corpus(tmp_path), *TINY, "--max-steps", "1",
+                           "--dev", "gpu", "--out", "run"], cwd=tmp_path, env=command_env(), capture_output=True,
+                          text=True, timeout=HANG)
+    assert "ranks through mpiexec" not in done.stderr and "rank 0 of" not in done.stderr, done.stderr
+
+
+@needs_mpi
+def test_more_ranks_than_cores_is_said_in_the_first_line(monkeypatch):
+    monkeypatch.setenv("MINITF_RANKS", str(CORES + 1))
+    command, line = every_core_command(["--max-steps", "1"], "cpu")
+    assert command[1:3] == ["-n", str(CORES + 1)]
+    assert f"{CORES + 1} ranks through mpiexec" in line and f"more ranks than the {CORES} usable cores" in line
+    monkeypatch.delenv("MINITF_RANKS")
+    command, line = every_core_command(["--max-steps", "1"], "cpu")
+    if CORES > 1:
+        assert command[1:3] == ["-n", str(CORES)] and "one per core" in line
+
+
+@needs_mpi
+def test_an_error_every_rank_sees_under_mpiexec_is_one_line_without_an_abort(tmp_path):
+    """Explicit ``mpiexec -n 2``: every rank refuses the config; the job ends with rank 0's line and exit
+    status 2, without MPI_Abort's banner. A failure on rank 0 alone (only rank 0 trains the tokenizer: a
+    vocabulary too large for the text) still ends the job within seconds through MPI_Abort, its line kept."""
+    data = make_corpus(tmp_path)
+    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(ROOT / "train.py"), *data, *TINY,
+                           "--d-model", "10", "--num-heads", "3", "--out", "run"], cwd=tmp_path,
+                          env=command_env(), capture_output=True, text=True, timeout=HANG)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "error: --d-model must be divisible" in lines[0], lines
+    assert not (tmp_path / "run").exists()
+    started = time.monotonic()
+    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(ROOT / "train.py"), *data, *TINY,
+                           "--vocab-size", "100000", "--out", "run"], cwd=tmp_path, env=command_env(),
+                          capture_output=True, text=True, timeout=HANG)
+    ours = [line for line in done.stderr.splitlines() if line.startswith("train.py") and "error:" in line]
+    assert done.returncode != 0 and len(ours) == 1 and "vocab" in ours[0], done.stderr
+    assert time.monotonic() - started < 60
+
+
+# --------------------------------------------------------------------------- the whole command's time
+@needs_mpi
+def test_the_whole_command_time_counts_from_its_start(tmp_path):
+    """A rank that takes 3 s to start (a sitecustomize that sleeps in the ranks only, as slow imports or a
+    slow launch would): the first step's logged wall time and the last line count them."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text("import os, time\nif 'PMI_RANK' in os.environ:\n    time.sleep(3)\n")
+    env = command_env()
+    env["PYTHONPATH"] = f"{slow}{os.pathsep}{ROOT}"
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), *make_corpus(tmp_path), *TINY, "--max-steps", "1",
+                           "--eval-every", "100", "--average", "0", "--bleu-sentences", "0", "--out", run],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG)
+    assert done.returncode == 0 and "ranks through mpiexec" in done.stderr, done.stderr[-2000:]
+    import json
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["kind"] == "train" and first["elapsed"] >= 3.0, first
+    whole = re.search(r"whole command: (\d+) min (\d+) s", done.stderr)
+    assert 60 * int(whole[1]) + int(whole[2]) >= 3, done.stderr[-500:]
+
