@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Mutation testing of the modules that keep data and gradients right (not in CI; see docs/testing.md).
+#   scripts/mutation.sh first    # the most important functions (about 1,100 mutants)
+#   scripts/mutation.sh          # every mutant not yet checked (resumes: results are kept in mutants/)
+#   scripts/mutation.sh 'minitf.loss.*'   # these mutants again (mutmut's name globs)
+# Configuration: setup.cfg's [mutmut] section; which tests run for which module: scripts/mutation/plugin.py.
+# Needs mutmut 3 next to the project's test extras:
+#   python3 -m venv /tmp/venv-mut && /tmp/venv-mut/bin/pip install -e ".[test,mpi]" mutmut
+#   MUTMUT=/tmp/venv-mut/bin/mutmut scripts/mutation.sh first
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MUTMUT=${MUTMUT:-mutmut}
+# the mutants must be what the tests import: a checkout on PYTHONPATH would shadow mutants/
+unset PYTHONPATH
+export MINITF_DEVICE=cpu OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+FIRST=(
+    # checkpoint reading and verification
+    'minitf.nmt.checkpoint.x_read_checkpoint__*' 'minitf.nmt.checkpoint.x__npy_header__*'
+    'minitf.nmt.checkpoint.x_read_npz__*' 'minitf.nmt.checkpoint.x__read_member__*'
+    'minitf.nmt.checkpoint.x__compare__*' 'minitf.nmt.checkpoint.x_check_finite__*'
+    'minitf.nmt.checkpoint.x__pickle_refused__*' 'minitf.nmt.checkpoint.x_check_model_fits_file__*'
+    'minitf.nmt.checkpoint.x_latest_valid_checkpoint__*'
+    # download verification (size and sha256 are checked inside download())
+    'minitf.nmt.download.x_download__*'
+    # loss, optimizer, attention backward
+    'minitf.loss.*' 'minitf.optim.xǁAdamǁ*'
+    'minitf.attention.xǁMultiHeadAttentionǁbackward__*' 'minitf.attention.x_scaled_dot_product_attention_backward__*'
+)
+
+if [ "${1:-}" = first ]; then
+    set -- "${FIRST[@]}"
+fi
+# at most 2 workers, lowest priority: the machine is shared
+nice -n 19 "$MUTMUT" run --max-children 2 "$@"
+"$MUTMUT" export-cicd-stats 2>/dev/null || true
+"$MUTMUT" results
