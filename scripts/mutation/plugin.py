@@ -1,6 +1,6 @@
 """Pytest plugin for the mutation run (scripts/mutation.sh), loaded with ``-p scripts.mutation.plugin``.
 
-Three things keep mutmut's run targeted and its verdicts trustworthy for minitf's suite:
+Four things keep mutmut's run targeted and its verdicts trustworthy for minitf's suite:
 
 * A mutant of module M runs only the tests of M's own test files (``TESTS_BY_MODULE``) that call
   the mutated function (mutmut's map): not every integration test that happens to pass through
@@ -13,9 +13,14 @@ Three things keep mutmut's run targeted and its verdicts trustworthy for minitf'
   only ever report "survived", and it costs seconds per mutant. mutmut's test-to-function map also
   sees only in-process calls, so a function reached only by a child has "no tests".
 * Hypothesis draws the same examples every run (``derandomize``), so a mutant is killed or not
-  by the code, not by the luck of the draw.
+  by the code, not by the luck of the draw, and does not shrink a failing example (a killed
+  mutant needs no minimal example; shrinking took minutes per mutant).
+* The fastest tests run first (durations from mutmut's stats run), so a mutant is killed by the
+  first cheap test that can: ``-x`` stops there.
 """
+import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -65,12 +70,17 @@ def pytest_collection_modifyitems(config, items):
         return
     own = [item for item in items if item.path.name in TESTS_BY_MODULE[module]]
     config.hook.pytest_deselected(items=[item for item in items if item not in own])
-    items[:] = own
+    try:  # mutants/mutmut-stats.json; the current folder is mutants/
+        duration = json.loads(pathlib.Path("mutmut-stats.json").read_text())["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        duration = {}
+    items[:] = sorted(own, key=lambda item: duration.get(item.nodeid, 0.0))
 
 
 def pytest_collection_finish(session):
     # after tests/conftest.py has loaded its profile: same examples in every run
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
     settings.register_profile("mutation", max_examples=30, deadline=None, derandomize=True, database=None,
+                              phases=[Phase.explicit, Phase.generate],
                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     settings.load_profile("mutation")
