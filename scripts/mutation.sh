@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mutation testing of the modules that keep data and gradients right (not in CI; see docs/testing.md).
-#   scripts/mutation.sh first    # the most important functions (1,100 mutants, about 20 minutes on 2 cores)
+#   scripts/mutation.sh first    # the most important functions (1,080 mutants: over an hour on 2 busy cores)
 #   scripts/mutation.sh second   # the prepared corpus and batching, rank shares, run-folder files
 #   scripts/mutation.sh          # every mutant not yet checked (resumes: results are kept in mutants/)
 #   scripts/mutation.sh 'minitf.loss.*'   # these mutants again (mutmut's name globs)
