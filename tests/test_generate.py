@@ -222,7 +222,7 @@ BAD_INPUTS = {
     "no prompt on stdin": ("none", [], b"", 1, "standard input is empty; expected one prompt per line"),
     "an empty line on stdin": ("none", [], b"the cat\n\na dog\n", 1, "standard input: line 2 is empty"),
     "stdin not UTF-8": ("none", [], b"the cat\n\xff\n", 1, "standard input is not valid UTF-8 at line 2"),
-    "a checkpoint": ("checkpoint", ["--prompt", "x"], None, 2, "--checkpoint needs the run folder of a GPT"),
+    "a folder that is no run": ("checkpoint", ["--prompt", "x"], None, 1, "is neither a checkpoint folder"),
     "two sources": ("both", ["--prompt", "x"], None, 2, "not allowed with argument"),
     "no source": ("neither", ["--prompt", "x"], None, 2, "one of the arguments --from-pretrained --checkpoint"),
     "missing folder": ("missing", ["--prompt", "x"], None, 1, "is not a folder; give a Hugging Face GPT-2 folder"),

@@ -294,3 +294,32 @@ def test_a_gpt_checkpoint_loads_into_the_model_its_config_describes(tmp_path):
     model = gpt_from_run_config(state["meta"]["config"], tokenizer.vocab_size)
     model.load_state_dict(state["params"])
     assert model.config == state["meta"]["model"]
+
+
+def test_generate_continues_a_prompt_from_a_gpt_run_and_each_command_refuses_the_others_run(tmp_path):
+    """`python -m minitf.generate --checkpoint RUN` samples from a --model gpt run (greedy: the model's own
+    continuation, line breaks and all); translate refuses that run and generate a translation run, in one line."""
+    from minitf.gpt import generate
+    from minitf.lm.data import tokenizer_from_bytes, TextTokenizer
+    from minitf.lm.trainer import build_gpt
+    from tests.runs import TINY, make_corpus
+    run, translation = tmp_path / "run", tmp_path / "translation"
+    assert train_main(make_text(tmp_path) + TINY_GPT + ["--max-steps", "3", "--out", str(run)]) == 0
+    command = [sys.executable, "-m", "minitf.generate", "--checkpoint", str(run), "--prompt", "the cat",
+               "--temperature", "0", "--max-new-tokens", "12"]
+    done = subprocess.run(command, capture_output=True, text=True, env=CPU_ENV, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    model, tokenizer, _ = ckpt.load_model(run, build=build_gpt, read_tokenizer=tokenizer_from_bytes, run_model="gpt")
+    tokenizer = TextTokenizer(tokenizer)
+    ids = tokenizer.encode(["the cat"])[0]
+    expected = tokenizer.decode([generate(model, np.asarray([ids]), 12, temperature=0.0)[0].tolist()])[0]
+    assert done.stdout == expected + "\n" and done.stdout.startswith("the cat") and len(expected) > len("the cat")
+    refused = subprocess.run([sys.executable, "-m", "minitf.translate", "--checkpoint", str(run)], input="Hallo\n",
+                             capture_output=True, text=True, env=CPU_ENV, cwd=ROOT, timeout=120)
+    assert refused.returncode == 1 and "python -m minitf.generate --checkpoint RUN" in one_error_line(
+        refused.stderr.splitlines(), "minitf.translate", lines=3), refused.stderr
+    assert train_main(make_corpus(tmp_path) + TINY + ["--max-steps", "2", "--out", str(translation)]) == 0
+    refused = subprocess.run(command[:4] + [str(translation)] + command[5:], capture_output=True, text=True,
+                             env=CPU_ENV, cwd=ROOT, timeout=120)
+    assert refused.returncode == 1 and "python -m minitf.translate --checkpoint RUN" in one_error_line(
+        refused.stderr.splitlines(), "minitf.generate", lines=3), refused.stderr

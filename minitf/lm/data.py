@@ -61,6 +61,27 @@ def load_tokenizer(path):
     return Tokenizer(path)
 
 
+def tokenizer_from_bytes(data):
+    """A run's tokenizer.model from its bytes (a checkpoint's copy): characters (JSON) or sentencepiece BPE."""
+    return CharTokenizer.from_bytes(data) if data.startswith(b"{") else Tokenizer.from_bytes(data)
+
+
+class TextTokenizer:
+    """A run's tokenizer as a sampler uses it: ``encode``/``decode`` of whole texts with their line breaks
+    (BPE writes one as EOS, :func:`encode_text`), so a sample runs on across lines; no end-of-text id."""
+    eos_id = None
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.vocab_size, self.sha256 = tokenizer, tokenizer.vocab_size, tokenizer.sha256
+
+    def encode(self, texts):
+        return [encode_text(self.tokenizer, text)[:None if isinstance(self.tokenizer, CharTokenizer) else -1]
+                .tolist() for text in texts]  # a prompt ends where it ends, not with a line break
+
+    def decode(self, id_lists):
+        return [decode_ids(self.tokenizer, ids) for ids in id_lists]
+
+
 def encode_text(tokenizer, text):
     """The ids of a whole text (int64, host): characters one by one, or each line's BPE pieces followed by
     EOS for its line break."""

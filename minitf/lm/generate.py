@@ -22,6 +22,9 @@ import sys
 
 from minitf import backend
 from minitf.gpt import GPT, generate
+from minitf.lm.data import TextTokenizer, tokenizer_from_bytes
+from minitf.lm.trainer import build_gpt
+from minitf.training.checkpoint import load_model
 from minitf.training.text import answer_each_line, decode_lines
 from minitf.training.errors import DataError, OneLineParser, UsageError, non_negative, positive, report_errors
 
@@ -114,10 +117,10 @@ def load_pretrained(folder, warn=None):
 
 
 def load_run(run_dir, warn=None):
-    """(model, tokenizer) of a run folder of ``train.py --model gpt``: not wired in yet."""
-    raise UsageError(f"--checkpoint needs the run folder of a GPT trained by `train.py --model gpt`, and reading "
-                     f"one is not built into minitf.generate yet ({run_dir}); use --from-pretrained FOLDER "
-                     "(a Hugging Face GPT-2 folder)")
+    """(model, tokenizer) of a run folder of ``train.py --model gpt`` (its best.json's choice, else its newest
+    good checkpoint) or of one of its checkpoint folders, checked as ``minitf.translate`` checks its own."""
+    model, tokenizer, _ = load_model(run_dir, warn, build=build_gpt, read_tokenizer=tokenizer_from_bytes, run_model="gpt")
+    return model, TextTokenizer(tokenizer)
 
 
 #: ``--flag``'s destination -> its loader ``load(path, warn) -> (model, tokenizer)``

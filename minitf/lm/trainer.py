@@ -34,6 +34,11 @@ def gpt_from_run_config(config, vocab_size):
                pre_norm=config["pre_norm"])
 
 
+def build_gpt(config, vocab_size):
+    """The GPT a ``--model gpt`` checkpoint's config describes (``build`` of minitf.training.checkpoint.load_model)."""
+    return gpt_from_run_config(config.to_dict(), vocab_size)
+
+
 class LanguageModelTrainer(Trainer):
     """A run of ``python train.py --model gpt``: ``corpus`` is a :class:`minitf.lm.data.TextCorpus`."""
 

@@ -374,14 +374,31 @@ def _candidates(path, warn=None):
     return [first] + [p for p in reversed(list_checkpoints(path)) if p != first]
 
 
-def load_checkpoint_model(folder):
-    """(model in eval mode, tokenizer, meta) from one checkpoint folder; CheckpointError if it is
-    damaged or its parts do not fit together."""
+def build_transformer(config, vocab_size):
+    """The Transformer a translation checkpoint's config describes."""
+    return Transformer.from_config(config.model_config(vocab_size))
+
+
+#: What to do with a run of each ``--model``: the command that reads it.
+USE_A_RUN = {"transformer": "translate with python -m minitf.translate --checkpoint RUN",
+             "gpt": "sample from it with python -m minitf.generate --checkpoint RUN"}
+
+
+def load_checkpoint_model(folder, build=build_transformer, read_tokenizer=Tokenizer.from_bytes,
+                          run_model="transformer"):
+    """(model in eval mode, tokenizer, meta) from one checkpoint folder of a ``--model`` ``run_model`` run;
+    CheckpointError if it is damaged, of the other model, or its parts do not fit together.
+    ``build(config, vocab_size)`` makes the model and ``read_tokenizer(tokenizer_bytes)`` its tokenizer
+    (the Transformer's and sentencepiece's by default; the language model passes its own)."""
     built = {}
 
     def expect(state, path):  # meta.json and the tokenizer first, then a model, then the arrays' headers
-        tokenizer = Tokenizer.from_bytes(state["tokenizer_bytes"])
         meta = state["meta"]
+        kind = meta.get("config", {}).get("model", "transformer") if isinstance(meta.get("config"), dict) else None
+        if kind != run_model and kind in USE_A_RUN:
+            raise CheckpointError(f"{folder} is a checkpoint of a --model {kind} run, not of a --model {run_model} "
+                                  f"run: {USE_A_RUN[kind]}")
+        tokenizer = read_tokenizer(state["tokenizer_bytes"])
         if meta.get("tokenizer_sha256") not in (None, tokenizer.sha256):
             raise CheckpointError(f"{folder}: its tokenizer.model is not the one the model was trained with "
                                   "(tokenizer_sha256 in meta.json differs); use another checkpoint of the run")
@@ -394,7 +411,7 @@ def load_checkpoint_model(folder):
             raise CheckpointError(f"{error}; use a checkpoint written by this train.py") from None
         check_model_fits_file(config, tokenizer.vocab_size, path / "model.npz")
         try:
-            model = Transformer.from_config(config.model_config(tokenizer.vocab_size))
+            model = build(config, tokenizer.vocab_size)
         except (ValueError, TypeError) as error:
             raise CheckpointError(f"{folder}: meta.json's config does not describe a model: {error}") from None
         built.update(model=model, tokenizer=tokenizer)
@@ -415,8 +432,9 @@ def check_model_fits_file(config, vocab_size, model_file):
     hold (a crafted d_model 10**9 would ask for terabytes). A lower bound: embeddings, attention and
     feed-forward weights at 2 bytes each (the smallest float a checkpoint may hold)."""
     d, f = config.d_model, config.d_ff
+    attention = 4 if config.model == "gpt" else 8  # a GPT's decoder layers have no cross-attention
     at_least = (vocab_size * d + config.num_encoder_layers * (4 * d * d + 2 * d * f)
-                + config.num_decoder_layers * (8 * d * d + 2 * d * f))
+                + config.num_decoder_layers * (attention * d * d + 2 * d * f))
     size = model_file.stat().st_size
     if 2 * at_least > size:
         raise CheckpointError(f"{model_file.parent}: meta.json's config and model.npz do not fit together: the "
@@ -424,7 +442,8 @@ def check_model_fits_file(config, vocab_size, model_file):
                               f"than model.npz ({size:,} bytes) can hold; use another checkpoint of the run")
 
 
-def load_model(path, warn=None, rounds=10):
+def load_model(path, warn=None, rounds=10, build=build_transformer, read_tokenizer=Tokenizer.from_bytes,
+               run_model="transformer"):
     """(model in eval mode, tokenizer, meta) from a checkpoint folder (which must pass every check) or
     a run folder (a damaged checkpoint is skipped for the next newest, with ``warn(message)``). A run
     folder's checkpoint that disappears while it is read (a run saving beside us deleted it for a newer
@@ -435,7 +454,7 @@ def load_model(path, warn=None, rounds=10):
         for folder in [f for f in _candidates(path, warn) if f not in tried]:
             tried.add(folder)
             try:
-                result = load_checkpoint_model(folder)
+                result = load_checkpoint_model(folder, build, read_tokenizer, run_model)
             except (CheckpointError, DataError, OSError) as error:
                 if folder != pathlib.Path(path) and not folder.exists():  # pruned under us: list again
                     vanished = True
