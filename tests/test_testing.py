@@ -186,6 +186,8 @@ BUG_MESSAGES = {
     "mean-over-all-tokens": r"^logits: relative error.*\n.*\n  hint: analytic = 0.5 x numeric",
     "no-subtracted-sum": r"^x: relative error",
     "tied-overwrite": r"parameter weight: backward overwrote .grad \(= instead of \+=\)",
+    "position-mean": r"^weight: relative error.*\n.*\n  hint: analytic = 0.5 x numeric",
+    "gelu-no-product-term": r"^x: relative error.*\n.*\n  hint: off almost everywhere, by no single factor",
 }
 
 

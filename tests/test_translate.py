@@ -118,7 +118,7 @@ def test_best_json_pointing_outside_its_run_folder_is_ignored_with_a_warning(wor
     (run / "best.json").write_text(json.dumps({"model": "last", "checkpoint": "../elsewhere/ck"}))
     seen = []
     real = ckpt.load_checkpoint_model
-    monkeypatch.setattr(ckpt, "load_checkpoint_model", lambda folder: seen.append(pathlib.Path(folder)) or real(folder))
+    monkeypatch.setattr(ckpt, "load_checkpoint_model", lambda folder, *how: seen.append(pathlib.Path(folder)) or real(folder, *how))
     code, err, out = translate(["--checkpoint", run, "--beam", 1, "--src", world["corpus"][1]], capsys)
     assert code == 0 and len(err) == 1, err
     assert err[0].startswith("warning: ignoring best.json") and "outside the run folder" in err[0]
@@ -142,7 +142,7 @@ def test_a_checkpoint_deleted_under_translate_gives_way_to_the_newer_one(world, 
 
     if moment == "before its files are read":
         real = ckpt.load_checkpoint_model
-        monkeypatch.setattr(ckpt, "load_checkpoint_model", lambda folder: the_run_saves_step_6() or real(folder))
+        monkeypatch.setattr(ckpt, "load_checkpoint_model", lambda folder, *how: the_run_saves_step_6() or real(folder, *how))
     else:
         real = ckpt.file_sha256
         monkeypatch.setattr(ckpt, "file_sha256", lambda file: the_run_saves_step_6() or real(file))
