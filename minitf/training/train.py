@@ -413,15 +413,7 @@ def new_prepared_text_run(args, config, run_dir, world):
     tokenizer, corpus = open_prepared_text(folder, config.block_size)
     config.vocab_size = tokenizer.vocab_size
     config.tokenizer = "char" if isinstance(tokenizer, CharTokenizer) else "bpe"
-    config.data = {"prepared": str(folder.resolve())}
-    config.data_sha256 = {"manifest": file_sha256(folder / "manifest.json")}
-    if world.is_root:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        files.lock_run_folder(run_dir)
-        check_output_folder(run_dir)  # again, under the lock
-        files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
-        config.write(run_dir)
-    world.barrier()
+    start_prepared_run(config, run_dir, tokenizer, folder, world)
     return train_text_run(config, run_dir, tokenizer, corpus, args, where=f" (prepared in {folder})")
 
 
@@ -493,8 +485,16 @@ def new_prepared_run(args, given, config, run_dir, world):
     tokenizer = corpus.tokenizer
     config.vocab_size = tokenizer.vocab_size
     config.src_lang, config.tgt_lang = corpus.manifest["recipe"]["languages"]
-    config.data = {"prepared": str(pathlib.Path(folder).resolve()), "corpus": args.corpus}
-    config.data_sha256 = {"manifest": file_sha256(pathlib.Path(folder) / "manifest.json")}
+    start_prepared_run(config, run_dir, tokenizer, folder, world, corpus=args.corpus)
+    return train_new_run(config, run_dir, tokenizer, corpus, args, where=f" (prepared in {folder})")
+
+
+def start_prepared_run(config, run_dir, tokenizer, folder, world, **data):
+    """A new run on the prepared ``folder`` (either model): its config names the folder and its manifest's
+    sha256; rank 0 makes the run folder under its lock and writes the tokenizer and config.json."""
+    folder = pathlib.Path(folder)
+    config.data = {"prepared": str(folder.resolve()), **data}
+    config.data_sha256 = {"manifest": file_sha256(folder / "manifest.json")}
     if world.is_root:
         run_dir.mkdir(parents=True, exist_ok=True)
         files.lock_run_folder(run_dir)
@@ -502,7 +502,6 @@ def new_prepared_run(args, given, config, run_dir, world):
         files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
         config.write(run_dir)
     world.barrier()
-    return train_new_run(config, run_dir, tokenizer, corpus, args, where=f" (prepared in {folder})")
 
 
 def prepare_data(args, given, config, reuse_only=False):
