@@ -363,6 +363,22 @@ class MinitfGPTStep:
         return loss
 
 
+def hf_gpt_from_minitf(gpt):
+    """``transformers.GPT2LMHeadModel`` with the GPT-2 config minitf writes for ``gpt`` (a minitf GPT) and
+    ``gpt``'s parameters in float32 (``attn_pdrop`` 0 as minitf, the same dropout elsewhere)."""
+    import torch
+    import transformers
+    from minitf.gpt import _hf_config_from, minitf_to_hf_state
+    token_ids = {"bos_token_id": 0, "eos_token_id": 0}  # inside any vocabulary (no warning)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**_hf_config_from(gpt.config, token_ids, "float32")))
+    state = {name: torch.from_numpy(minitf.backend.to_numpy(array).astype("float32"))
+             for name, array in minitf_to_hf_state(gpt.state_dict(), gpt.config).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if [m for m in missing if m != "lm_head.weight"] or unexpected:  # lm_head is tied to wte
+        raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+    return model
+
+
 class TorchGPTStep:
     """PyTorch's step of the same model: ``transformers.GPT2LMHeadModel`` with the GPT-2 config
     minitf writes for it (``attn_pdrop`` 0 as minitf, the same dropout elsewhere), holding
@@ -371,20 +387,10 @@ class TorchGPTStep:
 
     def __init__(self, shape, weights_of, device="cpu", batch=None):
         import torch
-        import transformers
-        from minitf.gpt import _hf_config_from, minitf_to_hf_state
         self.torch = torch
         dev = torch.device("cuda" if device == "gpu" else "cpu")
-        token_ids = {"bos_token_id": 0, "eos_token_id": 0}  # inside any vocabulary (no warning)
-        config = transformers.GPT2Config(**_hf_config_from(weights_of.config, token_ids, "float32"))
         torch.manual_seed(0)
-        self.model = transformers.GPT2LMHeadModel(config)
-        state = {name: torch.from_numpy(minitf.backend.to_numpy(array).astype("float32"))
-                 for name, array in minitf_to_hf_state(weights_of.state_dict(), weights_of.config).items()}
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        if [m for m in missing if m != "lm_head.weight"] or unexpected:  # lm_head is tied to wte
-            raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
-        self.model = self.model.to(dev).train()
+        self.model = hf_gpt_from_minitf(weights_of).to(dev).train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=GPT_LR, betas=GPT_BETAS, eps=GPT_EPS)
         self.batch = tuple(torch.from_numpy(a).to(dev) for a in (batch if batch is not None else gpt_batch(shape)))
         self.sync = torch.cuda.synchronize if device == "gpu" else (lambda: None)

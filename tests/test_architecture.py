@@ -128,7 +128,8 @@ def test_the_graph_sees_real_imports():
     assert {"minitf.nmt.translation_trainer", "minitf.lm.trainer"} <= graph["minitf.training.train"]
     assert "minitf.training.train" in graph["train"]
     assert "minitf.nmt.decode" in graph["scripts.compare_devices"]
-    for script in ("benchmark", "ab_step", "layer_profile", "data_parallel", "torch_equal_minutes", "gpt_step"):
+    for script in ("benchmark", "ab_step", "layer_profile", "data_parallel", "torch_equal_minutes", "gpt_step",
+                   "torch_lm_equal_minutes"):
         assert "benchmarks.common" in graph[f"benchmarks.{script}"], script
 
 
