@@ -43,7 +43,7 @@ class LanguageModelTrainer(Trainer):
     """A run of ``python train.py --model gpt``: ``corpus`` is a :class:`minitf.lm.data.TextCorpus`."""
 
     def build_model(self):
-        return gpt_from_run_config(self.config.to_dict(), self.tokenizer.vocab_size)
+        return build_gpt(self.config, self.tokenizer.vocab_size)
 
     def build_loss(self):
         return LabelSmoothedCrossEntropy(self.config.label_smoothing, ignore_index=NO_IGNORE)
