@@ -9,7 +9,6 @@ It is written into a locked temp folder beside DIR and renamed into place when w
 manifest records the same sources and settings is reused (after the checks of :func:`open_prepared_text`),
 another is refused, and ``rebuild`` (train.py's ``--prepare-again``) replaces it, or a damaged one."""
 import hashlib
-import json
 import os
 import pathlib
 import reprlib
@@ -20,7 +19,7 @@ from minitf.training.download import sigterm_raises
 from minitf.training.errors import DataError
 from minitf.training.files import file_sha256, fsync_dir, write_atomic, write_json_atomic
 from minitf.training.text import (check_ids, damaged_file, inside_folder, map_array, move_into_place,
-                                  new_work_folder, read_text, remove_stale_work, token_dtype)
+                                  load_manifest, read_text, start_preparation, token_dtype)
 from minitf.training.tokenizer import Tokenizer, train_tokenizer
 from minitf.lm.data import CharTokenizer, TextCorpus, encode_text
 
@@ -86,14 +85,10 @@ def prepare_text_corpus(out_dir, sources, tokenizer_kind, vocab_size, rebuild=Fa
     for split, path in sources.items():
         read_text_head(path, f"--{split}-text")
     recipe = _recipe(sources, tokenizer_kind, vocab_size)
-    removed = remove_stale_work(out_dir)
-    if removed:
-        log(f"removed {len(removed)} temp folder(s) left by killed preparations of {out_dir}")
-    if _reusable(out_dir, recipe, rebuild, log):
-        log(f"prepared text {out_dir}: reused (its manifest matches the sources and settings)")
+    started = start_preparation(out_dir, lambda: _reusable(out_dir, recipe, rebuild, log), "prepared text", log)
+    if started is None:
         return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work, held = new_work_folder(out_dir)
+    work, held = started
     try:
         with sigterm_raises():  # SIGTERM too runs the finally below: no temp folder is left
             if tokenizer_kind == "char":
@@ -173,16 +168,8 @@ def _is_count(value, least=0):
 
 def read_manifest(folder):
     """The manifest of a prepared text folder, every field checked; a one-line DataError for anything else."""
-    folder = pathlib.Path(folder)
-    path = inside_folder(folder, "manifest.json")
-    if not path.is_file():
-        what = "does not exist" if not folder.exists() else "has no manifest.json"
-        raise DataError(f"prepared text {str(folder)!r} {what}; prepare it first (train.py --model gpt "
-                        "--train-text ... --valid-text ... --corpus-dir DIR)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise damaged_file(path, f"is not valid JSON ({error})") from None
+    path, manifest = load_manifest(folder, "prepared text",
+                                   "train.py --model gpt --train-text ... --valid-text ... --corpus-dir DIR")
 
     def refuse(field, value, expected):
         raise damaged_file(path, f"has {field} = {reprlib.repr(value)}, expected {expected}")

@@ -2,7 +2,6 @@
 splits of a run, and prepared parallel corpora (memory-mapped token arrays checked by :mod:`minitf.training.text`).
 Bad input is a one-line DataError saying what was expected, what came and what to do."""
 import hashlib
-import json
 import os
 import pathlib
 import re
@@ -10,8 +9,8 @@ import reprlib
 
 from minitf.backend import host as np
 from minitf.training.errors import DataError
-from minitf.training.text import (MAX_CHARS, check_ids, check_offsets, damaged_file, inside_folder, map_array,
-                                  read_lines, token_dtype)
+from minitf.training.text import (MAX_CHARS, check_ids, check_offsets, damaged_file, inside_folder, load_manifest,
+                                  map_array, read_lines, token_dtype)
 from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, BpeDropout, Tokenizer
 
 
@@ -393,16 +392,8 @@ def check_manifest(manifest, path):
 def read_manifest(folder):
     """The manifest of a prepared folder, every field checked (:func:`check_manifest`), with a one-line
     DataError for anything else."""
-    folder = pathlib.Path(folder)
-    path = inside_folder(folder, "manifest.json")
-    if not path.is_file():
-        what = "does not exist" if not folder.exists() else "has no manifest.json"
-        raise DataError(f"prepared corpus {str(folder)!r} {what}; prepare it first "
-                        "(train.py --train-src ... --corpus-dir DIR, or --corpus wmt14-en-de)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise damaged_file(path, f"is not valid JSON ({error})") from None
+    path, manifest = load_manifest(folder, "prepared corpus",
+                                   "train.py --train-src ... --corpus-dir DIR, or --corpus wmt14-en-de")
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
     if not _is_count(version) or version != FORMAT_VERSION:
         raise damaged_file(path, f"has format version {reprlib.repr(version)}, this minitf reads version {FORMAT_VERSION}")

@@ -26,7 +26,7 @@ from minitf.nmt import data
 from minitf.training.download import sigterm_raises
 from minitf.training.errors import DataError, Interrupted, pause_for_tests
 from minitf.training.files import file_sha256, fsync_dir, write_atomic, write_json_atomic
-from minitf.training.text import move_into_place, new_work_folder, remove_stale_work, token_dtype
+from minitf.training.text import move_into_place, start_preparation, token_dtype
 from minitf.training.tokenizer import Tokenizer, train_tokenizer
 
 
@@ -212,14 +212,10 @@ def prepare_corpus(out_dir, sources, vocab_size, *, sample_sentences=1_000_000, 
     recipe = dict(sources={split: _plain(source_digests[split]) for split in sources}, vocab_size=int(vocab_size),
                   sample_sentences=int(sample_sentences), seed=int(seed), rules=dataclasses.asdict(rules),
                   languages=list(languages))
-    removed = remove_stale_work(out_dir)
-    if removed:
-        log(f"removed {len(removed)} temp folder(s) left by killed preparations of {out_dir}")
-    if _reusable(out_dir, recipe, rebuild, log):
-        log(f"prepared corpus {out_dir}: reused (its manifest matches the sources and settings)")
+    started = start_preparation(out_dir, lambda: _reusable(out_dir, recipe, rebuild, log), "prepared corpus", log)
+    if started is None:
         return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work, held = new_work_folder(out_dir)
+    work, held = started
     try:
         with sigterm_raises():  # SIGTERM too runs the finally below: no temp folder is left
             manifest = _build(work, sources, recipe, rules, workers, chunk_pairs, log)

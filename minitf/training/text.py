@@ -2,6 +2,7 @@
 atomically, and memory-mapped token arrays with the checks that refuse a damaged one. Bad input is a one-line
 DataError saying what was expected, what came and what to do."""
 import glob
+import json
 import sys
 import os
 import pathlib
@@ -223,6 +224,34 @@ def remove_stale_work(out_dir):
         finally:
             os.close(fd)
     return removed
+
+
+def start_preparation(out_dir, reusable, what, log):
+    """Before preparing ``out_dir``: remove the temp folders of killed preparations, then None if
+    ``reusable()`` says the folder already holds this preparation, else ``(work, held)``: a new locked
+    temp folder beside it (:func:`new_work_folder`). ``what`` names the folder in the log."""
+    removed = remove_stale_work(out_dir)
+    if removed:
+        log(f"removed {len(removed)} temp folder(s) left by killed preparations of {out_dir}")
+    if reusable():
+        log(f"{what} {out_dir}: reused (its manifest matches the sources and settings)")
+        return None
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return new_work_folder(out_dir)
+
+
+def load_manifest(folder, what, prepare_first):
+    """(path, parsed JSON) of ``folder``'s manifest.json, refused in one line when the folder or the file is
+    missing (saying ``prepare_first``) or not JSON; its fields are the caller's to check."""
+    folder = pathlib.Path(folder)
+    path = inside_folder(folder, "manifest.json")
+    if not path.is_file():
+        missing = "does not exist" if not folder.exists() else "has no manifest.json"
+        raise DataError(f"{what} {str(folder)!r} {missing}; prepare it first ({prepare_first})")
+    try:
+        return path, json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise damaged_file(path, f"is not valid JSON ({error})") from None
 
 
 def move_into_place(work, out_dir):
