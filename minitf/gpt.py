@@ -156,22 +156,26 @@ class GPT(Module):
         """The GPT of a Hugging Face GPT-2 folder: ``config.json`` and ``model.safetensors``, read
         with the ``safetensors`` package's NumPy API (no torch, no pickle), built under ``dtype``
         (default: minitf's default float dtype). A ValueError names what does not fit."""
-        folder = pathlib.Path(folder)
-        hf = _read_hf_config(folder)
-        config = _config_from_hf(hf)
+        config, hf = pretrained_config(folder)
         with backend.default_dtype(dtype or backend.get_default_dtype()):
             model = cls(**(config | {"init": "xavier"}))  # the weights are read next: no second random draw
         model.config["init"] = config["init"]  # how the model was made, for save_pretrained's config.json
         model.hf_config = hf  # kept, so that save_pretrained writes back its other entries
+        model.load_pretrained(folder)
+        return model
+
+    def load_pretrained(self, folder):
+        """Replace every parameter by the weights of ``folder``'s ``model.safetensors`` (a Hugging Face GPT-2
+        folder whose config this model was built from; fine-tuning starts here). A ValueError names what
+        does not fit."""
+        path = pathlib.Path(folder) / "model.safetensors"
         try:
-            weights = _safetensors().load_file(str(folder / "model.safetensors"))
+            weights = _safetensors().load_file(str(path))
         except ImportError:
             raise
         except Exception as error:  # safetensors' own error type: a damaged or foreign file
-            raise ValueError(f"{folder / 'model.safetensors'} is not a readable safetensors file "
-                             f"({type(error).__name__}: {error})") from None
-        model.load_state_dict(hf_to_minitf_state(weights, model.config))
-        return model
+            raise ValueError(f"{path} is not a readable safetensors file ({type(error).__name__}: {error})") from None
+        self.load_state_dict(hf_to_minitf_state(weights, self.config))
 
     def save_pretrained(self, folder):
         """Write this model as a Hugging Face GPT-2 folder (``config.json`` and ``model.safetensors``
@@ -250,6 +254,15 @@ def _safetensors():
         raise ImportError("reading and writing Hugging Face folders needs the safetensors package: "
                           'pip install -e ".[hf]"') from None
     return safetensors.numpy
+
+
+def pretrained_config(folder):
+    """(``GPT``'s arguments, the config.json dict) of a Hugging Face GPT-2 folder, checked: a ValueError
+    for a folder without config.json and model.safetensors, another model type, or an option minitf
+    does not compute."""
+    folder = pathlib.Path(folder)
+    hf = _read_hf_config(folder)
+    return _config_from_hf(hf), hf
 
 
 def _read_hf_config(folder):

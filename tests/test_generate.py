@@ -132,12 +132,12 @@ def test_vocab_json_and_merges_txt_encode_as_transformers_gpt2_tokenizer(folder,
     from tokenizers import Tokenizer
     from transformers import GPT2Tokenizer
 
-    from minitf.lm.generate import read_tokenizer
+    from minitf.lm.data import read_pretrained_tokenizer
     Tokenizer.from_file(str(folder / "tokenizer.json")).model.save(str(tmp_path))
     eos = "<|endoftext|>"
     theirs = GPT2Tokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"), unk_token=eos,
                            bos_token=eos, eos_token=eos)
-    ours = read_tokenizer(tmp_path, eos_id=theirs.eos_token_id)
+    ours = read_pretrained_tokenizer(tmp_path, eos_id=theirs.eos_token_id)
     texts = PROMPTS + [" once  upon a time" + eos + "the cat", "the  tree\tand a bird"]
     assert ours.encode(texts) == [theirs.encode(text) for text in texts]
     assert ours.decode(ours.encode(texts)) == [theirs.decode(theirs.encode(text)) for text in texts]

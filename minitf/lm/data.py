@@ -1,6 +1,7 @@
 """A language model's data (host NumPy): the text as one stream of token ids, the training blocks of an
 epoch and the evaluation blocks of a split. Tokens are sentencepiece BPE pieces (lines joined by EOS, which
-stands for the line break) or characters (:class:`CharTokenizer`). Bad input is a one-line DataError."""
+stands for the line break), characters (:class:`CharTokenizer`) or a pretrained model's byte-level BPE
+(:class:`PretrainedTokenizer`, GPT-2's, for fine-tuning). Bad input is a one-line DataError."""
 import hashlib
 import json
 import pathlib
@@ -9,8 +10,10 @@ from minitf.backend import host as np
 from minitf.training.errors import DataError
 from minitf.training.tokenizer import EOS_ID, Tokenizer
 
-#: The first bytes of a character tokenizer's tokenizer.model (a sentencepiece model is a protobuf, never JSON).
+#: The "format" of a character tokenizer's tokenizer.model (JSON; a sentencepiece model is a protobuf, never JSON).
 CHAR_FORMAT = "minitf-char-1"
+#: The "format" of a pretrained tokenizer's tokenizer.model (JSON holding the tokenizers package's own JSON).
+PRETRAINED_FORMAT = "minitf-pretrained-1"
 
 
 class CharTokenizer:
@@ -52,40 +55,147 @@ class CharTokenizer:
                 for ids in id_lists]
 
 
+class PretrainedTokenizer:
+    """A tokenizer of the ``tokenizers`` package (a Hugging Face model's, such as GPT-2's byte-level BPE) with
+    the interface of :class:`minitf.training.tokenizer.Tokenizer`. No special tokens are added around a text (as
+    Hugging Face's text-generation pipeline encodes a prompt); ``eos_id`` is the model's end-of-text id or
+    None. A run of ``train.py --init-from`` keeps it in tokenizer.model (:meth:`model_bytes`)."""
+
+    def __init__(self, tokenizer, eos_id=None, data=None):
+        self._tokenizer, self.eos_id = tokenizer, eos_id
+        self._bytes = data if data is not None else json.dumps(
+            {"format": PRETRAINED_FORMAT, "eos_id": eos_id, "tokenizer": tokenizer.to_str()}).encode("utf-8")
+        self.sha256 = hashlib.sha256(self._bytes).hexdigest()
+
+    @classmethod
+    def from_bytes(cls, data, origin="tokenizer.model"):
+        """The tokenizer of a run's tokenizer.model written by :meth:`model_bytes` (a checkpoint's copy too)."""
+        tokenizers = _tokenizers_package(origin)
+        try:
+            values = json.loads(data.decode("utf-8"))
+            eos_id = values["eos_id"]
+            if values.get("format") != PRETRAINED_FORMAT or not (eos_id is None or type(eos_id) is int):
+                raise ValueError("not a pretrained tokenizer")
+            tokenizer = tokenizers.Tokenizer.from_str(values["tokenizer"])
+        except Exception as error:  # the tokenizers package raises a bare Exception
+            raise DataError(f"{origin} is not a pretrained tokenizer written by train.py --init-from "
+                            f"({str(error).strip() or type(error).__name__}); use the run's own tokenizer.model") from None
+        return cls(tokenizer, eos_id, data)
+
+    @property
+    def vocab_size(self):
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def model_bytes(self):
+        return self._bytes
+
+    def encode(self, texts):
+        return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, id_lists):
+        return self._tokenizer.decode_batch([[int(i) for i in ids] for ids in id_lists], skip_special_tokens=False)
+
+
+def _tokenizers_package(needed_by):
+    try:
+        import tokenizers
+    except ImportError:
+        raise DataError(f"{needed_by} needs the tokenizers package, not installed here: pip install -e '.[hf]'") from None
+    return tokenizers
+
+
+def tokenizer_files(folder):
+    """The tokenizer files of a Hugging Face folder: [tokenizer.json] if present, else
+    [vocab.json, merges.txt]; a DataError when neither is there."""
+    folder = pathlib.Path(folder)
+    if (folder / "tokenizer.json").is_file():
+        return [folder / "tokenizer.json"]
+    if all((folder / name).is_file() for name in ("vocab.json", "merges.txt")):
+        return [folder / "vocab.json", folder / "merges.txt"]
+    raise DataError(f"{folder} has no tokenizer: expected tokenizer.json, or vocab.json and merges.txt "
+                    "(GPT-2's byte-level BPE); copy them from the model's Hugging Face folder")
+
+
+def read_pretrained_tokenizer(folder, eos_id=None):
+    """The :class:`PretrainedTokenizer` of a Hugging Face folder: ``tokenizer.json`` if present, else
+    ``vocab.json`` and ``merges.txt`` read as GPT-2's byte-level BPE (its end-of-text token, ``eos_id``, made
+    special as GPT-2's tokenizer does). A DataError names a missing or unreadable file."""
+    files = tokenizer_files(folder)
+    tokenizers = _tokenizers_package(f"the tokenizer of {folder}")
+    try:
+        if len(files) == 1:
+            tokenizer = tokenizers.Tokenizer.from_file(str(files[0]))
+        else:
+            tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(*map(str, files)))
+            tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's
+            tokenizer.decoder = tokenizers.decoders.ByteLevel()
+            eos = tokenizer.id_to_token(eos_id) if eos_id is not None else None
+            if eos is not None:  # "<|endoftext|>" in a text is one token, not 7 pieces
+                tokenizer.add_special_tokens([eos])
+    except Exception as error:  # the tokenizers package raises a bare Exception
+        raise DataError(f"{' and '.join(str(f) for f in files)} cannot be read as a tokenizer "
+                        f"({str(error).strip() or type(error).__name__}); copy it again from the model's "
+                        "Hugging Face folder") from None
+    return PretrainedTokenizer(tokenizer, eos_id)
+
+
+def pretrained_eos_id(hf_config, vocab_size):
+    """The end-of-text id of a Hugging Face config.json (``eos_token_id``), or None where it is absent or not
+    one id of the vocabulary (generation then runs to its length)."""
+    eos_id = hf_config.get("eos_token_id")
+    return eos_id if type(eos_id) is int and 0 <= eos_id < vocab_size else None
+
+
+def tokenizer_kind(tokenizer):
+    """The run config's ``tokenizer`` of a tokenizer: "char", "pretrained" or "bpe"."""
+    return {CharTokenizer: "char", PretrainedTokenizer: "pretrained"}.get(type(tokenizer), "bpe")
+
+
 def load_tokenizer(path):
-    """A run's tokenizer.model: a character tokenizer (JSON) or a sentencepiece BPE model."""
+    """A run's tokenizer.model: a character or pretrained tokenizer (JSON) or a sentencepiece BPE model."""
     path = pathlib.Path(path)
     data = path.read_bytes() if path.is_file() else None
     if data is not None and data.startswith(b"{"):
-        return CharTokenizer.from_bytes(data, str(path))
+        return tokenizer_from_bytes(data, str(path))
     return Tokenizer(path)
 
 
-def tokenizer_from_bytes(data):
-    """A run's tokenizer.model from its bytes (a checkpoint's copy): characters (JSON) or sentencepiece BPE."""
-    return CharTokenizer.from_bytes(data) if data.startswith(b"{") else Tokenizer.from_bytes(data)
+def tokenizer_from_bytes(data, origin="tokenizer.model"):
+    """A run's tokenizer.model from its bytes (a checkpoint's copy): characters or a pretrained model's
+    tokenizer (JSON, told apart by its "format"), or sentencepiece BPE."""
+    if not data.startswith(b"{"):
+        return Tokenizer.from_bytes(data)
+    if f'"format": "{PRETRAINED_FORMAT}"'.encode() in data[:64]:  # json.dumps writes "format" first
+        return PretrainedTokenizer.from_bytes(data, origin)
+    return CharTokenizer.from_bytes(data, origin)
 
 
 class TextTokenizer:
     """A run's tokenizer as a sampler uses it: ``encode``/``decode`` of whole texts with their line breaks
-    (BPE writes one as EOS, :func:`encode_text`), so a sample runs on across lines; no end-of-text id."""
-    eos_id = None
+    (sentencepiece BPE writes one as EOS, :func:`encode_text`), so a sample runs on across lines; the
+    end-of-text id of a pretrained tokenizer (the others have none)."""
 
     def __init__(self, tokenizer):
         self.tokenizer, self.vocab_size, self.sha256 = tokenizer, tokenizer.vocab_size, tokenizer.sha256
+        self.eos_id = getattr(tokenizer, "eos_id", None)
 
     def encode(self, texts):
-        return [encode_text(self.tokenizer, text)[:None if isinstance(self.tokenizer, CharTokenizer) else -1]
+        return [encode_text(self.tokenizer, text)[:-1 if _line_breaks_as_eos(self.tokenizer) else None]
                 .tolist() for text in texts]  # a prompt ends where it ends, not with a line break
 
     def decode(self, id_lists):
         return [decode_ids(self.tokenizer, ids) for ids in id_lists]
 
 
+def _line_breaks_as_eos(tokenizer):
+    """Whether ``tokenizer`` is sentencepiece BPE, which has no line break: lines are joined by EOS."""
+    return not isinstance(tokenizer, (CharTokenizer, PretrainedTokenizer))
+
+
 def encode_text(tokenizer, text):
-    """The ids of a whole text (int64, host): characters one by one, or each line's BPE pieces followed by
-    EOS for its line break."""
-    if isinstance(tokenizer, CharTokenizer):
+    """The ids of a whole text (int64, host): characters one by one, a pretrained tokenizer's bytes as they
+    come (a line break is a byte like any other), or each line's BPE pieces followed by EOS for its line break."""
+    if not _line_breaks_as_eos(tokenizer):
         return np.asarray(tokenizer.encode([text])[0], dtype=np.int64)
     lines = text.split("\n")
     if lines[-1] == "":
@@ -100,7 +210,7 @@ def encode_text(tokenizer, text):
 def decode_ids(tokenizer, ids):
     """The text of a stream of ids (:func:`encode_text` reversed: EOS back to a line break)."""
     ids = [int(i) for i in ids]
-    if isinstance(tokenizer, CharTokenizer):
+    if not _line_breaks_as_eos(tokenizer):
         return tokenizer.decode([ids])[0]
     lines, start = [], 0
     for i, token in enumerate(ids + [EOS_ID]):

@@ -1,4 +1,4 @@
-"""Sample from a GPT: ``python -m minitf.generate --from-pretrained FOLDER [--prompt TEXT]``.
+"""Sample from a GPT: ``python -m minitf.generate --checkpoint RUN | --from-pretrained FOLDER [--prompt TEXT]``.
 
 Continues each prompt by at most ``--max-new-tokens`` tokens and writes the prompt with its
 continuation on stdout (a continuation may span lines). The prompt comes from ``--prompt``; else
@@ -22,7 +22,8 @@ import sys
 
 from minitf import backend
 from minitf.gpt import GPT, generate
-from minitf.lm.data import TextTokenizer, tokenizer_from_bytes
+from minitf.lm.data import (TextTokenizer, pretrained_eos_id, read_pretrained_tokenizer, tokenizer_files,
+                            tokenizer_from_bytes)
 from minitf.lm.trainer import build_gpt
 from minitf.training.checkpoint import load_model
 from minitf.training.text import answer_each_line, decode_lines
@@ -34,25 +35,6 @@ np = backend.host  # token ids live on the host
 # --------------------------------------------------------------------------- #
 # Model sources: (model, tokenizer) from a path
 # --------------------------------------------------------------------------- #
-class PretrainedTokenizer:
-    """A tokenizer of the ``tokenizers`` package with the interface of
-    :class:`minitf.training.tokenizer.Tokenizer`. No special tokens are added around a text (as
-    Hugging Face's text-generation pipeline encodes a prompt); ``eos_id`` is the model's."""
-
-    def __init__(self, tokenizer, eos_id=None):
-        self._tokenizer, self.eos_id = tokenizer, eos_id
-
-    @property
-    def vocab_size(self):
-        return self._tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def encode(self, texts):
-        return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
-
-    def decode(self, id_lists):
-        return self._tokenizer.decode_batch([[int(i) for i in ids] for ids in id_lists], skip_special_tokens=False)
-
-
 def _require(*modules):
     missing = []
     for name in modules:
@@ -65,54 +47,15 @@ def _require(*modules):
                         "not installed here: pip install -e '.[hf]'")
 
 
-def tokenizer_files(folder):
-    """The tokenizer files of a Hugging Face folder: [tokenizer.json] if present, else
-    [vocab.json, merges.txt]; a DataError when neither is there."""
-    if (folder / "tokenizer.json").is_file():
-        return [folder / "tokenizer.json"]
-    if all((folder / name).is_file() for name in ("vocab.json", "merges.txt")):
-        return [folder / "vocab.json", folder / "merges.txt"]
-    raise DataError(f"{folder} has no tokenizer: expected tokenizer.json, or vocab.json and merges.txt "
-                    "(GPT-2's byte-level BPE); copy them from the model's Hugging Face folder")
-
-
-def read_tokenizer(folder, eos_id=None):
-    """The tokenizer of a Hugging Face folder: ``tokenizer.json`` if present, else ``vocab.json``
-    and ``merges.txt`` read as GPT-2's byte-level BPE (its end-of-text token, ``eos_id``, made
-    special as GPT-2's tokenizer does). A DataError names a missing or unreadable file."""
-    import tokenizers
-    from tokenizers import decoders, models, pre_tokenizers
-
-    files = tokenizer_files(pathlib.Path(folder))
-    try:
-        if len(files) == 1:
-            tokenizer = tokenizers.Tokenizer.from_file(str(files[0]))
-        else:
-            tokenizer = tokenizers.Tokenizer(models.BPE.from_file(*map(str, files)))
-            tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's
-            tokenizer.decoder = decoders.ByteLevel()
-            eos = tokenizer.id_to_token(eos_id) if eos_id is not None else None
-            if eos is not None:  # "<|endoftext|>" in a text is one token, not 7 pieces
-                tokenizer.add_special_tokens([eos])
-    except Exception as error:  # the tokenizers package raises a bare Exception
-        raise DataError(f"{' and '.join(str(f) for f in files)} cannot be read as a tokenizer "
-                        f"({str(error).strip() or type(error).__name__}); copy it again from the model's "
-                        "Hugging Face folder") from None
-    return PretrainedTokenizer(tokenizer, eos_id)
-
-
 def load_pretrained(folder, warn=None):
     """(model, tokenizer) of a Hugging Face GPT-2 folder: config.json, model.safetensors and
-    a tokenizer (:func:`read_tokenizer`)."""
+    a tokenizer (:func:`minitf.lm.data.read_pretrained_tokenizer`)."""
     _require("safetensors.numpy", "tokenizers")
     folder = pathlib.Path(folder)
     if all((folder / name).is_file() for name in ("config.json", "model.safetensors")):
         tokenizer_files(folder)  # a missing tokenizer is found before the weights are read
     model = GPT.from_pretrained(folder)
-    eos_id = model.hf_config.get("eos_token_id")
-    if not (isinstance(eos_id, int) and not isinstance(eos_id, bool) and 0 <= eos_id < model.vocab_size):
-        eos_id = None  # absent, or not one id: generation runs to --max-new-tokens
-    tokenizer = read_tokenizer(folder, eos_id)
+    tokenizer = read_pretrained_tokenizer(folder, pretrained_eos_id(model.hf_config, model.vocab_size))
     return model, tokenizer
 
 
@@ -206,7 +149,8 @@ def build_parser():
                         help="a Hugging Face GPT-2 folder: config.json, model.safetensors, tokenizer.json "
                              "(or vocab.json and merges.txt)")
     source.add_argument("--checkpoint", type=pathlib.Path, metavar="RUN",
-                        help="a run folder of train.py --model gpt (not wired in yet)")
+                        help="a run folder of train.py --model gpt (its best.json's model, else its newest good "
+                             "checkpoint) or one of its checkpoint folders")
     p.add_argument("--prompt", help="the text to continue (default: one prompt per line of stdin)")
     p.add_argument("--max-new-tokens", type=positive(int), default=50, help="at most this many tokens per prompt")
     p.add_argument("--temperature", type=non_negative, default=1.0, help="0 is greedy")

@@ -2,7 +2,7 @@
 run, and every rank of it, maps the ids instead of reading and encoding the text. The folder:
 
     manifest.json   what was prepared from what: the sources' sha256, the tokenizer's kind and size, the counts
-    tokenizer.model the tokenizer the ids belong to (sentencepiece BPE, or characters as JSON)
+    tokenizer.model the tokenizer the ids belong to (sentencepiece BPE, or characters or a pretrained model's as JSON)
     {split}.bin     the ids of the whole split, one after another (raw little-endian uint16, or int32)
 
 It is written into a locked temp folder beside DIR and renamed into place when whole; a folder whose
@@ -20,8 +20,8 @@ from minitf.training.errors import DataError
 from minitf.training.files import file_sha256, fsync_dir, write_atomic, write_json_atomic
 from minitf.training.text import (check_ids, damaged_file, inside_folder, map_array, move_into_place,
                                   load_manifest, read_text, start_preparation, token_dtype)
-from minitf.training.tokenizer import Tokenizer, train_tokenizer
-from minitf.lm.data import CharTokenizer, TextCorpus, encode_text
+from minitf.training.tokenizer import train_tokenizer
+from minitf.lm.data import CharTokenizer, TextCorpus, encode_text, tokenizer_from_bytes
 
 #: Bumped whenever the layout or the manifest's meaning changes; a folder of another version is refused.
 FORMAT_VERSION = 1
@@ -69,14 +69,19 @@ def _encode_into(handle, tokenizer, path, what, dtype):
     return n_ids, n_chars
 
 
-def _recipe(sources, tokenizer_kind, vocab_size):
-    return dict(sources={split: file_sha256(path) for split, path in sources.items()}, tokenizer=tokenizer_kind,
-                vocab_size=int(vocab_size) if tokenizer_kind == "bpe" else None)
+def _recipe(sources, tokenizer_kind, vocab_size, tokenizer=None):
+    recipe = dict(sources={split: file_sha256(path) for split, path in sources.items()}, tokenizer=tokenizer_kind,
+                  vocab_size=int(vocab_size) if tokenizer_kind == "bpe" else None)
+    if tokenizer is not None:  # a pretrained model's: the very one
+        recipe["tokenizer_sha256"] = tokenizer.sha256
+    return recipe
 
 
-def prepare_text_corpus(out_dir, sources, tokenizer_kind, vocab_size, rebuild=False, log=print):
+def prepare_text_corpus(out_dir, sources, tokenizer_kind, vocab_size, rebuild=False, log=print, tokenizer=None):
     """Prepare (or reuse) ``out_dir`` from ``sources`` (``{"train": path, "valid": path, "test": path}``, test
-    optional) and return it. A DataError for bad input or a folder made from other sources or settings."""
+    optional) and return it; ``tokenizer_kind`` "bpe" trains a tokenizer of ``vocab_size``, "char" makes one,
+    "pretrained" uses ``tokenizer`` (a pretrained model's). A DataError for bad input or a folder made from other
+    sources or settings."""
     out_dir = pathlib.Path(out_dir)
     for split in ("train", "valid"):
         if sources.get(split) is None:
@@ -84,14 +89,16 @@ def prepare_text_corpus(out_dir, sources, tokenizer_kind, vocab_size, rebuild=Fa
     sources = {split: path for split, path in sources.items() if path is not None}
     for split, path in sources.items():
         read_text_head(path, f"--{split}-text")
-    recipe = _recipe(sources, tokenizer_kind, vocab_size)
+    recipe = _recipe(sources, tokenizer_kind, vocab_size, tokenizer)
     started = start_preparation(out_dir, lambda: _reusable(out_dir, recipe, rebuild, log), "prepared text", log)
     if started is None:
         return out_dir
     work, held = started
     try:
         with sigterm_raises():  # SIGTERM too runs the finally below: no temp folder is left
-            if tokenizer_kind == "char":
+            if tokenizer_kind == "pretrained":
+                write_atomic(work / "tokenizer.model", tokenizer.model_bytes())
+            elif tokenizer_kind == "char":
                 chars = set()
                 for line in _lines(sources["train"], "--train-text"):
                     chars.update(line)
@@ -205,7 +212,7 @@ def open_prepared_text(folder, block_size):
     model = path.read_bytes() if path.is_file() else None
     if model is None or hashlib.sha256(model).hexdigest() != manifest["tokenizer_sha256"]:
         raise damaged_file(path, "is missing" if model is None else "is not the tokenizer its manifest names")
-    tokenizer = CharTokenizer.from_bytes(model, str(path)) if model.startswith(b"{") else Tokenizer.from_bytes(model)
+    tokenizer = tokenizer_from_bytes(model, str(path))
     if tokenizer.vocab_size != manifest["vocab_size"]:
         raise damaged_file(path, f"has {tokenizer.vocab_size} ids, its manifest says {manifest['vocab_size']}")
     dtype = np.dtype(manifest["dtype"]).newbyteorder("<")

@@ -11,8 +11,9 @@ from minitf.backend import host as np
 from minitf.gpt import GPT, generate
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import no_grad
-from minitf.training import trainer as base
-from minitf.training.errors import StepOutOfMemory
+from minitf.training import checkpoint as ckpt, trainer as base
+from minitf.training.config import with_added_fields
+from minitf.training.errors import DataError, StepOutOfMemory
 from minitf.training.files import write_json_atomic
 from minitf.training.trainer import Trainer, perplexity
 from minitf.lm.data import decode_ids
@@ -27,11 +28,14 @@ NO_IGNORE = -1
 
 def gpt_from_run_config(config, vocab_size):
     """The GPT a ``--model gpt`` run trains, from its config (``RunConfig.to_dict()``, or a checkpoint's
-    meta.json ``config``): GPT-2's choices, the run's sizes, ``num_decoder_layers`` blocks, ``block_size``
-    positions. For loading a run's checkpoint elsewhere (sampling)."""
-    return GPT(vocab_size, max_len=config["block_size"], d_model=config["d_model"], num_heads=config["num_heads"],
-               num_layers=config["num_decoder_layers"], d_ff=config["d_ff"], dropout=config["dropout"],
-               pre_norm=config["pre_norm"])
+    meta.json ``config``): GPT-2's choices, the run's sizes, ``num_decoder_layers`` blocks, ``n_positions``
+    positions (``block_size`` unless the run started from a pretrained model). For loading a run's checkpoint
+    elsewhere (sampling)."""
+    config = with_added_fields(config)  # a run of an older minitf: the fields it did not have keep its meaning
+    return GPT(vocab_size, max_len=config["n_positions"] or config["block_size"], d_model=config["d_model"],
+               num_heads=config["num_heads"], num_layers=config["num_decoder_layers"], d_ff=config["d_ff"],
+               dropout=config["dropout"], pre_norm=config["pre_norm"], activation=config["activation"],
+               layer_norm_eps=config["layer_norm_eps"])
 
 
 def build_gpt(config, vocab_size):
@@ -43,7 +47,14 @@ class LanguageModelTrainer(Trainer):
     """A run of ``python train.py --model gpt``: ``corpus`` is a :class:`minitf.lm.data.TextCorpus`."""
 
     def build_model(self):
-        return build_gpt(self.config, self.tokenizer.vocab_size)
+        model = build_gpt(self.config, self.tokenizer.vocab_size)
+        if self.config.init_from is not None and not ckpt.list_checkpoints(self.run_dir):
+            # fine-tuning starts from the pretrained weights (a resumed run's come from its checkpoint)
+            try:
+                model.load_pretrained(self.config.init_from)
+            except (OSError, ValueError) as error:
+                raise DataError(f"--init-from {self.config.init_from}: {error}") from None
+        return model
 
     def build_loss(self):
         return LabelSmoothedCrossEntropy(self.config.label_smoothing, ignore_index=NO_IGNORE)

@@ -10,18 +10,21 @@ import sys
 from minitf.training.errors import UsageError
 from minitf.training.files import write_json_atomic
 from minitf.training.tokenizer import PAD_ID
+from minitf.layers import ACTIVATIONS
 from minitf.transformer import TransformerConfig
 
 #: Bumped whenever a field changes meaning; config.json records it.
 #: 3: ``accumulate`` and ``zero`` (data parallelism) or ``bpe_dropout`` (two branches each wrote a version
 #: 3); 4: both, and ``max_minutes`` is the wall time of the whole command (it counted training steps only).
 #: 6: ``model`` (transformer or gpt), ``block_size`` and ``tokenizer`` (the language model's).
-SCHEMA_VERSION = 6
+#: 7: ``init_from``, ``n_positions``, ``activation``, ``layer_norm_eps`` (a GPT fine-tuned from a pretrained one).
+SCHEMA_VERSION = 7
 #: Fields added since an older schema, with the values that keep the old meaning (a file's own values win).
-_ADDED_SINCE_5 = {"model": "transformer", "block_size": 128, "tokenizer": "bpe"}
+_ADDED_SINCE_6 = {"init_from": None, "n_positions": None, "activation": "gelu_tanh", "layer_norm_eps": 1e-5}
+_ADDED_SINCE_5 = {"model": "transformer", "block_size": 128, "tokenizer": "bpe", **_ADDED_SINCE_6}
 _ADDED_SINCE_4 = {"lexicon": 0.0, **_ADDED_SINCE_5}
 _ADDED_SINCE_2 = {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0, **_ADDED_SINCE_4}
-ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2, 4: _ADDED_SINCE_4, 5: _ADDED_SINCE_5}
+ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2, 4: _ADDED_SINCE_4, 5: _ADDED_SINCE_5, 6: _ADDED_SINCE_6}
 
 # Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement (docs/training.md: more
 # updates of a small, fast model win a 15-minute budget; scripts/recipe_arms.sh decided dropout and BPE-dropout).
@@ -42,10 +45,12 @@ LM_PRESETS = {
                  label_smoothing=0.0, max_minutes=9.0, eval_every=200, save_every=200, keep=5, average=0),
 }
 MODELS = ("transformer", "gpt")
-TOKENIZERS = ("bpe", "char")
+TOKENIZERS = ("bpe", "char")  # --tokenizer's choices; "pretrained" is the tokenizer of --init-from's folder
 PRECISIONS = ("fp32", "tf32", "fp16")
 #: The fields that shape the model (a checkpoint fits a run only if these agree, dropout aside).
 MODEL_FIELDS = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout", "pre_norm")
+#: The fields that shape a GPT besides those (a --model gpt checkpoint fits a run only if these agree too).
+GPT_FIELDS = ("model", "block_size", "tokenizer", "n_positions", "activation", "layer_norm_eps")
 #: What ``--resume`` may change: the run's length and a few recipe knobs.
 RESUME_CHANGEABLE = ("max_steps", "epochs", "max_minutes", "max_tokens", "lr_scale", "clip_norm", "accumulate")
 #: How often to evaluate and save, and what to report: a resumed run keeps them unless given again.
@@ -59,6 +64,14 @@ MAX_ALPHA = 10.0
 
 
 _noted = set()
+
+
+def with_added_fields(values):
+    """A config dict of an older schema with the fields added since, at the values that keep its meaning
+    (its own values win), as this schema's; other dicts as they are."""
+    if values.get("schema_version") not in ADDED_FIELDS:
+        return values
+    return {**ADDED_FIELDS[values["schema_version"]], **values, "schema_version": SCHEMA_VERSION}
 
 
 def _note_once(message):
@@ -83,7 +96,12 @@ class RunConfig:
     pre_norm: bool = False
     model: str = "transformer"  # or "gpt": the decoder-only language model (minitf.lm)
     block_size: int = 128       # gpt: tokens per training block (the model's context)
-    tokenizer: str = "bpe"      # gpt: "bpe" (sentencepiece) or "char" (one id per character)
+    tokenizer: str = "bpe"      # gpt: "bpe" (sentencepiece), "char" (one id per character) or "pretrained"
+    # gpt fine-tuned from a Hugging Face GPT-2 folder (--init-from): its path, and what its config.json fixes
+    init_from: str | None = None
+    n_positions: int | None = None  # rows of the learned position table (None: block_size)
+    activation: str = "gelu_tanh"   # the feed-forward's (GPT-2's gelu_new)
+    layer_norm_eps: float = 1e-5
     # the recipe
     vocab_size: int = 4000
     warmup: int = 800
@@ -144,13 +162,22 @@ class RunConfig:
 
         if self.model not in MODELS:
             raise UsageError(f"--model must be one of {MODELS}, got {self.model!r}")
-        if self.tokenizer not in TOKENIZERS:
+        if self.tokenizer not in TOKENIZERS + ("pretrained",):
             raise UsageError(f"--tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        if (self.tokenizer == "pretrained") != (self.init_from is not None):
+            raise UsageError("the pretrained tokenizer comes with --init-from FOLDER and only with it; "
+                             f"got tokenizer {self.tokenizer!r} and --init-from {self.init_from}")
+        if self.init_from is not None and self.model != "gpt":
+            raise UsageError("--init-from FOLDER starts a GPT from a pretrained one: it needs --model gpt")
+        if self.activation not in ACTIVATIONS:
+            raise UsageError(f"activation must be one of {tuple(ACTIVATIONS)}, got {self.activation!r}")
+        if not (isinstance(self.layer_norm_eps, float) and 0 < self.layer_norm_eps < 1):
+            raise UsageError(f"layer_norm_eps must be a number in (0, 1), got {self.layer_norm_eps!r}")
         for name in ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "vocab_size", "warmup",
                      "max_tokens", "max_len", "eval_every", "save_every", "keep", "beam", "accumulate", "max_steps",
-                     "epochs", "block_size"):
+                     "epochs", "block_size", "n_positions"):
             value = getattr(self, name)
-            if value is None and name in ("max_steps", "epochs"):  # no such limit
+            if value is None and name in ("max_steps", "epochs", "n_positions"):  # no such limit
                 continue
             if name == "num_encoder_layers" and self.model == "gpt" and value == 0:  # a GPT has no encoder
                 continue
@@ -162,6 +189,10 @@ class RunConfig:
         if not (isinstance(self.lexicon, (int, float)) and 0 <= self.lexicon <= 10):
             raise UsageError(f"--lexicon must be a ratio in [0, 10] (lexicon pairs per training sentence), "
                              f"got {self.lexicon}")
+        if self.n_positions is not None and self.block_size > self.n_positions:
+            raise UsageError(f"--block-size {self.block_size} is longer than the model's {self.n_positions} positions "
+                             f"(n_positions of --init-from {self.init_from}); use --block-size {self.n_positions} "
+                             "or less")
         if self.d_model % self.num_heads:
             raise UsageError(f"--d-model must be divisible by --num-heads, got {self.d_model} and {self.num_heads}")
         if not self.clip_norm >= 0:
@@ -191,7 +222,7 @@ class RunConfig:
                                  share_embeddings=True, pad_id=PAD_ID)
 
     def model_fields(self, with_dropout=False):
-        fields = MODEL_FIELDS + (("model", "block_size", "tokenizer") if self.model == "gpt" else ())
+        fields = MODEL_FIELDS + (GPT_FIELDS if self.model == "gpt" else ())
         return {k: getattr(self, k) for k in fields if with_dropout or k != "dropout"}
 
     def to_dict(self):
@@ -202,10 +233,8 @@ class RunConfig:
         """Read back what :meth:`to_dict` wrote; UsageError for anything else."""
         if not isinstance(values, dict):
             raise UsageError(f"{where} holds {type(values).__name__}, expected a JSON object written by train.py")
+        values = with_added_fields(values)
         version = values.get("schema_version")
-        if version in ADDED_FIELDS:
-            values = {**ADDED_FIELDS[version], **values, "schema_version": SCHEMA_VERSION}
-            version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise UsageError(f"{where} has schema version {version!r}, this minitf reads version {SCHEMA_VERSION} "
                              "(the run was written by another minitf version); start a new run")

@@ -3,6 +3,7 @@ since the last checkpoint (docs/reliability.md): ``--resume`` takes the newest c
 passes its checks (checksums, model shape, tokenizer), moves newer bad ones aside with a warning,
 and cuts metrics.jsonl back to that checkpoint's step."""
 import contextlib
+import importlib.util
 import io
 import os
 import pathlib
@@ -18,7 +19,9 @@ from minitf.training import checkpoint as ckpt, files, trainer as training
 from minitf.training.config import (INVOCATION_OPTIONS, LM_PRESETS, MODELS, PRECISIONS, PRESETS, RESUME_CHANGEABLE,
                                     RUN_OPTIONS, TOKENIZERS, RunConfig)
 from minitf.lm.corpus import default_text_splits
-from minitf.lm.data import CharTokenizer, TextCorpus, load_tokenizer
+from minitf.gpt import pretrained_config
+from minitf.lm.data import (CharTokenizer, TextCorpus, load_tokenizer, pretrained_eos_id, read_pretrained_tokenizer,
+                            tokenizer_files, tokenizer_kind)
 from minitf.lm.prepare import open_prepared_text, prepare_text_corpus
 from minitf.lm.trainer import LanguageModelTrainer
 from minitf.nmt.translation_trainer import TranslationTrainer
@@ -37,7 +40,13 @@ RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num
                 "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "src_lang",
                 "tgt_lang", "preset", "precision", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src",
                 "test_tgt", "phrases", "lexicon", "corpus", "corpus_dir", "prepare_again", "model", "block_size",
-                "tokenizer", "train_text", "valid_text", "test_text")
+                "tokenizer", "train_text", "valid_text", "test_text", "init_from")
+#: --init-from's learning-rate factor unless --lr-scale is given: fine-tuning moves a trained model a little
+#: (a peak of 1.8e-4 for GPT-2 small at the preset's warmup, where the preset's 0.5 would give 9e-4).
+FINE_TUNE_LR_SCALE = 0.1
+#: The flags that would contradict --init-from's folder (it fixes the model's shape and the tokenizer).
+PRETRAINED_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff",
+                    "pre_norm", "vocab_size", "tokenizer")
 #: The language model's text files (``--model gpt``).
 TEXT_SPLITS = ("train", "valid", "test")
 #: A --train-src of more lines than this (without --corpus-dir) is read into memory after a note that says
@@ -117,6 +126,11 @@ def build_parser():
                    f"(default: {LM_PRESETS['tiny']['block_size']})")
     g.add_argument("--tokenizer", choices=TOKENIZERS, help="bpe: sentencepiece BPE of --vocab-size (default); "
                    "char: one id per character of the training text")
+    g.add_argument("--init-from", type=pathlib.Path, metavar="FOLDER",
+                   help="fine-tune a pretrained GPT-2: a Hugging Face folder (config.json, model.safetensors, "
+                   "tokenizer.json or vocab.json and merges.txt) gives the model's shape, its weights and its "
+                   f"byte-level tokenizer (needs pip install -e '.[hf]'; --lr-scale {FINE_TUNE_LR_SCALE:g} "
+                   "unless given)")
     for split in TEXT_SPLITS:
         g.add_argument(f"--{split}-text", type=pathlib.Path, metavar="FILE",
                        help=f"the {split} text (UTF-8)" + (" (optional)" if split == "test" else ""))
@@ -167,6 +181,9 @@ def config_from_args(args):
              "block_size", "tokenizer") + RUN_OPTIONS
     values = {name: getattr(args, name) for name in flags}
     values["pre_norm"] = args.pre_norm or None  # not given: the preset's (a GPT's is pre-LN, GPT-2's choice)
+    if args.init_from is not None:
+        values.update(pretrained_fields(args))
+        layers = {}
     config = RunConfig.from_preset(args.preset, **layers, **values)
     other_data = args.corpus != "ding" or args.corpus_dir is not None or any(
         getattr(args, f"{s}_{side}") is not None for s in ("train", "valid", "test") for side in ("src", "tgt"))
@@ -176,6 +193,35 @@ def config_from_args(args):
                              "(not --train-src, --corpus wmt14-en-de or --corpus-dir) and excludes --phrases")
         config.lexicon = 0.0  # a preset's lexicon: off for other data
     return config
+
+
+def pretrained_fields(args):
+    """The run config's fields that --init-from FOLDER fixes: the model's shape from its config.json, the
+    pretrained tokenizer, --lr-scale (unless given); a one-line UsageError for a folder that cannot be
+    read or a flag that contradicts it."""
+    if args.model != "gpt":
+        raise UsageError("--init-from FOLDER fine-tunes a pretrained GPT: add --model gpt")
+    contradicting = [f"--{name.replace('_', '-')}" for name in PRETRAINED_FIXED if getattr(args, name)]
+    if contradicting:
+        raise UsageError(f"{', '.join(contradicting)} cannot go with --init-from: the model's shape and tokenizer "
+                         f"are those of {args.init_from}; leave them out")
+    missing = [name for name in ("safetensors", "tokenizers") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(f"--init-from needs the {' and '.join(missing)} package{'s' * (len(missing) > 1)}, not "
+                         "installed here: pip install -e '.[hf]'")
+    try:
+        model, _ = pretrained_config(args.init_from)
+    except ValueError as error:
+        raise UsageError(f"--init-from {args.init_from}: {error}") from None
+    tokenizer_files(args.init_from)  # a folder without a tokenizer is refused before anything starts
+    if not model["tie_embeddings"]:
+        raise UsageError(f"--init-from {args.init_from}: its output projection is not tied to the embedding "
+                         "(tie_word_embeddings false); train.py fine-tunes GPT-2's tied shape only")
+    return dict(d_model=model["d_model"], num_heads=model["num_heads"], num_decoder_layers=model["num_layers"],
+                d_ff=model["d_ff"], pre_norm=model["pre_norm"], n_positions=model["max_len"],
+                activation=model["activation"], layer_norm_eps=float(model["layer_norm_eps"]),
+                vocab_size=model["vocab_size"], tokenizer="pretrained", init_from=str(args.init_from.resolve()),
+                lr_scale=args.lr_scale or FINE_TUNE_LR_SCALE)
 
 
 def setup_device(precision, device):
@@ -367,8 +413,9 @@ def new_text_data(args, config, run_dir, world):
         files.lock_run_folder(run_dir)
         check_output_folder(run_dir)  # again, under the lock
         try:
-            if config.tokenizer == "char":
-                tokenizer = CharTokenizer(texts["train"])
+            if config.tokenizer in ("char", "pretrained"):
+                tokenizer = (CharTokenizer(texts["train"]) if config.tokenizer == "char" else
+                             read_init_tokenizer(config))
                 files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
             else:
                 tokenizer = prepare_tokenizer(run_dir, texts["train"].split("\n"), config.vocab_size, log)
@@ -392,6 +439,17 @@ def new_text_data(args, config, run_dir, world):
     return tokenizer, corpus
 
 
+def read_init_tokenizer(config):
+    """The tokenizer of --init-from's folder, with the model's end-of-text id; refused unless it has the
+    model's vocabulary."""
+    _, hf = pretrained_config(config.init_from)
+    tokenizer = read_pretrained_tokenizer(config.init_from, pretrained_eos_id(hf, config.vocab_size))
+    if tokenizer.vocab_size != config.vocab_size:
+        raise DataError(f"--init-from {config.init_from}: its tokenizer has {tokenizer.vocab_size} tokens and its "
+                        f"model {config.vocab_size}; they do not belong together: copy the model's own tokenizer")
+    return tokenizer
+
+
 def new_prepared_text_run(args, config, run_dir, world):
     """A new language-model run on a text prepared once into memory-mapped token arrays (--corpus-dir): with
     --train-text etc., rank 0 prepares them into DIR first (a folder of the same sources and settings is
@@ -405,14 +463,21 @@ def new_prepared_text_run(args, config, run_dir, world):
         if given:
             paths = text_paths(args)
             prepare_text_corpus(folder, {split: paths[f"{split}_text"] for split in TEXT_SPLITS},
-                                config.tokenizer, config.vocab_size, rebuild=args.prepare_again, log=log)
+                                config.tokenizer, config.vocab_size, rebuild=args.prepare_again, log=log,
+                                tokenizer=read_init_tokenizer(config) if config.init_from else None)
         elif not (folder / "manifest.json").is_file():
             raise UsageError(f"--corpus-dir {folder} holds no prepared text (no manifest.json); prepare one with "
                              "--model gpt --train-text ... --valid-text ... --corpus-dir DIR")
     world.barrier()
     tokenizer, corpus = open_prepared_text(folder, config.block_size)
+    kind = tokenizer_kind(tokenizer)
+    if (kind == "pretrained") != (config.init_from is not None) or (
+            config.init_from and tokenizer.sha256 != read_init_tokenizer(config).sha256):
+        raise UsageError(f"--corpus-dir {folder} holds the ids of another tokenizer than this run's ({kind} there, "
+                         f"{config.tokenizer} here): prepare the text for this run into another --corpus-dir (with "
+                         "--train-text ...)")
     config.vocab_size = tokenizer.vocab_size
-    config.tokenizer = "char" if isinstance(tokenizer, CharTokenizer) else "bpe"
+    config.tokenizer = kind
     start_prepared_run(config, run_dir, tokenizer, folder, world)
     return train_text_run(config, run_dir, tokenizer, corpus, args, where=f" (prepared in {folder})")
 
@@ -420,6 +485,8 @@ def new_prepared_text_run(args, config, run_dir, world):
 def train_text_run(config, run_dir, tokenizer, corpus, args, where=""):
     """The language model's trainer of a new run, one line saying what it trains, then the run."""
     trainer = LanguageModelTrainer(config, run_dir, tokenizer, corpus, log, progress=not args.no_progress)
+    if config.init_from is not None:
+        where += f"; fine-tuned from {config.init_from}"
     log(f"gpt {config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
         f"{config.num_decoder_layers} layers, block {config.block_size}, {config.tokenizer} vocabulary of "
         f"{tokenizer.vocab_size}, on {backend.get_device()}; {corpus.tokens['train'].size:,} training tokens"

@@ -29,6 +29,7 @@ from minitf.backend import host as np
 from minitf.backend import xp
 from minitf.optim import Adam, MixedPrecisionAdam, WarmupSchedule, clip_factor
 from minitf.training import checkpoint as ckpt
+from minitf.training.config import with_added_fields
 from minitf.training.distributed import get_world, rank_share, shard_range
 from minitf.training.errors import CheckpointError, DataError, MetricsWriteError
 from minitf.training.files import write_atomic
@@ -498,7 +499,7 @@ class Trainer:
                                   f"(vocabulary {meta.get('vocab_size')} vs {self.tokenizer.vocab_size}); "
                                   "resume it from its own run folder")
         ours = self.config.model_fields()
-        theirs = {k: meta["config"].get(k) for k in ours}
+        theirs = {k: with_added_fields(meta["config"]).get(k) for k in ours}  # an older run's: its meaning kept
         if theirs != ours:
             diff = ", ".join(f"{k} {theirs[k]} (run: {ours[k]})" for k in ours if theirs[k] != ours[k])
             raise CheckpointError(f"{path} belongs to another model ({diff}); resume it from its own run folder")
