@@ -168,14 +168,7 @@ class GPT(Module):
         """Replace every parameter by the weights of ``folder``'s ``model.safetensors`` (a Hugging Face GPT-2
         folder whose config this model was built from; fine-tuning starts here). A ValueError names what
         does not fit."""
-        path = pathlib.Path(folder) / "model.safetensors"
-        try:
-            weights = _safetensors().load_file(str(path))
-        except ImportError:
-            raise
-        except Exception as error:  # safetensors' own error type: a damaged or foreign file
-            raise ValueError(f"{path} is not a readable safetensors file ({type(error).__name__}: {error})") from None
-        self.load_state_dict(hf_to_minitf_state(weights, self.config))
+        self.load_state_dict(read_pretrained_state(folder, self.config))
 
     def save_pretrained(self, folder):
         """Write this model as a Hugging Face GPT-2 folder (``config.json`` and ``model.safetensors``
@@ -254,6 +247,19 @@ def _safetensors():
         raise ImportError("reading and writing Hugging Face folders needs the safetensors package: "
                           'pip install -e ".[hf]"') from None
     return safetensors.numpy
+
+
+def read_pretrained_state(folder, config):
+    """``{minitf name: host array}`` of ``folder``'s ``model.safetensors`` for a GPT of ``config`` (a dict of
+    ``GPT``'s arguments), in the file's dtype. A ValueError for a damaged file or weights of another shape."""
+    path = pathlib.Path(folder) / "model.safetensors"
+    try:
+        weights = _safetensors().load_file(str(path))
+    except ImportError:
+        raise
+    except Exception as error:  # safetensors' own error type: a damaged or foreign file
+        raise ValueError(f"{path} is not a readable safetensors file ({type(error).__name__}: {error})") from None
+    return hf_to_minitf_state(weights, config)
 
 
 def pretrained_config(folder):

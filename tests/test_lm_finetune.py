@@ -59,15 +59,18 @@ def text_flags(texts):
             "--test-text", str(texts / "test.txt")]
 
 
-def test_init_from_starts_from_the_folders_weights_and_tokenizer(pretrained, tmp_path, capsys):
-    """With a learning rate near 0, the parameters after one step are the folder's (a random start is 0.02
-    away); the run records the folder's shape and positions, and its tokenizer.model encodes as the folder's."""
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_init_from_starts_from_the_folders_weights_and_tokenizer(pretrained, tmp_path, capsys, precision):
+    """With a learning rate near 0, the parameters after one step are the folder's within 1e-6 (a random start
+    is 0.02 away; fp16's master weights too, where rounding the weights to float16 would be up to 8e-6 away);
+    the run records the folder's shape and positions, and its tokenizer.model encodes as the folder's."""
     from tokenizers import Tokenizer
     from minitf.lm.data import load_tokenizer
     folder, texts = pretrained
     run = tmp_path / "run"
     assert train_main(text_flags(texts) + FINE_TUNE + ["--init-from", str(folder), "--lr-scale", "1e-9",
-                                                       "--max-steps", "1", "--out", str(run)]) == 0
+                                                       "--max-steps", "1", "--precision", precision,
+                                                       "--out", str(run)]) == 0
     err = capsys.readouterr().err
     assert f"fine-tuned from {folder.resolve()}" in err and f"pretrained vocabulary of {vocabulary(folder)}" in err, err
     config = json.loads((run / "config.json").read_text())

@@ -8,7 +8,7 @@ import pathlib
 import time
 
 from minitf.backend import host as np
-from minitf.gpt import GPT, generate
+from minitf.gpt import GPT, generate, read_pretrained_state
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import no_grad
 from minitf.training import checkpoint as ckpt, trainer as base
@@ -46,12 +46,20 @@ def build_gpt(config, vocab_size):
 class LanguageModelTrainer(Trainer):
     """A run of ``python train.py --model gpt``: ``corpus`` is a :class:`minitf.lm.data.TextCorpus`."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.mixed and self.pretrained is not None:  # fp16: the master weights are the folder's, not rounded
+            self.optimizer.load_master([self.pretrained[name] for name, _ in self.model.named_parameters()])
+        self.pretrained = None
+
     def build_model(self):
         model = build_gpt(self.config, self.tokenizer.vocab_size)
+        self.pretrained = None
         if self.config.init_from is not None and not ckpt.list_checkpoints(self.run_dir):
             # fine-tuning starts from the pretrained weights (a resumed run's come from its checkpoint)
             try:
-                model.load_pretrained(self.config.init_from)
+                self.pretrained = read_pretrained_state(self.config.init_from, model.config)
+                model.load_state_dict(self.pretrained)
             except (OSError, ValueError) as error:
                 raise DataError(f"--init-from {self.config.init_from}: {error}") from None
         return model
