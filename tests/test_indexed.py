@@ -325,6 +325,26 @@ def test_the_chunked_checks_find_a_fault_at_every_position(chunk):
             check_ids(bad, 14, pathlib.Path("x.bin"), chunk=chunk)
 
 
+def test_the_array_helpers_accept_id_0_hold_65536_ids_in_16_bits_and_map_read_only(tmp_path):
+    """The edges of the prepared-array helpers: id 0 (a character tokenizer's unknown character) and the last id
+    are inside the vocabulary, -1 is not; uint16 holds exactly 65,536 ids; a mapped array cannot be written
+    (a bug cannot change the prepared corpus on disk), an empty split is an empty array, a missing file one line."""
+    from minitf.training.text import check_ids, map_array, token_dtype
+    check_ids(np.array([0, 13, 0], dtype=np.int32), 14, pathlib.Path("x.bin"))
+    with pytest.raises(DataError, match="holds id -1, outside the vocabulary of 14"):
+        check_ids(np.array([3, -1], dtype=np.int32), 14, pathlib.Path("x.bin"))
+    assert [token_dtype(n) for n in (14, 65535, 65536, 65537, 10 ** 6)] == ["uint16"] * 3 + ["int32"] * 2
+    np.array([7, 0, 65535], dtype="<u2").tofile(tmp_path / "a.bin")
+    mapped = map_array(tmp_path, "a.bin", np.dtype("<u2"), 3)
+    assert mapped.tolist() == [7, 0, 65535] and not mapped.flags.writeable
+    with pytest.raises(ValueError):
+        mapped[0] = 1
+    (tmp_path / "empty.bin").write_bytes(b"")
+    assert map_array(tmp_path, "empty.bin", np.dtype("<u2"), 0).size == 0
+    with pytest.raises(DataError, match="'.*nope.bin' is missing"):
+        map_array(tmp_path, "nope.bin", np.dtype("<u2"), 3)
+
+
 def test_opening_a_large_prepared_folder_checks_it_in_bounded_memory(good_folder, tmp_path, monkeypatch):
     """A training split of 1,000,000 pairs (8 MB of offsets, 4 MB of ids a side) is checked with at most a few
     chunks of temporaries (tracemalloc counts NumPy's allocations); a fault at its very end is still found."""
