@@ -1,6 +1,6 @@
 """Pytest plugin for the mutation run (scripts/mutation.sh), loaded with ``-p scripts.mutation.plugin``.
 
-Four things keep mutmut's run targeted and its verdicts trustworthy for minitf's suite:
+Five things keep mutmut's run targeted and its verdicts trustworthy for minitf's suite:
 
 * A mutant of module M runs only the tests of M's own test files (``TESTS_BY_MODULE``) that call
   the mutated function (mutmut's map): not every integration test that happens to pass through
@@ -15,6 +15,8 @@ Four things keep mutmut's run targeted and its verdicts trustworthy for minitf's
 * Hypothesis draws the same examples every run (``derandomize``), so a mutant is killed or not
   by the code, not by the luck of the draw, and does not shrink a failing example (a killed
   mutant needs no minimal example; shrinking took minutes per mutant).
+* Each mutant's pytest gets a fresh tqdm lock: a mutant killed while a progress bar held tqdm's
+  multiprocessing lock would otherwise block every later one until its timeout.
 * The fastest tests run first (durations from mutmut's stats run), so a mutant is killed by the
   first cheap test that can: ``-x`` stops there.
 """
@@ -23,6 +25,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -56,8 +59,24 @@ def _refuse_minitf_processes(self, args, *rest, **kwargs):
     _popen_init(self, args, *rest, **kwargs)
 
 
+def _fresh_tqdm_lock():
+    """A new tqdm write lock for this process. tqdm's lock is a multiprocessing lock, shared by every process
+    forked after the first progress bar: a mutant killed at its timeout while its bar held the lock (the
+    download's bar) left it held, and every later mutant that drew a bar waited on it until its own timeout."""
+    try:
+        from tqdm import tqdm
+        from tqdm.std import TqdmDefaultWriteLock
+    except ImportError:
+        return
+    TqdmDefaultWriteLock.th_lock = threading.RLock()
+    if "mp_lock" in TqdmDefaultWriteLock.__dict__:
+        del TqdmDefaultWriteLock.mp_lock
+    tqdm.set_lock(TqdmDefaultWriteLock())
+
+
 def pytest_configure(config):
     subprocess.Popen.__init__ = _refuse_minitf_processes
+    _fresh_tqdm_lock()
 
 
 def pytest_unconfigure(config):
