@@ -231,3 +231,41 @@ def test_fuzz_the_checkpoint_reader_returns_exactly_the_model_or_refuses(pristin
         if damage[0] == "none":
             assert all(np.array_equal(pristine["state"]["params"][n], a) for n, a in loaded["params"].items())
     shutil.rmtree(folder.parent)
+
+
+# --------------------------------------------------------------------------- edges mutation testing found unchecked
+def test_a_large_array_reads_back_and_a_meta_json_without_its_checksums_is_refused(tmp_path):
+    """An array over the reader's 1 MiB chunk (real models hold many) reads back exactly; a meta.json without
+    "sha256", or listing tokenizer.model alone, is a CheckpointError (a run folder then falls back to an older
+    checkpoint), not a KeyError, and model.npz is never read unchecked."""
+    params = {"big": np.arange(400_000, dtype=np.float32), "w": np.ones((3, 2), dtype=np.float32)}  # 1.6 MB
+    path = tmp_path / "step-00000001"
+    ckpt.write_checkpoint(path, params, {"config": {}, "step": 1}, b"tok")
+    back = ckpt.read_checkpoint(path)["params"]
+    assert sorted(back) == ["big", "w"] and all(np.array_equal(back[k], params[k]) for k in params)
+    meta = json.loads((path / "meta.json").read_text())
+    for changed in ({k: v for k, v in meta.items() if k != "sha256"},
+                    dict(meta, sha256={"tokenizer.model": meta["sha256"]["tokenizer.model"]})):
+        (path / "meta.json").write_text(json.dumps(changed))
+        with pytest.raises(CheckpointError, match="meta.json (lacks its checksums|lists files)"):
+            ckpt.read_checkpoint(path)
+
+
+@pytest.mark.parametrize("model", ["transformer", "gpt"])
+def test_a_config_is_refused_exactly_when_its_weight_matrices_cannot_fit_its_file(tmp_path, model):
+    """check_model_fits_file's bound, counted here from a built model: its embedding, attention and feed-forward
+    weight matrices at 2 bytes a number (biases, LayerNorm and learned positions aside). A model.npz of exactly
+    that size passes; one byte less is refused before anything is built."""
+    from minitf.lm.trainer import build_gpt
+    from minitf.training.config import RunConfig
+    config = RunConfig.from_preset("tiny", model=model, d_model=16, num_heads=2, d_ff=24, num_decoder_layers=2)
+    vocab = 37
+    built = build_gpt(config, vocab) if model == "gpt" else ckpt.build_transformer(config, vocab)
+    matrices = sum(p.data.size for name, p in built.named_parameters()
+                   if p.data.ndim == 2 and not name.startswith("positional"))
+    model_file = tmp_path / "model.npz"
+    model_file.write_bytes(b"\0" * (2 * matrices))
+    ckpt.check_model_fits_file(config, vocab, model_file)
+    model_file.write_bytes(b"\0" * (2 * matrices - 1))
+    with pytest.raises(CheckpointError, match="config and model.npz do not fit together"):
+        ckpt.check_model_fits_file(config, vocab, model_file)
