@@ -15,7 +15,7 @@ Five things keep mutmut's run targeted and its verdicts trustworthy for minitf's
 * Hypothesis draws the same examples every run (``derandomize``), so a mutant is killed or not
   by the code, not by the luck of the draw, and does not shrink a failing example (a killed
   mutant needs no minimal example; shrinking took minutes per mutant).
-* Each mutant's pytest gets a fresh tqdm lock: a mutant killed while a progress bar held tqdm's
+* Each mutant's pytest gets a fresh tqdm lock: a mutant whose progress bar failed while it held tqdm's
   multiprocessing lock would otherwise block every later one until its timeout.
 * The fastest tests run first (durations from mutmut's stats run), so a mutant is killed by the
   first cheap test that can: ``-x`` stops there.
@@ -61,8 +61,9 @@ def _refuse_minitf_processes(self, args, *rest, **kwargs):
 
 def _fresh_tqdm_lock():
     """A new tqdm write lock for this process. tqdm's lock is a multiprocessing lock, shared by every process
-    forked after the first progress bar: a mutant killed at its timeout while its bar held the lock (the
-    download's bar) left it held, and every later mutant that drew a bar waited on it until its own timeout."""
+    forked from mutmut's: a mutant whose bar raised while it held the lock (the download's bar given
+    ``initial=None``: tqdm's refresh takes the lock, its display raises) left it held, and every later
+    mutant that drew a bar waited on it until its timeout."""
     try:
         from tqdm import tqdm
         from tqdm.std import TqdmDefaultWriteLock
