@@ -74,6 +74,18 @@ def test_adam_on_a_shard_is_adams_update_on_that_slice(float64, size):
         assert np.array_equal(backend.to_numpy(mine.m), backend.to_numpy(full.m)[lo:hi])
 
 
+def test_the_shards_of_a_buffer_follow_one_another_in_rank_order_and_cover_it():
+    """shard_range cuts [0, n) into one range a rank, consecutive in rank order (ZeRO's reduce-scatter and
+    all-gather place them so), disjoint and covering every element once, no two differing by ``size`` or more."""
+    for n in (0, 1, 5, 7, 64, 1001):
+        for size in (1, 2, 3, 4, 8):
+            ranges = [shard_range(n, size, rank) for rank in range(size)]
+            assert ranges[0][0] == 0 and ranges[-1][1] == n, (n, size, ranges)
+            assert all(ranges[r][1] == ranges[r + 1][0] for r in range(size - 1)), (n, size, ranges)
+            counts = [hi - lo for lo, hi in ranges]
+            assert min(counts) >= 0 and max(counts) - min(counts) < size, (n, size, ranges)
+
+
 def test_config_validates_accumulate_and_zero():
     with pytest.raises(UsageError, match="--zero"):
         RunConfig.from_preset("tiny", zero=2)
