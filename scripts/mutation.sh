@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the modules that keep data and gradients right (not in CI; see docs/testing.md).
 #   scripts/mutation.sh          # the selection below: the functions that keep data and gradients right
-#                                # (2,810 mutants, 570 of them without tests; about an hour on 2 quiet cores)
+#                                # (2,595 mutants, 593 of them without tests; about 40 minutes on 2 cores)
 #   scripts/mutation.sh all      # every mutant of the nine modules (4,613)
 #   scripts/mutation.sh 'minitf.loss.*'   # these mutants again (mutmut's name globs)
 # Results are kept in mutants/: an interrupted run resumes where it stopped.

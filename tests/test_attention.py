@@ -80,3 +80,41 @@ def test_multihead_cross_attention_gradients(data, B, T, S, H, dk, seed):
 def test_d_model_must_divide_by_heads():
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(10, 3)
+
+
+def _softmax_rows(A):
+    """A per-row softmax written here, in float64, independent of minitf's."""
+    A = np.asarray(A, dtype=np.float64)
+    e = np.exp(A - A.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.usefixtures("float64")
+def test_attention_without_a_mask_and_with_large_scores_is_softmax_row_by_row():
+    """Edges no other attention test reached (mutation testing found them open): no mask at all (an encoder
+    batch without padding), and scores of +-1000 whose rows lie far apart: each query's weights are the
+    softmax of its own scores, rows sum to 1, nothing overflows."""
+    rng = np.random.default_rng(0)
+    Q = rng.normal(size=(1, 2, 3, 4))
+    K = rng.normal(size=(1, 2, 5, 4))
+    U = rng.normal(size=(1, 2, 5, 4))
+    O, P = scaled_dot_product_attention(backend.asarray(Q), backend.asarray(K), backend.asarray(U), None)
+    expected = _softmax_rows(Q @ K.swapaxes(-1, -2) / 2.0)
+    assert np.allclose(backend.to_numpy(P), expected, rtol=1e-12, atol=0)
+    assert np.allclose(backend.to_numpy(O), expected @ U, rtol=1e-12, atol=1e-15)
+    Q = np.array([1.0, -1.0]).reshape(1, 1, 2, 1)        # scores 1000, 999 for query 0; -1000, -999 for query 1
+    K = np.array([1000.0, 999.0]).reshape(1, 1, 2, 1)
+    for keep in (None, np.ones((1, 1, 2, 2), dtype=bool)):
+        _, P = scaled_dot_product_attention(backend.asarray(Q), backend.asarray(K), backend.asarray(np.ones_like(K)),
+                                            None if keep is None else backend.asarray(keep))
+        assert np.allclose(backend.to_numpy(P), _softmax_rows((Q @ K.swapaxes(-1, -2))[0, 0]), rtol=1e-12, atol=0)
+
+
+def test_float32_attention_stays_float32():
+    """A float32 model's attention weights and outputs stay float32 (a float64 fill would promote them: twice the
+    memory, silently)."""
+    rng = np.random.default_rng(1)
+    Q, K, U = (backend.asarray(rng.normal(size=(2, 2, 3, 4)).astype(np.float32)) for _ in range(3))
+    keep = backend.asarray(np.array([True, True, False])[None, None, None, :])
+    O, P = scaled_dot_product_attention(Q, K, U, keep)
+    assert O.dtype == np.float32 and P.dtype == np.float32

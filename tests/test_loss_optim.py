@@ -117,3 +117,38 @@ def test_clip_grad_norm_scales_to_max_norm():
     assert abs(total - 1.0) < 1e-4
     minitf.clip_grad_norm([a, b], max_norm=10.0)  # already small: unchanged
     assert abs(math.sqrt(float((a.grad ** 2).sum() + (b.grad ** 2).sum())) - total) < 1e-6
+
+
+# --------------------------------------------------------------------------- edges mutation testing found unchecked
+@pytest.mark.usefixtures("float64")
+def test_loss_of_rows_far_apart_its_nll_sum_and_its_default_upstream_gradient():
+    """Rows whose logits lie 1000 apart (the max is taken per row: the whole batch's would underflow the lower
+    row), the logged nll_sum (the numerator of the validation perplexity) with pads present, and backward()'s
+    default upstream gradient of 1: each against a computation written here."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 3, 5))
+    logits[1] += 1000.0
+    target = np.array([[1, 2, 0], [3, 4, 1]])            # one pad (id 0)
+    loss_fn = minitf.LabelSmoothedCrossEntropy(smoothing=0.0, ignore_index=0)
+    loss = loss_fn(backend.asarray(logits), backend.asarray(target))
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    nll = -np.take_along_axis(log_p, target[..., None], axis=-1)[..., 0]
+    keep = target != 0
+    assert loss == pytest.approx(nll[keep].mean(), rel=1e-12)
+    assert loss_fn.nll_sum == pytest.approx(nll[keep].sum(), rel=1e-12) and loss_fn.num_tokens == 5
+    default = backend.to_numpy(loss_fn.backward()).copy()
+    loss_fn(backend.asarray(logits), backend.asarray(target))
+    assert np.array_equal(default, backend.to_numpy(loss_fn.backward(1.0)))
+
+
+def test_a_tiny_gradient_is_not_clipped_and_the_first_step_has_the_papers_rate():
+    """clip_grad_norm leaves a gradient far below max_norm as it is (norm 1.7e-7: the 1e-6 guard must not flip
+    or blow it up), and the schedule's rate at step 1 (and at 0, read as 1) is the paper's formula at step 1."""
+    a = Parameter(xp.zeros(3))
+    a.grad[...] = 1e-7
+    minitf.clip_grad_norm([a], 1.0)
+    assert np.allclose(backend.to_numpy(a.grad), 1e-7, rtol=1e-9, atol=0)
+    schedule = minitf.WarmupSchedule(d_model=512, warmup=4000)
+    assert schedule(1) == pytest.approx(512 ** -0.5 * min(1 ** -0.5, 1 * 4000 ** -1.5), rel=1e-12)
+    assert schedule(0) == schedule(1)
