@@ -211,3 +211,35 @@ def test_a_metrics_path_that_is_not_a_file_is_refused_before_any_step(world, tmp
     assert code == 1 and "metrics.jsonl is a folder" in line and "move it away" in line, err
     assert "disk space" not in line
     assert snapshot(run / "checkpoints") == before
+
+
+def test_the_lock_refuses_a_held_folder_in_process_and_release_frees_it(tmp_path):
+    """The run-folder lock without a second process (mutation testing found it checked only through children):
+    a folder whose train.lock another open file holds (flock, as another train.py would) is refused with the
+    holder's PID; a free one is locked once (locking it again is a no-op) and written with our PID; release
+    deletes train.lock and frees the flock, so that another holder can take it."""
+    import fcntl
+    from minitf.training.errors import RunFolderBusy
+    run = tmp_path / "run"
+    run.mkdir()
+    other = os.open(run / files.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(other, b"4242\n")
+        with pytest.raises(RunFolderBusy, match=r"in use by another train.py \(process 4242, lock .*kill -TERM 4242"):
+            files.lock_run_folder(run)
+    finally:
+        os.close(other)  # the other holder ends
+    path = files.lock_run_folder(run)
+    probe = os.open(path, os.O_RDWR)  # the same lock file, as a waiting train.py would hold it
+    try:
+        assert path == run / files.LOCK_NAME and files.holder_pid(path) == os.getpid()
+        assert files.lock_run_folder(run) == path  # this process holds it already
+        with pytest.raises(OSError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        files.release(run)
+        assert not path.exists()
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released: the flock is free again
+    finally:
+        os.close(probe)
+        files.release(run)
