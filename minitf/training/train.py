@@ -313,6 +313,27 @@ def run(argv=None):
     return train_new_run(config, run_dir, tokenizer, corpus, args)
 
 
+@contextlib.contextmanager
+def new_run_folder(run_dir):
+    """Rank 0's start of a new run folder: made, and locked before anything is written (one process per run
+    folder), then checked again under the lock (another run may have started meanwhile). A DataError inside
+    (e.g. a --vocab-size too large for the text) leaves no half-made run behind: the folder is released, its
+    tokenizer removed and the folder too if this call made it."""
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    files.lock_run_folder(run_dir)
+    check_output_folder(run_dir)
+    try:
+        yield
+    except DataError:
+        if created:  # a tokenizer of a refused run is no use to anyone
+            (run_dir / "tokenizer.model").unlink(missing_ok=True)
+        files.release(run_dir)
+        if created and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise
+
+
 def new_run_data(args, config, run_dir, world):
     """A new run's data (the default corpus, fetched once, or --train-src ...), its tokenizer (trained
     by rank 0) and config.json."""
@@ -326,18 +347,9 @@ def new_run_data(args, config, run_dir, world):
     world.barrier()  # every rank has checked its input before rank 0 writes anything
     config.data = paths
     if world.is_root:  # rank 0 makes the run folder, holds its lock and trains the tokenizer; the others wait
-        created = not run_dir.exists()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        files.lock_run_folder(run_dir)  # one process per run folder, taken before anything is written
-        check_output_folder(run_dir)      # again, under the lock: another run may have started meanwhile
-        try:
+        with new_run_folder(run_dir):
             tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
                                           config.vocab_size, log)
-        except DataError:  # e.g. --vocab-size too large for the text: leave no empty run folder behind
-            files.release(run_dir)
-            if created and not any(run_dir.iterdir()):
-                run_dir.rmdir()
-            raise
     config.data_sha256 = {key: file_sha256(path) for key, path in paths.items() if path is not None}
     if world.is_root:
         config.write(run_dir)
@@ -408,11 +420,7 @@ def new_text_data(args, config, run_dir, world):
     world.barrier()
     config.data = paths
     if world.is_root:
-        created = not run_dir.exists()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        files.lock_run_folder(run_dir)
-        check_output_folder(run_dir)  # again, under the lock
-        try:
+        with new_run_folder(run_dir):
             if config.tokenizer in ("char", "pretrained"):
                 tokenizer = (CharTokenizer(texts["train"]) if config.tokenizer == "char" else
                              read_init_tokenizer(config))
@@ -420,13 +428,6 @@ def new_text_data(args, config, run_dir, world):
             else:
                 tokenizer = prepare_tokenizer(run_dir, texts["train"].split("\n"), config.vocab_size, log)
             corpus = TextCorpus(tokenizer, texts, config.block_size)  # e.g. a text shorter than a block
-        except DataError:
-            if created:  # a tokenizer of a refused run is no use to anyone
-                (run_dir / "tokenizer.model").unlink(missing_ok=True)
-            files.release(run_dir)
-            if created and not any(run_dir.iterdir()):
-                run_dir.rmdir()
-            raise
     config.data_sha256 = {key: file_sha256(path) for key, path in paths.items() if path is not None}
     if world.is_root:
         config.vocab_size = tokenizer.vocab_size
@@ -459,20 +460,20 @@ def new_prepared_text_run(args, config, run_dir, world):
         raise UsageError(f"--prepare-again prepares --corpus-dir {args.corpus_dir} from the texts it was made from: "
                          "give them too (--train-text ... --valid-text ...)")
     folder = pathlib.Path(args.corpus_dir)
+    pretrained = read_init_tokenizer(config) if config.init_from else None  # --init-from's: the ids must be its
     if world.is_root:
         if given:
             paths = text_paths(args)
             prepare_text_corpus(folder, {split: paths[f"{split}_text"] for split in TEXT_SPLITS},
                                 config.tokenizer, config.vocab_size, rebuild=args.prepare_again, log=log,
-                                tokenizer=read_init_tokenizer(config) if config.init_from else None)
+                                tokenizer=pretrained)
         elif not (folder / "manifest.json").is_file():
             raise UsageError(f"--corpus-dir {folder} holds no prepared text (no manifest.json); prepare one with "
                              "--model gpt --train-text ... --valid-text ... --corpus-dir DIR")
     world.barrier()
     tokenizer, corpus = open_prepared_text(folder, config.block_size)
     kind = tokenizer_kind(tokenizer)
-    if (kind == "pretrained") != (config.init_from is not None) or (
-            config.init_from and tokenizer.sha256 != read_init_tokenizer(config).sha256):
+    if (kind == "pretrained") != (pretrained is not None) or (pretrained and tokenizer.sha256 != pretrained.sha256):
         raise UsageError(f"--corpus-dir {folder} holds the ids of another tokenizer than this run's ({kind} there, "
                          f"{config.tokenizer} here): prepare the text for this run into another --corpus-dir (with "
                          "--train-text ...)")
@@ -563,11 +564,9 @@ def start_prepared_run(config, run_dir, tokenizer, folder, world, **data):
     config.data = {"prepared": str(folder.resolve()), **data}
     config.data_sha256 = {"manifest": file_sha256(folder / "manifest.json")}
     if world.is_root:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        files.lock_run_folder(run_dir)
-        check_output_folder(run_dir)  # again, under the lock
-        files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
-        config.write(run_dir)
+        with new_run_folder(run_dir):
+            files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
+            config.write(run_dir)
     world.barrier()
 
 
