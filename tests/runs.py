@@ -7,6 +7,7 @@ import os
 import pathlib
 import select
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -362,3 +363,23 @@ BAD_CHECKPOINTS = {
 }
 # the crafted checkpoints that minitf.translate (which reads no Adam moments) must refuse too
 CRAFTED_MODEL_FILES = list(BAD_CHECKPOINTS)[8:-1]
+
+
+def change_manifest(change):
+    """A damage for a prepared folder: ``change(manifest)`` (a dict, changed in place) written back as its
+    manifest.json."""
+    def damage(folder):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        change(manifest)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    return damage
+
+
+def sigterm_once_part_grows(child, part, size=2048, timeout=20):
+    """SIGTERM to a downloading ``child`` once its ``part`` file holds ``size`` bytes (or after ``timeout`` s);
+    its stderr once it has ended."""
+    deadline = time.monotonic() + timeout
+    while not (part.is_file() and part.stat().st_size >= size) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    child.send_signal(signal.SIGTERM)
+    return child.communicate(timeout=timeout)[1]

@@ -3,7 +3,6 @@ every failure one line. Every test serves its own bytes from 127.0.0.1."""
 import hashlib
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 from minitf.training import download as dl
 from minitf.training.errors import DataError
 from tests.loopback import Server, raw, slowly
-from tests.runs import ROOT
+from tests.runs import ROOT, sigterm_once_part_grows
 
 DATA = bytes(range(256)) * 160  # 40 KiB
 SHA = hashlib.sha256(DATA).hexdigest()
@@ -183,11 +182,7 @@ def test_sigterm_leaves_only_the_part_file_and_the_next_start_resumes_it(tmp_pat
                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     part = tmp_path / "f.part"
-    deadline = time.monotonic() + 20
-    while not (part.is_file() and part.stat().st_size >= 2048) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    child.send_signal(signal.SIGTERM)
-    _, err = child.communicate(timeout=20)
+    err = sigterm_once_part_grows(child, part)
     assert child.returncode != 0, err
     assert listing(tmp_path) == ["f.part"]  # no temp file, no half-written dest: only the resumable part
     kept = part.stat().st_size

@@ -14,7 +14,7 @@ from minitf.nmt.data import Corpus, read_splits, token_batches
 from minitf.training.errors import DataError
 from minitf.nmt.data import IndexedCorpus
 from minitf.nmt.prepare import CleanRules, clean_pass, prepare_corpus
-from tests.runs import make_corpus
+from tests.runs import change_manifest, make_corpus
 
 KEEP_ALL = CleanRules(max_ratio=1e9, dedup=False)
 
@@ -193,14 +193,6 @@ def _swap_offsets(name, i):
     return damage
 
 
-def _manifest(change):
-    def damage(folder):
-        manifest = json.loads((folder / "manifest.json").read_text())
-        change(manifest)
-        (folder / "manifest.json").write_text(json.dumps(manifest))
-    return damage
-
-
 def _out_of_vocabulary(folder):
     ids = np.fromfile(folder / "train.tgt.bin", dtype="<u2")
     ids[7] = 40
@@ -214,7 +206,7 @@ def _split_outside(folder):
     for side in ("src", "tgt"):
         for kind in ("bin", "idx"):
             shutil.copy(folder / f"valid.{side}.{kind}", victim / f"x.{side}.{kind}")
-    _manifest(lambda m: m["splits"].__setitem__("../victim/x", dict(m["splits"]["valid"])))(folder)
+    change_manifest(lambda m: m["splits"].__setitem__("../victim/x", dict(m["splits"]["valid"])))(folder)
 
 
 def _linked_outside(folder):
@@ -243,25 +235,25 @@ BAD_PREPARED = {
     "replaced tokenizer.model": (_replaced_tokenizer, ["tokenizer.model", "not the tokenizer its manifest names"]),
     "missing tokenizer.model": (lambda f: (f / "tokenizer.model").unlink(), ["tokenizer.model", "missing"]),
     "manifest not JSON": (lambda f: (f / "manifest.json").write_text("{"), ["manifest.json", "not valid JSON"]),
-    "format_version true": (_manifest(lambda m: m.update(format_version=True)), ["manifest.json", "version True"]),
+    "format_version true": (change_manifest(lambda m: m.update(format_version=True)), ["manifest.json", "version True"]),
     "manifest a list": (lambda f: (f / "manifest.json").write_text("[1]"), ["manifest.json", "version None"]),
-    "pairs 'abc'": (_manifest(lambda m: m["splits"]["train"].update(pairs="abc")), ["splits.train.pairs", "'abc'"]),
-    "pairs true": (_manifest(lambda m: m["splits"]["valid"].update(pairs=True)), ["splits.valid.pairs"]),
-    "pairs 1.5": (_manifest(lambda m: m["splits"]["valid"].update(pairs=1.5)), ["splits.valid.pairs"]),
-    "tokens missing": (_manifest(lambda m: m["splits"]["test"].pop("tgt_tokens")), ["splits.test.tgt_tokens"]),
-    "dtype 'not-a-dtype'": (_manifest(lambda m: m.update(dtype="not-a-dtype")), ["dtype", "'not-a-dtype'"]),
-    "dtype int32 for 40 ids": (_manifest(lambda m: m.update(dtype="int32")), ["dtype", "'uint16'"]),
-    "vocab_size 'forty'": (_manifest(lambda m: m.update(vocab_size="forty")), ["vocab_size"]),
-    "vocab_size 41": (_manifest(lambda m: m.update(vocab_size=41)), ["tokenizer.model", "has 40 ids"]),
-    "tokenizer_sha256 a number": (_manifest(lambda m: m.update(tokenizer_sha256=7)), ["tokenizer_sha256"]),
-    "valid split missing": (_manifest(lambda m: m["splits"].pop("valid")), ["splits", "a valid split"]),
-    "recipe missing": (_manifest(lambda m: m.pop("recipe")), ["recipe"]),
-    "splits a list": (_manifest(lambda m: m.update(splits=["train", "valid"])), ["splits"]),
-    "a split's counts a string": (_manifest(lambda m: m["splits"].update(valid="8")), ["splits.valid"]),
-    "languages 'x'": (_manifest(lambda m: m["recipe"].update(languages="x")), ["recipe.languages"]),
-    "cleaning missing": (_manifest(lambda m: m.pop("cleaning")), ["cleaning"]),
+    "pairs 'abc'": (change_manifest(lambda m: m["splits"]["train"].update(pairs="abc")), ["splits.train.pairs", "'abc'"]),
+    "pairs true": (change_manifest(lambda m: m["splits"]["valid"].update(pairs=True)), ["splits.valid.pairs"]),
+    "pairs 1.5": (change_manifest(lambda m: m["splits"]["valid"].update(pairs=1.5)), ["splits.valid.pairs"]),
+    "tokens missing": (change_manifest(lambda m: m["splits"]["test"].pop("tgt_tokens")), ["splits.test.tgt_tokens"]),
+    "dtype 'not-a-dtype'": (change_manifest(lambda m: m.update(dtype="not-a-dtype")), ["dtype", "'not-a-dtype'"]),
+    "dtype int32 for 40 ids": (change_manifest(lambda m: m.update(dtype="int32")), ["dtype", "'uint16'"]),
+    "vocab_size 'forty'": (change_manifest(lambda m: m.update(vocab_size="forty")), ["vocab_size"]),
+    "vocab_size 41": (change_manifest(lambda m: m.update(vocab_size=41)), ["tokenizer.model", "has 40 ids"]),
+    "tokenizer_sha256 a number": (change_manifest(lambda m: m.update(tokenizer_sha256=7)), ["tokenizer_sha256"]),
+    "valid split missing": (change_manifest(lambda m: m["splits"].pop("valid")), ["splits", "a valid split"]),
+    "recipe missing": (change_manifest(lambda m: m.pop("recipe")), ["recipe"]),
+    "splits a list": (change_manifest(lambda m: m.update(splits=["train", "valid"])), ["splits"]),
+    "a split's counts a string": (change_manifest(lambda m: m["splits"].update(valid="8")), ["splits.valid"]),
+    "languages 'x'": (change_manifest(lambda m: m["recipe"].update(languages="x")), ["recipe.languages"]),
+    "cleaning missing": (change_manifest(lambda m: m.pop("cleaning")), ["cleaning"]),
     "split named ../victim/x": (_split_outside, ["'../victim/x'", "only train, valid and test"]),
-    "a split named lexicon": (_manifest(lambda m: m["splits"].update(lexicon=m["splits"]["valid"])), ["lexicon"]),
+    "a split named lexicon": (change_manifest(lambda m: m["splits"].update(lexicon=m["splits"]["valid"])), ["lexicon"]),
     ".bin a link outside the folder": (_linked_outside, ["train.src.bin", "outside the folder"]),
 }
 
@@ -356,7 +348,7 @@ def test_opening_a_large_prepared_folder_checks_it_in_bounded_memory(good_folder
     for side in ("src", "tgt"):
         np.concatenate([[0], np.cumsum(lengths)]).astype("<i8").tofile(folder / f"train.{side}.idx")
         (np.arange(2 * n) % 36 + 4).astype("<u2").tofile(folder / f"train.{side}.bin")
-    _manifest(lambda m: m["splits"].update(train=dict(pairs=n, src_tokens=2 * n, tgt_tokens=2 * n)))(folder)
+    change_manifest(lambda m: m["splits"].update(train=dict(pairs=n, src_tokens=2 * n, tgt_tokens=2 * n)))(folder)
     monkeypatch.setattr(text, "VERIFY_CHUNK", 1 << 14)
     tracemalloc.start()
     try:

@@ -5,12 +5,10 @@ tested with the Ding corpus in test_corpora.py."""
 import hashlib
 import importlib.util
 import os
-import signal
 import struct
 import subprocess
 import sys
 import tarfile
-import time
 import zlib
 
 import pytest
@@ -20,7 +18,7 @@ from minitf.training.debian import DebianPackage
 from minitf.training.download import Terminated
 from minitf.training.errors import DataError
 from tests.loopback import Server, slowly
-from tests.runs import ROOT
+from tests.runs import ROOT, sigterm_once_part_grows
 from tests.test_corpora import fake_apt, link, make_deb, root_entry, tree
 
 needs_pysword = pytest.mark.skipif(importlib.util.find_spec("pysword") is None,
@@ -216,11 +214,7 @@ def test_sigterm_during_the_download_leaves_only_the_part_and_the_next_call_resu
                               hashlib.sha256(deb).hexdigest()], cwd=ROOT, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     part = cache / (corpus.PACKAGE.filename + ".part")
-    deadline = time.monotonic() + 20
-    while not (part.is_file() and part.stat().st_size >= 2048) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    child.send_signal(signal.SIGTERM)
-    _, err = child.communicate(timeout=20)
+    err = sigterm_once_part_grows(child, part)
     assert child.returncode != 0, err
     assert tree(cache) == [part.name]  # no temp file, no unpacked module: only the resumable part
     kept = part.stat().st_size

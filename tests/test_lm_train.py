@@ -12,7 +12,7 @@ import pytest
 from minitf.backend import host as np
 from minitf.training import checkpoint as ckpt
 from minitf.training.train import main as train_main
-from tests.runs import CPU_ENV, ROOT, final_params, metrics, needs_mpi, one_error_line, train_py
+from tests.runs import CPU_ENV, ROOT, change_manifest, final_params, metrics, needs_mpi, one_error_line, train_py
 
 #: A tiny GPT over characters: seconds per run on this machine.
 TINY_GPT = ["--model", "gpt", "--tokenizer", "char", "--d-model", "24", "--num-heads", "2", "--num-layers", "2",
@@ -237,14 +237,6 @@ def _damage(name, data=None, cut=None):
     return damage
 
 
-def _manifest(change):
-    def damage(folder):
-        manifest = json.loads((folder / "manifest.json").read_text())
-        change(manifest)
-        (folder / "manifest.json").write_text(json.dumps(manifest))
-    return damage
-
-
 # name: (what is done to a good prepared folder, whether the text flags are given too, words of the one line)
 BAD_PREPARED_TEXTS = {
     "truncated ids": (_damage("train.bin", cut=100), False, "bytes, its manifest says"),
@@ -252,7 +244,7 @@ BAD_PREPARED_TEXTS = {
         b"\xff" * (folder / "valid.bin").stat().st_size), False, "outside the vocabulary"),
     "another tokenizer": (_damage("tokenizer.model", data=b'{"format": "minitf-char-1", "chars": "ab"}'), False,
                           "is not the tokenizer its manifest names"),
-    "a translation corpus's manifest": (_manifest(lambda m: m.update(kind=None)), False, "not a translation corpus"),
+    "a translation corpus's manifest": (change_manifest(lambda m: m.update(kind=None)), False, "not a translation corpus"),
     "manifest not JSON": (_damage("manifest.json", data=b"{nope"), False, "is not valid JSON"),
     "made from another text": (lambda folder: None, "other", "was made from other sources"),
     "no manifest": (lambda folder: (folder / "manifest.json").unlink(), "same", "is not empty and holds no prepared"),

@@ -42,8 +42,9 @@ def loss_of(model):
         return loss_fn(model(np.array(trace.SRC), np.array(trace.TGT_IN)), np.array(trace.TGT_OUT))
 
 
-def test_parameter_gradients_agree_with_finite_differences(traced):
-    _, model, _ = traced
+def analytic_and_numeric(model, loss):
+    """(the gradient the traced backward left in every parameter, float64 central differences of
+    ``loss(model)`` with step H), each flattened in the model's parameter order."""
     with default_dtype("float64"):
         flat = FlatBuffers.flatten(model.parameters())  # every parameter becomes a view of this buffer
         theta = flat.data
@@ -52,11 +53,17 @@ def test_parameter_gradients_agree_with_finite_differences(traced):
         for i in range(theta.size):
             old = float(theta[i])
             theta[i] = old + H
-            plus = loss_of(model)
+            plus = loss(model)
             theta[i] = old - H
-            minus = loss_of(model)
+            minus = loss(model)
             theta[i] = old
             numeric[i] = (plus - minus) / (2 * H)
+    return analytic, numeric
+
+
+def test_parameter_gradients_agree_with_finite_differences(traced):
+    _, model, _ = traced
+    analytic, numeric = analytic_and_numeric(model, loss_of)
     assert np.abs(analytic).max() > 1e-3               # not trivially zero
     assert np.abs(analytic - numeric).max() <= 1e-6 * np.abs(numeric).max() + 1e-8
 
@@ -344,19 +351,7 @@ def test_gpt_trace_parameter_gradients_agree_with_finite_differences(traced_gpt)
     tracer, model, loss = traced_gpt
     assert type(model).__name__ == "GPT" and model.config["pre_norm"] and model.config["positions"] == "learned"
     assert loss == pytest.approx(gpt_loss_of(model), abs=1e-12)
-    with default_dtype("float64"):
-        flat = FlatBuffers.flatten(model.parameters())
-        theta = flat.data
-        analytic = backend.to_numpy(flat.grad).copy()
-        numeric = np.zeros_like(analytic)
-        for i in range(theta.size):
-            old = float(theta[i])
-            theta[i] = old + H
-            plus = gpt_loss_of(model)
-            theta[i] = old - H
-            minus = gpt_loss_of(model)
-            theta[i] = old
-            numeric[i] = (plus - minus) / (2 * H)
+    analytic, numeric = analytic_and_numeric(model, gpt_loss_of)
     assert np.abs(analytic).max() > 1e-3
     assert np.abs(analytic - numeric).max() <= 1e-6 * np.abs(numeric).max() + 1e-8
     called = {r.name for r in tracer.records}
