@@ -1,0 +1,123 @@
+"""Hugging Face model folders, whatever the model: ``config.json`` read with every value minitf uses
+checked for presence, type and range (naming the key), and ``model.safetensors`` read and written
+through the ``safetensors`` package's NumPy API (no torch, no pickle), every tensor checked finite.
+``minitf.gpt`` (GPT-2 folders) and the translation model's Marian folders both read through here, so
+a folder is refused in one line, naming the file and the key or tensor, before any model is built.
+
+Errors are ``ValueError`` (a folder that does not fit) or ``ImportError`` (a missing extra).
+"""
+import json
+import math
+import pathlib
+
+from minitf import backend
+from minitf.atomic import write_atomic
+
+np = backend.host  # files are read and written on the host
+
+#: ``config_value(..., default=REQUIRED)``: the key must be in config.json.
+REQUIRED = object()
+
+
+def safetensors_numpy():
+    """The ``safetensors.numpy`` module, or an ImportError saying how to install it."""
+    try:
+        import safetensors.numpy
+    except ImportError:
+        raise ImportError("reading and writing Hugging Face folders needs the safetensors package: "
+                          'pip install -e ".[hf]"') from None
+    return safetensors.numpy
+
+
+def read_config(folder, model_types, what, weights="model.safetensors"):
+    """The config.json dict of a Hugging Face folder whose ``model_type`` is one of ``model_types``
+    (``what`` names such a folder in the messages, e.g. "Hugging Face GPT-2 folder"). A ValueError for a
+    path that is not a folder, a missing config.json or ``weights`` file, unreadable JSON, or another
+    model type."""
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder; give a {what} (config.json, {weights})")
+    if not (folder / "config.json").is_file():
+        hint = (" (it looks like a minitf run folder: give it as --checkpoint/--resume, not as a Hugging Face folder)"
+                if (folder / "meta.json").is_file() or (folder / "train.lock").exists()
+                or any(folder.glob("checkpoint*")) else "")
+        raise ValueError(f"{folder} has no config.json; a {what} has config.json and {weights}{hint}")
+    try:
+        hf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{folder / 'config.json'} is not readable JSON ({error})") from None
+    kind = hf.get("model_type") if isinstance(hf, dict) else None
+    if kind not in model_types:
+        raise ValueError(f"{folder / 'config.json'} describes model_type {kind!r}, not "
+                         f"{' or '.join(map(repr, model_types))}; give a {what}")
+    if not (folder / weights).is_file():
+        extra = (" (pytorch_model.bin is not read here: it is a pickle)" if (folder / "pytorch_model.bin").is_file()
+                 else "")
+        raise ValueError(f"{folder} has no {weights}; a {what} has config.json and {weights}{extra}")
+    return hf
+
+
+def config_value(hf, key, kind, default=REQUIRED, low=None, high=None, low_open=False, choices=None,
+                 where="config.json"):
+    """``hf[key]`` checked: of ``kind`` ("int", "float", "bool" or "str"; an int is a float too, a bool is
+    neither), within [``low``, ``high``] (``low_open``: strictly above ``low``), one of ``choices``.
+    A key that is absent gives ``default`` (``REQUIRED``: a ValueError naming the key). ``None`` counts as
+    absent only where the default is ``None``. A ValueError names the key, the value and what fits."""
+    if key not in hf or (hf[key] is None and default is None):
+        if default is REQUIRED:
+            raise ValueError(f"{where} has no {key!r}, which the model needs; add it (a {kind})")
+        return default
+    value = hf[key]
+    fits = {"int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value),
+            "bool": isinstance(value, bool),
+            "str": isinstance(value, str)}[kind]
+    if not fits:
+        raise ValueError(f"{where}: {key} is {value!r}; it must be a{'n' if kind == 'int' else ''} {kind}"
+                         + (" (a finite number)" if kind == "float" else ""))
+    if choices is not None and value not in choices:
+        raise ValueError(f"{where}: {key} is {value!r}; minitf computes {', '.join(map(repr, choices))}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"{where}: {key} is {value!r}; it must be {'above' if low_open else 'at least'} {low}")
+    if high is not None and value > high:
+        raise ValueError(f"{where}: {key} is {value!r}; it must be at most {high}")
+    return value
+
+
+def read_weights(path):
+    """``{name: host array}`` of a safetensors file, every tensor checked finite. A ValueError for a
+    damaged or foreign file, or a tensor holding NaN or infinity (naming the tensor)."""
+    path = pathlib.Path(path)
+    reader = safetensors_numpy()
+    try:
+        weights = reader.load_file(str(path))
+    except Exception as error:  # safetensors' own error type: a damaged, truncated or foreign file
+        raise ValueError(f"{path} is not a readable safetensors file ({type(error).__name__}: {error}); "
+                         "download or write it again") from None
+    for name, array in weights.items():
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = int(array.size - np.isfinite(array).sum())
+            raise ValueError(f"{path}: tensor {name} holds {bad} NaN or infinite value(s) of {array.size}; "
+                             "the weights are damaged (a diverged or corrupted save): use another copy")
+    return weights
+
+
+def check_shapes(weights, expected, path):
+    """A ValueError naming every tensor of ``weights`` whose shape is not ``expected[name]`` (a tuple)."""
+    wrong = [f"{name} {tuple(weights[name].shape)} (expected {shape})"
+             for name, shape in expected.items() if name in weights and tuple(weights[name].shape) != tuple(shape)]
+    if wrong:
+        raise ValueError(f"{path}: tensors of the wrong shape for its config.json: {'; '.join(wrong)}")
+
+
+def write_weights(path, tensors):
+    """Write ``{name: array}`` as a safetensors file (contiguous host arrays, metadata format "pt", as
+    transformers writes it), atomically."""
+    host = {name: np.ascontiguousarray(backend.to_numpy(array)) for name, array in tensors.items()}
+    write_atomic(path, safetensors_numpy().save(host, metadata={"format": "pt"}))
+
+
+def write_json(path, values):
+    """Write a JSON file as Hugging Face does (indented, sorted keys), atomically."""
+    write_atomic(path, json.dumps(values, indent=2, sort_keys=True) + "\n")
