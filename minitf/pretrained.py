@@ -65,7 +65,7 @@ def config_value(hf, key, kind, default=REQUIRED, low=None, high=None, low_open=
     absent only where the default is ``None``. A ValueError names the key, the value and what fits."""
     if key not in hf or (hf[key] is None and default is None):
         if default is REQUIRED:
-            raise ValueError(f"{where} has no {key!r}, which the model needs; add it (a {kind})")
+            raise ValueError(f"{where} has no {key!r}, which the model needs; add it (a{'n' if kind == 'int' else ''} {kind})")
         return default
     value = hf[key]
     fits = {"int": isinstance(value, int) and not isinstance(value, bool),
