@@ -117,6 +117,23 @@ def test_a_wrong_tanh_gelu_backward_is_named_and_the_exact_form_still_passes(bug
     assert "furthest off: x_tanh[" in out and message in out and "docs/gpt.md" in out, out
 
 
+@pytest.mark.parametrize("seed", [0, 4])
+def test_a_wrong_backward_is_not_reported_as_a_stale_cache(seed, tmp_path, capsys):
+    """The exact form's derivative in the tanh branch is off by about 1e-3 relative: one random
+    direction at 1e-4 may pass it on the check's first inputs and fail it on the second (seeds 0
+    and 4). That is a wrong backward, not a cache kept from an earlier forward: the checker names
+    x_tanh and says nothing of a cache."""
+    body = """def backward(self, dy):
+        x, cdf, t = self.saved_tensors()
+        pdf = xp.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        return dy * (cdf + x * pdf)              # the exact form's derivative, in the tanh branch too"""
+    assert exercise.main(["check", str(filled(tmp_path, "gelu", body)), "--seed", str(seed)]) == 1
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.startswith("x_")}
+    assert rows == {"x_erf": "ok", "x_tanh": "FAIL"}, out
+    assert "cache" not in out and "furthest off: x_tanh[" in out, out
+
+
 @pytest.mark.parametrize("name", list(exercise.EXERCISES))
 def test_a_fresh_copy_says_not_written_yet(name, tmp_path, capsys):
     assert exercise.main(["start", name, "--to", str(tmp_path)]) == 0
