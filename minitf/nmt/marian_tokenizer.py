@@ -1,0 +1,271 @@
+"""The tokenizer of a Hugging Face Marian folder (the opus-mt models), read with the ``sentencepiece``
+package, and the folder's generation settings (``generation_config.json``).
+
+A Marian folder segments with two sentencepiece models, ``source.spm`` (the source text) and ``target.spm``
+(target text), and maps the pieces to the model's ids with ``vocab.json``, one joint vocabulary (or
+``vocab.json`` for the source and ``target_vocab.json`` for the target with ``separate_vocabs``). The
+sentencepiece models' own ids are never used. Ids as transformers' ``MarianTokenizer`` (5.25) makes them:
+
+- a text is first split at the special tokens written in it (``</s>``, ``<unk>``, ``<pad>``, each one id);
+- a part that starts with a language code such as ``>>deu<<`` (``>>``, then up to the first ``<<``) keeps the
+  code as one piece (multilingual models choose their target language so);
+- the rest is segmented by sentencepiece; a piece missing from the vocabulary becomes ``<unk>``'s id;
+- ``MarianTokenizer`` appends ``</s>`` to every text. :meth:`MarianTokenizer.encode` does not: minitf's batching
+  adds the eos (``pad_batch(..., eos_id=tokenizer.eos_id)``), as for minitf's own tokenizer.
+
+Decoding (``MarianTokenizer.decode(ids, skip_special_tokens=True)``): an id list is cut at its first eos (as
+minitf's own tokenizer does), ``</s>``, ``<unk>`` and ``<pad>`` are dropped, ids become pieces through the
+vocabulary, sentencepiece joins them, ``▁`` becomes a space and the ends are stripped. transformers 5.25
+joins with the SOURCE model when the vocabulary is joint (``use_source_tokenizer`` defaults to ``not
+separate_vocabs``) and with the target model otherwise; so does this (for ordinary pieces both join the same).
+
+The interface is minitf's :class:`minitf.training.tokenizer.Tokenizer` (``encode``, ``decode``, ``vocab_size``,
+``pad_id``, ``unk_id``, ``bos_id``, ``eos_id``, ``sha256``, ``model_bytes``/``from_bytes``), so translating and
+the trainer use it unchanged; ``bos_id`` is the decoder's start token, Marian's ``<pad>``. :meth:`encode_target`
+segments target text (fine-tuning's references). Bad files are one-line DataErrors naming the file.
+"""
+import base64
+import hashlib
+import json
+import pathlib
+import re
+
+from minitf.training.errors import DataError
+from minitf.training.files import write_atomic
+
+#: The "format" of a Marian tokenizer kept in a run's tokenizer.model (JSON; sentencepiece's is a protobuf).
+MARIAN_FORMAT = "minitf-marian-1"
+FILES = ("source.spm", "target.spm", "vocab.json")
+_WORD_START = "\u2581"  # sentencepiece's "▁"
+
+
+def _spm():
+    try:
+        import sentencepiece
+    except ImportError:
+        raise DataError("a Marian folder's tokenizer needs sentencepiece, which is not installed; "
+                        "run: pip install sentencepiece") from None
+    return sentencepiece
+
+
+def _special(config, key, default):
+    """A special token's text in tokenizer_config.json: a string, or a dict with "content" (re-saved copies)."""
+    value = config.get(key, default)
+    if isinstance(value, dict):
+        value = value.get("content")
+    if not isinstance(value, str) or not value:
+        raise DataError(f"tokenizer_config.json: {key} is {config.get(key)!r}; expected a token such as {default!r}")
+    return value
+
+
+def _check_vocab(vocab, name):
+    if not isinstance(vocab, dict) or not vocab:
+        raise DataError(f"{name} is not a JSON object of pieces and ids; copy it again from the model's "
+                        "Hugging Face folder")
+    bad = next(((piece, i) for piece, i in vocab.items()
+                if not (isinstance(i, int) and not isinstance(i, bool) and i >= 0)), None)
+    if bad is not None:
+        raise DataError(f"{name}: piece {bad[0]!r} has id {bad[1]!r}; every id must be an integer >= 0")
+    return vocab
+
+
+class MarianTokenizer:
+    """The tokenizer of a Marian folder (see the module's docstring). Build it with :meth:`from_folder` (a
+    Hugging Face folder) or :meth:`from_bytes` (a run's tokenizer.model)."""
+
+    def __init__(self, source_spm, target_spm, vocab, target_vocab=None, config=None, origin="a Marian folder"):
+        """``source_spm``, ``target_spm``: the serialized sentencepiece models (bytes); ``vocab`` (and
+        ``target_vocab`` with separate vocabularies): piece -> id; ``config``: tokenizer_config.json's dict."""
+        spm = _spm()
+        config = dict(config or {})
+        self.separate_vocabs = bool(config.get("separate_vocabs", False))
+        if self.separate_vocabs and target_vocab is None:
+            raise DataError(f"{origin}: tokenizer_config.json sets separate_vocabs but there is no "
+                            "target_vocab.json; copy it from the model's Hugging Face folder")
+        self._source_bytes, self._target_bytes = bytes(source_spm), bytes(target_spm)
+        processors = []
+        for name, data in (("source.spm", self._source_bytes), ("target.spm", self._target_bytes)):
+            try:
+                processors.append(spm.SentencePieceProcessor(model_proto=data))
+            except (RuntimeError, OSError, TypeError) as error:
+                raise DataError(f"{origin}: {name} is not a sentencepiece model "
+                                f"({str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__}); "
+                                "copy it again from the model's Hugging Face folder") from None
+        self._source, self._target = processors
+        self.vocab = _check_vocab(vocab, "vocab.json")
+        self.target_vocab = _check_vocab(target_vocab, "target_vocab.json") if self.separate_vocabs else self.vocab
+        self.config = config
+        self.eos_token = _special(config, "eos_token", "</s>")
+        self.unk_token = _special(config, "unk_token", "<unk>")
+        self.pad_token = _special(config, "pad_token", "<pad>")
+        for vocab_name, table in (("vocab.json", self.vocab), ("target_vocab.json", self.target_vocab)):
+            for token in (self.eos_token, self.unk_token, self.pad_token):
+                if token not in table:
+                    raise DataError(f"{origin}: {vocab_name} has no {token!r}, which a Marian vocabulary needs; "
+                                    "copy it again from the model's Hugging Face folder")
+            if not self.separate_vocabs:
+                break
+        # special ids: the source vocabulary's (the target's agree in every opus-mt model; checked above to exist)
+        self.eos_id, self.unk_id, self.pad_id = (self.vocab[t] for t in (self.eos_token, self.unk_token, self.pad_token))
+        self.target_eos_id, self.target_unk_id, self.target_pad_id = (
+            self.target_vocab[t] for t in (self.eos_token, self.unk_token, self.pad_token))
+        self.bos_id = self.target_pad_id  # Marian's decoder starts from <pad> (decoder_start_token_id)
+        self._pieces = {i: piece for piece, i in self.target_vocab.items()}  # id -> piece (a duplicate id: the last)
+        specials = sorted({self.eos_token, self.unk_token, self.pad_token}, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(map(re.escape, specials)) + ")")
+        self._skip = {self.target_eos_id, self.target_unk_id, self.target_pad_id}
+        self.clean_up_spaces = bool(config.get("clean_up_tokenization_spaces", False))
+        self._bytes = json.dumps({
+            "format": MARIAN_FORMAT, "config": config, "vocab": self.vocab,
+            "target_vocab": self.target_vocab if self.separate_vocabs else None,
+            "source_spm": base64.b64encode(self._source_bytes).decode("ascii"),
+            "target_spm": base64.b64encode(self._target_bytes).decode("ascii")},
+            ensure_ascii=False, sort_keys=True).encode("utf-8")
+        self.sha256 = hashlib.sha256(self._bytes).hexdigest()
+
+    # -- reading and writing --------------------------------------------------------------------------
+    @classmethod
+    def from_folder(cls, folder):
+        """The tokenizer of a Hugging Face Marian folder: source.spm, target.spm, vocab.json, optional
+        tokenizer_config.json (and target_vocab.json where it sets separate_vocabs). A DataError names a
+        missing or unreadable file."""
+        folder = pathlib.Path(folder)
+        missing = [name for name in FILES if not (folder / name).is_file()]
+        if missing:
+            raise DataError(f"{folder} has no {' or '.join(missing)}; a Marian folder's tokenizer is source.spm, "
+                            "target.spm and vocab.json: copy them from the model's Hugging Face folder")
+
+        def read_json(name):
+            try:
+                return json.loads((folder / name).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise DataError(f"{folder / name} is not readable JSON ({error}); copy it again from the "
+                                "model's Hugging Face folder") from None
+
+        config = read_json("tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+        if not isinstance(config, dict):
+            raise DataError(f"{folder / 'tokenizer_config.json'} is not a JSON object; copy it again from the "
+                            "model's Hugging Face folder")
+        target_vocab = None
+        if config.get("separate_vocabs"):
+            if not (folder / "target_vocab.json").is_file():
+                raise DataError(f"{folder} has no target_vocab.json, which its tokenizer_config.json's "
+                                "separate_vocabs needs; copy it from the model's Hugging Face folder")
+            target_vocab = read_json("target_vocab.json")
+        try:
+            source, target = ((folder / name).read_bytes() for name in ("source.spm", "target.spm"))
+        except OSError as error:
+            raise DataError(f"cannot read {error.filename} ({error.strerror or error}); check its permissions") from None
+        vocab = read_json("vocab.json")
+        return cls(source, target, vocab, target_vocab, config, origin=str(folder))
+
+    @classmethod
+    def from_bytes(cls, data, origin="tokenizer.model"):
+        """The tokenizer kept by :meth:`model_bytes` (a run's tokenizer.model)."""
+        try:
+            values = json.loads(bytes(data).decode("utf-8"))
+            if not isinstance(values, dict) or values.get("format") != MARIAN_FORMAT:
+                raise ValueError("not a Marian tokenizer")
+            source, target = (base64.b64decode(values[key], validate=True) for key in ("source_spm", "target_spm"))
+            vocab, target_vocab, config = values["vocab"], values["target_vocab"], values["config"]
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError) as error:
+            raise DataError(f"{origin} is not a Marian tokenizer written by minitf ({error}); use the run's own "
+                            "tokenizer.model") from None
+        return cls(source, target, vocab, target_vocab, config, origin=origin)
+
+    def model_bytes(self):
+        """Everything the tokenizer is (both sentencepiece models, the vocabularies, the config) as JSON bytes."""
+        return self._bytes
+
+    def save(self, folder):
+        """Write the tokenizer's files into ``folder`` (each atomically) as a Hugging Face Marian folder holds
+        them: source.spm, target.spm, vocab.json (target_vocab.json), tokenizer_config.json."""
+        folder = pathlib.Path(folder)
+        write_atomic(folder / "source.spm", self._source_bytes)
+        write_atomic(folder / "target.spm", self._target_bytes)
+        write_atomic(folder / "vocab.json", json.dumps(self.vocab, ensure_ascii=False, indent=2) + "\n")
+        if self.separate_vocabs:
+            write_atomic(folder / "target_vocab.json", json.dumps(self.target_vocab, ensure_ascii=False, indent=2) + "\n")
+        write_atomic(folder / "tokenizer_config.json", json.dumps(self.config, ensure_ascii=False, indent=2) + "\n")
+
+    # -- ids --------------------------------------------------------------------------------------------
+    @property
+    def vocab_size(self):
+        """Ids of the source vocabulary: its largest id + 1 (= its size in every opus-mt model)."""
+        return max(self.vocab.values()) + 1
+
+    @property
+    def target_vocab_size(self):
+        return max(self.target_vocab.values()) + 1
+
+    def pieces(self, text, target=False):
+        """The pieces of one text as ``MarianTokenizer.tokenize`` gives them (no ``</s>``)."""
+        processor = self._target if target else self._source
+        pieces = []
+        for part in self._split.split(text):  # the special tokens written in the text are parts of their own
+            if not part:
+                continue
+            if part in (self.eos_token, self.unk_token, self.pad_token):
+                pieces.append(part)
+                continue
+            if part.startswith(">>") and (end := part.find("<<")) != -1:  # a language code: one piece
+                pieces.append(part[:end + 2])
+                part = part[end + 2:]
+            pieces.extend(processor.encode(part, out_type=str))
+        return pieces
+
+    def _encode(self, texts, target):
+        if isinstance(texts, str):
+            raise TypeError("MarianTokenizer.encode takes a list of strings; wrap one text as [text]")
+        table = self.target_vocab if target else self.vocab
+        unk = self.target_unk_id if target else self.unk_id
+        return [[table.get(piece, unk) for piece in self.pieces(text, target)] for text in texts]
+
+    def encode(self, texts):
+        """Source ids of each text of a list, as ``MarianTokenizer(texts)`` without the final ``</s>``."""
+        return self._encode(texts, target=False)
+
+    def encode_target(self, texts):
+        """Target ids of each text (``MarianTokenizer(text_target=texts)`` without the final ``</s>``)."""
+        return self._encode(texts, target=True)
+
+    def decode(self, id_lists):
+        """Text of each id list or 1-D array: cut at the first eos, then as ``MarianTokenizer.decode(ids,
+        skip_special_tokens=True)``."""
+        processor = self._target if self.separate_vocabs else self._source  # as transformers 5.25 (see above)
+        texts = []
+        for ids in id_lists:
+            ids = [int(i) for i in ids]
+            if self.target_eos_id in ids:
+                ids = ids[:ids.index(self.target_eos_id)]
+            pieces = [self._piece(i, processor) for i in ids if i not in self._skip]
+            text = processor.decode_pieces(pieces).replace(_WORD_START, " ").strip()
+            texts.append(_clean_up(text) if self.clean_up_spaces else text)
+        return texts
+
+    def _piece(self, i, processor):
+        if i in self._pieces:
+            return self._pieces[i]
+        # an id the vocabulary lacks: sentencepiece's own piece of that id, as transformers does, else <unk>
+        return processor.id_to_piece(i) if 0 <= i < processor.get_piece_size() else self.unk_token
+
+    def __reduce__(self):
+        # pickle (for data-loading processes) as the model bytes: sentencepiece processors are not picklable
+        return (MarianTokenizer.from_bytes, (self._bytes,))
+
+    def __repr__(self):
+        return f"MarianTokenizer(vocab_size={self.vocab_size}, sha256={self.sha256[:12]}...)"
+
+
+def _clean_up(text):
+    """transformers' ``clean_up_tokenization`` (used where tokenizer_config.json sets
+    clean_up_tokenization_spaces)."""
+    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(before, after)
+    return text
+
+
+def is_marian_tokenizer(data):
+    """Whether tokenizer.model bytes hold a :class:`MarianTokenizer` (JSON of its format)."""
+    return bytes(data[:64]).lstrip().startswith(b"{") and f'"format": "{MARIAN_FORMAT}"'.encode() in bytes(data)
