@@ -12,7 +12,7 @@ at work on a new layer.
 
 The check: a random upstream gradient G makes ``L = sum(forward(inputs) * G)`` a scalar,
 ``backward(G)`` must equal dL/d(each float input) and dL/d(each parameter) as measured by
-float64 central differences with h = 1e-6 (minitf.gradcheck.compare_gradients), entry by entry:
+float64 central differences with h = 1e-6 (minitf.gradcheck.numeric.compare_gradients), entry by entry:
 
     max |analytic - numeric| <= rtol * max(|analytic|, |numeric|) + atol
     rtol = 1e-6 (RTOL), atol = 1e-7 (ATOL)
@@ -27,8 +27,9 @@ import inspect
 from hypothesis import strategies as st
 
 from minitf import backend
-from minitf.gradcheck import (compare_gradients, describe_worst, diagnose, gradients_match, protocol_problems,
-                              upstream_gradients as _upstream)
+from minitf.gradcheck.numeric import compare_gradients, gradients_match, upstream_gradients as _upstream
+from minitf.gradcheck.protocol import protocol_problems
+from minitf.gradcheck.report import describe_worst, diagnose
 from minitf.module import Module, no_grad
 
 np = backend.host
@@ -121,10 +122,10 @@ def assert_gradients_match(target, *args, params=None, seed=0, rtol=None, atol=A
     older name) and ``atol`` (ATOL = 1e-7) of the per-array criterion
     max |a - n| <= rtol * max(|a|, |n|) + atol; ``reseed``: reseed the backend before every
     forward (the same dropout mask each time); ``caches``: check that backward uses the cache
-    of its own forward (:func:`minitf.gradcheck.cache_problems`), by default in the module form
+    of its own forward (:func:`minitf.gradcheck.protocol.cache_problems`), by default in the module form
     only (a function pair's backward may read its inputs from a closure).
 
-    Before the numbers, the protocol (:func:`minitf.gradcheck.protocol_problems`): every float
+    Before the numbers, the protocol (:func:`minitf.gradcheck.protocol.protocol_problems`): every float
     input gets a gradient of its shape (None, a missing one or too few fail, naming the
     input); the incoming gradient is unchanged after backward; parameter gradients
     accumulate (``=`` instead of ``+=`` fails) into the same array (``w.grad = w.grad + g``
@@ -133,8 +134,8 @@ def assert_gradients_match(target, *args, params=None, seed=0, rtol=None, atol=A
     on other inputs first, and two calls before their two backwards). Also asserts that
     nothing was checked in less than float64 and that something was checked. A numeric mismatch names the array, its relative error, the entry
     furthest off (analytic, numeric, their ratio), how many entries are off, and a hint
-    (:func:`minitf.gradcheck.diagnose`). Returns the report of
-    :func:`minitf.gradcheck.compare_gradients`.
+    (:func:`minitf.gradcheck.report.diagnose`). Returns the report of
+    :func:`minitf.gradcheck.numeric.compare_gradients`.
     """
     rtol = RTOL if rtol is None and tol is None else (rtol if rtol is not None else tol)
     if isinstance(target, Module):

@@ -17,7 +17,7 @@ gradient: ``minitf.walk``.
 import argparse
 
 from minitf import backend
-from minitf.gradcheck import run_tool
+from minitf.study_tools import run_tool
 from minitf.tracer import (CONFIG, GPT_CONFIG, GPT_IDS, GPT_NEXT, SMOOTHING, SRC, TGT_IN,  # noqa: F401 (the API)
                            TGT_OUT, Record, Tracer, build_model, format_array, named_modules, round_numbers, run,
                            run_gpt)

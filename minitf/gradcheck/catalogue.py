@@ -1,0 +1,212 @@
+"""The layers of ``python -m minitf.gradcheck LAYER``: for each name, a small random instance
+of the library's layer, its inputs, and what forward and backward to compare.
+
+One function per layer, registered under its name with ``@layer("name")``; it takes the
+random generator and returns ``(forward, backward, inputs, module)``: ``inputs`` a dict
+name -> array (the float ones are checked), ``module`` the Module whose parameters are checked
+(None for a layer without parameters). The order of the functions is the order of ``--help``.
+A new elementwise activation is one line (see :func:`elementwise`)::
+
+    @layer("relu")
+    def _relu(rng):
+        return elementwise(minitf.ReLU(), rng)
+"""
+import minitf
+from minitf import backend
+from minitf.attention import attention_keep_mask
+
+#: name -> build(rng) -> (forward, backward, inputs, module), in the order of ``--help``
+BUILDERS = {}
+
+#: the sizes of every instance: batch, source and target length, width, heads, FFN width, vocabulary
+B, S, T, D, H, F, V = 2, 4, 3, 4, 2, 6, 7
+
+
+def layer(name):
+    """Register the decorated ``build(rng)`` as the layer ``name`` of the command."""
+    def register(build):
+        if name in BUILDERS:
+            raise ValueError(f"two layers named {name!r}")
+        BUILDERS[name] = build
+        return build
+    return register
+
+
+def build(name, rng):
+    """A small random instance of the layer ``name``: (forward, backward, inputs, module)."""
+    if name not in BUILDERS:
+        raise ValueError(f"unknown layer {name!r}")
+    return BUILDERS[name](rng)
+
+
+def arr(rng, *shape, scale=1.0):
+    """N(0, scale^2) values of ``shape`` from ``rng``, in the backend's default dtype."""
+    return backend.asarray(rng.normal(0.0, scale, shape))
+
+
+def randomize(module, rng):
+    """Random N(0, 0.25) values in every parameter of ``module``; returns it."""
+    for p in module.parameters():  # random biases/gains too: every gradient term matters
+        p.data[...] = arr(rng, *p.shape, scale=0.5)
+    return module
+
+
+def source_padding():
+    """(B, S) True = padding: row 0 has none, row 1 pads its last position."""
+    return backend.asarray(backend.host.arange(S)[None, :] >= backend.host.array([[S], [S - 1]]))
+
+
+def elementwise(module, rng, scale=1.0):
+    """An elementwise layer without parameters on one (B, T, D) input of N(0, scale^2) values."""
+    return module.forward, module.backward, {"x": arr(rng, B, T, D, scale=scale)}, None
+
+
+@layer("linear")
+def _linear(rng):
+    m = randomize(minitf.Linear(D, F), rng)
+    return m.forward, m.backward, {"x": arr(rng, B, T, D)}, m
+
+
+@layer("embedding")
+def _embedding(rng):
+    m = minitf.Embedding(V, D)
+    ids = backend.asarray(rng.integers(0, V, (B, T)))
+    return (lambda: m.forward(ids)), m.backward, {}, m
+
+
+@layer("positional")
+def _positional(rng):
+    return elementwise(minitf.PositionalEncoding(D), rng)
+
+
+@layer("dropout")
+def _dropout(rng):
+    return elementwise(minitf.Dropout(0.3), rng)
+
+
+@layer("layernorm")
+def _layernorm(rng):
+    m = randomize(minitf.LayerNorm(D), rng)
+    return m.forward, m.backward, {"x": arr(rng, B, T, D)}, m
+
+
+@layer("relu")
+def _relu(rng):
+    return elementwise(minitf.ReLU(), rng)
+
+
+@layer("softmax")
+def _softmax(rng):
+    return elementwise(minitf.Softmax(), rng, scale=3.0)
+
+
+@layer("attention")
+def _attention(rng):
+    Q, K, U = arr(rng, B, H, T, D), arr(rng, B, H, S, D), arr(rng, B, H, S, D)
+    keep = attention_keep_mask(source_padding(), False, T, S)
+    saved = {}
+
+    def forward(Q, K, U):
+        O, saved["P"] = minitf.scaled_dot_product_attention(Q, K, U, keep)
+        return O
+    return forward, (lambda dO: minitf.scaled_dot_product_attention_backward(dO, Q, K, U, saved["P"])), \
+        {"Q": Q, "K": K, "U": U}, None
+
+
+@layer("mha")
+def _self_attention(rng):
+    m = randomize(minitf.MultiHeadAttention(D, H), rng)
+    return (lambda x: m.forward(x, causal=True)), (lambda dy: m.backward(dy)[0]), {"x": arr(rng, B, T, D)}, m
+
+
+@layer("cross")
+def _cross_attention(rng):
+    m = randomize(minitf.MultiHeadAttention(D, H), rng)
+    src_pad = source_padding()
+    return (lambda x, mem: m.forward(x, mem, key_padding_mask=src_pad)), m.backward, \
+        {"x": arr(rng, B, T, D), "memory": arr(rng, B, S, D)}, m
+
+
+@layer("feedforward")
+def _feedforward(rng):
+    m = randomize(minitf.FeedForward(D, F), rng)
+    return m.forward, m.backward, {"x": arr(rng, B, T, D)}, m
+
+
+def _encoder(m, rng):
+    src_pad = source_padding()
+    return (lambda x: m.forward(x, src_pad)), m.backward, {"x": arr(rng, B, S, D)}, m
+
+
+def _decoder(m, rng):
+    src_pad = source_padding()
+    return (lambda y, mem: m.forward(y, mem, src_pad)), m.backward, \
+        {"y": arr(rng, B, T, D), "memory": arr(rng, B, S, D)}, m
+
+
+@layer("encoder_layer")
+def _encoder_layer(rng):
+    return _encoder(randomize(minitf.EncoderLayer(D, H, F, dropout=0.0), rng), rng)
+
+
+@layer("decoder_layer")
+def _decoder_layer(rng):
+    return _decoder(randomize(minitf.DecoderLayer(D, H, F, dropout=0.0), rng), rng)
+
+
+@layer("encoder")
+def _encoder_stack(rng):
+    return _encoder(randomize(minitf.Encoder(2, D, H, F, dropout=0.0), rng), rng)
+
+
+@layer("decoder")
+def _decoder_stack(rng):
+    return _decoder(randomize(minitf.Decoder(2, D, H, F, dropout=0.0), rng), rng)
+
+
+@layer("loss")
+def _loss(rng):
+    m = minitf.LabelSmoothedCrossEntropy(0.1, ignore_index=0)
+    target = backend.asarray(rng.integers(0, V, (B, T)))
+    return (lambda z: backend.asarray(m.forward(z, target))), (lambda g: m.backward(float(g))), \
+        {"logits": arr(rng, B, T, V, scale=2.0)}, None
+
+
+@layer("model")
+def _model(rng):
+    m = randomize(minitf.Transformer(V, V, d_model=D, num_heads=H, num_encoder_layers=2, num_decoder_layers=2,
+                                     d_ff=F, dropout=0.0), rng)
+    loss = minitf.LabelSmoothedCrossEntropy(0.1, ignore_index=0)
+    src, tgt = rng.integers(1, V, (B, S)), rng.integers(1, V, (B, T + 1))
+    src[1, -1] = 0
+    return (lambda: backend.asarray(loss(m(src, tgt[:, :-1]), tgt[:, 1:]))), \
+        (lambda g: m.backward(loss.backward(float(g)))), {}, m
+
+
+@layer("gelu")
+def _gelu(rng):
+    return elementwise(minitf.GELU("none"), rng, scale=2.0)
+
+
+@layer("gelu_tanh")
+def _gelu_tanh(rng):
+    return elementwise(minitf.GELU("tanh"), rng, scale=2.0)
+
+
+@layer("learned_positions")
+def _learned_positions(rng):
+    m = randomize(minitf.LearnedPositionalEmbedding(T + 2, D), rng)
+    return (lambda x: m.forward(x, start=1)), m.backward, {"x": arr(rng, B, T, D)}, m
+
+
+@layer("gpt")
+def _gpt(rng):  # GPT-2's shape, with the next-token loss: position t predicts token t + 1
+    m = randomize(minitf.GPT(V, max_len=T, d_model=D, num_heads=H, num_layers=2, d_ff=F, dropout=0.0), rng)
+    loss = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+    ids = rng.integers(0, V, (B, T + 1))
+    return (lambda: backend.asarray(loss(m(ids[:, :-1]), ids[:, 1:]))), \
+        (lambda g: m.backward(loss.backward(float(g)))), {}, m
+
+
+#: the layers of the command, in the order of ``--help``
+LAYERS = list(BUILDERS)
