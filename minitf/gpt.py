@@ -17,12 +17,10 @@ writes one; :func:`generate` samples with the key/value cache of the translation
 Shapes: B batch, L sequence length, D d_model, V vocabulary size.
 """
 import dataclasses
-import json
 import math
 import pathlib
 
-from minitf import backend
-from minitf.atomic import write_atomic
+from minitf import backend, pretrained
 from minitf.layers import (ACTIVATIONS, Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding,
                            OutputProjection, PositionalEncoding)
 from minitf.module import Module, no_grad
@@ -155,20 +153,24 @@ class GPT(Module):
     def from_pretrained(cls, folder, dtype=None):
         """The GPT of a Hugging Face GPT-2 folder: ``config.json`` and ``model.safetensors``, read
         with the ``safetensors`` package's NumPy API (no torch, no pickle), built under ``dtype``
-        (default: minitf's default float dtype). A ValueError names what does not fit."""
+        (default: minitf's default float dtype). Every config value and tensor is checked
+        (:func:`pretrained_config`, :func:`read_pretrained_state`, values within ``dtype``'s range)
+        before the model is built; a ValueError names the file and the key or tensor that does not fit."""
         config, hf = pretrained_config(folder)
-        with backend.default_dtype(dtype or backend.get_default_dtype()):
-            model = cls(**(config | {"init": "xavier"}))  # the weights are read next: no second random draw
+        dtype = dtype or backend.get_default_dtype()
+        state = read_pretrained_state(folder, config, dtype)
+        with backend.default_dtype(dtype):
+            model = cls(**(config | {"init": "xavier"}))  # the weights come next: no second random draw
         model.config["init"] = config["init"]  # how the model was made, for save_pretrained's config.json
         model.hf_config = hf  # kept, so that save_pretrained writes back its other entries
-        model.load_pretrained(folder)
+        model.load_state_dict(state)
         return model
 
     def load_pretrained(self, folder):
         """Replace every parameter by the weights of ``folder``'s ``model.safetensors`` (a Hugging Face GPT-2
         folder whose config this model was built from; fine-tuning starts here). A ValueError names what
         does not fit."""
-        self.load_state_dict(read_pretrained_state(folder, self.config))
+        self.load_state_dict(read_pretrained_state(folder, self.config, self.embed.weight.data.dtype))
 
     def save_pretrained(self, folder):
         """Write this model as a Hugging Face GPT-2 folder (``config.json`` and ``model.safetensors``
@@ -176,10 +178,8 @@ class GPT(Module):
         learned positions, no embedding scale."""
         folder = pathlib.Path(folder)
         hf = _hf_config_from(self.config, getattr(self, "hf_config", {}), str(self.embed.weight.data.dtype))
-        tensors = {name: backend.host.ascontiguousarray(array) for name, array in
-                   minitf_to_hf_state(self.state_dict(), self.config).items()}
-        write_atomic(folder / "model.safetensors", _safetensors().save(tensors, metadata={"format": "pt"}))
-        write_atomic(folder / "config.json", json.dumps(hf, indent=2, sort_keys=True) + "\n")
+        pretrained.write_weights(folder / "model.safetensors", minitf_to_hf_state(self.state_dict(), self.config))
+        pretrained.write_json(folder / "config.json", hf)
 
 
 # --------------------------------------------------------------------------- #
@@ -212,25 +212,44 @@ def name_map(config):
     return pairs
 
 
-def hf_to_minitf_state(weights, config):
+def expected_shapes(config):
+    """``{Hugging Face name: shape}`` (:func:`name_map`'s names) of a GPT-2-shaped model with this config."""
+    V, P, D, F = config["vocab_size"], config["max_len"], config["d_model"], config["d_ff"]
+    layer = {"ln_1.weight": (D,), "ln_1.bias": (D,), "attn.c_attn.weight": (D, 3 * D), "attn.c_attn.bias": (3 * D,),
+             "attn.c_proj.weight": (D, D), "attn.c_proj.bias": (D,), "ln_2.weight": (D,), "ln_2.bias": (D,),
+             "mlp.c_fc.weight": (D, F), "mlp.c_fc.bias": (F,), "mlp.c_proj.weight": (F, D), "mlp.c_proj.bias": (D,)}
+    shapes = {"wte.weight": (V, D), "wpe.weight": (P, D), "ln_f.weight": (D,), "ln_f.bias": (D,),
+              "lm_head.weight": (V, D)}
+    shapes |= {f"h.{i}.{name}": shape for i in range(config["num_layers"]) for name, shape in layer.items()}
+    return {hf: shapes[hf] for hf, _ in name_map(config)}
+
+
+def hf_to_minitf_state(weights, config, path="the weights"):
     """``{minitf name: array}`` from a GPT-2 state dict ``{name: array}`` (with or without the
     ``transformer.`` prefix; the attention-mask buffers ``attn.bias``/``attn.masked_bias`` of older
-    files and a tied ``lm_head.weight`` are left out). Unknown or missing names: a ValueError."""
-    found = {}
+    files and a tied ``lm_head.weight`` are left out). A ValueError, naming ``path`` (the file) and the
+    tensors, for unknown or missing names, a tensor that is not floating-point, or one of the wrong shape."""
+    found, names = {}, {}
     for name, array in weights.items():
         short = name.removeprefix("transformer.")
         if short.endswith((".attn.bias", ".attn.masked_bias")):  # constant causal masks, not parameters
             continue
         if short == "lm_head.weight" and config.get("tie_embeddings", True):  # the same matrix as wte
             continue
-        found[short] = array
+        found[short], names[short] = array, name
     pairs = name_map(config)
     missing = sorted({hf for hf, _ in pairs} - set(found))
     unknown = sorted(set(found) - {hf for hf, _ in pairs})
     if missing or unknown:
-        raise ValueError("the weights do not fit a GPT-2 of this config.json: "
+        raise ValueError(f"{path}: the weights do not fit a GPT-2 of its config.json: "
                          + "; ".join(filter(None, [missing and f"missing {missing}",
                                                    unknown and f"not GPT-2 parameters {unknown}"])))
+    for short, array in found.items():
+        if array.dtype.kind != "f":
+            raise ValueError(f"{path}: tensor {names[short]} is {array.dtype}; expected floating-point weights "
+                             "(the file is damaged or not a model's)")
+    pretrained.check_shapes({names[hf]: found[hf] for hf in found},
+                            {names[hf]: shape for hf, shape in expected_shapes(config).items()}, path)
     return {ours: found[hf] for hf, ours in pairs}
 
 
@@ -240,75 +259,70 @@ def minitf_to_hf_state(state, config):
     return {(hf if hf == "lm_head.weight" else "transformer." + hf): state[ours] for hf, ours in name_map(config)}
 
 
-def _safetensors():
-    try:
-        import safetensors.numpy
-    except ImportError:
-        raise ImportError("reading and writing Hugging Face folders needs the safetensors package: "
-                          'pip install -e ".[hf]"') from None
-    return safetensors.numpy
-
-
-def read_pretrained_state(folder, config):
+def read_pretrained_state(folder, config, dtype=None):
     """``{minitf name: host array}`` of ``folder``'s ``model.safetensors`` for a GPT of ``config`` (a dict of
-    ``GPT``'s arguments), in the file's dtype. A ValueError for a damaged file or weights of another shape."""
+    ``GPT``'s arguments), in the file's dtype. A ValueError for a damaged file, a tensor holding NaN or
+    infinity, weights of another shape, or (given ``dtype``, the model's) values beyond that dtype's range."""
     path = pathlib.Path(folder) / "model.safetensors"
-    try:
-        weights = _safetensors().load_file(str(path))
-    except ImportError:
-        raise
-    except Exception as error:  # safetensors' own error type: a damaged or foreign file
-        raise ValueError(f"{path} is not a readable safetensors file ({type(error).__name__}: {error})") from None
-    return hf_to_minitf_state(weights, config)
+    weights = pretrained.read_weights(path)  # every tensor finite
+    state = hf_to_minitf_state(weights, config, path)
+    if dtype is not None:
+        pretrained.check_dtype_range(weights, dtype, path)
+    return state
+
+
+#: Names a GPT-2 folder in messages.
+GPT2_FOLDER = "Hugging Face GPT-2 folder"
 
 
 def pretrained_config(folder):
     """(``GPT``'s arguments, the config.json dict) of a Hugging Face GPT-2 folder, checked: a ValueError
-    for a folder without config.json and model.safetensors, another model type, or an option minitf
-    does not compute."""
+    for a folder without config.json and model.safetensors, another model type, a key the model needs that
+    is missing, a value of the wrong type or range (naming the key), or an option minitf does not compute.
+    Only config.json is read (the weights are :func:`read_pretrained_state`'s)."""
     folder = pathlib.Path(folder)
-    hf = _read_hf_config(folder)
-    return _config_from_hf(hf), hf
+    hf = pretrained.read_config(folder, ("gpt2",), GPT2_FOLDER)
+    return _config_from_hf(hf, str(folder / "config.json")), hf
 
 
-def _read_hf_config(folder):
-    if not folder.is_dir():
-        raise ValueError(f"{folder} is not a folder; give a Hugging Face GPT-2 folder (config.json, model.safetensors)")
-    for name in ("config.json", "model.safetensors"):
-        if not (folder / name).is_file():
-            extra = " (pytorch_model.bin is not read: it is a pickle)" if name == "model.safetensors" else ""
-            raise ValueError(f"{folder} has no {name}; a Hugging Face GPT-2 folder has config.json and "
-                             f"model.safetensors{extra}")
-    try:
-        hf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{folder / 'config.json'} is not readable JSON ({error})") from None
-    if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
-        kind = hf.get("model_type") if isinstance(hf, dict) else None
-        raise ValueError(f"{folder / 'config.json'} describes model_type {kind!r}, not 'gpt2'; only GPT-2 is read")
-    return hf
+#: GPT-2's options minitf computes one way only: config.json key -> the value minitf computes
+_FIXED = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False}
 
 
-def _config_from_hf(hf):
-    """``GPT``'s arguments from a GPT-2 config.json (Hugging Face's defaults where a key is absent).
-    Options minitf does not compute are refused, not ignored."""
-    activation = hf.get("activation_function", "gelu_new")
-    refused = []
-    if activation not in HF_ACTIVATIONS:
-        refused.append(f"activation_function {activation!r} (minitf has {', '.join(HF_ACTIVATIONS)})")
-    refused += [f"{key}={hf[key]!r}" for key, fine in [("scale_attn_weights", True),
-                                                      ("scale_attn_by_inverse_layer_idx", False),
-                                                      ("add_cross_attention", False)]
-                if key in hf and hf[key] != fine]
+def _config_from_hf(hf, where="config.json"):
+    """``GPT``'s arguments from a GPT-2 config.json (``where`` names it in messages). The shape (vocab_size,
+    n_positions, n_embd, n_head, n_layer) must be there, as in every GPT-2 folder; the other keys take Hugging
+    Face's defaults where absent (n_inner null: 4 n_embd). Every value read is checked for type and range,
+    naming the key; options minitf does not compute are refused, not ignored. minitf has one dropout (on the
+    embeddings and each sublayer's output, resid_pdrop's) and none on the attention weights: embd_pdrop and
+    attn_pdrop are only checked."""
+    def value(key, kind, default=pretrained.REQUIRED, **checks):
+        return pretrained.config_value(hf, key, kind, default, where=where, **checks)
+
+    vocab_size = value("vocab_size", "int", low=1)
+    n_positions, d_model = value("n_positions", "int", low=1), value("n_embd", "int", low=1)
+    num_heads, num_layers = value("n_head", "int", low=1), value("n_layer", "int", low=1)
+    if d_model % num_heads:
+        raise ValueError(f"{where}: n_embd {d_model} is not a multiple of n_head {num_heads}; each head takes "
+                         "n_embd / n_head of the width")
+    d_ff = value("n_inner", "int", default=None, low=1) or 4 * d_model
+    activation = value("activation_function", "str", default="gelu_new")
+    dropout = {key: value(key, "float", default=0.1, low=0.0, high=1.0, high_open=True)
+               for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}["resid_pdrop"]
+    layer_norm_eps = value("layer_norm_epsilon", "float", default=1e-5, low=0.0, low_open=True)
+    init_std = value("initializer_range", "float", default=0.02, low=0.0)
+    tie_embeddings = value("tie_word_embeddings", "bool", default=True)
+    value("reorder_and_upcast_attn", "bool", default=False)  # float32 attention in a float16 model: numerics only
+    value("eos_token_id", "int", default=None, low=0, high=vocab_size - 1)  # where generation stops
+    refused = [] if activation in HF_ACTIVATIONS else [
+        f"activation_function {activation!r} (minitf has {', '.join(HF_ACTIVATIONS)})"]
+    refused += [f"{key}={hf[key]!r}" for key, fine in _FIXED.items() if value(key, "bool", default=fine) != fine]
     if refused:
-        raise ValueError(f"this GPT-2 config uses what minitf does not compute: {', '.join(refused)}")
-    d_model = hf.get("n_embd", 768)
-    return dict(vocab_size=hf.get("vocab_size", 50257), max_len=hf.get("n_positions", 1024), d_model=d_model,
-                num_heads=hf.get("n_head", 12), num_layers=hf.get("n_layer", 12),
-                d_ff=hf.get("n_inner") or 4 * d_model, dropout=hf.get("resid_pdrop", 0.1), pre_norm=True,
+        raise ValueError(f"{where}: this GPT-2 uses what minitf does not compute: {', '.join(refused)}")
+    return dict(vocab_size=vocab_size, max_len=n_positions, d_model=d_model, num_heads=num_heads,
+                num_layers=num_layers, d_ff=d_ff, dropout=float(dropout), pre_norm=True,
                 activation=HF_ACTIVATIONS[activation], positions="learned", scale_embedding=False, init="gpt2",
-                init_std=hf.get("initializer_range", 0.02), layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-                tie_embeddings=hf.get("tie_word_embeddings", True))
+                init_std=float(init_std), layer_norm_eps=float(layer_norm_eps), tie_embeddings=tie_embeddings)
 
 
 def _hf_config_from(config, previous, dtype):
@@ -379,6 +393,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
             logits = model(prompt, cache=cache)[:, -1]                       # the prompt once  (B, V)
             for step in range(max_new_tokens):
                 row = backend.to_numpy(logits).astype(np.float64)           # (B, V) on the host
+                check_logits(row, step, "generation")                       # no NaN reaches the sampler
                 steps.append(row)
                 token = choose_tokens(row, temperature, top_k, top_p, rng)  # (B,)
                 if eos_id is not None:
@@ -395,6 +410,18 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
         V = model.vocab_size
         return ids, (np.stack(steps, axis=1) if steps else np.zeros((B, 0, V)))
     return ids
+
+
+def check_logits(logits, step, what):
+    """Refuse logits (N, V), on the host or the device, that hold NaN or infinity: no token can be chosen from
+    them (argmax and the sampler's CDF would both answer id 0, over and over). A FloatingPointError in one line
+    names ``what`` ("generation", "translation") and the new token (``step`` from 0). Used by :func:`generate`
+    and by the translation decoders; costs one reduction and one host sync per step."""
+    module = np if isinstance(logits, np.ndarray) else backend.xp
+    if not bool(module.isfinite(logits).all()):
+        raise FloatingPointError(f"{what}: the model's logits for new token {step + 1} hold NaN or infinity, so no "
+                                 "token can be chosen; its weights are damaged or its arithmetic overflowed "
+                                 "(float16: use float32): check the model it was loaded from")
 
 
 def choose_tokens(logits, temperature=1.0, top_k=None, top_p=None, rng=None):

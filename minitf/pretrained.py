@@ -46,7 +46,10 @@ def read_config(folder, model_types, what, weights="model.safetensors"):
         hf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{folder / 'config.json'} is not readable JSON ({error})") from None
-    kind = hf.get("model_type") if isinstance(hf, dict) else None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{folder / 'config.json'} holds a JSON {type(hf).__name__}, not an object of settings; "
+                         f"give a {what}")
+    kind = hf.get("model_type")
     if kind not in model_types:
         raise ValueError(f"{folder / 'config.json'} describes model_type {kind!r}, not "
                          f"{' or '.join(map(repr, model_types))}; give a {what}")
@@ -58,19 +61,21 @@ def read_config(folder, model_types, what, weights="model.safetensors"):
 
 
 def config_value(hf, key, kind, default=REQUIRED, low=None, high=None, low_open=False, choices=None,
-                 where="config.json"):
+                 where="config.json", high_open=False):
     """``hf[key]`` checked: of ``kind`` ("int", "float", "bool" or "str"; an int is a float too, a bool is
-    neither), within [``low``, ``high``] (``low_open``: strictly above ``low``), one of ``choices``.
-    A key that is absent gives ``default`` (``REQUIRED``: a ValueError naming the key). ``None`` counts as
+    neither, a float is finite), within [``low``, ``high``] (``low_open``: strictly above ``low``;
+    ``high_open``: strictly below ``high``), one of ``choices``. A key that is absent gives ``default``
+    (``REQUIRED``: a ValueError naming the key); the default itself is not checked. ``None`` counts as
     absent only where the default is ``None``. A ValueError names the key, the value and what fits."""
     if key not in hf or (hf[key] is None and default is None):
         if default is REQUIRED:
-            raise ValueError(f"{where} has no {key!r}, which the model needs; add it (a{'n' if kind == 'int' else ''} {kind})")
+            raise ValueError(f"{where} has no {key!r}, which the model needs; "
+                             f"add it (a{'n' if kind == 'int' else ''} {kind})")
         return default
     value = hf[key]
     fits = {"int": isinstance(value, int) and not isinstance(value, bool),
             "float": isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value),
+            and (isinstance(value, int) or math.isfinite(value)),  # JSON's ints may not fit a float
             "bool": isinstance(value, bool),
             "str": isinstance(value, str)}[kind]
     if not fits:
@@ -80,8 +85,8 @@ def config_value(hf, key, kind, default=REQUIRED, low=None, high=None, low_open=
         raise ValueError(f"{where}: {key} is {value!r}; minitf computes {', '.join(map(repr, choices))}")
     if low is not None and (value <= low if low_open else value < low):
         raise ValueError(f"{where}: {key} is {value!r}; it must be {'above' if low_open else 'at least'} {low}")
-    if high is not None and value > high:
-        raise ValueError(f"{where}: {key} is {value!r}; it must be at most {high}")
+    if high is not None and (value >= high if high_open else value > high):
+        raise ValueError(f"{where}: {key} is {value!r}; it must be {'below' if high_open else 'at most'} {high}")
     return value
 
 
@@ -101,6 +106,19 @@ def read_weights(path):
             raise ValueError(f"{path}: tensor {name} holds {bad} NaN or infinite value(s) of {array.size}; "
                              "the weights are damaged (a diverged or corrupted save): use another copy")
     return weights
+
+
+def check_dtype_range(weights, dtype, path):
+    """A ValueError naming the first floating tensor of ``weights`` with a value beyond the largest finite one of
+    ``dtype`` (a float64 file read into a float32 model, a float32 one into float16): cast, it would turn infinite."""
+    limit = float(np.finfo(dtype).max)
+    for name, array in weights.items():
+        if array.dtype.kind == "f" and array.size and np.finfo(array.dtype).max > limit:
+            largest = float(np.abs(array).max())
+            if largest > limit:
+                raise ValueError(f"{path}: tensor {name} holds values beyond {np.dtype(dtype).name}'s range (up to "
+                                 f"{largest:.3g}, the largest {np.dtype(dtype).name} is {limit:.3g}); they would be "
+                                 f"infinite in a {np.dtype(dtype).name} model: read it in a wider dtype")
 
 
 def check_shapes(weights, expected, path):

@@ -6,6 +6,7 @@ Tolerances as in tests/test_transformer.py: rtol 1e-6 for a layer without LayerN
 (LN_RTOL) with one inside; a wrong backward is off by O(1)."""
 import dataclasses
 import math
+import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -256,6 +257,26 @@ def test_generation_stops_at_eos_and_refuses_more_positions_than_the_table_has()
         generate(model, prompt, 2, top_p=0)
 
 
+def test_non_finite_logits_reach_no_sampler_in_generation_or_translation():
+    """Logits holding NaN or infinity (damaged weights, an overflow) stop sampling, greedy decoding and beam
+    search with a FloatingPointError naming the step (before: the sampler chose id 0 from NaN, over and over)."""
+    from minitf.nmt.decode import beam_search, greedy_decode
+    backend.manual_seed(0)
+    model = GPT(6, max_len=8, d_model=4, num_heads=2, num_layers=1, d_ff=4)
+    for bad in (np.nan, np.inf):
+        model.decoder.final_norm.gamma.data[0] = bad
+        for temperature in (0, 1.0):
+            with pytest.raises(FloatingPointError, match="generation: the model's logits for new token 1 hold NaN "
+                                                         "or infinity"):
+                generate(model, np.array([[1, 2]]), 3, temperature=temperature, seed=0)
+    translation = minitf.Transformer(7, 7, d_model=8, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                                     d_ff=16)
+    dict(translation.named_parameters())["decoder.layers.0.feed_forward.linear2.bias"].data[0] = np.nan
+    for decode in (greedy_decode, beam_search):
+        with pytest.raises(FloatingPointError, match="translation: the model's logits for new token 1 hold NaN"):
+            decode(translation, np.array([[4, 5, 3]]), max_len=4)
+
+
 # --------------------------------------------------------------------------- #
 # Hugging Face GPT-2 folders (safetensors only; tests/test_gpt2_parity.py compares with transformers)
 # --------------------------------------------------------------------------- #
@@ -304,7 +325,8 @@ def test_from_pretrained_names_what_does_not_fit(tmp_path):
     for change, message in [({"model_type": "bert"}, "model_type 'bert', not 'gpt2'"),
                             ({"activation_function": "silu"}, "activation_function 'silu'"),
                             ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
-                            ({"n_embd": 6}, r"shape mismatch embed.weight: expected \(11, 6\), got \(11, 4\)")]:
+                            ({"n_embd": 6}, r"wrong shape for its config.json: transformer.wte.weight \(11, 4\) "
+                                            r"\(expected \(11, 6\)\)")]:
         (folder / "config.json").write_text(json.dumps(config | change))
         with pytest.raises(ValueError, match=message):
             GPT.from_pretrained(folder)
@@ -320,5 +342,81 @@ def test_from_pretrained_names_what_does_not_fit(tmp_path):
         GPT.from_pretrained(folder)
     (folder / "model.safetensors").unlink()
     (folder / "pytorch_model.bin").write_bytes(b"")
-    with pytest.raises(ValueError, match="has no model.safetensors.*not read: it is a pickle"):
+    with pytest.raises(ValueError, match="has no model.safetensors.*not read.*: it is a pickle"):
         GPT.from_pretrained(folder)
+
+
+def _gpt2_folder(tmp_path, change=None, drop=(), weights=None):
+    """A small GPT-2 folder with ``change`` merged into its config.json, keys ``drop`` left out and
+    ``weights(dict)`` applied to its tensors."""
+    import json
+
+    import safetensors.numpy as safetensors_numpy
+    folder = tmp_path / "gpt2"
+    small_gpt2().save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text()) | (change or {})
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in drop}))
+    if weights is not None:
+        tensors = safetensors_numpy.load_file(str(folder / "model.safetensors"))
+        weights(tensors)
+        safetensors_numpy.save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.mark.extra("safetensors", "hf")
+@pytest.mark.parametrize("key", ["vocab_size", "n_positions", "n_embd", "n_head", "n_layer"])
+def test_from_pretrained_names_a_missing_key_the_model_needs(tmp_path, key):
+    """Before: GPT-2 small's default filled it in and the weights were blamed with a list of shapes."""
+    with pytest.raises(ValueError, match=f"config.json has no '{key}', which the model needs; add it"):
+        GPT.from_pretrained(_gpt2_folder(tmp_path, drop=[key]))
+
+
+#: a change to config.json -> what the error says (before: a TypeError deep in a forward pass or in Dropout,
+#: NaN logits, a shape list, or a model built on a value nobody checked)
+BAD_CONFIG_VALUES = {
+    "layer_norm_epsilon null": ({"layer_norm_epsilon": None}, "layer_norm_epsilon is None; it must be a float"),
+    "layer_norm_epsilon a string": ({"layer_norm_epsilon": "1e-5"}, "layer_norm_epsilon is '1e-5'; it must be a float"),
+    "layer_norm_epsilon zero": ({"layer_norm_epsilon": 0}, "layer_norm_epsilon is 0; it must be above 0"),
+    "layer_norm_epsilon negative": ({"layer_norm_epsilon": -1.0}, "layer_norm_epsilon is -1.0; it must be above 0"),
+    "resid_pdrop a string": ({"resid_pdrop": "0.1"}, "resid_pdrop is '0.1'; it must be a float"),
+    "embd_pdrop a string": ({"embd_pdrop": "0.1"}, "embd_pdrop is '0.1'; it must be a float"),
+    "attn_pdrop a string": ({"attn_pdrop": "0.1"}, "attn_pdrop is '0.1'; it must be a float"),
+    "resid_pdrop 1": ({"resid_pdrop": 1.0}, "resid_pdrop is 1.0; it must be below 1"),
+    "n_layer a float": ({"n_layer": 2.0}, "n_layer is 2.0; it must be an int"),
+    "vocab_size a bool": ({"vocab_size": True}, "vocab_size is True; it must be an int"),
+    "n_inner zero": ({"n_inner": 0}, "n_inner is 0; it must be at least 1"),
+    "n_head not dividing n_embd": ({"n_head": 3}, "n_embd 4 is not a multiple of n_head 3"),
+    "tie_word_embeddings a string": ({"tie_word_embeddings": "no"}, "tie_word_embeddings is 'no'; it must be a bool"),
+    "eos_token_id beyond the vocabulary": ({"eos_token_id": 11}, "eos_token_id is 11; it must be at most 10"),
+    "activation_function a list": ({"activation_function": ["gelu"]}, "activation_function is ['gelu']; it must"),
+}
+
+
+@pytest.mark.extra("safetensors", "hf")
+@pytest.mark.parametrize("case", sorted(BAD_CONFIG_VALUES))
+def test_from_pretrained_checks_every_value_naming_the_key(tmp_path, case):
+    change, message = BAD_CONFIG_VALUES[case]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        GPT.from_pretrained(_gpt2_folder(tmp_path, change))
+
+
+@pytest.mark.extra("safetensors", "hf")
+def test_from_pretrained_refuses_non_finite_weights_naming_the_tensor(tmp_path):
+    """Before: a NaN tensor loaded, and sampling chose id 0 from NaN logits over and over."""
+    def poison(name, value):
+        def change(tensors):
+            tensors[name] = tensors[name].copy()
+            tensors[name].flat[1] = value
+        return change
+
+    for name, value in [("transformer.h.1.mlp.c_fc.weight", np.nan), ("transformer.wte.weight", -np.inf)]:
+        folder = _gpt2_folder(tmp_path, weights=poison(name, value))
+        with pytest.raises(ValueError, match=f"model.safetensors: tensor {re.escape(name)} holds 1 NaN or infinite"):
+            GPT.from_pretrained(folder)
+    huge = _gpt2_folder(tmp_path, weights=poison("transformer.h.0.attn.c_proj.weight", 1e300))  # finite in float64
+    with backend.default_dtype("float32"), pytest.raises(ValueError, match="transformer.h.0.attn.c_proj.weight "
+                                                                           "holds values beyond float32"):
+        GPT.from_pretrained(huge)
+    ints = _gpt2_folder(tmp_path, weights=lambda t: t.update({"transformer.ln_f.bias": np.zeros(4, dtype=np.int64)}))
+    with pytest.raises(ValueError, match="tensor transformer.ln_f.bias is int64; expected floating-point weights"):
+        GPT.from_pretrained(ints)

@@ -15,6 +15,7 @@ import re
 
 from minitf import backend
 from minitf.backend import xp
+from minitf.gpt import check_logits
 from minitf.module import no_grad
 from minitf.nmt.data import pad_batch
 from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -82,6 +83,7 @@ def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eo
         logits = model.decode(tokens, memory, src_mask, cache=cache, start=t)[:, -1]
     else:
         logits = model.decode(prefix, memory, src_mask)[:, -1]
+    check_logits(logits, t, "translation")  # NaN or infinity: one line, not a translation of id 0s
     shifted = logits - logits.max(axis=-1, keepdims=True)  # log softmax, shifted by the max for stability
     logp = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
     logp[:, pad_id] = -xp.inf  # never generate padding (fresh array: safe to write)
