@@ -243,6 +243,27 @@ def test_quoted_source_matches_the_code(page, code, line):
     assert not stale, f"{rel(page)}:{line}: quoted lines not found in minitf/:\n" + "\n".join(stale)
 
 
+SOURCE_INDENTS = None
+
+
+@pytest.mark.parametrize("page, code, line", blocks("py"))
+def test_quoted_source_keeps_the_codes_indentation(page, code, line):
+    """A quoted line is indented as in the code: a reader who copies a line of a method, or of an
+    ``if`` inside it, sees where it sits (a quote that leaves out the ``if`` around its lines shows
+    them one level out, and fails). Lines not found in minitf/ are the test above's."""
+    global SOURCE_INDENTS
+    if SOURCE_INDENTS is None:
+        SOURCE_INDENTS = {}
+        for f in (ROOT / "minitf").rglob("*.py"):
+            for l in f.read_text(encoding="utf-8").splitlines():
+                SOURCE_INDENTS.setdefault(_normalise(l), set()).add(len(l) - len(l.lstrip(" ")))
+    quoted = [(q, len(q) - len(q.lstrip(" ")), SOURCE_INDENTS.get(_normalise(q))) for q in code.splitlines()
+              if _normalise(q) not in ("", "...")]
+    moved = [f"{indent} spaces, the code has {sorted(found)}: {q.strip()}" for q, indent, found in quoted
+             if found and indent not in found]
+    assert not moved, f"{rel(page)}:{line}: quoted lines indented otherwise than in minitf/:\n" + "\n".join(moved)
+
+
 @pytest.mark.parametrize("page", PAGES, ids=rel)
 def test_display_math_is_balanced(page):
     lines = [l.strip() for l in prose(read(page)).splitlines()]
