@@ -12,7 +12,7 @@ import time
 
 STARTED = time.time()  # the whole command's wall time and --max-minutes count from here, before the imports
 
-from minitf.training.train import main  # noqa: E402
+from minitf.train import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(started=STARTED))

@@ -18,7 +18,7 @@ import pytest
 
 from minitf.backend import host as np
 from minitf.training import checkpoint as ckpt
-from minitf.training.train import main as train_main
+from minitf.train import main as train_main
 from minitf.nmt.translate import main as translate_main
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

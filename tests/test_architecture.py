@@ -19,14 +19,14 @@ PACKAGE = ROOT / "minitf"
 SCRIPT_FOLDERS = ("benchmarks", "scripts")
 #: The modules of the script folders that other files may import: what the folder's scripts share.
 SHARED = {"benchmarks.common"}
-#: Entry points of the application that keep a short command name in the top folder.
-APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate"}
+#: Entry points of the application, above the model packages: the commands with a short name (minitf.train is
+#: the train.py command, which picks a model's task by --model).
+APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate", "minitf.train"}
+APPLICATION_ENTRY_POINTS |= {"minitf.inspect"}  # the inspection page (issue 37): above both models
 #: The application's packages: the shared training machinery, then one package per model.
 APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm")
 #: The model packages: neither imports the other (what both need belongs in minitf.training).
 MODEL_PACKAGES = ("minitf.nmt", "minitf.lm")
-#: The one module of the shared machinery that names the models: the train.py command chooses one (--model).
-TRAINING_ENTRY_POINTS = {"minitf.training.train"}
 
 
 def module_name(path, root=ROOT):
@@ -122,11 +122,13 @@ def test_the_graph_sees_real_imports():
     graph = import_graph()
     assert "minitf.module" in graph["minitf.layers"]
     assert "minitf.transformer" in graph["minitf.training.checkpoint"]
-    assert "minitf.training.checkpoint" in graph["minitf.training.train"]
+    assert "minitf.training.checkpoint" in graph["minitf.train"]
     assert "minitf.training.text" in graph["minitf.nmt.data"]
     assert {"minitf.training.trainer", "minitf.nmt.decode"} <= graph["minitf.nmt.translation_trainer"]
-    assert {"minitf.nmt.translation_trainer", "minitf.lm.trainer"} <= graph["minitf.training.train"]
-    assert "minitf.training.train" in graph["train"]
+    assert {"minitf.nmt.task", "minitf.lm.task"} <= graph["minitf.train"]
+    assert "minitf.nmt.translation_trainer" in graph["minitf.nmt.task"]
+    assert "minitf.lm.trainer" in graph["minitf.lm.task"]
+    assert "minitf.train" in graph["train"]
     assert "minitf.nmt.decode" in graph["scripts.compare_devices"]
     for script in ("benchmark", "ab_step", "layer_profile", "data_parallel", "torch_equal_minutes", "gpt_step",
                    "torch_lm_equal_minutes"):
@@ -185,20 +187,47 @@ def test_neither_model_imports_the_other():
 
 def test_model_crossings_are_seen():
     graph = {"minitf.lm.data": {"minitf.nmt.data", "minitf.training.text"}, "minitf.nmt.decode": {"minitf.lm"},
-             "minitf.training.train": {"minitf.nmt.data", "minitf.lm.data"}, "minitf.nmtx": {"minitf.lm"}}
+             "minitf.train": {"minitf.nmt.data", "minitf.lm.data"}, "minitf.nmtx": {"minitf.lm"}}
     assert model_crossings(graph) == {"minitf.lm.data": ["minitf.nmt.data"], "minitf.nmt.decode": ["minitf.lm"]}
     assert is_application("minitf.training.trainer") and is_application("minitf.generate")
     assert not is_application("minitf.gpt") and not is_application("minitf.nmtx")
 
 
 def test_the_shared_training_machinery_imports_no_model():
-    """minitf.training serves both models: only its train.py command imports them (to choose one by --model);
-    a model's differences live in its own package (a Trainer subclass), never in an if/else here."""
+    """minitf.training serves both models and imports neither: a model's differences live in its own package
+    (a Trainer subclass, a Task), never in an if/else here."""
     wrong = {name: sorted(m for m in imports if package_of(m, MODEL_PACKAGES))
-             for name, imports in import_graph().items()
-             if package_of(name, ("minitf.training",)) and name not in TRAINING_ENTRY_POINTS}
+             for name, imports in import_graph().items() if package_of(name, ("minitf.training",))}
     wrong = {k: v for k, v in wrong.items() if v}
     assert not wrong, f"shared training modules importing a model's package: {wrong}"
+
+
+def upward_imports(graph):
+    """{importer: [entry points it imports]}: a module of the application's packages (or the core) that imports
+    a command above them."""
+    wrong = {name: sorted(m for m in imports if m in APPLICATION_ENTRY_POINTS)
+             for name, imports in graph.items() if is_library(name) and name not in APPLICATION_ENTRY_POINTS}
+    return {k: v for k, v in wrong.items() if v}
+
+
+def command_model_imports(graph, command="minitf.train"):
+    """The modules of the model packages that the train.py command imports besides their task modules."""
+    return sorted(m for m in graph[command] if package_of(m, MODEL_PACKAGES) and m.rpartition(".")[2] != "task")
+
+
+def test_the_train_command_sits_above_the_models_and_knows_only_their_tasks():
+    """minitf.train picks a model's task (minitf.nmt.task, minitf.lm.task) by --model and contains no model's
+    details: it imports nothing else of a model package, and nothing below it imports it back."""
+    graph = import_graph()
+    assert not upward_imports(graph), f"modules importing a command above them: {upward_imports(graph)}"
+    assert not command_model_imports(graph), f"the command imports a model's modules: {command_model_imports(graph)}"
+
+
+def test_upward_and_model_imports_of_the_command_are_seen():
+    graph = {"minitf.train": {"minitf.nmt.task", "minitf.lm.data", "minitf.training.task"},
+             "minitf.nmt.task": {"minitf.train"}, "minitf.lm.generate": {"minitf.generate"}, "train": {"minitf.train"}}
+    assert upward_imports(graph) == {"minitf.nmt.task": ["minitf.train"], "minitf.lm.generate": ["minitf.generate"]}
+    assert command_model_imports(graph) == ["minitf.lm.data"]
 
 
 def test_the_library_never_imports_a_tool():

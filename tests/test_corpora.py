@@ -13,7 +13,7 @@ from minitf.nmt import corpora
 from minitf.training import debian
 from minitf.training.download import Terminated
 from minitf.training.errors import DataError
-from minitf.training.train import main as train_main
+from minitf.train import main as train_main
 from tests.loopback import Server
 
 DING_TEXT = ("# Version :: test\n"

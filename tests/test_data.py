@@ -422,7 +422,7 @@ def test_lexicon_needs_a_lexicon_split(bpe_tokenizer, tmp_path):
 
 def test_the_presets_lexicon_belongs_to_the_default_corpus(monkeypatch):
     from minitf.training.config import PRESETS
-    from minitf.training.train import build_parser, config_from_args
+    from minitf.train import build_parser, config_from_args
 
     def lexicon(*argv):
         return config_from_args(build_parser().parse_args(list(argv))).lexicon

@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_make_figures_from_a_small_run(tmp_path):
-    from minitf.training.train import main as train_main
+    from minitf.train import main as train_main
     run = tmp_path / "run"
     assert train_main(make_corpus(tmp_path) + TINY + ["--max-steps", "4", "--eval-every", "2", "--out", str(run)]) == 0
     spec = importlib.util.spec_from_file_location("make_figures", ROOT / "scripts" / "make_figures.py")

@@ -427,14 +427,14 @@ def test_prepare_again_replaces_a_changed_or_damaged_corpus_dir(tmp_path, capsys
 
 def test_a_large_train_src_without_corpus_dir_first_says_that_corpus_dir_keeps_memory_flat(tmp_path, capsys,
                                                                                             monkeypatch):
-    from minitf.training import train as train_module
+    from minitf.nmt import task as translation_task
     from tests.runs import QUIET, TINY, make_corpus, train
     corpus = make_corpus(tmp_path)             # 120 training pairs
-    monkeypatch.setattr(train_module, "LARGE_CORPUS_LINES", 100)
+    monkeypatch.setattr(translation_task, "LARGE_CORPUS_LINES", 100)
     code, err = train(corpus + TINY + QUIET + ["--max-steps", "1", "--out", tmp_path / "run"], capsys)
     assert code == 0 and err[0].startswith("note: --train-src has over 100 lines") and "--corpus-dir DIR" in err[0]
     assert sum("--corpus-dir" in line for line in err) == 1, err
-    monkeypatch.setattr(train_module, "LARGE_CORPUS_LINES", 120)
-    train_module.warn_if_large(corpus[corpus.index("--train-src") + 1])
+    monkeypatch.setattr(translation_task, "LARGE_CORPUS_LINES", 120)
+    translation_task.warn_if_large(corpus[corpus.index("--train-src") + 1])
     assert capsys.readouterr().err == ""      # 120 lines are not over 120
-    assert train_module.count_lines(corpus[corpus.index("--train-src") + 1], 10 ** 9) == 120
+    assert translation_task.count_lines(corpus[corpus.index("--train-src") + 1], 10 ** 9) == 120

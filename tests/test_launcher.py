@@ -1,5 +1,5 @@
 """The command as a user starts it: ``python train.py`` on a CPU with several cores and MPI installed
-restarts itself under ``mpiexec`` with one rank per core (minitf.training.train.launch). These tests run that
+restarts itself under ``mpiexec`` with one rank per core (minitf.train.launch). These tests run that
 real launcher (conftest's ``MINITF_RANKS=1`` removed) on tiny made-up data: the command line is checked
 before any rank starts, one Ctrl-C or SIGTERM ends every rank in every phase (to the process group, as a
 terminal's Ctrl-C, or to the launcher alone, as ``kill``), waiting ranks sleep instead of spinning, and the
@@ -20,7 +20,7 @@ import pytest
 
 from minitf.nmt import corpora
 from minitf.training import trainer as trainer_module
-from minitf.training.train import every_core_command
+from minitf.train import every_core_command
 from tests.loopback import Server
 from tests.runs import MPIEXEC, QUIET, ROOT, TINY, make_corpus, needs_mpi, train
 

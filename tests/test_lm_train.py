@@ -11,7 +11,7 @@ import pytest
 
 from minitf.backend import host as np
 from minitf.training import checkpoint as ckpt
-from minitf.training.train import main as train_main
+from minitf.train import main as train_main
 from tests.runs import CPU_ENV, ROOT, change_manifest, final_params, metrics, needs_mpi, one_error_line, train_py
 
 #: A tiny GPT over characters: seconds per run on this machine.

@@ -16,7 +16,7 @@ from minitf.optim import MixedPrecisionAdam, buffer_norm
 from minitf.training.config import RunConfig
 from minitf.nmt.data import Corpus, read_splits
 from minitf.training.tokenizer import Tokenizer
-from minitf.training.train import main as train_main
+from minitf.train import main as train_main
 from tests.runs import TINY, metrics
 
 

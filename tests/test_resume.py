@@ -15,7 +15,8 @@ import tracemalloc
 
 import pytest
 
-from minitf.training import checkpoint as ckpt, train as train_module, trainer as trainer_module
+from minitf.nmt import task as translation_task
+from minitf.training import checkpoint as ckpt, trainer as trainer_module
 from minitf.nmt.translate import load_model
 from minitf.backend import host as np
 from tests.runs import (BAD_CHECKPOINTS, CPU_ENV, MPI_ENV, QUIET, ROOT, TINY, copy_run, final_params, make_corpus,
@@ -158,7 +159,7 @@ def test_ctrl_c_and_sigterm_save_a_checkpoint_and_exit_cleanly(tmp_path, sig, st
 def test_interrupt_before_training_is_one_line_and_status_130(tmp_path, capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(train_module, "Corpus", interrupted)
+    monkeypatch.setattr(translation_task, "Corpus", interrupted)
     code, err = train(make_corpus(tmp_path) + TINY + ["--out", tmp_path / "run"], capsys)
     assert code == 130 and "interrupted" in one_error_line(err, lines=2)
 

@@ -9,5 +9,6 @@ corpus and sampling. Imports go to the training machinery and the core, never to
 ``generate``       ``python -m minitf.generate``: sampling from a run or a GPT-2 folder
 ``prepare``        a large text prepared once into memory-mapped token arrays (``--corpus-dir``), reused
 ``trainer``        ``LanguageModelTrainer``: the shared Trainer with a GPT, next-token loss, bits per character
+``task``           ``LanguageModelTask``: the language model's part of ``train.py`` (text flags, a run's data)
 =================  ===========================================================================================
 """

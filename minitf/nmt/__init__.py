@@ -9,5 +9,6 @@ Imports go to the training machinery and the core, never to another application 
 ``decode``               batched greedy and beam search, translating text, BLEU (both ways)
 ``translation_trainer``  ``TranslationTrainer``: the shared Trainer with batches of pairs, BLEU, the run's end
 ``translate``            the ``python -m minitf.translate`` command, interactive mode included
+``task``                 ``TranslationTask``: translation's part of ``train.py`` (data flags, a run's data)
 =======================  =====================================================================================
 """

@@ -12,13 +12,11 @@ from minitf.backend import host as np
 from minitf.training.text import read_lines, write_lines
 from minitf.training.debian import DEBIAN_ARCHIVE, MIRROR_VARIABLE, DebianPackage, extract_member, fetch_package
 from minitf.training.debian import make_cache as _make_cache
-from minitf.training.download import download, mirror_base, sigterm_raises
+from minitf.training.download import DEFAULT_CACHE, download, mirror_base, sigterm_raises  # noqa: F401 (DEFAULT_CACHE)
 from minitf.training.errors import DataError
 from minitf.training.files import atomic_writer
 from minitf.nmt.prepare import prepare_corpus
 
-#: Where fetched corpora are kept: $XDG_CACHE_HOME/minitf, else ~/.cache/minitf (``--cache-dir``).
-DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "minitf"
 
 DING_PACKAGE = "trans-de-en"
 DING_MEMBER = pathlib.Path("usr/share/trans/de-en")

@@ -1,5 +1,6 @@
 """The training machinery every model of the application shares (translation in :mod:`minitf.nmt`, language
-modelling in :mod:`minitf.lm`), on the minitf core. Imports go to the core, never back.
+modelling in :mod:`minitf.lm`), on the minitf core. Imports go to the core, never back, and to neither model:
+the ``train.py`` command (:mod:`minitf.train`) sits above the models and picks one's task by ``--model``.
 
 =================  ===========================================================================================
 ``errors``         the typed errors, one-line usage errors, exit codes of the commands
@@ -11,6 +12,6 @@ modelling in :mod:`minitf.lm`), on the minitf core. Imports go to the core, neve
 ``checkpoint``     checkpoint folders: atomic writes, verified loads, averaging, finding
 ``distributed``    the ranks of ``mpiexec`` and their collectives (MPI, NCCL)
 ``trainer``        ``Trainer``: one update for any world size, the loop, validation, metrics, time budget, end
-``train``          the ``train.py`` command: new runs and ``--resume``
+``task``           ``Task``: what a model gives the ``train.py`` command (options, a run's data, its trainer)
 =================  ===========================================================================================
 """

@@ -18,6 +18,8 @@ from minitf.training.errors import DataError, Interrupted
 from minitf.training.files import file_sha256, fsync_dir
 
 _BLOCK = 1 << 16
+#: Where fetched corpora are kept (either model's): $XDG_CACHE_HOME/minitf, else ~/.cache/minitf (``--cache-dir``).
+DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "minitf"
 
 
 class Terminated(KeyboardInterrupt):

@@ -1,0 +1,373 @@
+"""The ``train.py`` command: a new run, or ``--resume`` of an earlier one, of the model ``--model`` names. The
+command knows no model: each model package gives it a task (:class:`minitf.training.task.Task`: its options, how
+a new run's data and tokenizer are made, how a resumed run's are reopened, its trainer), and the command keeps
+the rest: the parser, the checks made before ``mpiexec`` starts the ranks, the launch, the run folder and its
+lock, and the resume bookkeeping. A kill costs the steps since the last checkpoint (docs/reliability.md):
+``--resume`` takes the newest checkpoint that passes its checks (checksums, model shape, tokenizer), moves newer
+bad ones aside with a warning, and cuts metrics.jsonl back to that checkpoint's step."""
+import contextlib
+import io
+import os
+import pathlib
+import re
+import shutil
+import sys
+import time
+
+from minitf import backend
+from minitf.lm.task import LanguageModelTask
+from minitf.nmt.task import TranslationTask
+from minitf.training import checkpoint as ckpt, files, trainer as training
+from minitf.training.config import (INVOCATION_OPTIONS, LM_PRESETS, PRECISIONS, PRESETS, RESUME_CHANGEABLE,
+                                    RUN_OPTIONS, RunConfig)
+from minitf.training.distributed import get_world, launched_by_mpi
+from minitf.training.download import DEFAULT_CACHE, sigterm_raises
+from minitf.training.errors import CheckpointError, OneLineParser, UsageError, non_negative, positive, report_errors
+from minitf.training.files import check_output_folder, check_resumable, file_sha256
+from minitf.training.task import default, log
+
+#: The models, by ``--model``: the first is the default.
+TASKS = {task.name: task for task in (TranslationTask(), LanguageModelTask())}
+#: The flags of every model that name the model, recipe or data of a run: refused with --resume (with the tasks'
+#: own, :attr:`minitf.training.task.Task.resume_fixed`).
+RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
+                "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "preset",
+                "precision", "corpus_dir", "prepare_again", "model", "init_from")
+#: The flags of every model copied into a new run's config (with the tasks' own, ``Task.config_flags``).
+CONFIG_FLAGS = ("d_model", "num_heads", "d_ff", "dropout", "pre_norm", "vocab_size", "warmup", "lr_scale",
+                "max_tokens", "max_minutes", "max_steps", "epochs", "max_len", "seed", "label_smoothing",
+                "bpe_dropout", "clip_norm", "skip_nonfinite", "precision", "accumulate", "zero",
+                "model") + RUN_OPTIONS
+
+
+def build_parser():
+    default_model, *others = TASKS.values()
+    p = OneLineParser(prog="train.py", description=f"Train {default_model.description}" + "".join(
+        f", or with --model {task.name} {task.description}" for task in others) + ".")
+    p.add_argument("--model", choices=tuple(TASKS), default=default_model.name,
+                   help="; ".join(f"{task.name}: {task.summary}" for task in TASKS.values()))
+    p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS)), default="tiny",
+                   help="model size and recipe: " + "; ".join(task.presets_help for task in TASKS.values()))
+    g = p.add_argument_group("model (override the preset)")
+    g.add_argument("--d-model", type=positive(int))
+    g.add_argument("--num-heads", type=positive(int))
+    g.add_argument("--num-layers", type=positive(int), help="encoder and decoder layers")
+    g.add_argument("--num-encoder-layers", type=positive(int))
+    g.add_argument("--num-decoder-layers", type=positive(int))
+    g.add_argument("--d-ff", type=positive(int))
+    g.add_argument("--dropout", type=float)
+    g.add_argument("--pre-norm", action="store_true", help="pre-LN blocks instead of the paper's post-LN")
+    g = p.add_argument_group("recipe")
+    g.add_argument("--vocab-size", type=positive(int), help="joint BPE vocabulary size")
+    g.add_argument("--max-tokens", type=positive(int), help="padded tokens per batch and side (paper: ~25000)")
+    g.add_argument("--max-len", type=positive(int), help=f"skip longer sentences (in BPE tokens; {default('max_len')})")
+    g.add_argument("--warmup", type=positive(int), help="warmup steps of the learning-rate schedule")
+    g.add_argument("--lr-scale", type=positive(float), help="factor on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
+    g.add_argument("--label-smoothing", type=float, help=default("label_smoothing"))
+    g.add_argument("--bpe-dropout", type=float, help="BPE-dropout on the training side: probability of "
+                   "dropping a merge, sampled anew each epoch from (seed, epoch) (0 = off; the preset's value)")
+    g.add_argument("--clip-norm", type=float, help=f"global gradient-norm clipping (0 = off; {default('clip_norm')})")
+    g.add_argument("--accumulate", type=positive(int), metavar="K",
+                   help=f"batches of --max-tokens per update (gradient accumulation; {default('accumulate')})")
+    g.add_argument("--zero", type=int, choices=[0, 1],
+                   help=f"1: shard Adam's moments over the mpiexec ranks (ZeRO-1); same parameters as 0 "
+                   f"({default('zero')})")
+    g.add_argument("--skip-nonfinite", action="store_true",
+                   help="skip (and count) a step whose loss is not finite instead of stopping")
+    g = p.add_argument_group("run")
+    g.add_argument("--device", choices=["cpu", "gpu"], default=None, help="default: MINITF_DEVICE, else cpu")
+    g.add_argument("--precision", choices=PRECISIONS,
+                   help=f"{default('precision')}: fp32; tf32 (GPU: TF32 tensor-core matmuls via CUPY_TF32=1); "
+                   "fp16 (float16 model, "
+                   "float32 master weights and Adam moments, dynamic loss scaling)")
+    g.add_argument("--seed", type=int, help=default("seed"))
+    g.add_argument("--max-steps", type=positive(int))
+    g.add_argument("--epochs", type=positive(int))
+    g.add_argument("--max-minutes", type=positive(float),
+                   help="wall time of the whole command: training stops early enough for validation, "
+                   "checkpoints and the end-of-run evaluation to end within it")
+    g.add_argument("--out", type=pathlib.Path, help="run folder (default runs/<preset>)")
+    g.add_argument("--resume", type=pathlib.Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
+    g.add_argument("--eval-every", type=positive(int), help=f"steps between validations ({default('eval_every')})")
+    g.add_argument("--save-every", type=positive(int), help=f"steps between checkpoints ({default('save_every')})")
+    g.add_argument("--keep", type=positive(int), help=f"checkpoints kept ({default('keep')})")
+    g.add_argument("--average", type=int, help=f"average the last N checkpoints at the end (0/1 = off; "
+                   f"{default('average')})")
+    g.add_argument("--bleu-sentences", type=int,
+                   help=f"validation sentences decoded for BLEU ({default('bleu_sentences')})")
+    g.add_argument("--beam", type=positive(int), help=f"beam size ({default('beam')})")
+    g.add_argument("--alpha", type=non_negative, help=f"length penalty exponent ({default('alpha')})")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    for task in TASKS.values():
+        task.add_arguments(p)
+    g = p.add_argument_group("a pretrained start, a prepared corpus, the cache (either model)")
+    g.add_argument("--init-from", type=pathlib.Path, metavar="FOLDER",
+                   help="; ".join(task.init_from_help for task in TASKS.values() if task.pretrained))
+    g.add_argument("--corpus-dir", type=pathlib.Path, metavar="DIR",
+                   help="a prepared corpus (memory-mapped token arrays): train from DIR; with --train-src etc., "
+                   "prepare those files into DIR first (once; a changed source is refused)")
+    g.add_argument("--prepare-again", action="store_true",
+                   help="prepare the corpus of --corpus-dir (with its --train-src etc.) or of --corpus wmt14-en-de "
+                   "again: replaces one made from other files or settings, or damaged (a whole one is reused)")
+    g.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE)
+    return p
+
+
+def given_options(argv):
+    """The dests of the options written on the command line (abbreviations and ``--flag=value``
+    included), told apart from defaults by parsing twice."""
+    parser = build_parser()
+    unset = object()
+    parser.set_defaults(**{name: unset for name in vars(parser.parse_args(argv))})
+    return {name for name, value in vars(parser.parse_args(argv)).items() if value is not unset}
+
+
+def check_model_flags(args):
+    """One line for a data flag of another model than --model's (--train-src with --model gpt, ...)."""
+    task = TASKS[args.model]
+    for other in TASKS.values():
+        flags = other.given_flags(args) if other is not task else []
+        if flags:
+            raise UsageError(task.foreign_flags_error(flags, other))
+
+
+def config_from_args(args):
+    """The run config of a new run: the preset, overridden by the flags given (and by --init-from's folder)."""
+    task = TASKS[args.model]
+    layers = dict(num_encoder_layers=args.num_encoder_layers or args.num_layers,
+                  num_decoder_layers=args.num_decoder_layers or args.num_layers)
+    flags = CONFIG_FLAGS + tuple(name for each in TASKS.values() for name in each.config_flags)
+    values = {name: getattr(args, name) for name in flags}
+    values["pre_norm"] = args.pre_norm or None  # not given: the preset's (a GPT's is pre-LN, GPT-2's choice)
+    if args.init_from is not None:
+        if task.pretrained is None:
+            starts = [each for each in TASKS.values() if each.pretrained]
+            raise UsageError("--init-from FOLDER fine-tunes " + " or ".join(f"a pretrained {each.pretrained}"
+                                                                            for each in starts)
+                             + ": add " + " or ".join(f"--model {each.name}" for each in starts))
+        values.update(task.pretrained_fields(args))
+        layers = {}
+    config = RunConfig.from_preset(args.preset, **layers, **values)
+    task.check_config(args, config)
+    return config
+
+
+def setup_device(precision, device):
+    """Select ``device`` (None: MINITF_DEVICE, checked here). TF32 is CuPy's CUPY_TF32, read when CuPy
+    first picks a float32 matmul mode: so it is set before ``backend.set_device``."""
+    if device is None:
+        backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback at import
+        device = backend.get_device()
+    if precision == "tf32":
+        if device != "gpu":
+            raise UsageError("--precision tf32 needs --device gpu (TF32 is a tensor-core mode of NVIDIA GPUs)")
+        os.environ["CUPY_TF32"] = "1"
+    backend.set_device(device)
+
+
+def run(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.resume is not None:
+        return resume_run(args, given_options(argv))
+    task = TASKS[args.model]
+    check_model_flags(args)
+    config = config_from_args(args)
+    run_dir = args.out or task.default_run_dir(args.preset)
+    world = get_world()
+    check_output_folder(run_dir)
+    setup_device(config.precision, args.device)
+    data = task.new_run(args, given_options(argv), config, run_dir, world)
+    trainer = task.trainer(config, run_dir, data.tokenizer, data.corpus, log, progress=not args.no_progress)
+    log(task.describe(trainer, data, run_dir))
+    return trainer.train_and_finish()
+
+
+def check_resume_flags(args, given):
+    """Refuse the flags that belong to the run being resumed."""
+    fixed = [k for k in RESUME_FIXED + tuple(k for task in TASKS.values() for k in task.resume_fixed) if k in given]
+    if args.out is not None and pathlib.Path(args.out).resolve() != pathlib.Path(args.resume).resolve():
+        fixed.append("out")
+    if fixed:
+        flags = ", ".join("--" + k.replace("_", "-") for k in fixed)
+        raise UsageError(f"--resume continues a run with its own settings, so {flags} cannot be given; allowed with "
+                         "--resume: " + ", ".join("--" + k.replace("_", "-") for k in RESUME_CHANGEABLE + RUN_OPTIONS)
+                         + ", --device, --skip-nonfinite, --no-progress")
+
+
+def resume_run(args, given):
+    run_dir = args.resume
+    check_resume_flags(args, given)
+    config = RunConfig.read(run_dir)
+    world = get_world()
+    if world.is_root:  # before anything is written; refused while another process trains here
+        files.lock_run_folder(run_dir)
+    check_resumable(run_dir)
+    changed = {k: getattr(args, k) for k in RESUME_CHANGEABLE + RUN_OPTIONS
+               if k in given and getattr(args, k) != getattr(config, k)}
+    lengths = ("max_steps", "epochs", "max_minutes")
+    if changed.keys() & set(lengths):  # a new length replaces the old one
+        changed.update({key: getattr(args, key) for key in lengths})
+    for name, value in changed.items():
+        setattr(config, name, value)
+    config.validate()
+    for name in INVOCATION_OPTIONS:  # for this invocation only: not given means RunConfig's default
+        value = getattr(args, name)
+        setattr(config, name, RunConfig.__dataclass_fields__[name].default if value is None else value)
+    setup_device(config.precision, args.device)
+    for key, digest in config.data_sha256.items():
+        data_file = config.data.get(key) if key != "manifest" else pathlib.Path(config.data["prepared"]) / "manifest.json"
+        if data_file and pathlib.Path(data_file).is_file() and file_sha256(data_file) != digest:
+            log(f"warning: {data_file} changed since the run started: the resumed run will not repeat an "
+                "uninterrupted one (restore the original file for an exact resume)")
+    task = TASKS[config.model]
+    data = task.reopen(config, run_dir)
+    trainer = task.trainer(config, run_dir, data.tokenizer, data.corpus, log, progress=not args.no_progress)
+    if not world.is_root:
+        world.barrier()  # rank 0 recovers and checks the checkpoints (moving bad ones aside) first
+    for stale in ckpt.recover_checkpoints(run_dir):
+        log(f"removed {stale.name}, left by an interrupted checkpoint write")
+    state, path, errors = ckpt.latest_valid_checkpoint(run_dir, expect=trainer.expected_arrays)
+    if state is None and errors:
+        raise CheckpointError(f"--resume {run_dir}: none of its {len(errors)} checkpoints is usable, the newest "
+                              f"because: {errors[0][1]}; restore a good checkpoint or start a new run")
+    if state is not None:  # in memory only: a checkpoint that does not load changes nothing on disk
+        trainer.restore(state)
+        trainer.last_checkpoint = path
+    if world.is_root:  # the folder is usable: from here on it changes (metrics first: if the disk refuses,
+        dropped = trainer.metrics.truncate(trainer.step)  # nothing else has)
+        if dropped:
+            log(f"metrics.jsonl: dropped {dropped} records written after step {trainer.step} (they are redone)")
+        if state is not None:  # records a full disk refused before this checkpoint was saved
+            trainer.metrics.append_unwritten(state["meta"].get("unwritten_metrics"))
+    if changed and world.is_root:  # written only now: a refused --resume changes nothing
+        config.write(run_dir)
+        recipe = sorted(set(changed) & {"max_tokens", "lr_scale", "clip_norm"})
+        if recipe:
+            log("warning: changed " + ", ".join(f"--{k.replace('_', '-')} to {changed[k]}" for k in recipe)
+                + ": from here on the run departs from an uninterrupted one (config.json now holds the new values)")
+    for bad, error in errors:
+        log(f"warning: skipping a bad checkpoint, moved aside to {ckpt.set_aside(bad).name}: {error}")
+    if world.is_root:
+        world.barrier()
+    trainer.valid_ppl = trainer.metrics.validations()  # the run's validations so far (end-of-run candidates)
+    if state is not None:
+        log(f"resumed from {path} at step {trainer.step} (epoch {trainer.epoch + 1})")
+    else:
+        log(f"no checkpoint in {run_dir} yet: starting from step 0")
+    return trainer.train_and_finish()
+
+
+def check_command(args, argv):
+    """What every rank would refuse at once, checked before ``mpiexec`` starts them: the run's config
+    from the flags, --out (or the folder of --resume) and the data flags. Raises the rank's error."""
+    if args.resume is not None:
+        check_resume_flags(args, given_options(argv))
+        with contextlib.redirect_stderr(io.StringIO()):  # its notes: said once, by rank 0
+            RunConfig.read(args.resume)
+        check_resumable(args.resume)
+        return 0
+    task = TASKS[args.model]
+    check_model_flags(args)
+    config = config_from_args(args)
+    check_output_folder(args.out or task.default_run_dir(args.preset))
+    task.check_command(args, config)
+    return 0
+
+
+def wanted_ranks():
+    """``MINITF_RANKS`` (None: unset, one rank per core); anything but a positive whole number is refused."""
+    wanted = os.environ.get("MINITF_RANKS")
+    if wanted is None:
+        return None
+    if not re.fullmatch(r"\s*[0-9]+\s*", wanted) or int(wanted) < 1:
+        raise UsageError(f"MINITF_RANKS must be a positive whole number of processes, got {wanted!r}; "
+                         "MINITF_RANKS=1 runs one process, unset it for one rank per core")
+    return int(wanted)
+
+
+def every_core_command(argv, device=None):
+    """(the ``mpiexec`` command running this command with one rank per core and one BLAS thread each
+    (one process leaves a core idle in NumPy's elementwise work), its first line) or (None, a note or
+    None): one core, a GPU (``device``, else MINITF_DEVICE), no MPI, ``MINITF_RANKS=1``.
+    ``MINITF_RANKS=N`` sets the ranks; the global batch and the recipe are the same at any number of
+    ranks, only the speed changes."""
+    wanted = wanted_ranks()
+    if wanted == 1:
+        return None, None
+    if (device or os.environ.get("MINITF_DEVICE", "cpu")) == "gpu":
+        return None, None  # on GPUs the ranks are GPUs: mpiexec -n <GPUs> python train.py --device gpu
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ranks = wanted or cores
+    if ranks < 2:
+        return None, None
+    import importlib.util
+    beside = pathlib.Path(sys.executable).parent / "mpiexec"  # the mpich wheel's, in this environment
+    mpiexec = str(beside) if beside.is_file() else shutil.which("mpiexec")
+    if importlib.util.find_spec("mpi4py") is None or mpiexec is None:
+        return None, (f"note: one process on {cores} cores; pip install -e '.[mpi]' runs one rank per core "
+                      "(data parallel, faster on the CPU)")
+    if wanted is None:
+        how = "one per core"
+    elif ranks <= cores:
+        how = f"MINITF_RANKS={ranks}, on {cores} usable cores"
+    else:
+        how = (f"MINITF_RANKS={ranks}, more ranks than the {cores} usable cores: they share them and each "
+               "runs slower")
+    line = f"train.py: {ranks} ranks through mpiexec, {how} (MINITF_RANKS=1 runs one process)"
+    return [mpiexec, "-n", str(ranks), sys.executable, str(pathlib.Path(sys.argv[0]).resolve()), *argv], line
+
+
+def launch(argv, started):
+    """The command ``python train.py``, before any rank starts: the flags and the run's config are checked
+    here (one line and the exit status of a rank's refusal, without starting ``mpiexec``); then this
+    process becomes ``mpiexec`` with one rank per core (not returning), or returns None to run here."""
+    args = build_parser().parse_args(argv)  # --help, an unknown or bad flag: here, as argparse reads them
+    status = report_errors("train.py", lambda _: check_command(args, argv), argv, memory_hint="")
+    if status:
+        return status
+    try:
+        command, line = every_core_command(argv, args.device)
+    except UsageError as error:
+        print(f"train.py: error: {error}", file=sys.stderr)
+        return 2
+    if command is None:
+        if line:
+            print(line, file=sys.stderr, flush=True)
+        return None
+    print(line, file=sys.stderr, flush=True)
+    env = dict(os.environ, MINITF_COMMAND_START=repr(started),  # the ranks count the whole command from here
+               **{name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
+    os.execve(command[0], command, env)  # mpiexec takes this process's place: signals reach it, and the ranks
+
+
+def command_start(started):
+    """When the command started (``time.time()``): a rank's, from the launcher (MINITF_COMMAND_START)."""
+    if launched_by_mpi():
+        try:
+            return float(os.environ["MINITF_COMMAND_START"])
+        except (KeyError, ValueError):
+            pass
+    return started
+
+
+def main(argv=None, started=None):
+    """Entry point: bad input gives one error line and a non-zero exit. Under ``mpiexec`` every rank
+    runs it (data parallelism); as the command on several CPU cores with MPI installed it checks the
+    command line and restarts itself under ``mpiexec`` with one rank per core (``MINITF_RANKS=1``: one
+    process). ``started``: ``time.time()`` at the command's start (train.py's first line), which the
+    wall time of the whole command and --max-minutes count from."""
+    started = command_start(started)
+    training.mark_command_start(started)
+    if argv is None and pathlib.Path(sys.argv[0]).name == "train.py" and not launched_by_mpi():
+        status = launch(sys.argv[1:], time.time() if started is None else started)
+        if status is not None:
+            return status
+    backend.keep_freed_memory()  # a step's large temporaries reuse freed memory: no page faults (~20% on CPU)
+    with files.released_on_exit(), sigterm_raises():  # SIGTERM before training: cleanup runs, one line, 143
+        if launched_by_mpi():
+            from minitf.training import distributed
+            return distributed.main(run, argv, "train.py", memory_hint="use a smaller --max-tokens",
+                                    interrupt_message="interrupted; nothing after the last checkpoint was saved")
+        return report_errors("train.py", run, argv, memory_hint="use a smaller --max-tokens",
+                             interrupt_message="interrupted; nothing after the last checkpoint was saved "
+                             "(continue with --resume RUN_DIR if the run had written config.json)")
