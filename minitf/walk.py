@@ -142,7 +142,7 @@ def gpt_walk_steps(tracer, model):
                 (f"{prefix}.norm: LN'(dh)", out(f"{prefix}.norm", "dx")) + norm,
                 (f"{prefix}: dx = dx_skip + LN'(dh)", out(prefix, "dx")) + block_sum]
 
-    gelu = [(f"{layer}.feed_forward.activation: GELU'(u) dy, inside the feed-forward",
+    gelu = [(f"{layer}.feed_forward.activation: GELU'(x) dy, inside the feed-forward",
              out(f"{layer}.feed_forward.activation", "dx"), GELU.backward, "return dy * (cdf + 0.5")]
     uses = [out("generator", "weight"), out("embed", "weight")]
     return [
