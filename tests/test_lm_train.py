@@ -63,6 +63,20 @@ def _train_steps(run):
     return sum('"kind": "train"' in line for line in path.read_text().splitlines()) if path.is_file() else 0
 
 
+def test_the_command_checks_a_gpt_run_in_its_own_default_folder(tmp_path):
+    """``python train.py --model gpt`` without --out trains into runs/gpt-tiny: beside a translation run in
+    runs/tiny (its default folder) it starts; the command's check before the ranks looked at runs/tiny and
+    refused it ("--out runs/tiny already holds a run")."""
+    (tmp_path / "runs" / "tiny").mkdir(parents=True)
+    (tmp_path / "runs" / "tiny" / "config.json").write_text("{}")
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *make_text(tmp_path), *TINY_GPT,
+                             "--max-steps", "1", "--eval-every", "1", "--average", "0"], cwd=tmp_path,
+                            env=dict(CPU_ENV, MINITF_RANKS="1"), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "runs" / "gpt-tiny" / "config.json").is_file()
+    assert (tmp_path / "runs" / "tiny" / "config.json").read_text() == "{}"
+
+
 def test_a_killed_gpt_run_resumed_equals_an_uninterrupted_run(tmp_path):
     """SIGKILL during training, then --resume: the final parameters, Adam's moments and the metrics equal
     those of a run never killed (batches depend on (seed, epoch, batch), dropout on (seed, step))."""
