@@ -208,5 +208,5 @@ def _gpt(rng):  # GPT-2's shape, with the next-token loss: position t predicts t
         (lambda g: m.backward(loss.backward(float(g)))), {}, m
 
 
-#: the layers of the command, in the order of ``--help``
+#: the layers of the command, in the order of ``--help`` (a new layer's function goes above this line)
 LAYERS = list(BUILDERS)
