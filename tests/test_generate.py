@@ -199,6 +199,20 @@ def _vocab_and_merges(copy):
     (copy / "vocab.json").write_text('{"a": 0, "b"')
 
 
+def _poisoned(copy):
+    import safetensors.numpy as safetensors_numpy
+    tensors = safetensors_numpy.load_file(str(copy / "model.safetensors"))
+    tensors["transformer.h.0.mlp.c_fc.weight"][0, 0] = np.nan
+    safetensors_numpy.save_file(tensors, str(copy / "model.safetensors"))
+
+
+def _config_change(**change):
+    def apply(copy):
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps(config | change))
+    return apply
+
+
 def _smaller_model(copy):
     GPT.preset("gpt2", 40, max_len=MAX_LEN, d_model=16, num_heads=2, num_layers=1, d_ff=32).save_pretrained(copy)
 
@@ -235,6 +249,10 @@ BAD_INPUTS = {
     "damaged model.safetensors": (_damage("model.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{bad json"),
                                   ["--prompt", "x"], None, 1, "model.safetensors is not a readable safetensors file"),
     "a tokenizer larger than the model": (_smaller_model, ["--prompt", "x"], None, 1, "do not belong together"),
+    "a NaN weight": (_poisoned, ["--prompt", "the cat", "--max-new-tokens", 4], None, 1,
+                     "tensor transformer.h.0.mlp.c_fc.weight holds 1 NaN"),
+    "layer_norm_epsilon null": (_config_change(layer_norm_epsilon=None), ["--prompt", "the cat", "--max-new-tokens", 4],
+                                None, 1, "layer_norm_epsilon is None; it must be a float"),
     "max-new-tokens beyond the positions": (HF, ["--prompt", "x", "--max-new-tokens", MAX_LEN + 1], None, 2,
                                             f"does not fit the model's {MAX_LEN} positions"),
     "a prompt too long for the positions": (HF, ["--max-new-tokens", MAX_LEN - 2], b"the cat\nthe cat sees a dog\n",
@@ -281,3 +299,65 @@ def test_bad_input_through_the_real_command_is_one_line(folder, tmp_path):
                            (command(folder, "--prompt", "the cat", "--max-new-tokens", MAX_LEN + 1), 2)]:
         assert result.returncode == status and result.stdout == "", result.stderr
         one_error_line(result.stderr.strip().splitlines(), prog="minitf.generate")
+
+
+# --------------------------------------------------------------------------- what reaches the sampler
+CHARS = "abcdefgh "
+
+
+def _char_model(monkeypatch, max_len=MAX_LEN, poison=False):
+    """Route --from-pretrained to a random GPT of ``max_len`` positions over the characters CHARS (the character
+    tokenizer of a run), ``poison``: one NaN gain; no folder, no extra needed."""
+    from minitf.lm import generate as command_module
+    from minitf.lm.data import CharTokenizer, TextTokenizer
+    tokenizer = TextTokenizer(CharTokenizer(CHARS))
+    backend.manual_seed(0)
+    model = GPT.preset("gpt2", tokenizer.vocab_size, max_len=max_len, d_model=8, num_heads=2, num_layers=1, d_ff=16)
+    if poison:
+        model.decoder.final_norm.gamma.data[0] = np.nan
+    monkeypatch.setitem(command_module.LOADERS, "from_pretrained", lambda path, warn: (model, tokenizer))
+    return model, tokenizer
+
+
+def _run(capsys, *args):
+    code = main(["--from-pretrained", "unused", *map(str, args)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_non_finite_logits_stop_sampling_in_one_line(monkeypatch, capsys):
+    """Before: exit 0, the prompt followed by the sampler's id 0 from NaN logits, over and over."""
+    _char_model(monkeypatch, poison=True)
+    code, out, err = _run(capsys, "--prompt", "abc", "--max-new-tokens", 3)
+    line = one_error_line(err.strip().splitlines(), prog="minitf.generate")
+    assert code == 1 and out == "" and "the model's logits for new token 1 hold NaN or infinity" in line, (code, err)
+
+
+def test_a_prompt_with_characters_the_tokenizer_lacks_is_refused_naming_them(monkeypatch, capsys):
+    """Before: the character tokenizer read them as id 0 silently and wrote U+FFFD in their place."""
+    _char_model(monkeypatch)
+    code, out, err = _run(capsys, "--prompt", "a bad égg\tcafé €5", "--max-new-tokens", 2)
+    line = one_error_line(err.strip().splitlines(), prog="minitf.generate")
+    assert code == 1 and out == "", (code, out, err)
+    assert "--prompt has characters the tokenizer cannot represent: 'é' (U+00E9), '\\t' (U+0009), '€' (U+20AC), " \
+           "'5' (U+0035)" in line, line
+    code, out, err = _run(capsys, "--prompt", "a bad egg", "--max-new-tokens", 2)  # its alphabet only: answered
+    assert code == 0 and out.startswith("a bad egg") and "\ufffd" not in out, (out, err)
+
+
+def test_the_default_max_new_tokens_fits_the_models_context(monkeypatch, capsys, tmp_path):
+    """The command train.py prints (no --max-new-tokens) works for a model of 8 positions: each prompt gets
+    min(50, what its context leaves) new tokens. Before: "--max-new-tokens 50 does not fit the model's 8
+    positions", a flag the user never gave. An explicit value too large is still refused."""
+    model, tokenizer = _char_model(monkeypatch, max_len=8)
+    (tmp_path / "stdin").write_text("a\nabcdefg\n")
+    monkeypatch.setattr(sys, "stdin", open(tmp_path / "stdin"))  # a file: not a terminal
+    code, out, err = _run(capsys, "--temperature", 0)
+    sys.stdin.close()
+    assert code == 0 and err == "", err
+    answers = out.splitlines(keepends=False)
+    assert [len(tokenizer.encode([a])[0]) for a in answers] == [9, 9], answers  # 8 positions fed, + the last token
+    code, out, err = _run(capsys, "--prompt", "abcdefgha", "--temperature", 0)  # 9 tokens: no room for even one
+    assert code == 1 and "--prompt has 9 tokens; the model has 8 positions" in err, err
+    code, out, err = _run(capsys, "--prompt", "a", "--max-new-tokens", 9)
+    assert code == 2 and "--max-new-tokens 9 does not fit the model's 8 positions" in err, err

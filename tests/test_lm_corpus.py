@@ -232,3 +232,21 @@ def test_the_pinned_package_is_the_archives_file():
     assert package.pool_path == "pool/main/s/sword-text-web/sword-text-web_426.0-1_all.deb"
     assert package.size == 3956428
     assert package.sha256 == "930b23670b352f0829a306501de4bebb5e654a2df02cde2cbe86b802177868e1"
+
+
+# --------------------------------------------------------------------------- training text of control characters
+@pytest.mark.parametrize("data", [bytes(4096), b"\x00\x00\n\x00\r\n\x1b\x7f\x0c\t \xe2\x80\x8b\xef\xbb\xbf\n"],
+                         ids=["zero-filled", "control and invisible characters"])
+def test_a_text_of_control_characters_only_is_refused_as_blank_text_is(tmp_path, data):
+    """A zero-filled file (what a crash can leave) has no text to learn. Before: read_text returned it, and a
+    character model trained on NUL."""
+    from minitf.training.text import read_lines, read_text
+    path = tmp_path / "train.txt"
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=f"has no text \\({len(data)} bytes of blanks and control characters"):
+        read_text(path, "--train-text")
+    path.write_bytes(data + b"a")  # one visible character: text, kept as it is
+    assert read_text(path, "--train-text") == data.decode("utf-8").removeprefix("\ufeff") + "a"
+    path.write_bytes(data.replace(b"\n", b"") + b"\n" + data)  # a translation's lines: refused the same way
+    with pytest.raises(DataError, match="has only empty lines \\(or blanks and control characters\\)"):
+        read_lines(path, "source")

@@ -13,7 +13,7 @@ import pytest
 from minitf import backend
 from minitf.gpt import GPT, generate
 from minitf.training import checkpoint as ckpt
-from minitf.train import main as train_main
+from minitf.training.train import main as train_main
 from tests.runs import CPU_ENV, ROOT, final_params, metrics, one_error_line
 from tests.test_lm_train import make_text
 
@@ -157,6 +157,22 @@ def _other_vocabulary(folder, tmp):
     return ["--init-from", str(tmp / "other")]
 
 
+def _changed_copy(config=None, tensor=None):
+    """A copy of the folder with ``config`` merged into its config.json, or with a NaN in tensor ``tensor``."""
+    def make(folder, tmp):
+        shutil.copytree(folder, tmp / "changed")
+        if config is not None:
+            values = json.loads((tmp / "changed" / "config.json").read_text())
+            (tmp / "changed" / "config.json").write_text(json.dumps(values | config))
+        if tensor is not None:
+            import safetensors.numpy as safetensors_numpy
+            weights = safetensors_numpy.load_file(str(tmp / "changed" / "model.safetensors"))
+            weights[tensor][0] = np.nan
+            safetensors_numpy.save_file(weights, str(tmp / "changed" / "model.safetensors"))
+        return ["--init-from", str(tmp / "changed")]
+    return make
+
+
 BAD_FINE_TUNES = {
     "without --model gpt": (lambda f, t: ["--init-from", str(f), "--model", "transformer"], 2, "add --model gpt"),
     "a size flag": (lambda f, t: ["--init-from", str(f), "--d-model", "32"], 2,
@@ -168,6 +184,10 @@ BAD_FINE_TUNES = {
     "a longer block": (lambda f, t: ["--init-from", str(f), "--block-size", str(N_POSITIONS + 1)], 2,
                        f"longer than the model's {N_POSITIONS} positions"),
     "another vocabulary": (_other_vocabulary, 1, "tokens and its model 200; they do not belong together"),
+    # before: a TypeError deep in the first forward pass; a run that trained on NaN until the loss check stopped it
+    "layer_norm_epsilon null": (_changed_copy(config={"layer_norm_epsilon": None}), 2,
+                                "layer_norm_epsilon is None; it must be a float"),
+    "a string dropout": (_changed_copy(config={"resid_pdrop": "0.1"}), 2, "resid_pdrop is '0.1'; it must be a float"),
 }
 
 
@@ -184,6 +204,17 @@ def test_bad_fine_tuning_input_is_one_line(pretrained, tmp_path, capsys, case):
     line = one_error_line(capsys.readouterr().err.splitlines())
     assert words in line, line
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_a_nan_tensor_is_refused_naming_it(pretrained, tmp_path, capsys):
+    """Before: the run started from the NaN weights (its log, then the trainer's non-finite loss). The weights
+    are read when the model is built, after the run folder is made (as a damaged file's error is)."""
+    folder, texts = pretrained
+    extra = _changed_copy(tensor="transformer.h.1.ln_2.bias")(folder, tmp_path)
+    argv = text_flags(texts) + FINE_TUNE + ["--max-steps", "1", "--out", str(tmp_path / "run")] + extra
+    assert train_main(argv) == 1
+    line = one_error_line(capsys.readouterr().err.splitlines())
+    assert "model.safetensors: tensor transformer.h.1.ln_2.bias holds 1 NaN or infinite value(s)" in line, line
 
 
 def test_resume_refuses_init_from(pretrained, tmp_path, capsys):

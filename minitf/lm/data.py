@@ -8,7 +8,7 @@ import pathlib
 
 from minitf.backend import host as np
 from minitf.training.errors import DataError
-from minitf.training.tokenizer import EOS_ID, Tokenizer
+from minitf.training.tokenizer import EOS_ID, UNK_ID, Tokenizer
 
 #: The "format" of a character tokenizer's tokenizer.model (JSON; a sentencepiece model is a protobuf, never JSON).
 CHAR_FORMAT = "minitf-char-1"
@@ -54,6 +54,10 @@ class CharTokenizer:
         return ["".join(self.chars[int(i) - 1] if 0 < int(i) <= len(self.chars) else "\ufffd" for i in ids)
                 for ids in id_lists]
 
+    def unknown_characters(self, text):
+        """The characters of ``text`` not in the alphabet (each read as id 0), in order of first appearance."""
+        return [ch for ch in dict.fromkeys(text) if ch not in self._ids]
+
 
 class PretrainedTokenizer:
     """A tokenizer of the ``tokenizers`` package (a Hugging Face model's, such as GPT-2's byte-level BPE) with
@@ -94,6 +98,15 @@ class PretrainedTokenizer:
 
     def decode(self, id_lists):
         return self._tokenizer.decode_batch([[int(i) for i in ids] for ids in id_lists], skip_special_tokens=False)
+
+    def unknown_characters(self, text):
+        """The characters of ``text`` the tokenizer drops or reads as its unknown token (none for GPT-2's
+        byte-level BPE, which has every byte; a BPE trained without the byte alphabet lacks some), in order of
+        first appearance."""
+        unk = getattr(self._tokenizer.model, "unk_token", None)
+        unk_id = self._tokenizer.token_to_id(unk) if unk else None
+        chars = list(dict.fromkeys(text))
+        return [ch for ch, ids in zip(chars, self.encode(chars)) if not ids or unk_id in ids]
 
 
 def _tokenizers_package(needed_by):
@@ -185,6 +198,14 @@ class TextTokenizer:
 
     def decode(self, id_lists):
         return [decode_ids(self.tokenizer, ids) for ids in id_lists]
+
+    def unknown_characters(self, text):
+        """The characters of ``text`` the tokenizer cannot represent (the character tokenizer's id 0,
+        sentencepiece's unk), in order of first appearance; a prompt with any is refused, not read as unknown."""
+        if hasattr(self.tokenizer, "unknown_characters"):
+            return self.tokenizer.unknown_characters(text)
+        chars = [ch for ch in dict.fromkeys(text) if not ch.isspace()]  # sentencepiece's spaces are its own
+        return [ch for ch, ids in zip(chars, self.tokenizer.encode(chars)) if UNK_ID in ids]
 
 
 def _line_breaks_as_eos(tokenizer):

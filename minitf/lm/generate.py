@@ -1,9 +1,10 @@
 """Sample from a GPT: ``python -m minitf.generate --checkpoint RUN | --from-pretrained FOLDER [--prompt TEXT]``.
 
-Continues each prompt by at most ``--max-new-tokens`` tokens and writes the prompt with its
-continuation on stdout (a continuation may span lines). The prompt comes from ``--prompt``; else
-one per line from stdin: on a terminal each line is answered as it is typed, from a pipe or file
-every line is checked first, then answered in order. ``--temperature 0`` is greedy; otherwise
+Continues each prompt by at most ``--max-new-tokens`` tokens (default 50, or fewer where the model's
+context ends sooner) and writes the prompt with its continuation on stdout (a continuation may span
+lines). The prompt comes from ``--prompt``; else one per line from stdin: on a terminal each line is
+answered as it is typed, from a pipe or file every line is checked first (a prompt with characters
+the tokenizer cannot represent is refused, naming them), then answered in order. ``--temperature 0`` is greedy; otherwise
 tokens are drawn from softmax(logits / temperature) cut to ``--top-k`` and ``--top-p``
 (Hugging Face's defaults: 1.0, 50, 1.0). ``--seed S`` makes the samples reproducible: the n-th
 prompt (the n-th line, or ``--prompt`` as line 1) is sampled with seed (S, n), so a pipe and a
@@ -30,6 +31,9 @@ from minitf.training.text import answer_each_line, decode_lines
 from minitf.training.errors import DataError, OneLineParser, UsageError, non_negative, positive, report_errors
 
 np = backend.host  # token ids live on the host
+
+#: New tokens per prompt without --max-new-tokens (fewer where the model's context ends sooner).
+DEFAULT_NEW_TOKENS = 50
 
 
 # --------------------------------------------------------------------------- #
@@ -74,13 +78,14 @@ LOADERS = {"checkpoint": load_run, "from_pretrained": load_pretrained}
 # Prompts in, text out
 # --------------------------------------------------------------------------- #
 class Sampler:
-    """Continues prompts with one model, tokenizer and set of sampling settings."""
+    """Continues prompts with one model, tokenizer and set of sampling settings. ``max_new_tokens`` None (no
+    --max-new-tokens): :data:`DEFAULT_NEW_TOKENS` per prompt, or what the model's context leaves after it."""
 
     def __init__(self, model, tokenizer, max_new_tokens, temperature, top_k, top_p, seed):
         if tokenizer.vocab_size > model.vocab_size:
             raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.vocab_size}; "
                             "they do not belong together: use the tokenizer the model was trained with")
-        if self.limited(model) and max_new_tokens > model.max_len:
+        if max_new_tokens is not None and self.limited(model) and max_new_tokens > model.max_len:
             raise UsageError(f"--max-new-tokens {max_new_tokens} does not fit the model's {model.max_len} positions "
                              f"(a prompt of n tokens leaves room for {model.max_len + 1} - n); ask for at most "
                              f"{model.max_len}")
@@ -93,14 +98,33 @@ class Sampler:
         """Whether the model has a last position (a learned position table)."""
         return model.config["positions"] == "learned"
 
+    def new_tokens(self, n):
+        """How many new tokens a prompt of ``n`` tokens asks for: --max-new-tokens, else the default cut to the
+        positions the prompt leaves (the last new token is never fed back: n + new - 1 <= the positions)."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        if not self.limited(self.model):
+            return DEFAULT_NEW_TOKENS
+        return min(DEFAULT_NEW_TOKENS, self.model.max_len + 1 - n)
+
     def encode(self, text, where):
-        """The prompt's ids (a DataError, naming ``where``, for an empty or too long prompt)."""
+        """The prompt's ids (a DataError, naming ``where``, for an empty or too long prompt, or one with
+        characters the tokenizer cannot represent)."""
         if not text.strip():
             raise DataError(f"{where} is empty; expected text to continue")
+        unknown = getattr(self.tokenizer, "unknown_characters", lambda text: [])(text)
+        if unknown:
+            named = ", ".join(f"{ch!r} (U+{ord(ch):04X})" for ch in unknown[:10])
+            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+            raise DataError(f"{where} has characters the tokenizer cannot represent: {named}{more}; the model "
+                            "would read each as its unknown token: remove or replace them")
         ids = self.tokenizer.encode([text])[0]
         if not ids:
             raise DataError(f"{where} gives no tokens with this tokenizer; expected text in its alphabet")
-        fed = len(ids) + self.max_new_tokens - 1  # the last new token is never fed back
+        if self.max_new_tokens is None and self.limited(self.model) and len(ids) > self.model.max_len:
+            raise DataError(f"{where} has {len(ids)} tokens; the model has {self.model.max_len} positions: shorten it "
+                            f"to at most {self.model.max_len} tokens")
+        fed = len(ids) + self.new_tokens(len(ids)) - 1  # the last new token is never fed back
         if self.limited(self.model) and fed > self.model.max_len:
             room = self.model.max_len - self.max_new_tokens + 1
             raise DataError(f"{where} has {len(ids)} tokens; with --max-new-tokens {self.max_new_tokens} that needs "
@@ -112,8 +136,8 @@ class Sampler:
         """The text of prompt ``ids`` followed by its continuation; ``number`` (from 1) picks the seed."""
         seed = None if self.seed is None else [self.seed, number]
         eos = self.tokenizer.eos_id
-        out = generate(self.model, np.asarray([ids], dtype=np.int64), self.max_new_tokens, seed=seed, eos_id=eos,
-                       **self.options)[0, len(ids):].tolist()
+        out = generate(self.model, np.asarray([ids], dtype=np.int64), self.new_tokens(len(ids)), seed=seed,
+                       eos_id=eos, **self.options)[0, len(ids):].tolist()
         if eos is not None and eos in out:
             out = out[:out.index(eos)]  # the end-of-text token (and its repeats) is not written
         return self.tokenizer.decode([ids + out])[0]
@@ -152,7 +176,9 @@ def build_parser():
                         help="a run folder of train.py --model gpt (its best.json's model, else its newest good "
                              "checkpoint) or one of its checkpoint folders")
     p.add_argument("--prompt", help="the text to continue (default: one prompt per line of stdin)")
-    p.add_argument("--max-new-tokens", type=positive(int), default=50, help="at most this many tokens per prompt")
+    p.add_argument("--max-new-tokens", type=positive(int), default=None,
+                   help=f"at most this many tokens per prompt (default: {DEFAULT_NEW_TOKENS}, or fewer where the "
+                        "model's context ends sooner)")
     p.add_argument("--temperature", type=non_negative, default=1.0, help="0 is greedy")
     p.add_argument("--top-k", type=_count, default=50, help="sample from the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=_probability, default=1.0,

@@ -6,6 +6,7 @@ import json
 import sys
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 
@@ -20,27 +21,31 @@ from minitf.training.files import write_atomic
 
 #: Longest line (in characters) accepted by :func:`read_lines` by default.
 MAX_CHARS = 10_000
+#: A character that is text: not a space, not a control character (C0, DEL, C1: a zero-filled file's NULs, a
+#: terminal's escapes) and not an invisible format character (soft hyphen, zero-width and direction marks, BOM).
+_VISIBLE = re.compile("[^\\s\x00-\x1f\x7f-\x9f\xad\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
 
 
 def read_lines(path, what="input", max_chars=MAX_CHARS):
     """A UTF-8 text file as stripped lines (empty ones kept), split on ``\\n`` only so that line numbers match
     ``wc -l`` (a BOM ignored); ``what`` names its role in errors, ``max_chars`` is the longest line (None: any).
-    A DataError for a missing, empty, non-UTF-8 or all-blank file, a directory, or a too-long line."""
+    A DataError for a missing, empty, non-UTF-8 or all-blank file (control characters count as blank), a
+    directory, or a too-long line."""
     path = pathlib.Path(path)
     data = _read_bytes(path, what)
     if not data:
         raise DataError(f"{what} file {str(path)!r} is empty (0 bytes); expected plain text with one sentence per line")
     lines = decode_lines(data, f"{what} file {str(path)!r}", max_chars)
-    if not any(lines):
-        raise DataError(f"{what} file {str(path)!r} has only empty lines; "
+    if not any(_VISIBLE.search(line) for line in lines):  # blank, or a zero-filled file
+        raise DataError(f"{what} file {str(path)!r} has only empty lines (or blanks and control characters); "
                         "expected plain text with one sentence per line")
     return lines
 
 
 def read_text(path, what="input"):
     """A whole UTF-8 text file as one string (a BOM dropped, line ends kept: a language model learns them);
-    ``what`` names its role in errors. A DataError for a missing, empty, non-UTF-8 or all-blank file or a
-    directory."""
+    ``what`` names its role in errors. A DataError for a missing, empty, non-UTF-8 or all-blank file (control
+    characters, such as a zero-filled file's NULs, count as blank) or a directory."""
     path = pathlib.Path(path)
     data = _read_bytes(path, what, hint="expected a plain UTF-8 text file")
     if not data:
@@ -52,9 +57,9 @@ def read_text(path, what="input"):
         raise DataError(f"{what} file {str(path)!r} is not valid UTF-8 at line {line_no} "
                         f"(byte {error.object[error.start:error.start + 1]!r}); "
                         "re-encode it as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
-    if not text.strip():
-        raise DataError(f"{what} file {str(path)!r} has no text ({len(data)} bytes of blanks); "
-                        "expected a plain UTF-8 text file")
+    if not _VISIBLE.search(text):  # blanks, or a zero-filled file (what a crash can leave)
+        raise DataError(f"{what} file {str(path)!r} has no text ({len(data)} bytes of blanks and control "
+                        "characters); expected a plain UTF-8 text file")
     return text
 
 
