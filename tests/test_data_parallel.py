@@ -26,7 +26,7 @@ from tests.runs import MPI_ENV, MPIEXEC, ROOT, TINY, final_params, make_corpus, 
 
 
 def test_one_process_never_imports_mpi4py():
-    code = ("import sys, minitf, minitf.training.train, minitf.training.trainer, minitf.training.distributed; "
+    code = ("import sys, minitf, minitf.train, minitf.training.trainer, minitf.training.distributed; "
             "assert 'mpi4py' not in sys.modules, 'imported mpi4py'")
     env = {k: v for k, v in MPI_ENV.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
