@@ -404,7 +404,7 @@ def test_more_ranks_than_cores_is_said_in_the_first_line(monkeypatch):
 def test_an_error_every_rank_sees_under_mpiexec_is_one_line_without_an_abort(tmp_path):
     """Explicit ``mpiexec -n 2``: every rank refuses the config; the job ends with rank 0's line and exit
     status 2, without MPI_Abort's banner. A failure on rank 0 alone (only rank 0 trains the tokenizer: a
-    vocabulary too large for the text) still ends the job within seconds through MPI_Abort, its line kept."""
+    vocabulary too large for the text, while rank 1 waits and is told) ends the job within seconds, its line kept."""
     data = make_corpus(tmp_path)
     done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(ROOT / "train.py"), *data, *TINY,
                            "--d-model", "10", "--num-heads", "3", "--out", "run"], cwd=tmp_path,
@@ -419,6 +419,52 @@ def test_an_error_every_rank_sees_under_mpiexec_is_one_line_without_an_abort(tmp
     ours = [line for line in done.stderr.splitlines() if line.startswith("train.py") and "error:" in line]
     assert done.returncode != 0 and len(ours) == 1 and "vocab" in ours[0], done.stderr
     assert time.monotonic() - started < 60
+
+
+# --------------------------------------------------------------------------- rank 0's failure, told to the others
+@needs_mpi
+def test_an_error_every_rank_sees_reads_as_with_one_process(tmp_path):
+    """``mpiexec -n 2``: every rank refuses the config; the line is the one process's, without a rank in it."""
+    args = [*make_corpus(tmp_path), *TINY, "--d-model", "10", "--num-heads", "3", "--out", "run"]
+    alone = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path,
+                           env=command_env(MINITF_RANKS=1), capture_output=True, text=True, timeout=HANG)
+    both = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path,
+                          env=command_env(), capture_output=True, text=True, timeout=HANG)
+    assert alone.returncode == both.returncode == 2, (alone.stderr, both.stderr)
+    assert alone.stderr.startswith("train.py: error: --d-model must be divisible") and both.stderr == alone.stderr
+
+
+@needs_mpi
+def test_a_failed_download_of_the_default_corpus_ends_every_rank_with_rank_0s_line(tmp_path):
+    """Rank 0 fetches the default corpus while rank 1 waits, from a mirror that serves a captive portal's page:
+    the job ends as one process would, with rank 0's one line and status 1: rank 1 learns of the failure and
+    ends with it, instead of being aborted (MPI_Abort's banner after the line)."""
+    server = Server({"/debian/" + corpora.DING_DEB_PATH: b"<html>a captive portal</html>"})
+    command = start(tmp_path, TINY + ["--cache-dir", tmp_path / "cache", "--out", tmp_path / "run"], MINITF_NO_APT=1,
+                    MINITF_DEBIAN_MIRROR=server.url + "/debian")
+    try:
+        status, lines = command.finish()
+    finally:
+        command.kill()
+        server.close()
+    assert "ranks through mpiexec" in lines[0], lines
+    assert_one_clean_line(lines, status, 1, r"^train\.py: error: .*Debian package trans-de-en")
+    assert not (tmp_path / "run").exists()
+
+
+@needs_mpi
+def test_a_metrics_log_that_is_a_folder_ends_every_rank_with_rank_0s_line(tmp_path):
+    """Only rank 0 writes metrics.jsonl: it refuses a folder there before the first step while rank 1 waits for
+    that step; the job ends with rank 0's one line and status 1, no MPI_Abort banner."""
+    run = tmp_path / "run"
+    (run / "metrics.jsonl").mkdir(parents=True)
+    command = start(tmp_path, make_corpus(tmp_path) + TINY + ["--max-steps", 2, "--out", run])
+    try:
+        status, lines = command.finish()
+    finally:
+        command.kill()
+    assert "ranks through mpiexec" in lines[0], lines
+    assert_one_clean_line(lines, status, 1, r"^train\.py: error: .*metrics\.jsonl is a folder")
 
 
 # --------------------------------------------------------------------------- the whole command's time

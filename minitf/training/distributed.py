@@ -27,6 +27,18 @@ LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 INTERRUPTED = (130, 143)
 #: The MPI tag of the pickled objects that :meth:`MpiWorld.bcast_object` and ``gather_objects`` send.
 _OBJECT_TAG = 7
+#: The MPI tag of rank 0's failure notice (its exit status) on the control communicator (``MpiWorld.tell_failure``).
+_FAILED_TAG = 8
+
+
+class RootFailed(BaseException):
+    """Rank 0 failed with exit status ``status`` while this rank waited for it (rank 0 works alone: a download, a
+    tokenizer, the first metrics record): this rank ends with that status and says nothing, rank 0 has said it.
+    A BaseException, as KeyboardInterrupt: nothing on the way out (``report_errors``, cleanup) takes it for its own."""
+
+    def __init__(self, status):
+        super().__init__(status)
+        self.status = status
 
 
 def launched_by_mpi():
@@ -99,23 +111,50 @@ class MpiWorld:
         self.is_root = self.rank == 0
         self.control = self.comm.Dup()  # the end of the job's agreement (:meth:`agree`), apart from the run's messages
         self.pending = 0
+        self.notices = []  # rank 0: the failure notices it sent; another rank: the one it received (tell_failure)
         self._collectives = None
 
-    def _wait(self, request, deadline=None):
+    def _wait(self, request, deadline=None, listen=True):
         """Wait for a non-blocking MPI request, sleeping between tests (up to 10 ms): a waiting rank leaves the
         cores to the working ones and takes Ctrl-C and SIGTERM at once (a blocking MPI call spins at full CPU
         and holds Python's signal handlers until it returns, which it never does if another rank stopped).
-        False if ``deadline`` (time.monotonic) passed first; ``self.pending`` counts the requests a signal
-        left open."""
+        False if ``deadline`` (time.monotonic) passed first; ``self.pending`` counts the requests a signal (or
+        rank 0's failure) left open. ``listen``: a rank other than 0 also listens for rank 0's failure notice
+        and raises :class:`RootFailed` on it."""
         self.pending += 1
         delay = 0.0
         while not request.Test():
             if deadline is not None and time.monotonic() > deadline:
                 return False
+            if listen:
+                self._listen()
             time.sleep(delay)
             delay = min(2 * delay or 1e-5, 0.01)
         self.pending -= 1
         return True
+
+    def _listen(self):
+        """Raise :class:`RootFailed` if rank 0 has sent its failure notice (never on rank 0)."""
+        if not self.is_root and not self.notices and self.control.Iprobe(source=0, tag=_FAILED_TAG):
+            self.notices.append(self.control.recv(source=0, tag=_FAILED_TAG))
+            raise RootFailed(self.notices[0])
+
+    def tell_failure(self, status):
+        """Rank 0 failed with ``status``: tell every other rank, which raises :class:`RootFailed` where it waits
+        for rank 0 (in any collective but the gradients' sums) and so ends with this status, not MPI_Abort."""
+        self.notices = [self.control.isend(int(status), dest=rank, tag=_FAILED_TAG) for rank in range(1, self.size)]
+
+    def settle_notices(self, root_status, grace_s):
+        """After the agreement: every notice rank 0 sent is received (a rank that failed on its own before it
+        heard takes it now), so that MPI_Finalize finds no message left; ``root_status``: rank 0's agreed status."""
+        deadline = time.monotonic() + grace_s
+        if self.is_root:
+            for request in self.notices:
+                self._wait(request, deadline, listen=False)
+        elif root_status not in (0,) + INTERRUPTED and not self.notices:
+            request = self.control.irecv(source=0, tag=_FAILED_TAG)
+            if self._wait(request, deadline, listen=False):
+                self.notices.append(root_status)
 
     def _allreduce_host(self, values, op):
         values = np.array(values, dtype=np.float64)
@@ -133,6 +172,7 @@ class MpiWorld:
     def _receive_object(self, source):
         delay = 0.0
         while not self.comm.Iprobe(source=source, tag=_OBJECT_TAG):  # as _wait: no spinning, signals taken
+            self._listen()
             time.sleep(delay)
             delay = min(2 * delay or 1e-5, 0.01)
         return self.comm.recv(source=source, tag=_OBJECT_TAG)
@@ -169,7 +209,7 @@ class MpiWorld:
         every = np.zeros(self.size, dtype=np.int64)
         request = self.control.Iallgather(np.array([status], dtype=np.int64), every)
         deadline = None if grace_s is None else time.monotonic() + grace_s
-        return [int(s) for s in every] if self._wait(request, deadline) else None
+        return [int(s) for s in every] if self._wait(request, deadline, listen=False) else None
 
     def pids(self):
         """Every rank's process id, on every rank (to tell which rank mpiexec reports dead)."""
@@ -315,13 +355,15 @@ def _quiet_stderr():
 
 def main(run, argv, prog, grace_s=2.0, **report_options):
     """``run(argv)`` on every rank of ``mpiexec -n N``. The ranks then agree on how the job ends: an
-    error every rank sees (bad input), or Ctrl-C/SIGTERM, ends it with rank 0's one line and its exit
-    status (every rank returns it); a failure on some ranks only ends the whole job within seconds
-    with one line naming the rank (MPI_Abort). Rank 0 alone prints progress, --help and usage errors."""
+    error every rank sees (bad input), an error of rank 0 while the others wait for it (told to them:
+    :meth:`MpiWorld.tell_failure`), or Ctrl-C/SIGTERM, ends it with rank 0's one line, as one process
+    writes it, and its exit status (every rank returns it); a failure on some ranks only, which the
+    others cannot hear, ends the whole job within seconds with one line naming the rank (MPI_Abort).
+    Rank 0 alone prints progress, --help and usage errors."""
     from minitf.training.errors import report_errors
 
     world = init_mpi()
-    if world.size > 1:
+    if world.size > 1 and not world.is_root:  # rank 0's line reads as one process's; another's names its rank
         prog = f"{prog} (rank {world.rank} of {world.size})"
     captured = io.StringIO()
     quiet = contextlib.ExitStack()
@@ -336,15 +378,21 @@ def main(run, argv, prog, grace_s=2.0, **report_options):
             status = error.code if isinstance(error.code, int) else 1
         except KeyboardInterrupt as error:  # a signal just after run's own handling: the same ending
             status = 128 + getattr(error, "signum", signal.SIGINT)
+        except RootFailed as failed:  # rank 0 failed while this rank waited for it: rank 0 says why
+            status = failed.status
         except BaseException as error:  # a bug: still end every rank, in one line
             status, line = 1, f"{prog}: error: {type(error).__name__}: {error}"
     status = status or 0
     if world.size > 1:
         for sig in (signal.SIGINT, signal.SIGTERM):  # from here on the job ends by itself (mpiexec's own
             signal.signal(sig, signal.SIG_IGN)       # second Ctrl-C still kills it)
+        if world.is_root and status not in (0,) + INTERRUPTED:  # (a signal reached every rank itself)
+            world.tell_failure(status)
         # a finished rank waits for the others for as long as they run, a failed one a few seconds, one
         # stopped by a signal longer (mpiexec sent it to every rank; a busy machine may be slow to deliver it)
         statuses = world.agree(status, None if status == 0 else 5 * grace_s if status in INTERRUPTED else grace_s)
+        if statuses is not None:
+            world.settle_notices(statuses[0], grace_s)
         failed = [s for s in statuses or [] if s]
         if statuses is not None and failed and (len(failed) == world.size or set(failed) <= set(INTERRUPTED)):
             ending = statuses[0] or failed[0]  # every rank failed, or stopped on a signal: rank 0's status
