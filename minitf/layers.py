@@ -1,5 +1,5 @@
 """The small layers: Linear, Embedding, positional encoding (sinusoidal or learned), Dropout,
-LayerNorm, ReLU, GELU and softmax. Each forward sits next to its backward.
+LayerNorm, ReLU, GELU, SiLU and softmax. Each forward sits next to its backward.
 
 Dimension glossary (used in every docstring of the package):
     B batch, S source length, T target length, L any sequence length,
@@ -69,13 +69,16 @@ class Embedding(Module):
 
     Parameter ``weight`` (V, D), normal with standard deviation D^-1/2, so that the scaled
     embedding has unit variance and the tied output projection gives unit-scale logits.
-    Input ``ids`` (B, L) integers, output (B, L, D).
+    Input ``ids`` (B, L) integers, output (B, L, D). ``scale=False``: ``y = W[ids]``.
+    ``padding_idx``: that row gets no gradient from being looked up (PyTorch's ``nn.Embedding``
+    option, which Marian's embeddings use: its decoder starts from the pad row, kept as it is).
     """
 
-    def __init__(self, vocab_size, d_model, scale=True):
+    def __init__(self, vocab_size, d_model, scale=True, padding_idx=None):
         std = d_model ** -0.5
         self.weight = Parameter(init_array(backend.init_rng().normal(0.0, std, (vocab_size, d_model))))
         self.scale = math.sqrt(d_model) if scale else 1.0
+        self.padding_idx = padding_idx
 
     def forward(self, ids):
         self.save_for_backward(ids)
@@ -85,6 +88,9 @@ class Embedding(Module):
         """dy (B, L, D) -> None (ids have no gradient); adds dW."""
         (ids,) = self.saved_tensors()
         D = self.weight.shape[1]
+        padding_idx = getattr(self, "padding_idx", None)          # (the exercise's Embedding has none)
+        if padding_idx is not None:
+            dy = dy * (ids != padding_idx)[..., None]            # the padding row's lookups add nothing
         # y = W[ids] * scale  =>  dW[v] += scale * sum of dy over the positions where ids == v
         # (add.at sums repeated ids; plain fancy-index += would keep only one of them)
         xp.add.at(self.weight.grad, ids.reshape(-1), dy.reshape(-1, D) * self.scale)
@@ -92,26 +98,34 @@ class Embedding(Module):
 
 
 class OutputProjection(Module):
-    """Pre-softmax projection ``logits = h @ W^T``, ``W`` (V, D). Tied (paper 3.4: one matrix
+    """Pre-softmax projection ``logits = h @ W^T (+ b)``, ``W`` (V, D). Tied (paper 3.4: one matrix
     for both embeddings and this) when ``weight`` is the embedding's own Parameter; untied
-    when it is a Parameter of its own.
+    when it is a Parameter of its own. ``bias=True`` adds a bias ``b`` (V,), zero at first (the
+    paper has none; Marian's ``final_logits_bias``).
 
     Input ``h`` (B, T, D), output (B, T, V).
     """
 
-    def __init__(self, weight):
+    def __init__(self, weight, bias=False):
         self.weight = weight  # a Parameter, shared with an Embedding when tied
+        self.bias = Parameter(init_array(backend.host.zeros(weight.shape[0]))) if bias else None
 
     def forward(self, h):
         self.save_for_backward(h)
-        return matmul_rows(h, self.weight.data.T)                # logits = h W^T
+        logits = matmul_rows(h, self.weight.data.T)              # logits = h W^T
+        if self.bias is not None:
+            logits += self.bias.data                             # logits += b
+        return logits
 
     def backward(self, dlogits):
-        """dlogits (B, T, V) -> dh (B, T, D); adds dW (on top of the embedding's use)."""
+        """dlogits (B, T, V) -> dh (B, T, D); adds dW (on top of the embedding's use) and db."""
         (h,) = self.saved_tensors()
         V, D = self.weight.shape
         # logits = h @ W^T  =>  dW = dlogits^T h
         self.weight.grad += dlogits.reshape(-1, V).T @ h.reshape(-1, D)
+        if self.bias is not None:
+            # logits += b  (broadcast over batch and positions)  =>  db = sum of dlogits over them
+            self.bias.grad += dlogits.reshape(-1, V).sum(axis=0)
         # logits = h @ W^T  =>  dh = dlogits W
         return matmul_rows(dlogits, self.weight.data)
 
@@ -122,16 +136,28 @@ TiedOutputProjection = OutputProjection  # the older name, from when the project
 # --------------------------------------------------------------------------- #
 # Sinusoidal positional encoding (paper 3.5)
 # --------------------------------------------------------------------------- #
-def sinusoidal_table(length, d_model, start=0, dtype=None):
-    """PE(pos, 2i) = sin(pos / 10000^(2i/D)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/D)).
+#: where sin and cos go in a row of the table: "interleaved" (the paper's PE(pos, 2i) = sin,
+#: PE(pos, 2i+1) = cos) or "halves" (Marian's, Hugging Face's MarianMTModel: all D/2 sines, then all
+#: D/2 cosines, at the same frequencies). A fixed permutation of the D coordinates turns one into the other.
+POSITION_LAYOUTS = ("interleaved", "halves")
 
+
+def sinusoidal_table(length, d_model, start=0, dtype=None, layout="interleaved"):
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/D))  (the paper).
+
+    ``layout="halves"`` puts the same values as PE(pos, i) = sin(...) and PE(pos, D/2 + i) = cos(...)
+    for i < D/2 (Marian; an odd D has one more sine than cosines, as in Hugging Face's table).
     Returns (length, D) for positions ``start .. start+length-1``; any length works.
     """
+    if layout not in POSITION_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(POSITION_LAYOUTS)}, got {layout!r}")
     position = xp.arange(start, start + length, dtype=xp.float64)[:, None]
     inv_freq = xp.exp(xp.arange(0, d_model, 2, dtype=xp.float64) * (-math.log(10000.0) / d_model))
     table = xp.zeros((length, d_model), dtype=xp.float64)
     table[:, 0::2] = xp.sin(position * inv_freq)
     table[:, 1::2] = xp.cos(position * inv_freq[: d_model // 2])
+    if layout == "halves":  # the same columns in another order: the sines (even), then the cosines (odd)
+        table = xp.concatenate([table[:, 0::2], table[:, 1::2]], axis=1)
     return table.astype(dtype or backend.get_default_dtype())
 
 
@@ -139,17 +165,20 @@ class PositionalEncoding(Module):
     """``y = x + PE[start : start + L]``; no parameters, computed for any length.
 
     Input ``x`` (B, L, D), output (B, L, D). ``start`` is the first position
-    (incremental decoding feeds one position at a time).
+    (incremental decoding feeds one position at a time). ``layout`` as in
+    :func:`sinusoidal_table` (the paper's "interleaved", or Marian's "halves").
     """
 
-    def __init__(self, d_model):
-        self.d_model = d_model
+    def __init__(self, d_model, layout="interleaved"):
+        if layout not in POSITION_LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(POSITION_LAYOUTS)}, got {layout!r}")
+        self.d_model, self.layout = d_model, layout
         self._table = None  # grown on demand, never truncates
 
     def table(self, length, dtype):
         if self._table is None or self._table.shape[0] < length or self._table.dtype != dtype:
             size = max(length, 2 * (0 if self._table is None else self._table.shape[0]), 64)
-            self._table = sinusoidal_table(size, self.d_model, dtype=dtype)
+            self._table = sinusoidal_table(size, self.d_model, dtype=dtype, layout=self.layout)
         return self._table[:length]
 
     def forward(self, x, start=0):
@@ -351,8 +380,35 @@ class GELU(Module):
         return dy * (cdf + 0.5 * x * (1.0 - t * t) * du_dx)
 
 
-#: the feed-forward activations by name: the paper's ReLU, exact GELU, GPT-2's tanh GELU
-ACTIVATIONS = {"relu": ReLU, "gelu": GELU, "gelu_tanh": lambda: GELU("tanh")}
+# --------------------------------------------------------------------------- #
+# SiLU (Elfwing et al. 2017; "swish" with beta 1, Ramachandran et al. 2017): Marian's activation
+# --------------------------------------------------------------------------- #
+def sigmoid(x):
+    """``1 / (1 + exp(-x))``, elementwise, without overflow: exp is only taken of -|x| <= 0."""
+    e = xp.exp(-xp.abs(x))                                       # in (0, 1]
+    return xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))     # x < 0: exp(x) / (1 + exp(x)), the same value
+
+
+class SiLU(Module):
+    """``y = x sigmoid(x)``, elementwise (Hugging Face's "silu" and "swish"; Marian's FFN activation).
+    Input and output any shape."""
+
+    def forward(self, x):
+        s = sigmoid(x)                                           # s = sigmoid(x)
+        self.save_for_backward(x, s)
+        return x * s                                             # y = x sigmoid(x)
+
+    def backward(self, dy):
+        """dy (any shape) -> dx (the same shape)."""
+        x, s = self.saved_tensors()
+        # s = sigmoid(x)  =>  ds/dx = s (1 - s)      (sigmoid' = e^-x / (1 + e^-x)^2 = s (1 - s))
+        ds_dx = s * (1.0 - s)
+        # y = x sigmoid(x)  =>  dy/dx = s + x ds/dx  (the product rule)
+        return dy * (s + x * ds_dx)
+
+
+#: the feed-forward activations by name: the paper's ReLU, exact GELU, GPT-2's tanh GELU, Marian's SiLU
+ACTIVATIONS = {"relu": ReLU, "gelu": GELU, "gelu_tanh": lambda: GELU("tanh"), "silu": SiLU}
 
 
 def make_activation(name):

@@ -8,8 +8,8 @@ import dataclasses
 
 from minitf import backend
 from minitf.attention import MultiHeadAttention
-from minitf.layers import (Dropout, Embedding, LayerNorm, Linear, OutputProjection, PositionalEncoding,
-                           make_activation)
+from minitf.layers import (ACTIVATIONS, POSITION_LAYOUTS, Dropout, Embedding, LayerNorm, Linear, OutputProjection,
+                           PositionalEncoding, make_activation)
 from minitf.module import Module, ModuleList
 
 
@@ -19,7 +19,7 @@ from minitf.module import Module, ModuleList
 class FeedForward(Module):
     """Position-wise feed-forward network: (..., D) -> (..., F) -> (..., D).
 
-    ``activation``: "relu" (the paper), "gelu" (exact) or "gelu_tanh" (GPT-2's)."""
+    ``activation``: "relu" (the paper), "gelu" (exact), "gelu_tanh" (GPT-2's) or "silu" (Marian's)."""
 
     def __init__(self, d_model, d_ff, activation="relu"):
         self.linear1 = Linear(d_model, d_ff)
@@ -79,12 +79,13 @@ class SublayerConnection(Module):
 
 
 class EncoderLayer(Module):
-    """Self-attention then feed-forward, each in a residual block. x (B, S, D) -> (B, S, D)."""
+    """Self-attention then feed-forward, each in a residual block. x (B, S, D) -> (B, S, D).
+    ``activation``: the feed-forward's (:class:`FeedForward`)."""
 
-    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False):
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu"):
         self.self_attn = MultiHeadAttention(d_model, num_heads)
         self.attn_block = SublayerConnection(d_model, dropout, pre_norm)
-        self.feed_forward = FeedForward(d_model, d_ff)
+        self.feed_forward = FeedForward(d_model, d_ff, activation)
         self.ff_block = SublayerConnection(d_model, dropout, pre_norm)
 
     def forward(self, x, key_padding_mask=None):
@@ -136,8 +137,8 @@ class DecoderLayer(Module):
 class Encoder(Module):
     """N encoder layers (and a final LayerNorm when pre-LN). x (B, S, D) -> memory (B, S, D)."""
 
-    def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False):
-        self.layers = ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout, pre_norm)
+    def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu"):
+        self.layers = ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout, pre_norm, activation)
                                   for _ in range(num_layers)])
         self.final_norm = LayerNorm(d_model) if pre_norm else None
 
@@ -221,6 +222,17 @@ class TransformerConfig:
     share_embeddings: bool = True
     pad_id: int = 0
     pre_norm: bool = False
+    # what pretrained models (Marian, minitf/marian.py) change; the defaults are the paper's
+    activation: str = "relu"
+    positions: str = "interleaved"
+    scale_embedding: bool = True
+    output_bias: bool = False
+    layer_norm_eps: float = 1e-5
+    mask_target_padding: bool = True
+    freeze_pad_embedding: bool = False
+    tie_target_output: bool = False
+    decoder_start_id: int | None = None
+    eos_id: int | None = None
 
 
 class Transformer(Module):
@@ -230,11 +242,34 @@ class Transformer(Module):
     returns logits (B, T, V); padding masks come from ``pad_id``. With
     ``share_embeddings`` (paper 3.4) the source embedding, target embedding and
     pre-softmax projection are one (V, D) matrix, which needs one shared vocabulary.
+
+    Options whose defaults are the paper's model, each one of Marian's (opus-mt's) differences
+    (``Transformer.from_pretrained`` sets them from a Marian folder, minitf/marian.py):
+
+        option               the paper              Marian
+        activation           "relu"                 "silu" (its "swish")
+        positions            "interleaved"          "halves": [sin | cos] (layers.sinusoidal_table)
+        output_bias          False                  True: logits = h W^T + b (final_logits_bias)
+        mask_target_padding  True: target pads are  False: causal mask only (its decoder starts
+                             masked keys            from pad, which must stay visible)
+        freeze_pad_embedding False                  True: the pad row gets no gradient from its
+                                                    lookups (PyTorch's padding_idx)
+        decoder_start_id     None: the tokenizer's  pad_id
+                             BOS (minitf's runs)
+        eos_id               None: the tokenizer's  0
+
+    ``scale_embedding`` (x sqrt(D), paper 3.4) and ``layer_norm_eps`` (1e-5) are Marian's too;
+    ``tie_target_output`` ties the output projection to the target embedding when the vocabularies
+    are separate (``share_embeddings=False``; Marian's separate-vocabulary models). The decoding
+    functions read ``decoder_start_id`` and ``eos_id`` from ``model.config``; the model itself
+    never looks at them.
     """
 
     def __init__(self, src_vocab_size, tgt_vocab_size, d_model=512, num_heads=8,
                  num_encoder_layers=6, num_decoder_layers=6, d_ff=2048, dropout=0.1,
-                 share_embeddings=True, pad_id=0, pre_norm=False):
+                 share_embeddings=True, pad_id=0, pre_norm=False, activation="relu", positions="interleaved",
+                 scale_embedding=True, output_bias=False, layer_norm_eps=1e-5, mask_target_padding=True,
+                 freeze_pad_embedding=False, tie_target_output=False, decoder_start_id=None, eos_id=None):
         for name, value in [("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
                             ("d_model", d_model), ("num_heads", num_heads), ("d_ff", d_ff),
                             ("num_encoder_layers", num_encoder_layers),
@@ -249,21 +284,45 @@ class Transformer(Module):
                              "pass share_embeddings=False for separate vocabularies")
         if not 0 <= pad_id < min(src_vocab_size, tgt_vocab_size):
             raise ValueError(f"pad_id must be a valid token id below the vocabulary size, got {pad_id}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+        if positions not in POSITION_LAYOUTS:
+            raise ValueError(f"positions must be one of {', '.join(POSITION_LAYOUTS)}, got {positions!r}")
+        if not (isinstance(layer_norm_eps, (int, float)) and not isinstance(layer_norm_eps, bool)
+                and 0 < layer_norm_eps < 1):
+            raise ValueError(f"layer_norm_eps must be a number in (0, 1), got {layer_norm_eps!r}")
+        for name, value in [("decoder_start_id", decoder_start_id), ("eos_id", eos_id)]:
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
+                                          and 0 <= value < tgt_vocab_size):
+                raise ValueError(f"{name} must be None or a token id below tgt_vocab_size {tgt_vocab_size}, "
+                                 f"got {value!r}")
         self.config = dict(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
                            num_heads=num_heads, num_encoder_layers=num_encoder_layers,
                            num_decoder_layers=num_decoder_layers, d_ff=d_ff, dropout=dropout,
-                           share_embeddings=share_embeddings, pad_id=pad_id, pre_norm=pre_norm)
-        self.d_model, self.pad_id = d_model, pad_id
+                           share_embeddings=share_embeddings, pad_id=pad_id, pre_norm=pre_norm,
+                           activation=activation, positions=positions, scale_embedding=bool(scale_embedding),
+                           output_bias=bool(output_bias), layer_norm_eps=float(layer_norm_eps),
+                           mask_target_padding=bool(mask_target_padding),
+                           freeze_pad_embedding=bool(freeze_pad_embedding), tie_target_output=bool(tie_target_output),
+                           decoder_start_id=decoder_start_id, eos_id=eos_id)
+        self.d_model, self.pad_id, self.mask_target_padding = d_model, pad_id, bool(mask_target_padding)
         self.src_embed = Embedding(src_vocab_size, d_model)
         self.tgt_embed = self.src_embed if share_embeddings else Embedding(tgt_vocab_size, d_model)
-        self.positional = PositionalEncoding(d_model)
+        for embedding in (self.src_embed, self.tgt_embed):  # (one module twice when shared)
+            embedding.scale = embedding.scale if scale_embedding else 1.0
+            embedding.padding_idx = pad_id if freeze_pad_embedding else None
+        self.positional = PositionalEncoding(d_model, positions)
         self.src_dropout = Dropout(dropout)
         self.tgt_dropout = Dropout(dropout)
-        self.encoder = Encoder(num_encoder_layers, d_model, num_heads, d_ff, dropout, pre_norm)
-        self.decoder = Decoder(num_decoder_layers, d_model, num_heads, d_ff, dropout, pre_norm)
+        self.encoder = Encoder(num_encoder_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation)
+        self.decoder = Decoder(num_decoder_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation)
+        for module in self.modules():
+            if isinstance(module, LayerNorm):
+                module.eps = float(layer_norm_eps)
         # tied: the embedding's own weight; untied: a weight of its own, initialised as an embedding's
+        tied = share_embeddings or tie_target_output
         self.generator = OutputProjection(
-            self.tgt_embed.weight if share_embeddings else Embedding(tgt_vocab_size, d_model).weight)
+            self.tgt_embed.weight if tied else Embedding(tgt_vocab_size, d_model).weight, bias=output_bias)
 
     @classmethod
     def from_config(cls, config):
@@ -287,6 +346,8 @@ class Transformer(Module):
         """tgt_ids (B, T) -> logits (B, T, V). With ``cache`` (a dict, no_grad only),
         ``tgt_ids`` holds only the new positions, starting at position ``start``."""
         tgt_padding_mask = tgt_ids == self.pad_id
+        if not self.mask_target_padding:  # Marian's decoder starts from pad: the causal mask only
+            tgt_padding_mask = None
         y = self.tgt_dropout(self.positional(self.tgt_embed(tgt_ids), start=start))
         h = self.decoder(y, memory, src_padding_mask, None if cache is not None else tgt_padding_mask, cache)
         return self.generator(h)
@@ -311,3 +372,21 @@ class Transformer(Module):
         dsrc_embedded = self.positional.backward(self.src_dropout.backward(dx))
         self.src_embed.backward(dsrc_embedded)
 
+
+    # -- Hugging Face Marian folders (minitf/marian.py) ---------------------------------
+    @classmethod
+    def from_pretrained(cls, folder, dtype=None):
+        """The Transformer of a Hugging Face Marian folder (an opus-mt model: ``config.json`` and
+        ``model.safetensors``, or ``pytorch_model.bin`` read by torch's weights-only loader), in eval mode,
+        under ``dtype`` (default: minitf's default float dtype). A ValueError names what does not fit."""
+        from minitf import marian
+        return marian.read(folder, cls, dtype)
+
+    def save_pretrained(self, folder, decoder_start_id=None, eos_id=None):
+        """Write this model as a Hugging Face Marian folder (config.json, model.safetensors,
+        generation_config.json, and the tokenizer's files of the folder it was read from) that
+        ``transformers.MarianMTModel.from_pretrained`` loads with the same logits. A model with the paper's
+        interleaved sinusoids is converted exactly; ``decoder_start_id``/``eos_id`` name the start and end
+        tokens where the config does not (a minitf run's model)."""
+        from minitf import marian
+        return marian.write(self, folder, decoder_start_id, eos_id)

@@ -11,8 +11,9 @@ from hypothesis import assume, given, strategies as st
 import minitf
 from minitf import backend
 from minitf.backend import xp
-from minitf.layers import (Dropout, Embedding, LayerNorm, Linear, PositionalEncoding, ReLU, Softmax,
-                           TiedOutputProjection, sinusoidal_table, softmax)
+from minitf.layers import (ACTIVATIONS, Dropout, Embedding, LayerNorm, Linear, OutputProjection, PositionalEncoding,
+                           ReLU, SiLU, Softmax, TiedOutputProjection, make_activation, sigmoid, sinusoidal_table,
+                           softmax)
 from minitf.module import Parameter
 from tests.helpers import assert_gradients_match, np, random_array, seeds, small
 
@@ -52,6 +53,40 @@ def test_tied_projection_gradients(B, T, V, D, seed):
     assert_gradients_match(layer.forward, layer.backward, {"h": h}, {"weight": weight}, seed=seed)
 
 
+@given(B=small, L=small, V=st.integers(2, 6), D=small, seed=seeds)
+def test_embedding_padding_row_gets_no_gradient_from_its_lookups(B, L, V, D, seed):
+    """``padding_idx`` (Marian's, PyTorch's nn.Embedding option): the gradient of the function in which the
+    padding row is a constant, the other rows as before."""
+    rng = np.random.default_rng(seed)
+    ids = backend.asarray(rng.integers(0, V, (B, L)))
+    pad = int(rng.integers(0, V))
+    layer = Embedding(V, D, padding_idx=pad)
+    layer.weight.data[...] = random_array(seed, (V, D))
+    G = random_array(seed + 1, (B, L, D))
+    layer.forward(ids)
+    layer.backward(G)
+    plain = Embedding(V, D)
+    plain.weight.data[...] = layer.weight.data
+    plain.forward(ids)
+    plain.backward(G)
+    frozen, full = backend.to_numpy(layer.weight.grad), backend.to_numpy(plain.weight.grad)
+    assert np.array_equal(frozen[pad], np.zeros(D))
+    others = np.arange(V) != pad
+    assert np.allclose(frozen[others], full[others], rtol=1e-14, atol=0)
+    assert np.array_equal(backend.to_numpy(G), backend.to_numpy(random_array(seed + 1, (B, L, D))))  # dy kept
+
+
+@given(B=small, T=small, V=small, D=small, seed=seeds, tied=st.booleans())
+def test_output_projection_with_a_bias_gradients(B, T, V, D, seed, tied):
+    """Marian's logits: h W^T + b (final_logits_bias); the bias starts at 0, and is randomised here."""
+    embedding = Embedding(V, D)
+    layer = OutputProjection(embedding.weight if tied else Parameter(random_array(seed + 1, (V, D))), bias=True)
+    assert np.array_equal(backend.to_numpy(layer.bias.data), np.zeros(V))
+    layer.bias.data[...] = random_array(seed + 2, (V,))
+    assert_gradients_match(layer.forward, layer.backward, {"h": random_array(seed, (B, T, D))},
+                           {"weight": layer.weight, "bias": layer.bias}, seed=seed)
+
+
 def test_tied_weight_accumulates_both_uses():
     """One Parameter used by an Embedding and the projection gets the sum of both gradients."""
     embedding = Embedding(7, 4)
@@ -80,6 +115,27 @@ def test_positional_encoding_matches_formula(L, D, start):
             angle = (start + pos) / 10000 ** ((i - i % 2) / D)
             expected = math.sin(angle) if i % 2 == 0 else math.cos(angle)
             assert abs(table[pos, i] - expected) < 1e-9
+
+
+@given(L=st.integers(1, 12), D=st.integers(1, 9), start=st.integers(0, 50))
+def test_positional_encoding_in_halves_matches_marians_formula(L, D, start):
+    """Marian (transformers' MarianSinusoidalPositionalEmbedding): the sines of every frequency, then the
+    cosines: PE(pos, j) = sin(pos / 10000^(2j/D)) for j < ceil(D/2), PE(pos, ceil(D/2) + j) = cos(...)."""
+    table = backend.to_numpy(sinusoidal_table(L, D, start=start, layout="halves"))
+    half = (D + 1) // 2
+    for pos in range(L):
+        for i in range(D):
+            j = i if i < half else i - half
+            angle = (start + pos) / 10000 ** (2 * j / D)
+            expected = math.sin(angle) if i < half else math.cos(angle)
+            assert abs(table[pos, i] - expected) < 1e-9
+    # the same numbers as the paper's table, its columns renamed: sines (even columns) first
+    interleaved = backend.to_numpy(sinusoidal_table(L, D, start=start))
+    assert np.array_equal(table, interleaved[:, np.r_[0:D:2, 1:D:2]])
+    pe = PositionalEncoding(D, layout="halves")
+    assert np.array_equal(backend.to_numpy(pe.forward(xp.zeros((1, L, D)), start=start))[0], table)
+    with pytest.raises(ValueError, match="interleaved, halves"):
+        PositionalEncoding(D, layout="blocks")
 
 
 def test_positional_encoding_beyond_training_lengths_and_offsets():
@@ -150,6 +206,31 @@ def test_relu_gradients(B, L, D, seed):
     assume(float(abs(x).min()) > 1e-3)  # keep away from the kink at 0
     layer = ReLU()
     assert_gradients_match(layer.forward, layer.backward, {"x": x}, seed=seed)
+
+
+@given(B=small, L=small, D=small, seed=seeds, scale=st.floats(0.1, 20))
+def test_silu_gradients(B, L, D, seed, scale):
+    """SiLU (Marian's swish): smooth everywhere, so no input needs to keep away from a kink."""
+    assert_gradients_match(SiLU(), random_array(seed, (B, L, D), scale), seed=seed)
+
+
+def test_silu_is_x_times_the_sigmoid_without_overflow():
+    x = np.concatenate([np.linspace(-30, 30, 601), [0.0, -745.0, -1000.0, 1000.0, 710.0]])
+    layer = SiLU()
+    with np.errstate(over="raise"):  # the sigmoid never takes exp of a large positive number
+        y = backend.to_numpy(layer.forward(backend.asarray(x)))
+        s = backend.to_numpy(sigmoid(backend.asarray(x)))
+        dx = backend.to_numpy(layer.backward(backend.asarray(np.ones_like(x))))
+        for dtype in (np.float32, np.float16):  # the input's dtype is kept, in float16 too
+            low = SiLU().forward(backend.asarray(x.astype(dtype)))
+            assert low.dtype == dtype and np.isfinite(backend.to_numpy(low)).all()
+    exact = [v / (1 + math.exp(-v)) if v > -700 else 0.0 for v in x]
+    assert np.allclose(y, exact, rtol=1e-14, atol=1e-300)
+    assert s[-3] == 0.0 and s[-2] == 1.0 and y[-2] == 1000.0 and y[-3] == 0.0
+    assert 0.0 < s[-4] < 1e-300  # exp(-745): the smallest subnormal, kept
+    # dy/dx = s + x s (1 - s): 1/2 at 0, 1 far right, 0 far left, finite everywhere
+    assert dx[601] == 0.5 and dx[-2] == 1.0 and dx[-3] == 0.0 and np.isfinite(dx).all()
+    assert isinstance(make_activation("silu"), SiLU) and "silu" in ACTIVATIONS
 
 
 @given(B=small, L=small, D=small, seed=seeds, scale=st.floats(0.1, 30))

@@ -8,12 +8,15 @@ whose two entries are nearly equal is very steep (its third derivative grows lik
 eps^-1.5 = 3e7 for eps 1e-5), and the O(h^2) truncation error of the central
 difference reaches a few 1e-7: seen once in CI at d_model 2. A wrong backward is
 off by O(1), far above either tolerance."""
+import dataclasses
+
 import pytest
 from hypothesis import given, strategies as st
 
 import minitf
 from minitf import backend
 from minitf.backend import xp
+from minitf.layers import ACTIVATIONS, POSITION_LAYOUTS, LayerNorm
 from minitf.module import FlatBuffers
 from minitf.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
 from tests.helpers import assert_gradients_match, randomize, np, padding_masks, random_array, seeds, small
@@ -84,6 +87,12 @@ def model_and_batch(draw):
                   num_heads=H, num_encoder_layers=draw(st.integers(1, 2)), num_decoder_layers=draw(st.integers(1, 2)),
                   d_ff=draw(st.integers(1, 6)), dropout=draw(st.sampled_from([0.0, 0.1])), share_embeddings=share,
                   pad_id=0, pre_norm=draw(st.booleans()))
+    if draw(st.booleans()):  # the options of pretrained (Marian) models, each drawn on its own
+        config |= dict(activation=draw(st.sampled_from(sorted(ACTIVATIONS))),
+                       positions=draw(st.sampled_from(POSITION_LAYOUTS)), scale_embedding=draw(st.booleans()),
+                       output_bias=draw(st.booleans()), layer_norm_eps=draw(st.sampled_from([1e-5, 1e-6])),
+                       mask_target_padding=draw(st.booleans()), freeze_pad_embedding=draw(st.booleans()),
+                       tie_target_output=not share and draw(st.booleans()))
     B, S, T = draw(st.integers(1, 3)), draw(st.integers(1, 5)), draw(st.integers(1, 5))
     seed = draw(seeds)
     rng = np.random.default_rng(seed)
@@ -189,6 +198,49 @@ def test_shared_embedding_is_one_parameter():
     assert {"src_embed.weight", "tgt_embed.weight", "generator.weight"} <= set(n for n, _ in untied.named_parameters())
 
 
+def test_the_papers_model_is_the_default_and_each_marian_option_changes_its_one_part():
+    paper = minitf.Transformer(11, 11, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8)
+    assert paper.config == dataclasses.asdict(minitf.TransformerConfig(11, 11, d_model=4, num_heads=2,
+                                                                       num_encoder_layers=1, num_decoder_layers=1,
+                                                                       d_ff=8))
+    assert (paper.config["activation"], paper.config["positions"], paper.generator.bias) == ("relu", "interleaved", None)
+    assert paper.src_embed.scale == 2.0 and paper.src_embed.padding_idx is None
+    marian = minitf.Transformer(11, 11, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8,
+                                pad_id=10, activation="silu", positions="halves", output_bias=True,
+                                layer_norm_eps=1e-6, scale_embedding=False, mask_target_padding=False,
+                                freeze_pad_embedding=True, decoder_start_id=10, eos_id=0)
+    # the same parameters in the same order (checkpoints, flat buffers), and the output bias last
+    assert [n for n, _ in marian.named_parameters()] == [n for n, _ in paper.named_parameters()] + ["generator.bias"]
+    assert {type(layer.feed_forward.activation).__name__
+            for layer in list(marian.encoder.layers) + list(marian.decoder.layers)} == {"SiLU"}
+    assert {m.eps for m in marian.modules() if isinstance(m, LayerNorm)} == {1e-6}
+    assert marian.positional.layout == "halves" and marian.src_embed.scale == 1.0 and marian.src_embed.padding_idx == 10
+    assert marian.config["decoder_start_id"] == 10 and marian.config["eos_id"] == 0
+
+
+def test_a_decoder_that_starts_from_pad_sees_it_only_without_target_padding_masks():
+    """Marian's decoder starts from the pad token. With the paper's mask (pad keys masked) the first
+    position sees no key at all and its attention output is 0; with ``mask_target_padding=False`` (the
+    causal mask only) it sees itself, and every position's logits depend on the start embedding."""
+    src, tgt = np.array([[4, 5, 6, 0]]), np.array([[0, 7, 8]])  # pad (0) starts the target
+
+    def logits(mask, start_row):
+        backend.manual_seed(3)
+        model = randomize(minitf.Transformer(12, 12, d_model=8, num_heads=2, num_encoder_layers=1,
+                                             num_decoder_layers=1, d_ff=16, dropout=0.0,
+                                             mask_target_padding=mask), 3).eval()
+        model.src_embed.weight.data[0] = start_row
+        with minitf.no_grad():
+            return backend.to_numpy(model(src, tgt))
+
+    # (the pad's own logit, column 0, reads the tied row as an output weight: left out)
+    a, b = logits(False, 0.0)[..., 1:], logits(False, 1.0)[..., 1:]
+    assert np.abs(a - b).min(axis=-1).min() > 0       # every position sees the start token
+    masked_a, masked_b = logits(True, 0.0)[..., 1:], logits(True, 1.0)[..., 1:]
+    assert np.abs(masked_a[:, 1:] - masked_b[:, 1:]).max() == 0  # a masked key for the later positions
+    assert np.abs(a - masked_a).max() > 1e-3
+
+
 def test_parameters_live_in_flat_buffers_and_state_dict_round_trips():
     model = minitf.Transformer(9, 9, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8)
     total = sum(p.size for p in model.parameters())
@@ -235,6 +287,11 @@ def test_bad_input_gives_clear_value_errors(src, tgt, message):
     (dict(d_model=0), "positive integer"),
     (dict(pad_id=20), "pad_id"),
     (dict(num_decoder_layers=0), "positive integer"),
+    (dict(activation="swish"), "activation must be one of relu, gelu, gelu_tanh, silu, got 'swish'"),
+    (dict(positions="learned"), "positions must be one of interleaved, halves"),
+    (dict(layer_norm_eps=0.0), "layer_norm_eps"),
+    (dict(decoder_start_id=9), "decoder_start_id must be None or a token id below tgt_vocab_size 9"),
+    (dict(eos_id=True), "eos_id"),
 ])
 def test_bad_config_gives_clear_value_errors(kwargs, message):
     config = dict(src_vocab_size=9, tgt_vocab_size=9, d_model=4, num_heads=2, num_encoder_layers=1,
