@@ -1,0 +1,415 @@
+"""Look inside a model: ``python -m minitf.inspect --checkpoint RUN_OR_FOLDER --text "Ich habe keine Zeit."``.
+
+Writes one self-contained HTML page (every script, style and number inside it: it opens from disk with
+no network and no server) and prints its path: the sentence's tokens as the model sees them, the
+probability of each target token with the five most likely alternatives, every attention of every
+layer and head as a heat map, the backward pass (the gradient norm at each step of the walk of ``python
+-m minitf.trace --walk``, for every layer, and each input token's embedding gradient), and for a run
+folder its training curves (metrics.jsonl). Sentences come from ``--text`` or stdin, one per line. A
+translation run scores ``--reference`` if given, else the model's own translation (beam search), teacher-
+forced; a GPT run (``train.py --model gpt``) or a Hugging Face GPT-2 folder scores each next token of the
+text. ``--serve`` serves the page on http://127.0.0.1:PORT/ with a text box instead (docs/inspect.md).
+
+The numbers and the page are the core's (:mod:`minitf.inspection`); this command loads runs (with the
+checkpoint readers of the application), tokenizes and checks the input.
+"""
+import json
+import pathlib
+import sys
+import unicodedata
+import webbrowser
+
+from minitf import backend, marian
+from minitf.atomic import write_atomic
+from minitf.transformer import Transformer
+from minitf.inspection import numbers
+from minitf.inspection.page import example_data, render
+from minitf.inspection.serve import BadRequest, make_server, serve_forever
+from minitf.lm.generate import load_pretrained, load_run
+from minitf.nmt.data import pad_batch
+from minitf.nmt.decode import beam_search, greedy_decode
+from minitf.nmt.marian_tokenizer import MarianTokenizer
+from minitf.training.checkpoint import load_model, resolve_checkpoint
+from minitf.training.errors import DataError, OneLineParser, UsageError, positive, report_errors
+from minitf.training.text import decode_lines
+
+np = backend.host  # token ids live on the host
+
+#: At most this many sentences in one page (each brings every attention map).
+MAX_SENTENCES = 20
+#: Train records drawn at most (a long run's are thinned evenly).
+MAX_CURVE_POINTS = 2000
+
+
+# --------------------------------------------------------------------------- #
+# Loading: (model, tokenizer, what it is) from a path
+# --------------------------------------------------------------------------- #
+class Loaded:
+    """A model ready to inspect: ``kind`` "translation" or "gpt", ``context`` its longest input in tokens,
+    ``piece(id)`` a token's text as the model sees it, ``facts`` [(label, value)] for the page's header,
+    ``run_dir`` the run folder whose metrics.jsonl holds its curves (None for a Hugging Face folder)."""
+
+    def __init__(self, model, tokenizer, kind, source, context, context_why, run_dir=None, step=None):
+        self.model, self.tokenizer, self.kind, self.source = model, tokenizer, kind, source
+        self.context, self.context_why, self.run_dir, self.step = context, context_why, run_dir, step
+        self.piece, self.source_piece = piece_function(tokenizer, target=True), piece_function(tokenizer)
+        if kind == "translation":  # the ids the decoder starts and ends with: the model's (Marian), else the tokenizer's
+            config = model.config
+            self.bos_id = config.get("decoder_start_id") if config.get("decoder_start_id") is not None \
+                else tokenizer.bos_id
+            self.eos_id = config.get("eos_id") if config.get("eos_id") is not None else tokenizer.eos_id
+
+    @property
+    def layout(self):
+        return "pre-LN" if self.model.config["pre_norm"] else "post-LN"
+
+    def facts(self):
+        c = self.model.config
+        if self.kind == "gpt":
+            shape = (f"GPT, {self.layout}, {c['num_layers']} layers, d_model {c['d_model']}, {c['num_heads']} heads, "
+                     f"d_ff {c['d_ff']}, {c['activation']}, {c['positions']} positions")
+        else:
+            shape = (f"Transformer (encoder-decoder), {self.layout}, {c['num_encoder_layers']} + "
+                     f"{c['num_decoder_layers']} layers, d_model {c['d_model']}, {c['num_heads']} heads, d_ff {c['d_ff']}")
+        where = str(self.source) + ("" if self.step is None else f" (step {self.step})")
+        return [("model", shape), ("vocabulary", f"{self.tokenizer.vocab_size} tokens"),
+                ("parameters", f"{self.model.num_parameters():,}"), ("loaded from", where),
+                ("context", f"{self.context} tokens ({self.context_why})")]
+
+
+def piece_function(tokenizer, target=False):
+    """``piece(id) -> str``: a token as the model sees it: sentencepiece's piece ("▁Haus", "</s>"), a Marian
+    vocabulary's piece (the target's with ``target``), a byte-level BPE token ("Ġthe"), a character; else the
+    token decoded alone."""
+    vocab = getattr(tokenizer, "target_vocab" if target else "vocab", None)   # a Marian folder's vocab.json
+    if isinstance(vocab, dict):
+        pieces = {i: piece for piece, i in vocab.items()}
+        return lambda i: pieces.get(int(i), f"<{int(i)}>")
+    inner = getattr(tokenizer, "tokenizer", tokenizer)            # a language model's TextTokenizer wraps one
+    processor = getattr(inner, "_processor", None)                # sentencepiece
+    if processor is not None:
+        return lambda i: processor.id_to_piece(int(i))
+    pretrained = getattr(inner, "_tokenizer", None)               # the tokenizers package (GPT-2's BPE)
+    if pretrained is not None:
+        return lambda i: pretrained.id_to_token(int(i)) or f"<{int(i)}>"
+    return lambda i: tokenizer.decode([[int(i)]])[0]
+
+
+def hugging_face_kind(path):
+    """The ``model_type`` of a Hugging Face folder (config.json without a minitf checkpoint), else None."""
+    config = path / "config.json"
+    if not config.is_file() or (path / "meta.json").is_file() or (path / "checkpoints").is_dir():
+        return None
+    try:
+        return json.loads(config.read_text(encoding="utf-8")).get("model_type", "?")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return "?"
+
+
+def run_kind(path):
+    """The ``--model`` of the run (or checkpoint) at ``path``: its meta.json's config.model; "transformer"
+    when it cannot be read (the loader then says why)."""
+    try:
+        meta = json.loads((resolve_checkpoint(path) / "meta.json").read_text(encoding="utf-8"))
+        return meta["config"].get("model", "transformer")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return "transformer"
+
+
+def load(path, warn):
+    """The :class:`Loaded` model of ``path``: a translation run or one of its checkpoints, a GPT run
+    (``train.py --model gpt``) or one of its checkpoints, a Hugging Face Marian (opus-mt) or GPT-2 folder.
+    Another kind of folder is one more branch here."""
+    path = pathlib.Path(path)
+    hf = hugging_face_kind(path) if path.is_dir() else None
+    if hf == "marian":
+        try:
+            model = Transformer.from_pretrained(path)
+        except ImportError as error:
+            raise DataError(f"{error}") from None
+        tokenizer = MarianTokenizer.from_folder(path)
+        return Loaded(model, tokenizer, "translation", path, marian.max_positions(model.hf_config),
+                      "its position table, max_position_embeddings")
+    if hf is not None:
+        if hf != "gpt2":
+            raise DataError(f"{path} is a Hugging Face folder of model_type {hf!r}; this command reads GPT-2 and "
+                            "Marian folders, minitf runs and their checkpoints")
+        model, tokenizer = load_pretrained(path, warn)
+        return Loaded(model, tokenizer, "gpt", path, model.max_len, "its learned positions")
+    checkpoint = resolve_checkpoint(path, warn)  # a missing path: one line naming it
+    run_dir = path if (path / "metrics.jsonl").is_file() else \
+        checkpoint.parent.parent if (checkpoint.parent.parent / "metrics.jsonl").is_file() else None
+    if run_kind(path) == "gpt":
+        model, tokenizer = load_run(path, warn)
+        meta = _meta(checkpoint)
+        return Loaded(model, tokenizer, "gpt", path, model.max_len if model.config["positions"] == "learned" else
+                      meta.get("config", {}).get("block_size", 128), "its training blocks", run_dir, meta.get("step"))
+    model, tokenizer, meta = load_model(path, warn)
+    return Loaded(model, tokenizer, "translation", path, int(meta["config"].get("max_len", 100)),
+                  "the longest sentence of its training, --max-len", run_dir, meta.get("step"))
+
+
+def _meta(checkpoint):
+    try:
+        return json.loads((checkpoint / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+
+
+# --------------------------------------------------------------------------- #
+# One sentence: checked, tokenized, computed
+# --------------------------------------------------------------------------- #
+def unknown_characters(tokenizer, text):
+    """The characters of ``text`` the tokenizer cannot give back (each becomes its unknown token)."""
+    found = []
+    for char in dict.fromkeys(text):
+        if char.isspace():
+            continue
+        back = tokenizer.decode(tokenizer.encode([char]))[0]
+        if unicodedata.normalize("NFKC", char) not in unicodedata.normalize("NFKC", back):
+            found.append(char)
+    return found
+
+
+class Inspector:
+    """Computes the page's examples for one loaded model: ``example(text, reference, where)``."""
+
+    def __init__(self, loaded, max_tokens, beam=4):
+        self.loaded, self.max_tokens, self.beam = loaded, max_tokens, beam
+        self.limit = min(loaded.context, max_tokens)
+
+    def _encode(self, text, where, encode=None):
+        if not text.strip():
+            raise DataError(f"{where} is empty; expected a sentence")
+        ids = (encode or self.loaded.tokenizer.encode)([text])[0]
+        if not ids:
+            raise DataError(f"{where} gives no tokens with this tokenizer; expected text in its alphabet")
+        return [int(i) for i in ids]
+
+    def _check_length(self, n, where, what="tokens"):
+        if n <= self.limit:
+            return
+        if self.loaded.context <= self.max_tokens:
+            raise DataError(f"{where} has {n} {what}, longer than the model's context of {self.loaded.context} "
+                            f"({self.loaded.context_why}); shorten it")
+        raise DataError(f"{where} has {n} {what}; the page shows at most --max-tokens {self.max_tokens}: shorten it "
+                        "or raise --max-tokens")
+
+    def example(self, text, reference=None, where="the sentence"):
+        """(the JSON of one example, warning lines). DataError for an empty or too long sentence."""
+        loaded, model = self.loaded, self.loaded.model
+        unknown = unknown_characters(loaded.tokenizer, text + (reference or ""))
+        notes = [f"{where} has characters the tokenizer does not know: {' '.join(unknown)} (each became its "
+                 "unknown token, which the model reads as one token without meaning)"] if unknown else []
+        if loaded.kind == "gpt":
+            ids = self._encode(text, where)
+            if len(ids) < 2:
+                raise DataError(f"{where} is one token; a language model needs at least 2 to score a next token")
+            self._check_length(len(ids), where)
+            inspection = numbers.language_model(model, ids)
+            data = example_data(inspection, text, ids, loaded.piece, target_from="the text's own next tokens",
+                                notes=notes)
+            return data, notes
+        bos, eos, pad = loaded.bos_id, loaded.eos_id, model.pad_id
+        source = self._encode(text, where) + [eos]
+        self._check_length(len(source), where, "tokens with its </s>")
+        if reference is not None:
+            encode = getattr(loaded.tokenizer, "encode_target", None)  # a Marian folder's target side
+            target = self._encode(reference, "--reference", encode)
+            target_from = "the reference given"
+        else:
+            src = pad_batch([source[:-1]], pad, eos_id=eos)
+            room = self.limit - 1  # the decoder's input: its start token and the translation
+            ids = dict(bos_id=bos, eos_id=eos, pad_id=pad, max_len=room, min_len=1)
+            if self.beam == 1:
+                target = greedy_decode(model, src, **ids)[0]
+            else:
+                target = beam_search(model, src, beam_size=self.beam, alpha=0.6, **ids)[0]
+            target_from = (f"the model's own translation ({'greedy' if self.beam == 1 else f'beam {self.beam}'}), "
+                           f"“{loaded.tokenizer.decode([target])[0]}”")
+        self._check_length(len(target) + 1, "--reference" if reference is not None else "the translation",
+                           "tokens with its <s>")
+        inspection = numbers.translation(model, source, [bos] + target, target + [eos])
+        data = example_data(inspection, text, [bos] + target, loaded.piece, source_ids=source,
+                            target_from=target_from, reference=reference, notes=notes,
+                            source_piece=loaded.source_piece)
+        return data, notes
+
+
+# --------------------------------------------------------------------------- #
+# The run's curves
+# --------------------------------------------------------------------------- #
+def read_curves(run_dir, kind):
+    """The curves of a run's metrics.jsonl for the page (None when it has no training record); a torn or
+    foreign line is skipped."""
+    path = pathlib.Path(run_dir) / "metrics.jsonl"
+    train, valid = [], []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        if record.get("kind") == "train" and _finite(record.get("loss")):
+            train.append(record)
+        elif record.get("kind") == "valid" and "model" not in record and _finite(record.get("loss")):
+            valid.append(record)
+    if not train:
+        return None
+    stride = -(-len(train) // MAX_CURVE_POINTS)
+    train = train[::stride]
+    score = "bleu" if kind == "translation" else "ppl"
+    return {"path": str(path),
+            "loss_name": "label-smoothed cross-entropy" if kind == "translation" else "cross-entropy",
+            "score_name": "BLEU (validation)" if kind == "translation" else "perplexity (validation)",
+            "score_caption": ("Corpus BLEU of the run's validation sentences, translated by the model of that step."
+                              if kind == "translation" else "exp(validation cross-entropy): lower is better."),
+            "train": {"step": [r["step"] for r in train], "loss": [r["loss"] for r in train],
+                      "lr": [r.get("lr") if _finite(r.get("lr")) else None for r in train]},
+            "valid": {"step": [r["step"] for r in valid], "loss": [r["loss"] for r in valid],
+                      "score": [r.get(score) if _finite(r.get(score)) else None for r in valid]}}
+
+
+def _finite(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
+
+
+# --------------------------------------------------------------------------- #
+# The page
+# --------------------------------------------------------------------------- #
+def page_data(loaded, examples, warnings=(), error=None, serve=None):
+    """The JSON of a whole page (see :func:`minitf.inspection.page.render`)."""
+    curves = read_curves(loaded.run_dir, loaded.kind) if loaded.run_dir is not None else None
+    note = ("No training curves: a Hugging Face folder has no metrics.jsonl." if loaded.run_dir is None and
+            hugging_face_kind(pathlib.Path(loaded.source)) else
+            "No training curves: the checkpoint was given without its run folder's metrics.jsonl." if curves is None
+            and loaded.run_dir is None else "No training curves: the run's metrics.jsonl has no training step yet.")
+    title = "minitf inspect: " + ("GPT" if loaded.kind == "gpt" else "translation") + f" ({loaded.layout})"
+    return {"title": title, "model": {"kind": loaded.kind, "layout": loaded.layout, "facts": loaded.facts()},
+            "examples": examples, "warnings": list(warnings), "error": error, "serve": serve,
+            "curves": curves, "curves_note": None if curves else note}
+
+
+def read_sentences(args):
+    """[(text, where)] from --text or stdin (one per line)."""
+    if args.text is not None:
+        if not args.text.strip():
+            raise UsageError("--text is empty; give a sentence, e.g. --text 'Ich habe keine Zeit.'")
+        return [(args.text, "--text")]
+    if sys.stdin.isatty():
+        print("reading sentences from standard input, one per line; Ctrl-D ends", file=sys.stderr, flush=True)
+    lines = decode_lines(sys.stdin.buffer.read(), "standard input")
+    if not lines:
+        raise DataError("standard input is empty; expected one sentence per line (or give --text)")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise DataError(f"standard input: line {number} is empty; expected one sentence per line")
+    if len(lines) > MAX_SENTENCES:
+        raise DataError(f"standard input has {len(lines)} sentences; one page shows at most {MAX_SENTENCES}")
+    return [(line, f"standard input: line {number}") for number, line in enumerate(lines, start=1)]
+
+
+def check_out(out):
+    """Refuse at once an --out that cannot be a file (the write itself is atomic: nothing half-written)."""
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; give the path of the HTML file to write")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"--out {out}: {parent} is a file, not a folder")
+            break
+
+
+def build_parser():
+    p = OneLineParser(prog="python -m minitf.inspect", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, type=pathlib.Path, metavar="RUN_OR_FOLDER",
+                   help="a run folder of train.py (translation or --model gpt), one of its checkpoints, or a Hugging "
+                        "Face GPT-2 folder")
+    p.add_argument("--text", help="the sentence (default: one per line from stdin)")
+    p.add_argument("--reference", help="translation: the target to score (default: the model's own translation)")
+    p.add_argument("--beam", type=positive(int), default=4, help="beam size of the model's own translation (1: greedy)")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("inspect.html"), help="the HTML file to write")
+    p.add_argument("--open", action="store_true", help="open the page in the browser")
+    p.add_argument("--max-tokens", type=positive(int), default=100,
+                   help="the longest input shown (also capped by the model's context)")
+    p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 with a text box instead")
+    p.add_argument("--port", type=int, default=8000, help="--serve's port (0: any free one)")
+    p.add_argument("--max-chars", type=positive(int), default=1000, help="--serve: the longest sentence accepted")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=None)
+    return p
+
+
+def run(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.reference is not None and args.text is None:
+        raise UsageError("--reference goes with --text (one sentence and its reference)")
+    if args.serve and (args.text is not None or args.open):
+        raise UsageError("--serve takes its sentences from the page's text box, not --text or --open")
+    if not 0 <= args.port < 65536:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    if args.device:
+        backend.set_device(args.device)
+    else:
+        backend.check_environment()
+    warn = lambda message: print(message, file=sys.stderr)  # noqa: E731
+    if args.serve:
+        return serve(args, warn)
+    check_out(args.out)
+    sentences = read_sentences(args)
+    loaded = load(args.checkpoint, warn)
+    if args.reference is not None and loaded.kind == "gpt":
+        raise UsageError("--reference is for a translation model; a GPT scores the text's own next tokens")
+    inspector = Inspector(loaded, args.max_tokens, args.beam)
+    examples, warnings = [], []
+    for text, where in sentences:
+        example, notes = inspector.example(text, args.reference, where)
+        examples.append(example)
+        warnings += notes
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    page = render(page_data(loaded, examples, warnings))
+    try:
+        write_atomic(args.out, page)
+    except OSError as error:
+        raise DataError(f"cannot write the page to {args.out}: {error.strerror or error}; choose another --out") from None
+    print(args.out)
+    if args.open:
+        webbrowser.open(args.out.resolve().as_uri())
+    return 0
+
+
+def serve(args, warn):
+    loaded = load(args.checkpoint, warn)
+    inspector = Inspector(loaded, args.max_tokens, args.beam)
+    form = {"max_chars": args.max_chars, "reference": loaded.kind == "translation"}
+
+    def page(query, examples=(), warnings=(), error=None):
+        shown = dict(form, text=query.get("text", ""), reference_text=query.get("reference", ""))
+        return render(page_data(loaded, list(examples), warnings, error, shown), served=True)
+
+    def respond(query):
+        text = query.get("text")
+        if text is None:
+            return 200, page(query)
+        reference = query.get("reference") or None
+        if reference is not None and loaded.kind == "gpt":
+            raise BadRequest("a reference is for a translation model; a GPT scores the text's own next tokens")
+        try:
+            example, notes = inspector.example(text, reference, "the sentence")
+        except DataError as error:
+            raise BadRequest(str(error)) from None
+        return 200, page(query, [example], notes)
+
+    server = make_server(respond, lambda message, query: page(query, error=message), args.max_chars, args.port,
+                         log=warn)
+    return serve_forever(server)
+
+
+def main(argv=None):
+    backend.keep_freed_memory()
+    return report_errors("minitf.inspect", run, argv, memory_hint="use a shorter sentence or a smaller --max-tokens")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,528 @@
+"""The inspection page (``python -m minitf.inspect``, minitf/inspection/, docs/inspect.md), without a browser:
+
+1. the numbers in the page equal the model's own: the attention weights of every layer and head (against the
+   weights the model's attention keeps, and, for the first encoder layer, softmax(Q K^T / sqrt(dk)) worked out
+   here from the layer's weights), each token's probability and top five (against a softmax of the logits),
+   the loss, and the gradient norms down the residual stream and at each source embedding (against the model's
+   backward driven by hand, layer by layer, and against central differences), post-LN and pre-LN,
+   encoder-decoder and GPT;
+2. the walk on the page is the walk of ``python -m minitf.trace --walk`` (the same labels and norms for the
+   trace's one-layer examples), with every layer of a deeper model in order;
+3. the page is self-contained: a Content-Security-Policy of ``default-src 'none'`` with the hashes of its one
+   script and style, and nothing fetched;
+4. the command on a translation run, a GPT run and a checkpoint folder; each bad input is one line, a non-zero
+   exit and no file (nothing half-written); unknown characters are said on stderr and in the page;
+5. ``--serve``: localhost only, a bad request answered with an error in the page (400) and the server goes on.
+
+The browser tests (the page as a person uses it) are in tests/test_inspect_browser.py.
+"""
+import base64
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+import minitf
+from minitf import backend, tracer, walk
+from minitf.inspect import main as inspect_main, read_curves
+from minitf.inspection import numbers, page, serve
+from tests.runs import CPU_ENV, ROOT, copy_run, read_line, train
+from tests.test_lm_train import TINY_GPT, make_text
+
+SRC = np.array([5, 7, 9, 6, 3])           # (S,): the last token stands for EOS
+TGT_IN = np.array([2, 8, 6, 10])          # (T,): BOS first
+TGT_OUT = np.array([8, 6, 10, 3])
+GPT_IDS = np.array([4, 9, 2, 9, 7, 5])
+
+
+def transformer(pre_norm):
+    minitf.manual_seed(1)
+    return minitf.Transformer(12, 12, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=3, d_ff=24,
+                              dropout=0.1, pre_norm=pre_norm).eval()
+
+
+def gpt(preset):
+    minitf.manual_seed(2)
+    return minitf.GPT.preset(preset, 12, max_len=8, d_model=16, num_heads=4, num_layers=2, d_ff=24).eval()
+
+
+def page_of(model, inspection, input_ids, source_ids=None):
+    """The page of one example and the JSON read back from its HTML."""
+    example = page.example_data(inspection, "a text", input_ids, lambda i: f"t{i}", source_ids=source_ids)
+    html = page.render({"title": "test", "model": {"kind": "gpt" if source_ids is None else "translation",
+                                                   "layout": "pre-LN", "facts": []},
+                        "examples": [example], "warnings": [], "error": None, "serve": None, "curves": None})
+    return html, page.read_data(html)["examples"][0]
+
+
+def kept_weights(model, run):
+    """{(attention name, layer): P (H, Tq, Tk)} kept by the model's own attention in a forward of ``run()``."""
+    found = {}
+    with minitf.no_grad():
+        modules = numbers.attention_modules(model)
+        with numbers.keeping_weights([m for layers in modules.values() for m in layers]):
+            run()
+            for name, layers in modules.items():
+                for l, module in enumerate(layers):
+                    found[name, l] = backend.to_numpy(module.weights)[0]
+    return found
+
+
+def first_encoder_attention(model, src):
+    """softmax(Q K^T / sqrt(dk)) of encoder layer 0, (H, S, S), from its weights by hand (no mask: no padding)."""
+    with minitf.no_grad():
+        x = model.positional(model.src_embed(src[None]))
+        if model.config["pre_norm"]:
+            x = model.encoder.layers[0].attn_block.norm(x)
+    x = backend.to_numpy(x)[0]
+    attention = model.encoder.layers[0].self_attn
+    D, H = attention.d_model, attention.num_heads
+    W, b = backend.to_numpy(attention.w_qkv.data), backend.to_numpy(attention.b_qkv.data)
+    q, k = x @ W[:, :D] + b[:D], x @ W[:, D:2 * D] + b[D:2 * D]
+    Q, K = (a.reshape(len(src), H, D // H).transpose(1, 0, 2) for a in (q, k))      # (H, S, dk)
+    scores = Q @ K.transpose(0, 2, 1) / np.sqrt(D // H)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def by_hand_translation(model, src, tgt_in, tgt_out):
+    """The loss, the softmax of the logits (T, V), and the gradient norms of the residual stream (the page's
+    points) and of each source embedding, from the model's backward driven layer by layer here."""
+    loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=model.pad_id)
+    model.zero_grad()
+    logits = model(src[None], tgt_in[None])
+    loss = loss_fn(logits, tgt_out[None])
+    norm = lambda a: float(np.linalg.norm(backend.to_numpy(a)))  # noqa: E731
+    points = []
+    dh = model.generator.backward(loss_fn.backward())
+    points.append(("decoder out", norm(dh)))
+    dx = model.decoder.final_norm.backward(dh) if model.decoder.final_norm is not None else dh
+    dmemory = 0
+    for l in reversed(range(len(model.decoder.layers))):
+        dx, dm = model.decoder.layers[l].backward(dx)
+        dmemory = dmemory + dm
+        points.append((f"decoder.layers.{l} in", norm(dx)))
+    model.tgt_embed.backward(model.positional.backward(model.tgt_dropout.backward(dx)))
+    points.append(("encoder out", norm(dmemory)))
+    dx = model.encoder.final_norm.backward(dmemory) if model.encoder.final_norm is not None else dmemory
+    for l in reversed(range(len(model.encoder.layers))):
+        dx = model.encoder.layers[l].backward(dx)
+        points.append((f"encoder.layers.{l} in", norm(dx)))
+    dsrc = backend.to_numpy(model.positional.backward(model.src_dropout.backward(dx)))[0]
+    model.src_embed.backward(dsrc[None])
+    z = backend.to_numpy(logits)[0]
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    return loss, p / p.sum(axis=-1, keepdims=True), points, np.linalg.norm(dsrc, axis=-1) * model.src_embed.scale
+
+
+def numeric_source_gradient(model, src, tgt_in, tgt_out, position, h=1e-6):
+    """dL/d(x[position]) by float64 central differences, x the encoder's input (the scaled embedding plus the
+    position's sinusoid): what reaches the embedding row read at ``position``, before the scale."""
+    loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=model.pad_id)
+    with minitf.no_grad():
+        x = backend.to_numpy(model.positional(model.src_embed(src[None])))
+        mask = src[None] == model.pad_id
+        grad = np.zeros(x.shape[-1])
+        for d in range(x.shape[-1]):
+            losses = []
+            for sign in (1, -1):
+                moved = x.copy()
+                moved[0, position, d] += sign * h
+                memory = model.encoder(backend.asarray(moved), mask)
+                losses.append(loss_fn(model.decode(tgt_in[None], memory, mask), tgt_out[None]))
+            grad[d] = (losses[0] - losses[1]) / (2 * h)
+    return grad
+
+
+# --------------------------------------------------------------------------- the numbers are the model's
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-LN", "pre-LN"])
+def test_the_translation_page_holds_the_models_own_numbers(pre_norm, float64):
+    model = transformer(pre_norm)
+    inspection = numbers.translation(model, SRC, TGT_IN, TGT_OUT)
+    html, data = page_of(model, inspection, TGT_IN, SRC)
+    # attention: every layer and head equals the weights the model's attention keeps (float32 in the page)
+    kept = kept_weights(model, lambda: model(SRC[None], TGT_IN[None]))
+    shown = {a["name"]: page.decode_array(a) for a in data["attention"]}
+    assert sorted(shown) == ["cross-attention", "decoder masked self-attention", "encoder self-attention"]
+    assert shown["encoder self-attention"].shape == (2, 2, 5, 5) and shown["cross-attention"].shape == (3, 2, 4, 5)
+    for (name, l), weights in kept.items():
+        np.testing.assert_array_equal(shown[name][l], weights.astype(np.float32), err_msg=f"{name} layer {l}")
+    np.testing.assert_allclose(shown["encoder self-attention"][0], first_encoder_attention(model, SRC), rtol=1e-6,
+                               atol=1e-7)
+    assert np.all(np.triu(shown["decoder masked self-attention"], k=1) == 0)
+    # predictions and the loss
+    loss, probs, points, embedding = by_hand_translation(model, SRC, TGT_IN, TGT_OUT)
+    assert data["loss"] == pytest.approx(loss, rel=1e-12) and data["num_tokens"] == 4
+    np.testing.assert_allclose(data["probability"], probs[np.arange(4), TGT_OUT], rtol=1e-12)
+    for t, top in enumerate(data["top"]):
+        order = np.argsort(-probs[t], kind="stable")[:5]
+        assert [piece for piece, _ in top] == [f"t{i}" for i in order]
+        np.testing.assert_allclose([p for _, p in top], probs[t, order], rtol=1e-12)
+    # the backward: the residual stream, layer by layer, and each source embedding's gradient
+    assert [name for name, _ in data["points"]] == [name for name, _ in points]
+    np.testing.assert_allclose([v for _, v in data["points"]], [v for _, v in points], rtol=1e-10)
+    np.testing.assert_allclose(data["embedding_grad"]["norms"], embedding, rtol=1e-10)
+    numeric = numeric_source_gradient(model, SRC, TGT_IN, TGT_OUT, position=2)
+    assert data["embedding_grad"]["norms"][2] == pytest.approx(model.src_embed.scale * np.linalg.norm(numeric),
+                                                               rel=1e-6)
+
+
+def by_hand_gpt(model, ids):
+    """(loss, softmax of the logits (L, V), the residual stream's gradient norms, each token's embedding
+    gradient norm) from the GPT's backward driven layer by layer."""
+    loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+    model.zero_grad()
+    logits = model(ids[None])
+    loss = loss_fn(logits, np.concatenate([ids[1:], [-1]])[None])
+    norm = lambda a: float(np.linalg.norm(backend.to_numpy(a)))  # noqa: E731
+    dh = model.generator.backward(loss_fn.backward())
+    points = [("decoder out", norm(dh))]
+    dx = model.decoder.final_norm.backward(dh) if model.decoder.final_norm is not None else dh
+    for l in reversed(range(len(model.decoder.layers))):
+        dx, _ = model.decoder.layers[l].backward(dx)
+        points.append((f"decoder.layers.{l} in", norm(dx)))
+    dembedded = backend.to_numpy(model.positional.backward(model.dropout.backward(dx)))[0]
+    model.embed.backward(dembedded[None])
+    z = backend.to_numpy(logits)[0]
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    return loss, p / p.sum(axis=-1, keepdims=True), points, np.linalg.norm(dembedded, axis=-1) * model.embed.scale
+
+
+@pytest.mark.parametrize("preset", ["gpt2", "gpt1"], ids=["pre-LN", "post-LN"])
+def test_the_gpt_page_holds_the_models_own_numbers(preset, float64):
+    model = gpt(preset)
+    inspection = numbers.language_model(model, GPT_IDS)
+    _, data = page_of(model, inspection, GPT_IDS)
+    (attention,) = data["attention"]
+    assert attention["name"] == "causal self-attention" and attention["causal"]
+    kept = kept_weights(model, lambda: model(GPT_IDS[None]))
+    for l in range(2):
+        np.testing.assert_array_equal(page.decode_array(attention)[l], kept["causal self-attention", l].astype(np.float32))
+    loss, probs, points, embedding = by_hand_gpt(model, GPT_IDS)
+    assert data["loss"] == pytest.approx(loss, rel=1e-12) and data["num_tokens"] == len(GPT_IDS) - 1
+    L = len(GPT_IDS)
+    np.testing.assert_allclose(data["probability"][:-1], probs[np.arange(L - 1), GPT_IDS[1:]], rtol=1e-12)
+    assert data["probability"][-1] is None and data["predicted"][-1] is None  # the last position predicts nothing
+    assert [piece for piece, _ in data["top"][-1]] == [f"t{i}" for i in np.argsort(-probs[-1], kind="stable")[:5]]
+    np.testing.assert_allclose([v for _, v in data["points"]], [v for _, v in points], rtol=1e-10)
+    np.testing.assert_allclose(data["embedding_grad"]["norms"], embedding, rtol=1e-10)
+
+
+# --------------------------------------------------------------------------- the walk is trace --walk's
+def _steps(steps):
+    return [s[0] if len(s) == 1 else (s[0], float(np.linalg.norm(s[1]))) for s in steps]
+
+
+def _walk(inspection):
+    return [s if isinstance(s, str) else (s.label, s.norm) for s in inspection.walk]
+
+
+def test_the_walk_is_the_walk_of_trace_for_its_examples(float64):
+    """For the trace's one-layer examples the page's walk is `trace --walk`'s, step for step (labels and norms,
+    with its label smoothing), and `trace --model gpt --walk`'s."""
+    traced, model, _ = tracer.run()
+    inspection = numbers.translation(tracer.build_model(), np.array(tracer.SRC[0]), np.array(tracer.TGT_IN[0]),
+                                     np.array(tracer.TGT_OUT[0]), smoothing=tracer.SMOOTHING)
+    assert _walk(inspection) == _steps(walk.walk_steps(traced, model))
+    traced, model, _ = tracer.run_gpt()
+    inspection = numbers.language_model(tracer.build_model("gpt"), np.array(tracer.GPT_IDS[0]))
+    assert _walk(inspection) == _steps(walk.gpt_walk_steps(traced, model))
+
+
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-LN", "pre-LN"])
+def test_the_walk_visits_every_layer_top_down(pre_norm, float64):
+    model = transformer(pre_norm)
+    inspection = numbers.translation(model, SRC, TGT_IN, TGT_OUT)
+    sections = [s for s in inspection.walk if isinstance(s, str)]
+    layers = [int(m.group(1)) for s in sections for m in [re.match(r"decoder layer (\d): masked", s)] if m]
+    assert layers == [2, 1, 0]
+    layers = [int(m.group(1)) for s in sections for m in [re.match(r"encoder layer (\d): self", s)] if m]
+    assert layers == [1, 0]
+    labels = [s.label for s in inspection.walk if not isinstance(s, str)]
+    assert ("decoder.final_norm: dy of the last block = LN'(dh)" in labels) == pre_norm
+    assert ("decoder.layers.2.ff_block: dx_skip = dy (pre-LN: the skip passes dy on unchanged)" in labels) == pre_norm
+    # each layer's input gradient in the walk is the point of the residual-stream chart
+    points = dict(inspection.points)
+    for name in ("decoder.layers.0", "encoder.layers.1"):
+        block = "self_attn_block" if name.startswith("decoder") else "attn_block"
+        step = next(s for s in inspection.walk if not isinstance(s, str) and s.label.startswith(f"{name}.{block}: dx ="))
+        assert step.norm == points[f"{name} in"] and step.kind == "stream"
+    # the tied matrix's three uses add up to its gradient
+    weights = [s.norm for s in inspection.walk if not isinstance(s, str) and s.kind == "weight"]
+    assert len(weights) == 4 and weights[-1] == pytest.approx(
+        np.linalg.norm(backend.to_numpy(model.src_embed.weight.grad)), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- self-contained
+def test_the_page_loads_nothing_and_allows_only_its_own_script_and_style(float64):
+    model = transformer(False)
+    html, _ = page_of(model, numbers.translation(model, SRC, TGT_IN, TGT_OUT), TGT_IN, SRC)
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html).group(1)
+    rules = dict(rule.strip().split(" ", 1) for rule in csp.split(";"))
+    assert rules["default-src"] == "'none'" and rules["form-action"] == "'none'"
+    script = re.search(r"<script>(.*?)</script>", html, re.S).group(1)
+    style = re.search(r"<style>(.*?)</style>", html, re.S).group(1)
+    for rule, text in (("script-src", script), ("style-src", style)):
+        digest = base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
+        assert rules[rule] == f"'sha256-{digest}'", rule
+    assert html.count("<script") == 2  # the data (not run) and the one script
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "a reference to another site"
+
+
+def test_the_users_text_cannot_end_the_data_script():
+    example = {"text": "</script><script>alert(1)</script> __SCRIPT__ __DATA__ & <!--"}
+    html = page.render({"title": "t", "model": {}, "examples": [example], "curves": None})
+    assert html.count("</script>") == 2 and page.read_data(html)["examples"][0] == example
+
+
+# --------------------------------------------------------------------------- the command
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gpt")
+    assert train(make_text(folder) + TINY_GPT + ["--max-steps", "4", "--eval-every", "2", "--out", folder / "run"]) == 0
+    return folder / "run"
+
+
+def run_inspect(argv, capsys, stdin=None, monkeypatch=None, tmp_path=None):
+    if stdin is not None:
+        (tmp_path / "stdin").write_bytes(stdin)
+        monkeypatch.setattr(sys, "stdin", open(tmp_path / "stdin", "r"))
+    try:
+        code = inspect_main([str(a) for a in argv])
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.err.strip().splitlines(), captured.out
+
+
+def test_a_translation_run_gives_a_page_with_its_curves(world, tmp_path, capsys):
+    out = tmp_path / "page.html"
+    code, err, printed = run_inspect(["--checkpoint", world["ref"], "--text", "Der hund sieht ein haus.", "--beam", 1,
+                                  "--out", out], capsys)
+    assert code == 0 and err == [] and printed.strip() == str(out)
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    (example,) = data["examples"]
+    assert example["source"][-1] == "</s>" and example["input"][0] == "<s>" and example["predicted"][-1] == "</s>"
+    assert "own translation (greedy)" in example["target_from"]
+    assert data["model"]["layout"] == "post-LN" and data["curves"]["train"]["step"] == list(range(1, 7))
+    assert data["curves"] == read_curves(world["ref"], "translation")
+    # a reference is scored as given; a checkpoint folder has no curves (and says why)
+    checkpoint = world["ref"] / "checkpoints" / "step-00000004"
+    code, err, _ = run_inspect(["--checkpoint", checkpoint, "--text", "Der hund.", "--reference", "The dog.",
+                            "--out", out], capsys)
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    assert code == 0 and data["examples"][0]["target_from"] == "the reference given"
+    assert data["curves"] is not None  # its run folder, two levels up, has metrics.jsonl
+    alone = shutil.copytree(checkpoint, tmp_path / "alone")
+    code, err, _ = run_inspect(["--checkpoint", alone, "--text", "Der hund.", "--out", out], capsys)
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    assert code == 0 and data["curves"] is None and "without its run folder" in data["curves_note"]
+
+
+def test_sentences_from_stdin_and_a_gpt_run(gpt_run, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "page.html"
+    code, err, _ = run_inspect(["--checkpoint", gpt_run, "--out", out], capsys, b"the cat sees\na dog runs home.\n",
+                           monkeypatch, tmp_path)
+    assert code == 0, err
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    assert [e["text"] for e in data["examples"]] == ["the cat sees", "a dog runs home."]
+    assert data["model"]["kind"] == "gpt" and data["model"]["layout"] == "pre-LN"
+    assert data["examples"][0]["input"] == list("the cat sees")  # a character tokenizer's pieces
+    assert data["curves"]["score_name"].startswith("perplexity")
+
+
+def test_unknown_characters_are_said_on_stderr_and_in_the_page(world, tmp_path, capsys):
+    out = tmp_path / "page.html"
+    code, err, _ = run_inspect(["--checkpoint", world["ref"], "--text", "Der hund ☃ sieht €.", "--beam", 1,
+                            "--out", out], capsys)
+    assert code == 0 and len(err) == 1 and err[0].startswith("warning: --text has characters the tokenizer does not "
+                                                             "know: ☃ €"), err
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    assert data["warnings"] == [err[0].removeprefix("warning: ")] and data["examples"][0]["notes"] == data["warnings"]
+    assert "<unk>" in data["examples"][0]["source"]
+
+
+def _not_a_run(tmp_path):
+    (tmp_path / "empty").mkdir()
+    return tmp_path / "empty"
+
+
+def _damaged(world, tmp_path):
+    run = copy_run(world["ref"], tmp_path / "damaged")
+    for checkpoint in (run / "checkpoints").iterdir():
+        (checkpoint / "model.npz").write_bytes(b"not an archive")
+    return run
+
+
+def _file_as_folder(tmp_path):
+    (tmp_path / "file").write_text("x")
+    return tmp_path / "file" / "page.html"
+
+
+# name: (argv after --checkpoint RUN (from world, tmp_path), stdin or None, exit status, words of the one line)
+BAD_INPUTS = {
+    "missing checkpoint": (lambda w, t: ["--checkpoint", t / "nope", "--text", "Der hund."], None, 1, "does not exist"),
+    "not a run": (lambda w, t: ["--checkpoint", _not_a_run(t), "--text", "Der hund."], None, 1,
+                  "neither a checkpoint folder"),
+    "damaged checkpoints": (lambda w, t: ["--checkpoint", _damaged(w, t), "--text", "Der hund."], None, 1,
+                            "is usable"),
+    "empty --text": (lambda w, t: ["--checkpoint", w["ref"], "--text", " "], None, 2, "--text is empty"),
+    "empty line on stdin": (lambda w, t: ["--checkpoint", w["ref"]], b"Der hund.\n\nDie katze.\n", 1,
+                            "line 2 is empty"),
+    "nothing on stdin": (lambda w, t: ["--checkpoint", w["ref"]], b"", 1, "standard input is empty"),
+    "longer than the page": (lambda w, t: ["--checkpoint", w["ref"], "--text", "Der hund sieht ein haus.",
+                                           "--max-tokens", "5"], None, 1, "at most --max-tokens 5"),
+    "longer than the context": (lambda w, t: ["--checkpoint", w["ref"], "--text", "der hund " * 60], None, 1,
+                                "longer than the model's context of 100"),
+    "unwritable output": (lambda w, t: ["--checkpoint", w["ref"], "--text", "Der hund.", "--out", _file_as_folder(t)],
+                          None, 2, "is a file, not a folder"),
+    "output is a folder": (lambda w, t: ["--checkpoint", w["ref"], "--text", "Der hund.", "--out", t], None, 2,
+                           "is a folder"),
+    "reference without text": (lambda w, t: ["--checkpoint", w["ref"], "--reference", "The dog."], b"Der hund.\n", 2,
+                               "--reference goes with --text"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_line_and_writes_nothing(case, world, tmp_path, capsys, monkeypatch):
+    argv, stdin, status, words = BAD_INPUTS[case]
+    out = tmp_path / "out" / "page.html"
+    args = argv(world, tmp_path)
+    args = args if "--out" in args else args + ["--out", out]
+    code, err, printed = run_inspect(args, capsys, stdin, monkeypatch, tmp_path)
+    assert code == status and len(err) == 1 and err[0].startswith("minitf.inspect: error: ") and words in err[0], err
+    assert printed == "" and not out.exists()
+    assert not [p for p in tmp_path.rglob("*.tmp")], "a temporary file was left"
+
+
+def test_a_page_that_fails_mid_write_leaves_the_old_one(world, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "page.html"
+    out.write_text("the old page")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)  # the last step of the atomic write
+    code, err, _ = run_inspect(["--checkpoint", world["ref"], "--text", "Der hund.", "--out", out], capsys)
+    assert code == 1 and "cannot write the page to" in err[0] and "No space left" in err[0]
+    assert out.read_text() == "the old page" and sorted(p.name for p in tmp_path.iterdir()) == ["page.html"]
+
+
+# --------------------------------------------------------------------------- --serve
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=60) as answer:
+            return answer.status, answer.read().decode("utf-8")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode("utf-8")
+
+
+def test_the_server_binds_localhost_and_survives_bad_requests():
+    pages = []
+
+    def respond(query):
+        if query.get("text") == "boom":
+            raise RuntimeError("deep trouble")
+        pages.append(query)
+        return 200, "page " + json.dumps(query)
+
+    server = serve.make_server(respond, lambda message, query: "error " + message, max_chars=20)
+    assert server.server_address[0] == "127.0.0.1"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_port}/"
+    try:
+        assert get(base) == (200, "page {}")
+        assert get(base + "?text=Der%20Hund") == (200, 'page {"text": "Der Hund"}')
+        for query, words in [("?text=" + "a" * 21, "at most 20"), ("?text=%ff", "not valid UTF-8"),
+                             ("?other=1", "unknown field"), ("?text=a&text=b", "comes twice"),
+                             ("?a=1&b=2&c=3", "does not fit"), ("x?text=a", "no page")]:
+            status, body = get(base + query)
+            assert status == 400 and body.startswith("error ") and words in body, (query, body)
+        status, body = get(base + "?text=boom")
+        assert status == 500 and "RuntimeError: deep trouble" in body
+        request = urllib.request.Request(base, headers={"Host": "evil.example:80"})
+        try:
+            urllib.request.urlopen(request, timeout=60)
+            raise AssertionError("a foreign Host was answered")
+        except urllib.error.HTTPError as error:
+            assert error.code == 400 and "127.0.0.1 or localhost only" in error.read().decode()
+        assert get(base + "?text=again") == (200, 'page {"text": "again"}')  # still serving
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_serve_computes_each_sentence_and_answers_a_bad_one_in_the_page(world):
+    child = subprocess.Popen([sys.executable, "-m", "minitf.inspect", "--checkpoint", str(world["ref"]), "--serve",
+                              "--port", "0", "--max-chars", "40", "--beam", "1"], cwd=ROOT, env=CPU_ENV,
+                             stderr=subprocess.PIPE, text=False)
+    try:
+        line = read_line(child.stderr.fileno())
+        base = re.fullmatch(r"serving (http://127\.0\.0\.1:\d+/) \(Ctrl-C stops\)", line).group(1)
+        status, html = get(base)
+        assert status == 200 and page.read_data(html)["examples"] == [] and page.read_data(html)["serve"]
+        assert "form-action 'self'" in html
+        status, html = get(base + "?text=Der+hund+sieht.&reference=The+dog+sees.")
+        data = page.read_data(html)
+        assert status == 200 and data["examples"][0]["target_from"] == "the reference given"
+        for query, words in [("?text=+", "the sentence is empty"), ("?text=" + "a" * 41, "at most 40"),
+                             ("?text=%ff", "not valid UTF-8")]:
+            status, html = get(base + query)
+            assert status == 400 and words in page.read_data(html)["error"], (query, html[-300:])
+        status, html = get(base + "?text=Die+katze.")  # the server goes on
+        assert status == 200 and page.read_data(html)["examples"][0]["text"] == "Die katze."
+    finally:
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=60) == 0
+        child.stderr.close()
+
+
+# --------------------------------------------------------------------------- a Hugging Face Marian folder
+@pytest.mark.extra("safetensors", "hf")
+def test_a_marian_folder_gives_a_page_in_its_own_ids(tmp_path, capsys, float64):
+    """A Marian folder (made here: a random minitf model with Marian's options saved with save_pretrained, and
+    tokenizer files trained here): the decoder starts from <pad>, the source ends with </s> = 0, the pieces come
+    from vocab.json, and the page's numbers are the model's own."""
+    from tests.marian_files import write_tokenizer_files
+    folder = tmp_path / "opus-mt"
+    V = write_tokenizer_files(folder)
+    minitf.manual_seed(3)
+    model = minitf.Transformer(V, V, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=32,
+                               dropout=0.0, pad_id=V - 1, activation="silu", positions="halves", output_bias=True,
+                               mask_target_padding=False, freeze_pad_embedding=True, decoder_start_id=V - 1, eos_id=0)
+    model.save_pretrained(folder)
+    out = tmp_path / "page.html"
+    code, err, _ = run_inspect(["--checkpoint", folder, "--text", "Der Hund läuft", "--reference", "The dog runs",
+                                "--out", out], capsys)
+    assert code == 0, err
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    example = data["examples"][0]
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    assert example["input"][0] == "<pad>" and example["source"][-1] == "</s>" and example["predicted"][-1] == "</s>"
+    assert all(piece in vocab for piece in example["source"] + example["input"])
+    assert data["curves"] is None and "Hugging Face folder" in data["curves_note"]
+    loaded = minitf.Transformer.from_pretrained(folder)
+    from minitf.nmt.marian_tokenizer import MarianTokenizer
+    tokenizer = MarianTokenizer.from_folder(folder)
+    src = np.array(tokenizer.encode(["Der Hund läuft"])[0] + [0])
+    target = tokenizer.encode_target(["The dog runs"])[0]
+    tgt_in, tgt_out = np.array([V - 1] + target), np.array(target + [0])
+    kept = kept_weights(loaded, lambda: loaded(src[None], tgt_in[None]))
+    shown = {a["name"]: page.decode_array(a) for a in example["attention"]}
+    np.testing.assert_allclose(shown["cross-attention"][1], kept["cross-attention", 1], rtol=1e-6, atol=1e-7)
+    loss, probs, points, embedding = by_hand_translation(loaded, src, tgt_in, tgt_out)
+    assert example["loss"] == pytest.approx(loss, rel=1e-6)
+    np.testing.assert_allclose([v for _, v in example["points"]], [v for _, v in points], rtol=1e-6)
+    np.testing.assert_allclose(example["embedding_grad"]["norms"], embedding, rtol=1e-6)

@@ -1,0 +1,208 @@
+"""The inspection page as a person uses it, in a real browser: headless Chromium (Debian's ``chromium`` and
+``chromium-driver``) driven by selenium (the ``browser`` extra). Each page opens from disk with no console
+error and no network request; the layer and head selectors change the heat map; hovering a target token shows
+its alternatives; the served page recomputes a typed sentence; a screenshot of each view is saved under the
+test's temporary folder (``pytest --basetemp DIR`` keeps them where you can look). The numbers themselves are
+checked against the model's without a browser (tests/test_inspect.py)."""
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from minitf.inspect import main as inspect_main
+from minitf.inspection import page
+from tests.runs import CPU_ENV, QUIET, ROOT, TINY, make_corpus, read_line, train
+from tests.test_lm_train import TINY_GPT, make_text
+
+pytestmark = pytest.mark.extra("selenium", "browser")
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="needs headless Chromium and its driver: apt-get install -y chromium chromium-driver (CI's second step)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1280,900", "--force-device-scale-factor=1"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))  # no download: Debian's driver
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    """Pages of a post-LN and a pre-LN translation run (2 + 2 layers, a reference with a word the model
+    never saw) and of a GPT run."""
+    folder = tmp_path_factory.mktemp("pages")
+    corpus = make_corpus(folder)
+    made = {}
+    for name, extra in (("post", []), ("pre", ["--pre-norm"])):
+        run = folder / name
+        assert train(corpus + TINY + QUIET + ["--num-layers", "2", "--max-steps", "8", "--eval-every", "4",
+                                              "--out", run] + extra) == 0
+        made[name] = (run, folder / f"{name}.html")
+        assert inspect_main(["--checkpoint", str(run), "--text", "Der hund sieht ein rotes haus.", "--reference",
+                             "The dog sees a red house.", "--out", str(made[name][1])]) == 0
+    run = folder / "gpt"
+    assert train(make_text(folder) + TINY_GPT + ["--max-steps", "6", "--eval-every", "3", "--out", run]) == 0
+    made["gpt"] = (run, folder / "gpt.html")
+    assert inspect_main(["--checkpoint", str(run), "--text", "the cat sees a dog.", "--out", str(made["gpt"][1])]) == 0
+    return made
+
+
+def open_page(driver, path):
+    driver.get(path.as_uri())
+    driver.find_element("css selector", "body[data-ready='1']")  # the script ran to its end
+    return page.read_data(path.read_text(encoding="utf-8"))
+
+
+def console_errors(driver):
+    return [entry for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "WARNING")]
+
+
+def fetched(driver):
+    """Every resource the page asked for (images, scripts, styles, fetches) after its own document."""
+    return driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+
+
+def screenshot(driver, element_id, path):
+    element = driver.find_element("id", element_id)
+    height = driver.execute_script("return Math.ceil(document.documentElement.scrollHeight)")
+    driver.set_window_size(1280, max(900, min(height, 8000)))  # the whole view, not what a small window shows
+    driver.execute_script("arguments[0].scrollIntoView()", element)
+    element.screenshot(str(path))
+    driver.set_window_size(1280, 900)
+    assert path.stat().st_size > 5000, path
+
+
+def shown(piece):
+    """A token as the page writes it (page.js's show)."""
+    if piece == "":
+        return "∅"
+    piece = piece.replace("\n", "↵").replace("\t", "⇥")
+    return "␣" + piece[1:] if piece.startswith(" ") else piece
+
+
+def heatmap(driver):
+    svg = driver.find_element("id", "heatmap")
+    return {key: svg.get_attribute(f"data-{key}") for key in ("kind", "layer", "head", "values")}
+
+
+@needs_chromium
+@pytest.mark.parametrize("name", ["post", "pre", "gpt"])
+def test_the_page_opens_from_disk_with_no_error_and_no_request(name, browser, pages, tmp_path):
+    data = open_page(browser, pages[name][1])
+    assert console_errors(browser) == [] and fetched(browser) == []
+    assert browser.find_element("css selector", "#page h1").text == data["title"]
+    sections = ["tokens", "attention", "backward", "training"]
+    for section in sections:
+        screenshot(browser, section, tmp_path / f"{name}-{section}.png")
+    # the charts are drawn: one bar per step of the walk, one per source token, every curve
+    example = data["examples"][0]
+    steps = [s for s in example["walk"] if "label" in s]
+    assert len(browser.find_elements("css selector", "#walk-chart rect")) == len(steps)
+    assert len(browser.find_elements("css selector", "#embedding-chart rect")) == len(example["embedding_grad"]["norms"])
+    charts = browser.find_elements("css selector", "#training figure")
+    assert [c.get_attribute("data-chart") for c in charts] == ["loss", "score", "lr"]
+    assert console_errors(browser) == []
+
+
+@needs_chromium
+def test_the_selectors_change_the_heat_map(browser, pages, tmp_path):
+    from selenium.webdriver.support.ui import Select
+    data = open_page(browser, pages["post"][1])
+    first = heatmap(browser)
+    assert first["kind"] == "encoder self-attention" and (first["layer"], first["head"]) == ("0", "0")
+    weights = page.decode_array(data["examples"][0]["attention"][0])
+    assert first["values"] == " ".join(f"{v:.4f}" for v in weights[0, 0].ravel())  # the data, drawn
+    Select(browser.find_element("id", "attn-layer")).select_by_value("1")
+    second = heatmap(browser)
+    assert second["layer"] == "1" and second["values"] != first["values"]
+    assert second["values"] == " ".join(f"{v:.4f}" for v in weights[1, 0].ravel())
+    Select(browser.find_element("id", "attn-head")).select_by_value("1")
+    third = heatmap(browser)
+    assert (third["layer"], third["head"]) == ("1", "1") and third["values"] != second["values"]
+    Select(browser.find_element("id", "attn-kind")).select_by_visible_text("cross-attention")
+    cross = heatmap(browser)
+    assert cross["kind"] == "cross-attention" and (cross["layer"], cross["head"]) == ("1", "1")
+    screenshot(browser, "attention", tmp_path / "cross-attention.png")
+    Select(browser.find_element("id", "attn-head")).select_by_value("all")
+    heads = browser.find_elements("css selector", ".heads figure")
+    assert len(heads) == 2 and not browser.find_elements("id", "heatmap")
+    screenshot(browser, "attention", tmp_path / "all-heads.png")
+    heads[1].click()  # a head of the overview opens large
+    assert heatmap(browser)["head"] == "1"
+    assert console_errors(browser) == []
+
+
+@needs_chromium
+@pytest.mark.parametrize("name", ["post", "gpt"])
+def test_hovering_a_target_token_shows_its_alternatives(name, browser, pages, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    data = open_page(browser, pages[name][1])
+    example = data["examples"][0]
+    chips = browser.find_elements("css selector", "#targets .token.target")
+    position = 2
+    chip = next(c for c in chips if c.get_attribute("data-position") == str(position))
+    ActionChains(browser).move_to_element(chip).perform()
+    panel = browser.find_element("id", "alternatives")
+    assert f"Position {position}:" in panel.text
+    rows = [[cell.text for cell in row.find_elements("css selector", "td")]
+            for row in panel.find_elements("css selector", "tr")]
+    assert [piece for piece, _, _ in rows] == [shown(piece) for piece, _ in example["top"][position]], panel.text
+    for (_, _, probability), (_, expected) in zip(rows, example["top"][position]):
+        assert float(probability.split()[0]) == pytest.approx(expected, rel=5e-3)
+    assert rows[0][2] != ""
+    screenshot(browser, "tokens", tmp_path / f"{name}-alternatives.png")
+    # another token shows its own position; a click pins it
+    other = next(c for c in chips if c.get_attribute("data-position") == "0")
+    ActionChains(browser).move_to_element(other).click().perform()
+    assert "Position 0:" in browser.find_element("id", "alternatives").text
+    assert console_errors(browser) == []
+
+
+@needs_chromium
+def test_the_served_page_recomputes_a_typed_sentence(browser, pages, tmp_path):
+    run = pages["post"][0]
+    child = subprocess.Popen([sys.executable, "-m", "minitf.inspect", "--checkpoint", str(run), "--serve",
+                              "--port", "0", "--beam", "1"], cwd=ROOT, env=CPU_ENV, stderr=subprocess.PIPE)
+    try:
+        base = re.fullmatch(r"serving (http://127\.0\.0\.1:\d+/) \(Ctrl-C stops\)",
+                            read_line(child.stderr.fileno())).group(1)
+        browser.get(base)
+        browser.find_element("css selector", "body[data-ready='1']")
+        box = browser.find_element("id", "text")
+        box.send_keys("Die katze mag den vogel.")
+        box.submit()
+        browser.find_element("css selector", "#targets .token.target")  # the new page's predictions
+        data = json.loads(browser.execute_script(f"return document.getElementById('{page.DATA_ID}').textContent"))
+        assert data["examples"][0]["text"] == "Die katze mag den vogel."
+        screenshot(browser, "tokens", tmp_path / "served.png")
+        assert console_errors(browser) == [] and fetched(browser) == []
+        box = browser.find_element("id", "text")
+        box.clear()
+        box.send_keys("   ")
+        box.submit()
+        assert "is empty" in browser.find_element("id", "error").text  # the error, in the page
+        # the browser logs the answer's status 400 (a bad request), and nothing else
+        (entry,) = console_errors(browser)
+        assert entry["source"] == "network" and "status of 400" in entry["message"], entry
+        assert fetched(browser) == []
+        screenshot(browser, "error", tmp_path / "served-error.png")
+    finally:
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=60) == 0
+        child.stderr.close()
