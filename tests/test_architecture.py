@@ -21,7 +21,7 @@ SCRIPT_FOLDERS = ("benchmarks", "scripts")
 SHARED = {"benchmarks.common"}
 #: Entry points of the application, above the model packages: the commands with a short name (minitf.train is
 #: the train.py command, which picks a model's task by --model).
-APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate", "minitf.train"}
+APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate", "minitf.train", "minitf.export"}
 APPLICATION_ENTRY_POINTS |= {"minitf.inspect"}  # the inspection page (issue 37): above both models
 #: The application's packages: the shared training machinery, then one package per model.
 APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm")

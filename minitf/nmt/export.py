@@ -1,0 +1,90 @@
+"""Write a translation run as a Hugging Face Marian folder: ``python -m minitf.export RUN FOLDER``.
+
+RUN is a run folder of ``train.py`` (its ``best.json`` choice, else its newest good checkpoint) or one
+checkpoint folder. FOLDER (new, or empty) receives what ``transformers.MarianMTModel.from_pretrained`` and
+``MarianTokenizer.from_pretrained`` read: config.json, model.safetensors, generation_config.json and the
+tokenizer's files. The model is written exactly (:func:`minitf.marian.write`): the paper's interleaved
+sinusoids become Marian's [sin | cos] halves by a fixed permutation of the model axis, minitf's BOS
+becomes ``decoder_start_token_id``, its pad and eos ids the config's. minitf's joint sentencepiece
+tokenizer becomes ``source.spm`` = ``target.spm`` and a ``vocab.json`` mapping each piece to minitf's id,
+so MarianTokenizer gives minitf's ids (and appends the eos, as minitf's batches do).
+
+What transformers computes differently: the decoder's self-attention does not mask target padding (the
+logits of positions whose input is pad differ; no loss and no decoding reads them), and its beam search
+uses its own length penalty (generation_config.json: length_penalty 1.0), not the paper's (--alpha).
+"""
+import pathlib
+import sys
+
+from minitf import marian, pretrained
+from minitf.training.checkpoint import load_model
+from minitf.training.errors import OneLineParser, UsageError, report_errors
+from minitf.training.tokenizer import BOS_ID, EOS_ID, Tokenizer
+
+
+def build_parser():
+    p = OneLineParser(prog="python -m minitf.export", description=__doc__.split("\n\n")[0])
+    p.add_argument("run", type=pathlib.Path, metavar="RUN", help="run folder or checkpoint folder of train.py")
+    p.add_argument("folder", type=pathlib.Path, metavar="FOLDER", help="the Hugging Face folder to write (new or empty)")
+    return p
+
+
+def tokenizer_files(tokenizer, src_lang, tgt_lang):
+    """``{file name: bytes}`` of a Marian tokenizer equal to minitf's joint sentencepiece ``tokenizer``: both
+    .spm files are its model, vocab.json maps each of its pieces to its own id (pad "<pad>" 0, unk "<unk>" 1,
+    "<s>" 2, eos "</s>" 3: the names MarianTokenizer looks up)."""
+    import json
+    import sentencepiece
+    processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_bytes())
+    vocab = {processor.id_to_piece(i): i for i in range(processor.get_piece_size())}
+    specials = {"pad_token": tokenizer.pad_id, "unk_token": tokenizer.unk_id, "eos_token": tokenizer.eos_id}
+    config = {name: processor.id_to_piece(i) for name, i in specials.items()}
+    config.update(source_lang=src_lang, target_lang=tgt_lang, separate_vocabs=False, model_max_length=512,
+                  tokenizer_class="MarianTokenizer")
+
+    def as_json(values):
+        return (json.dumps(values, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+    return {"source.spm": tokenizer.model_bytes(), "target.spm": tokenizer.model_bytes(),
+            "vocab.json": as_json(vocab), "tokenizer_config.json": as_json(config)}
+
+
+def export(run, folder, warn=None):
+    """Write the model and tokenizer of ``run`` (a run or checkpoint folder) as a Marian ``folder`` (new or
+    empty); returns the checkpoint's meta. A one-line error (UsageError, CheckpointError, ValueError) before
+    anything is written for a folder in use, a run that is not a translation run, a model Marian cannot hold."""
+    run, folder = pathlib.Path(run), pathlib.Path(folder)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise UsageError(f"{folder} {'is a file' if not folder.is_dir() else 'is not empty'}; give a new or empty "
+                         "folder for the Hugging Face files (nothing was written)")
+    pretrained.safetensors_numpy()  # the missing extra: an ImportError before the run is read
+    model, tokenizer, meta = load_model(run, warn=warn)
+    config = meta.get("config", {})
+    generation = None
+    if isinstance(tokenizer, Tokenizer):  # minitf's own: one sentencepiece model for both sides
+        files = tokenizer_files(tokenizer, config.get("src_lang", "de"), config.get("tgt_lang", "en"))
+    elif hasattr(tokenizer, "save"):      # a Marian folder's (a run fine-tuned from one): its own files
+        files = None
+    else:
+        raise UsageError(f"{run}: its tokenizer ({type(tokenizer).__name__}) has no Marian files; "
+                         "only translation runs can be exported")
+    hf = marian.hf_config(model, getattr(model, "hf_config", None), BOS_ID, EOS_ID)
+    generation = marian.generation_config(hf, num_beams=int(config.get("beam", 4)))
+    marian.write(model, folder, decoder_start_id=BOS_ID, eos_id=EOS_ID, generation=generation,
+                 tokenizer_files=files or {})
+    if files is None:
+        tokenizer.save(folder)
+    return meta
+
+
+def run(argv=None):
+    args = build_parser().parse_args(argv)
+    meta = export(args.run, args.folder, warn=lambda message: print(message, file=sys.stderr))
+    print(f"wrote {args.folder}: a Hugging Face Marian folder of step {meta.get('step', '?')} "
+          f"(load it with transformers.MarianMTModel.from_pretrained, or translate with "
+          f"python -m minitf.translate --checkpoint {args.folder})", file=sys.stderr)
+    return 0
+
+
+def main(argv=None):
+    return report_errors("minitf.export", run, argv, memory_hint="export on a machine with more memory")
