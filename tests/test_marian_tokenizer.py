@@ -3,14 +3,16 @@ tokenizer files made in the test (tests/marian_files.py: tiny sentencepiece mode
 are not sentencepiece's, some pieces left out): equal ids (source and target side, the appended ``</s>``
 being the batching's), equal decoded text, for sentences with punctuation, digits, characters neither model
 knows, language codes and special tokens written in the text; separate vocabularies too. And the files'
-bad input, each a one-line DataError naming the file."""
+bad input, each a one-line DataError naming the file. And a folder's generation_config.json read as the
+decoding's settings, values minitf does not compute refused in one line."""
 import json
 import shutil
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minitf.nmt.marian_tokenizer import MarianTokenizer
+from minitf.nmt.decode import HuggingFaceRules
+from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config
 from minitf.training.errors import DataError
 from tests.marian_files import write_tokenizer_files
 
@@ -164,3 +166,71 @@ def test_bytes_of_another_tokenizer_are_refused():
         MarianTokenizer.from_bytes(json.dumps({"format": "minitf-char-1", "chars": "ab"}).encode())
     with pytest.raises(DataError, match="is not a Marian tokenizer written by minitf"):
         MarianTokenizer.from_bytes(b"\x0a\x05piece")  # a sentencepiece protobuf
+
+
+# --------------------------------------------------------------------------- generation_config.json
+HF_CONFIG = {"model_type": "marian", "vocab_size": 100, "pad_token_id": 99, "eos_token_id": 0,
+             "decoder_start_token_id": 99}
+OPUS_MT = {"bad_words_ids": [[99]], "bos_token_id": 0, "decoder_start_token_id": 99, "eos_token_id": 0,
+           "forced_eos_token_id": 0, "max_length": 512, "num_beams": 6, "pad_token_id": 99,
+           "renormalize_logits": True, "transformers_version": "4.32.0.dev0"}
+
+
+def _settings(tmp_path, generation=None, hf_config=HF_CONFIG):
+    if generation is not None:
+        (tmp_path / "generation_config.json").write_text(json.dumps(generation))
+    return read_generation_config(tmp_path, hf_config)
+
+
+def test_generation_settings_of_an_opus_mt_folder(tmp_path):
+    settings = _settings(tmp_path, OPUS_MT)
+    assert (settings.num_beams, settings.max_len, settings.min_len) == (6, 511, 0)  # max_length counts the start
+    assert settings.rules == HuggingFaceRules(length_penalty=1.0, early_stopping=False, renormalize=True,
+                                              forced_eos=True, banned_ids=(99,))
+    changed = _settings(tmp_path, OPUS_MT | {"length_penalty": 0.6, "early_stopping": "never", "min_length": 3,
+                                             "max_new_tokens": 40, "bad_words_ids": [[99], [0], [7]]})
+    assert (changed.max_len, changed.min_len) == (40, 2)
+    assert changed.rules.banned_ids == (99, 7)  # the eos is never banned, as in transformers
+    assert (changed.rules.length_penalty, changed.rules.early_stopping) == (0.6, "never")
+
+
+def test_without_generation_config_json_config_json_and_then_generate_defaults_apply(tmp_path):
+    """An old folder: config.json's own num_beams, max_length, bad_words_ids; none: generate()'s defaults."""
+    settings = _settings(tmp_path, hf_config=HF_CONFIG | {"num_beams": 4, "max_length": 512, "bad_words_ids": [[99]]})
+    assert (settings.num_beams, settings.max_len) == (4, 511) and settings.rules.banned_ids == (99,)
+    bare = _settings(tmp_path)
+    assert (bare.num_beams, bare.max_len) == (1, 19)
+    assert bare.rules == HuggingFaceRules()
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"do_sample": True}, r"do_sample is True; minitf\.translate decodes by greedy or beam search without it: set "
+                          r"it to false"),
+    ({"no_repeat_ngram_size": 3}, r"no_repeat_ngram_size is 3; .* set it to 0"),
+    ({"repetition_penalty": 1.2}, r"repetition_penalty is 1\.2"),
+    ({"bad_words_ids": [[5, 6]]}, r"bad_words_ids holds \[5, 6\]; minitf bans single tokens only"),
+    ({"bad_words_ids": [[100]]}, r"bad_words_ids holds \[100\]"),
+    ({"forced_eos_token_id": 5}, r"forced_eos_token_id is 5, not the eos_token_id 0"),
+    ({"eos_token_id": [0, 5]}, r"eos_token_id is \[0, 5\]; minitf decodes with one id there"),
+    ({"eos_token_id": 3}, r"eos_token_id is 3 but config\.json's is 0"),
+    ({"decoder_start_token_id": 0}, r"decoder_start_token_id is 0 but config\.json's is 99"),
+    ({"early_stopping": "sometimes"}, r"early_stopping is 'sometimes'; it must be true, false or \"never\""),
+    ({"num_beams": 0}, r"num_beams is 0; it must be at least 1"),
+    ({"max_length": 1}, r"max_length is 1; it must be at least 2"),
+    ({"num_beams": "4"}, r"num_beams is '4'; it must be an int"),
+    ({"renormalize_logits": "yes"}, r"renormalize_logits is 'yes'; it must be a bool"),
+    ({"length_penalty": None}, None),  # null: the default, as transformers reads it
+])
+def test_generation_config_values_minitf_does_not_compute_are_refused_in_one_line(tmp_path, change, expected):
+    if expected is None:
+        assert _settings(tmp_path, OPUS_MT | change).rules.length_penalty == 1.0
+        return
+    with pytest.raises(ValueError, match=expected) as error:
+        _settings(tmp_path, OPUS_MT | change)
+    assert str(error.value).startswith(str(tmp_path / "generation_config.json")) and "\n" not in str(error.value)
+
+
+def test_an_unreadable_generation_config_is_named(tmp_path):
+    (tmp_path / "generation_config.json").write_text("{")
+    with pytest.raises(ValueError, match=r"generation_config\.json is not readable JSON .*delete it"):
+        read_generation_config(tmp_path, HF_CONFIG)

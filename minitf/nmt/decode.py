@@ -7,10 +7,17 @@ int array (B, S), ``pad_id`` after the real tokens, or a list of id lists. A hyp
 final eos; its ``|Y|`` counts the eos. ``max_len`` caps its tokens counting eos (default: each sentence's
 non-pad source tokens + ``max_len_offset``, 50); one reaching it without eos is kept. pad is never generated
 (-inf after the log-softmax, so other scores are the model's log-probabilities). The model runs in eval mode
-under no_grad; every module's training flag is restored afterwards.
+under no_grad; every module's training flag is restored afterwards. The start token, eos and pad default to
+the model's (``model.config``: ``decoder_start_id``, ``eos_id``, ``pad_id``; a Marian model's start is its pad),
+else minitf's tokenizer's.
+
+``rules=HuggingFaceRules(...)`` decodes as transformers' ``generate`` does, for a model read from a Hugging Face
+(Marian) folder (:class:`HuggingFaceRules` lists the differences; each is one branch in this file, marked
+"Hugging Face"); without it, the paper's rules.
 Shapes: B batch, S source length, K beam size, V vocabulary, D d_model, L cached positions.
 """
 import contextlib
+import dataclasses
 import re
 
 from minitf import backend
@@ -25,6 +32,66 @@ def length_penalty(length, alpha):
     """GNMT length penalty (Wu et al. 2016), used by the paper: ``lp(Y) = ((5 + |Y|) / 6) ** alpha`` with
     ``|Y|`` counting the eos; a hypothesis scores ``log P(Y) / lp(Y)`` (alpha 0: plain log-probability)."""
     return ((5.0 + length) / 6.0) ** alpha
+
+
+@dataclasses.dataclass(frozen=True)
+class HuggingFaceRules:
+    """How transformers' ``generate`` (5.25: generation/utils.py ``_beam_search``, ``_update_finished_beams``,
+    ``_check_early_stop_heuristic``; generation/logits_process.py) decodes, where it differs from the paper's
+    rules of this file; the fields are a folder's generation_config.json's
+    (:func:`minitf.nmt.marian_tokenizer.read_generation_config`):
+
+    - a finished hypothesis scores ``log P(Y) / |Y| ** length_penalty`` (``|Y|`` counts the eos and not the
+      start token), not ``log P(Y) / ((5 + |Y|) / 6) ** alpha`` (GNMT's);
+    - a sentence stops once it has ``K`` finished hypotheses and ``early_stopping`` says no live beam can beat
+      the worst of them: False (the default), a heuristic: the best live beam's log-probability divided by its
+      current length ``** length_penalty``; "never": divided by the largest length when ``length_penalty > 0``;
+      True: at once. The paper's rule is exact: the ``n_best``-th finished against the best any continuation
+      may reach;
+    - ``banned_ids`` (``bad_words_ids`` of single tokens; Marian's ``[[pad]]``) are -inf, and with
+      ``forced_eos`` (``forced_eos_token_id``) a sentence's last step (``max_len``) can only give eos, with
+      log-probability 0, before ``renormalize`` (``renormalize_logits``) makes the log-probabilities sum to one
+      again (as masking them before the softmax would);
+    - running beams are ranked by their log-probability, as in the paper's rules (no difference there).
+    Greedy decoding (``beam_size`` 1) is the argmax under the same banned ids and forced eos.
+    """
+    length_penalty: float = 1.0
+    early_stopping: object = False  # False, True or "never"
+    renormalize: bool = False
+    forced_eos: bool = False
+    banned_ids: tuple = ()
+
+    def __post_init__(self):
+        if self.early_stopping not in (False, True, "never"):
+            raise ValueError(f"early_stopping must be False, True or 'never', got {self.early_stopping!r}")
+
+
+def _finished_penalty(length, alpha, rules):
+    """The divisor of a hypothesis of ``length`` tokens (counting eos) finished with log-probability s: it
+    scores s / this. The paper's GNMT ``lp``; Hugging Face: ``length ** length_penalty``."""
+    if rules is None:
+        return length_penalty(length, alpha)
+    return float(length) ** rules.length_penalty  # Hugging Face: _update_finished_beams
+
+
+def _stop_divisor(t, max_lens, alpha, rules):
+    """(n,) host: a sentence whose best live beam (log-probability s <= 0) is at step ``t`` stops when its
+    last kept finished hypothesis scores at least s / this. The paper's: exact, the largest lp any
+    continuation can reach (``t + 2`` tokens up to ``max_len``); Hugging Face's: its heuristic
+    (_check_early_stop_heuristic), the current length ``t + 1`` (or ``max_len`` for "never")."""
+    if rules is None:
+        return backend.host.maximum(length_penalty(max_lens.astype(float), alpha), length_penalty(t + 2.0, alpha))
+    if rules.early_stopping == "never" and rules.length_penalty > 0:
+        return max_lens.astype(float) ** rules.length_penalty
+    return backend.host.full(len(max_lens), float(t + 1) ** rules.length_penalty)
+
+
+def _special_ids(model, bos_id, eos_id, pad_id):
+    """The start, eos and pad ids: those given, else the model's (``model.config``), else minitf's tokenizer's."""
+    config = getattr(model, "config", {})
+    pick = (lambda given, key, default: given if given is not None else
+            config.get(key) if config.get(key) is not None else default)
+    return pick(bos_id, "decoder_start_id", BOS_ID), pick(eos_id, "eos_id", EOS_ID), pick(pad_id, "pad_id", PAD_ID)
 
 
 def reorder_cache(cache, index, names=None):
@@ -76,27 +143,52 @@ def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
     return src, max_lens
 
 
-def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id=None, min_len=0):
+def _log_softmax(logits):
+    shifted = logits - logits.max(axis=-1, keepdims=True)  # shifted by the max for stability
+    return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id=None, min_len=0, rules=None,
+                   forced=None):
     """Log-probabilities (N, V) of the next token: with ``cache`` only ``tokens`` (N, 1) at position ``t``
-    run, without it the whole ``prefix`` (N, t + 1)."""
+    run, without it the whole ``prefix`` (N, t + 1). Hugging Face ``rules``: their banned ids, eos forced in
+    the rows ``forced`` ((N,) device bool, or None: none), renormalized."""
     if cache is not None:
         logits = model.decode(tokens, memory, src_mask, cache=cache, start=t)[:, -1]
     else:
         logits = model.decode(prefix, memory, src_mask)[:, -1]
     check_logits(logits, t, "translation")  # NaN or infinity: one line, not a translation of id 0s
-    shifted = logits - logits.max(axis=-1, keepdims=True)  # log softmax, shifted by the max for stability
-    logp = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+    logp = _log_softmax(logits)
     logp[:, pad_id] = -xp.inf  # never generate padding (fresh array: safe to write)
     if t < min_len:
         logp[:, eos_id] = -xp.inf  # no eos before min_len tokens (a weak model likes the empty output)
+    if rules is not None:  # Hugging Face: its logits processors, in its order
+        if rules.banned_ids:
+            logp[:, list(rules.banned_ids)] = -xp.inf                # NoBadWordsLogitsProcessor
+        if forced is not None:                                       # ForcedEOSTokenLogitsProcessor
+            eos_only = xp.full(logp.shape[-1], -xp.inf, dtype=logp.dtype)
+            eos_only[eos_id] = 0
+            logp = xp.where(forced[:, None], eos_only, logp)         # (N, V)
+        if rules.renormalize:
+            logp = _log_softmax(logp)                                # LogitNormalization
     return logp
 
 
-def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID,
-                  use_cache=True, min_len=0):
+def _forced(rules, last, repeat=1):
+    """The rows whose eos is forced (Hugging Face's forced_eos at each sentence's last step): ``last`` (n,)
+    host bool, each sentence's rows ``repeat`` times, as a device bool array; None when none is."""
+    if rules is None or not rules.forced_eos or not last.any():
+        return None
+    return backend.asarray(backend.host.repeat(last, repeat))
+
+
+def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=None, eos_id=None, pad_id=None,
+                  use_cache=True, min_len=0, rules=None):
     """The B outputs (id lists without bos and eos), taking the most probable token each step. ``max_len``: an
     int or (B,) array; ``use_cache=False`` re-runs the decoder on the whole prefix (reference and benchmark);
-    ``min_len``: fewest tokens before eos (translating uses 1: no empty translations)."""
+    ``min_len``: fewest tokens before eos (translating uses 1: no empty translations); ``rules``:
+    :class:`HuggingFaceRules` (``generate(num_beams=1)``), or None."""
+    bos_id, eos_id, pad_id = _special_ids(model, bos_id, eos_id, pad_id)
     with inference_mode(model):
         src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
         B, steps = src.shape[0], int(max_lens.max())
@@ -108,7 +200,9 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=BOS_ID
         tokens = xp.full((B, 1), bos_id, dtype=src.dtype)        # (n, 1) input at position t
         prefix = tokens                                          # (n, t + 1) for use_cache=False
         for t in range(steps):
-            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id, min_len)
+            forced = _forced(rules, t + 1 >= max_lens[active])   # Hugging Face: eos at the last step
+            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id, min_len,
+                                  rules, forced)
             next_tokens = logp.argmax(axis=-1)                   # (n,)
             chosen = backend.to_numpy(next_tokens)               # host copy: who is done
             out[active, t] = chosen
@@ -131,17 +225,21 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=BOS_ID
 
 
 def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_len_offset=50, max_len=None,
-                      bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, use_cache=True, min_len=0):
+                      bos_id=None, eos_id=None, pad_id=None, use_cache=True, min_len=0, rules=None):
     """Beam search with the GNMT length penalty: per sentence its ``n_best`` (1 to K; None: K) best ``(tokens,
     score)``, best first, ``score = log P(Y | X) / lp(|Y|)``; fewer only when fewer exist within ``max_len``.
     Each step extends the K live beams by every token and takes the top 2K: those in the top K ending in eos
     finish (all of the top K at the last step), the best K others live on; at step 0 only beam 0 is live. A
     sentence stops when its ``n_best``-th finished beats every continuation: a live beam of log-probability
-    ``s <= 0`` can score at most ``s / max(lp(t + 2), lp(max_len))``, so the stop never loses a better one."""
+    ``s <= 0`` can score at most ``s / max(lp(t + 2), lp(max_len))``, so the stop never loses a better one.
+    With Hugging Face ``rules`` (:class:`HuggingFaceRules`), its score and stop instead (``alpha`` unused), and
+    ``K`` finished hypotheses are kept whatever ``n_best``, as its stop counts them."""
     K = int(beam_size)
     nb = K if n_best is None else int(n_best)
     if K < 1 or not 1 <= nb <= K:
         raise ValueError(f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {beam_size} and {n_best}")
+    nf = nb if rules is None else K                              # finished hypotheses kept per sentence
+    bos_id, eos_id, pad_id = _special_ids(model, bos_id, eos_id, pad_id)
     with inference_mode(model):
         src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
         B, steps = src.shape[0], int(max_lens.max())
@@ -157,15 +255,17 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
         live[:, 0] = 0                                           # only beam 0 at step 0: no K copies
         tokens = seqs[:, :, :1].reshape(B * K, 1)
         # finished hypotheses of all B sentences, best first (device)
-        fin_score = xp.full((B, nb), -xp.inf, dtype=dtype)
-        fin_len = xp.zeros((B, nb), dtype=xp.int64)
-        fin_seqs = xp.full((B, nb, width), pad_id, dtype=src.dtype)
+        fin_score = xp.full((B, nf), -xp.inf, dtype=dtype)
+        fin_len = xp.zeros((B, nf), dtype=xp.int64)
+        fin_seqs = xp.full((B, nf, width), pad_id, dtype=src.dtype)
         active = backend.host.arange(B)
         rank = xp.arange(2 * K)[None, :]                         # (1, 2K)
         for t in range(steps):
             n = len(active)
             prefix = None if cache is not None else seqs[:, :, :t + 1].reshape(n * K, t + 1)
-            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id, min_len)
+            last_host = t + 1 >= max_lens[active]                # (n,) this is the sentence's final step
+            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id, min_len,
+                                  rules, _forced(rules, last_host, K))
             V = logp.shape[-1]
             cand = (live[:, :, None] + logp.reshape(n, K, V)).reshape(n, K * V)
             # top 2K of K*V per sentence: at most K end in eos, so >= K remain to go on
@@ -179,14 +279,14 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
             cand_seqs = seqs[sent, beam]                         # (n, 2K, width)
             cand_seqs[:, :, t + 1] = token
             is_eos = token == eos_id
-            last = backend.asarray(t + 1 >= max_lens[active])    # (n,) this is the final step
+            last = backend.asarray(last_host)                    # (n,)
             # finish: eos among the top K, or anything of the top K at the final step
             finish = (rank < K) & (is_eos | last[:, None]) & (top_score > -xp.inf)
-            score = xp.where(finish, top_score / length_penalty(t + 1, alpha), -xp.inf)
-            # merge into the n-best so far: keep the nb best normalised scores
+            score = xp.where(finish, top_score / _finished_penalty(t + 1, alpha, rules), -xp.inf)
+            # merge into the n-best so far: keep the nf best normalised scores
             act = backend.asarray(active)
             all_score = xp.concatenate([fin_score[act], score], axis=1)
-            keep = xp.argsort(-all_score, axis=1)[:, :nb]
+            keep = xp.argsort(-all_score, axis=1)[:, :nf]
             all_len = xp.concatenate([fin_len[act], xp.full((n, 2 * K), t + 1, dtype=fin_len.dtype)], axis=1)
             all_seqs = xp.concatenate([fin_seqs[act], cand_seqs], axis=1)
             fin_score[act] = xp.take_along_axis(all_score, keep, axis=1)
@@ -197,11 +297,15 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
             live = xp.take_along_axis(top_score, pick, axis=1)
             parent = xp.take_along_axis(beam, pick, axis=1)
             seqs = cand_seqs[sent, pick]
-            # exact stop: the nb-th finished beats every possible continuation
-            bound_lp = backend.host.maximum(length_penalty(max_lens[active].astype(float), alpha),
-                                            length_penalty(t + 2.0, alpha))
-            bound = live.max(axis=1) / backend.asarray(bound_lp, dtype=dtype)
-            done = backend.to_numpy(last | (fin_score[act][:, nb - 1] >= bound))  # host copy per step
+            # stop: the nf-th finished beats every possible continuation (the paper: exactly; Hugging Face: by
+            # its heuristic, or at once with early_stopping True)
+            kept = fin_score[act][:, nf - 1]                     # (n,) the last kept finished score
+            if rules is not None and rules.early_stopping is True:
+                stop = kept > -xp.inf
+            else:
+                divisor = _stop_divisor(t, max_lens[active], alpha, rules)
+                stop = kept >= live.max(axis=1) / backend.asarray(divisor, dtype=dtype)
+            done = backend.to_numpy(last | stop)                 # host copy per step
             if done.all():
                 break
             go_on = ~done
@@ -224,7 +328,7 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
     results = []
     for b in range(B):  # host-side: turn the arrays into Python lists
         entries = []
-        for j in range(nb):
+        for j in range(nb):                                     # the n_best of the nf kept
             if scores[b, j] == -backend.host.inf:
                 break
             toks = hyps[b, j, 1:1 + lens[b, j]].tolist()
@@ -235,33 +339,41 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
     return results
 
 
-def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_len=None, bos_id=BOS_ID, eos_id=EOS_ID,
-                pad_id=PAD_ID, use_cache=True, return_scores=False, min_len=0):
+def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_len=None, bos_id=None, eos_id=None,
+                pad_id=None, use_cache=True, return_scores=False, min_len=0, rules=None):
     """The best hypothesis of :func:`beam_search_nbest` per sentence (B lists of ids); with
     ``return_scores``, also their B scores."""
     nbest = beam_search_nbest(model, src_ids, beam_size=beam_size, n_best=1, alpha=alpha,
                               max_len_offset=max_len_offset, max_len=max_len, bos_id=bos_id, eos_id=eos_id,
-                              pad_id=pad_id, use_cache=use_cache, min_len=min_len)
+                              pad_id=pad_id, use_cache=use_cache, min_len=min_len, rules=rules)
     hyps = [entries[0][0] if entries else [] for entries in nbest]
     if return_scores:
         return hyps, [entries[0][1] if entries else float("-inf") for entries in nbest]
     return hyps
 
 
-def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=64):
-    """Translate a list of sentences; batches of similar length, output in input order."""
+def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=64, max_len=None, min_len=1,
+                    rules=None):
+    """Translate a list of sentences; batches of similar length, output in input order. The source ends in
+    the tokenizer's eos; the decoder starts from the model's start token, else the tokenizer's bos.
+    ``min_len`` 1 (minitf's runs): a weak model may rank the empty output first, never a translation of a
+    sentence; a Marian folder passes its generation_config.json's (``max_len``, ``min_len``, ``rules``)."""
     ids = tokenizer.encode(list(texts))
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # little padding per batch
     outputs = [None] * len(ids)
+    config = model.config
+    own = lambda key, fallback: config.get(key) if config.get(key) is not None else fallback  # noqa: E731
+    special = dict(bos_id=own("decoder_start_id", tokenizer.bos_id), eos_id=own("eos_id", tokenizer.eos_id),
+                   pad_id=tokenizer.pad_id)
     with inference_mode(model):
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
-            src = pad_batch([ids[i] for i in chunk], PAD_ID, eos_id=EOS_ID)
-            # min_len=1: a weak model may rank the empty output first, never a translation of a sentence
+            src = pad_batch([ids[i] for i in chunk], tokenizer.pad_id, eos_id=tokenizer.eos_id)
             if beam_size == 1:
-                tokens = greedy_decode(model, src, min_len=1)
+                tokens = greedy_decode(model, src, max_len=max_len, min_len=min_len, rules=rules, **special)
             else:
-                tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha, min_len=1)
+                tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha, max_len=max_len, min_len=min_len,
+                                     rules=rules, **special)
             for i, t in zip(chunk, tokens):
                 outputs[i] = t
     return tokenizer.decode(outputs)

@@ -1,5 +1,5 @@
 """The tokenizer of a Hugging Face Marian folder (the opus-mt models), read with the ``sentencepiece``
-package, and the folder's generation settings (``generation_config.json``).
+package, and the folder's generation settings (``generation_config.json``: :func:`read_generation_config`).
 
 A Marian folder segments with two sentencepiece models, ``source.spm`` (the source text) and ``target.spm``
 (target text), and maps the pieces to the model's ids with ``vocab.json``, one joint vocabulary (or
@@ -25,11 +25,14 @@ the trainer use it unchanged; ``bos_id`` is the decoder's start token, Marian's 
 segments target text (fine-tuning's references). Bad files are one-line DataErrors naming the file.
 """
 import base64
+import dataclasses
 import hashlib
 import json
 import pathlib
 import re
 
+from minitf import pretrained
+from minitf.nmt.decode import HuggingFaceRules
 from minitf.training.errors import DataError
 from minitf.training.files import write_atomic
 
@@ -88,8 +91,8 @@ class MarianTokenizer:
             try:
                 processors.append(spm.SentencePieceProcessor(model_proto=data))
             except (RuntimeError, OSError, TypeError) as error:
-                raise DataError(f"{origin}: {name} is not a sentencepiece model "
-                                f"({str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__}); "
+                reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+                raise DataError(f"{origin}: {name} is not a sentencepiece model ({reason}); "
                                 "copy it again from the model's Hugging Face folder") from None
         self._source, self._target = processors
         self.vocab = _check_vocab(vocab, "vocab.json")
@@ -106,13 +109,13 @@ class MarianTokenizer:
             if not self.separate_vocabs:
                 break
         # special ids: the source vocabulary's (the target's agree in every opus-mt model; checked above to exist)
-        self.eos_id, self.unk_id, self.pad_id = (self.vocab[t] for t in (self.eos_token, self.unk_token, self.pad_token))
-        self.target_eos_id, self.target_unk_id, self.target_pad_id = (
-            self.target_vocab[t] for t in (self.eos_token, self.unk_token, self.pad_token))
+        specials = (self.eos_token, self.unk_token, self.pad_token)
+        self.eos_id, self.unk_id, self.pad_id = (self.vocab[t] for t in specials)
+        self.target_eos_id, self.target_unk_id, self.target_pad_id = (self.target_vocab[t] for t in specials)
         self.bos_id = self.target_pad_id  # Marian's decoder starts from <pad> (decoder_start_token_id)
         self._pieces = {i: piece for piece, i in self.target_vocab.items()}  # id -> piece (a duplicate id: the last)
-        specials = sorted({self.eos_token, self.unk_token, self.pad_token}, key=len, reverse=True)
-        self._split = re.compile("(" + "|".join(map(re.escape, specials)) + ")")
+        longest_first = sorted(set(specials), key=len, reverse=True)  # as transformers' trie: the longest match
+        self._split = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")")
         self._skip = {self.target_eos_id, self.target_unk_id, self.target_pad_id}
         self.clean_up_spaces = bool(config.get("clean_up_tokenization_spaces", False))
         self._bytes = json.dumps({
@@ -155,7 +158,8 @@ class MarianTokenizer:
         try:
             source, target = ((folder / name).read_bytes() for name in ("source.spm", "target.spm"))
         except OSError as error:
-            raise DataError(f"cannot read {error.filename} ({error.strerror or error}); check its permissions") from None
+            raise DataError(f"cannot read {error.filename} ({error.strerror or error}); check its "
+                            "permissions") from None
         vocab = read_json("vocab.json")
         return cls(source, target, vocab, target_vocab, config, origin=str(folder))
 
@@ -183,10 +187,11 @@ class MarianTokenizer:
         folder = pathlib.Path(folder)
         write_atomic(folder / "source.spm", self._source_bytes)
         write_atomic(folder / "target.spm", self._target_bytes)
-        write_atomic(folder / "vocab.json", json.dumps(self.vocab, ensure_ascii=False, indent=2) + "\n")
+        files = {"vocab.json": self.vocab, "tokenizer_config.json": self.config}
         if self.separate_vocabs:
-            write_atomic(folder / "target_vocab.json", json.dumps(self.target_vocab, ensure_ascii=False, indent=2) + "\n")
-        write_atomic(folder / "tokenizer_config.json", json.dumps(self.config, ensure_ascii=False, indent=2) + "\n")
+            files["target_vocab.json"] = self.target_vocab
+        for name, values in files.items():
+            write_atomic(folder / name, json.dumps(values, ensure_ascii=False, indent=2) + "\n")
 
     # -- ids --------------------------------------------------------------------------------------------
     @property
@@ -266,6 +271,98 @@ def _clean_up(text):
     return text
 
 
-def is_marian_tokenizer(data):
-    """Whether tokenizer.model bytes hold a :class:`MarianTokenizer` (JSON of its format)."""
-    return bytes(data[:64]).lstrip().startswith(b"{") and f'"format": "{MARIAN_FORMAT}"'.encode() in bytes(data)
+# --------------------------------------------------------------------------- #
+# generation_config.json: how transformers' generate() decodes the folder's model
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass(frozen=True)
+class GenerationSettings:
+    """A folder's decoding settings in minitf's terms: ``num_beams`` (1: greedy); ``max_len`` (the most
+    tokens of an output counting eos: generate's ``max_length`` less the start token, or ``max_new_tokens``);
+    ``min_len`` (fewest tokens before eos); ``rules`` (:class:`minitf.nmt.decode.HuggingFaceRules`)."""
+    num_beams: int
+    max_len: int
+    min_len: int
+    rules: HuggingFaceRules
+
+
+#: Entries of generation_config.json that change what generate() outputs and minitf does not compute, with
+#: the value that changes nothing (transformers' default): any other value is refused, never ignored.
+UNSUPPORTED = {"do_sample": False, "num_beam_groups": 1, "diversity_penalty": 0.0, "repetition_penalty": 1.0,
+               "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+               "forced_bos_token_id": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+               "sequence_bias": None, "exponential_decay_length_penalty": None, "guidance_scale": None,
+               "force_words_ids": None, "constraints": None, "remove_invalid_values": False, "penalty_alpha": None,
+               "prompt_lookup_num_tokens": None, "low_memory": None}
+#: transformers' defaults (generation/configuration_utils.py) where neither file has the entry
+DEFAULT_MAX_LENGTH = 20
+
+
+def _one_id(value, key, where):
+    """An id given as an int or a list of one int (eos_token_id may be either); a ValueError otherwise."""
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if not (isinstance(value, int) and not isinstance(value, bool)):
+        raise ValueError(f"{where}: {key} is {value!r}; minitf decodes with one id there (an integer)")
+    return value
+
+
+def read_generation_config(folder, hf_config):
+    """The :class:`GenerationSettings` of a Marian folder: its generation_config.json, else the same entries of
+    config.json (``hf_config``), as transformers falls back; absent entries take generate()'s defaults
+    (num_beams 1, max_length 20, length_penalty 1.0, early_stopping False, renormalize_logits False, no forced
+    eos, no banned ids). A one-line ValueError names an entry of the wrong type or range, one that disagrees
+    with config.json's ids, or one minitf does not compute (:data:`UNSUPPORTED`, multi-token bad_words_ids)."""
+    folder = pathlib.Path(folder)
+    path = folder / "generation_config.json"
+    if path.is_file():
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path} is not readable JSON ({error}); write it again or delete it (config.json's "
+                             "entries are used then)") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"{path} is not a JSON object; write it again or delete it")
+        where = str(path)
+    else:
+        values, where = hf_config, str(folder / "config.json")
+    values = {key: v for key, v in values.items() if v is not None}  # null: unset, as transformers reads it
+
+    def value(key, kind, default, **checks):
+        return pretrained.config_value(values, key, kind, default, where=where, **checks)
+
+    for key, unchanged in UNSUPPORTED.items():
+        if values.get(key) not in (None, [], {}, unchanged):
+            raise ValueError(f"{where}: {key} is {values[key]!r}; minitf.translate decodes by greedy or beam search "
+                             f"without it: set it to {json.dumps(unchanged)} (transformers' default) or remove it")
+    vocab = hf_config.get("decoder_vocab_size") or hf_config.get("vocab_size")
+    eos = _one_id(values.get("eos_token_id", hf_config.get("eos_token_id")), "eos_token_id", where)
+    for key in ("eos_token_id", "decoder_start_token_id", "pad_token_id"):
+        if key in values and values[key] is not None and key in hf_config and \
+                _one_id(values[key], key, where) != hf_config[key]:
+            raise ValueError(f"{where}: {key} is {values[key]!r} but config.json's is {hf_config[key]!r}; "
+                             "make them agree (config.json's is the model's)")
+    forced = values.get("forced_eos_token_id")
+    if forced is not None and _one_id(forced, "forced_eos_token_id", where) != eos:
+        raise ValueError(f"{where}: forced_eos_token_id is {forced!r}, not the eos_token_id {eos}; minitf forces "
+                         "the eos only: set it to the eos_token_id or remove it")
+    banned = []
+    for words in values.get("bad_words_ids") or []:
+        if not (isinstance(words, list) and len(words) == 1 and isinstance(words[0], int)
+                and not isinstance(words[0], bool) and 0 <= words[0] < (vocab or words[0] + 1)):
+            raise ValueError(f"{where}: bad_words_ids holds {words!r}; minitf bans single tokens only "
+                             f"(lists of one id below the vocabulary size {vocab}), such as [[pad_token_id]]")
+        if words[0] != eos:  # transformers never bans the eos through bad_words_ids
+            banned.append(words[0])
+    early = values.get("early_stopping", False)
+    if early not in (False, True, "never"):
+        raise ValueError(f"{where}: early_stopping is {early!r}; it must be true, false or \"never\"")
+    max_new = value("max_new_tokens", "int", None, low=1)
+    max_length = value("max_length", "int", DEFAULT_MAX_LENGTH, low=2)
+    min_length = value("min_length", "int", 0, low=0)
+    min_new = value("min_new_tokens", "int", None, low=0)
+    rules = HuggingFaceRules(length_penalty=float(value("length_penalty", "float", 1.0)), early_stopping=early,
+                             renormalize=value("renormalize_logits", "bool", False), forced_eos=forced is not None,
+                             banned_ids=tuple(banned))
+    return GenerationSettings(num_beams=value("num_beams", "int", 1, low=1),
+                              max_len=max_new if max_new is not None else max_length - 1,  # the start token
+                              min_len=max(min_length - 1, min_new or 0), rules=rules)
