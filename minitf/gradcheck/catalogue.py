@@ -208,5 +208,28 @@ def _gpt(rng):  # GPT-2's shape, with the next-token loss: position t predicts t
         (lambda g: m.backward(loss.backward(float(g)))), {}, m
 
 
+@layer("silu")
+def _silu(rng):  # Marian's activation (Hugging Face's "swish")
+    return elementwise(minitf.layers.SiLU(), rng, scale=2.0)
+
+
+@layer("marian")
+def _marian(rng):
+    """The Transformer with Marian's options (opus-mt's shape, Transformer.from_pretrained): SiLU, [sin | cos]
+    halves, an output bias, no target-padding mask, pad = the last id and the decoder's start token. Not its
+    frozen pad row (freeze_pad_embedding): that is on purpose not the function's gradient (tests/test_layers.py)."""
+    pad = V - 1
+    m = randomize(minitf.Transformer(V, V, d_model=D, num_heads=H, num_encoder_layers=2, num_decoder_layers=2,
+                                     d_ff=F, dropout=0.0, pad_id=pad, activation="silu", positions="halves",
+                                     output_bias=True, mask_target_padding=False, decoder_start_id=pad, eos_id=0),
+                  rng)
+    loss = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=pad)
+    src, labels = rng.integers(0, pad, (B, S)), rng.integers(0, pad, (B, T))
+    src[1, -1], labels[1, -1] = pad, pad                       # padding in both
+    tgt_in = backend.host.concatenate([backend.host.full((B, 1), pad), labels[:, :-1]], axis=1)  # starts from pad
+    return (lambda: backend.asarray(loss(m(src, tgt_in), labels))), \
+        (lambda g: m.backward(loss.backward(float(g)))), {}, m
+
+
 #: the layers of the command, in the order of ``--help`` (a new layer's function goes above this line)
 LAYERS = list(BUILDERS)
