@@ -2,7 +2,9 @@
 here on a few hundred words (unigram, as opus-mt's), and a vocab.json as opus-mt's are laid out (``</s>`` 0,
 ``<unk>`` 1, language codes, the pieces of both models in a shuffled order, ``<pad>`` last), so that a
 vocabulary id is never the sentencepiece id of its piece; a few pieces are left out of it (they become
-``<unk>``). Used by tests/test_marian_tokenizer.py, tests/test_marian_generate.py and tests/test_translate.py."""
+``<unk>``). And a whole Marian folder (:func:`make_marian_folder`: a random ``transformers.MarianMTModel`` saved beside them
+with an opus-mt generation_config.json). Used by tests/test_marian_tokenizer.py, tests/test_marian_generate.py
+and tests/test_translate.py."""
 import io
 import json
 import pathlib
@@ -68,3 +70,50 @@ def write_tokenizer_files(folder, seed=0, spm_size=60, separate=False, codes=COD
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     return len(vocab)
+
+
+MAX_LENGTH = 16  # generate's max_length: the start token and at most 15 more, the last a forced eos
+
+
+def generation_config(pad, **changes):
+    """An opus-mt generation_config.json (the converter's template) with ``changes``."""
+    return {"bad_words_ids": [[pad]], "bos_token_id": 0, "decoder_start_token_id": pad, "eos_token_id": 0,
+            "forced_eos_token_id": 0, "max_length": MAX_LENGTH, "num_beams": 4, "pad_token_id": pad,
+            "renormalize_logits": True} | changes
+
+
+def make_marian_folder(folder, seed=0, eos_bias=1.0, pad_bias=2.0, scale=0.3, d_model=16, layers=2, **generation):
+    """A random MarianMTModel (2+2 layers, d_model 16, swish, scaled embeddings, a zero pad row, non-zero
+    final_logits_bias) saved into ``folder`` with tokenizer files and generation_config.json; returns the folder.
+    The defaults (seed 0, found by trying a few): the eos's bias raised by ``eos_bias`` so that hypotheses
+    finish at many lengths (the stopping rules matter), the pad's by ``pad_bias`` so that banning it without
+    renormalizing would change the scores."""
+    import torch
+    import transformers
+
+    V = write_tokenizer_files(folder, seed=seed)
+    torch.manual_seed(seed)
+    config = transformers.MarianConfig(
+        vocab_size=V, d_model=d_model, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
+        max_position_embeddings=64, activation_function="swish", scale_embedding=True, pad_token_id=V - 1,
+        decoder_start_token_id=V - 1, eos_token_id=0, forced_eos_token_id=0, bos_token_id=0, dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0)
+    model = transformers.MarianMTModel(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" not in name:  # weights ~ N(0, scale^2), biases ~ N(0, 0.01): no one token wins always
+                p.normal_(0.0, scale if "bias" not in name else 0.1)
+        model.model.shared.weight[V - 1] = 0  # as in converted opus-mt models
+        model.final_logits_bias.normal_(0.0, 0.5)
+        model.final_logits_bias[0, 0] += eos_bias
+        model.final_logits_bias[0, V - 1] += pad_bias  # a likely pad: banning it changes the other log-probs
+    model.save_pretrained(folder)
+    (folder / "generation_config.json").write_text(json.dumps(generation_config(V - 1, **generation)))
+    return folder
+
+
+def sentences(n=15, seed=1):
+    """``n`` source sentences of 2 to 10 words."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(SOURCE_WORDS) for _ in range(rng.randint(2, 10))) for _ in range(n)]
