@@ -12,7 +12,7 @@ rounded to float32 even in a float64 model (``torch.FloatTensor`` in ``create_we
 in the model's dtype; both models are given the exact float64 table, and the float32 tables are compared
 on their own (equal to the bit). Skipped where torch and transformers (the ``bench`` extra) are missing."""
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 REASON = 'needs the bench extra (torch, transformers, safetensors): pip install -e ".[bench]"'
 torch = pytest.importorskip("torch", reason=REASON)
@@ -97,11 +97,22 @@ def configs(draw):
     if not share:  # separate vocabularies; the decoder's pad (its start) is the last id of the smaller one
         config["decoder_vocab_size"] = draw(st.integers(60, 120))
         config["pad_token_id"] = config["decoder_start_token_id"] = min(V, config["decoder_vocab_size"]) - 1
+        config["tie_word_embeddings"] = draw(st.booleans())  # the output tied to the decoder's embedding, or not
     return config
+
+
+#: every kind of model at least once, whatever hypothesis draws: opus-mt's, and separate vocabularies with the
+#: output projection tied to the target embedding and untied
+SEPARATE = dict(vocab_size=90, d_model=16, encoder_layers=2, decoder_layers=1, activation_function="swish",
+                scale_embedding=True, share_encoder_decoder_embeddings=False, decoder_vocab_size=70,
+                pad_token_id=69, decoder_start_token_id=69)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(config=configs(), seed=seeds)
+@example(config=dict(vocab_size=100, d_model=32), seed=0)
+@example(config=SEPARATE | {"tie_word_embeddings": True}, seed=1)
+@example(config=SEPARATE | {"tie_word_embeddings": False}, seed=2)
 def test_logits_loss_and_every_gradient_equal_hugging_face_marian(config, seed, tmp_path_factory):
     folder = tmp_path_factory.mktemp("marian")
     hf = hf_marian(seed % 2**31, **config)
@@ -112,6 +123,8 @@ def test_logits_loss_and_every_gradient_equal_hugging_face_marian(config, seed, 
     assert model.src_embed.weight.data.dtype == np.float64
     assert model.config["positions"] == "halves" and model.config["output_bias"]
     assert model.config["activation"] == marian.HF_ACTIVATIONS[c.activation_function]
+    assert model.config["share_embeddings"] == c.share_encoder_decoder_embeddings
+    assert (model.generator.weight is model.tgt_embed.weight) == c.tie_word_embeddings
     pad = c.pad_token_id
     src, labels, tgt_in = padded_batch(seed, c.vocab_size, c.decoder_vocab_size, pad)
 
@@ -222,3 +235,17 @@ def test_a_paper_model_is_written_exactly_with_its_interleaved_sinusoids_permute
     with minitf.no_grad():
         again = backend.to_numpy(read(src, tgt_in))
     assert read.config["positions"] == "halves" and relative_difference(again, theirs) < RTOL
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_separate_vocabularies_are_written_back_as_transformers_reads_them(tied, tmp_path):
+    first, second = tmp_path / "hf", tmp_path / "minitf"
+    hf_marian(3, **SEPARATE, tie_word_embeddings=tied).save_pretrained(first)
+    minitf.Transformer.from_pretrained(first).save_pretrained(second)
+    back = in_float64(transformers.MarianMTModel.from_pretrained(second).eval())
+    assert (back.lm_head.weight is back.model.decoder.embed_tokens.weight) == tied
+    model = minitf.Transformer.from_pretrained(second)
+    src, _, tgt_in = padded_batch(3, 90, 70, 69)
+    with minitf.no_grad():
+        ours = backend.to_numpy(model(src, tgt_in))
+    assert relative_difference(ours, logits_of(back, src, tgt_in, 69)) < RTOL
