@@ -60,6 +60,21 @@ def read_config(folder, model_types, what, weights="model.safetensors"):
     return hf
 
 
+def model_type(folder):
+    """The ``model_type`` of a Hugging Face folder's config.json (a string), or None for anything else: no
+    folder, no or unreadable config.json, or a minitf run or checkpoint folder (their config.json is a run's).
+    The commands use it to send a folder of the other kind of model to the command that reads it."""
+    folder = pathlib.Path(folder)
+    if not (folder / "config.json").is_file() or (folder / "meta.json").is_file() or (folder / "checkpoints").is_dir():
+        return None
+    try:
+        hf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # the model's own reader names what is wrong
+    kind = hf.get("model_type") if isinstance(hf, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def config_value(hf, key, kind, default=REQUIRED, low=None, high=None, low_open=False, choices=None,
                  where="config.json", high_open=False):
     """``hf[key]`` checked: of ``kind`` ("int", "float", "bool" or "str"; an int is a float too, a bool is

@@ -1,10 +1,10 @@
 """Tokenizer files of a Marian folder made inside a test (no download): two tiny sentencepiece models trained
 here on a few hundred words (unigram, as opus-mt's), and a vocab.json as opus-mt's are laid out (``</s>`` 0,
 ``<unk>`` 1, language codes, the pieces of both models in a shuffled order, ``<pad>`` last), so that a
-vocabulary id is never the sentencepiece id of its piece; a few pieces are left out of it (they become
-``<unk>``). And a whole Marian folder (:func:`make_marian_folder`: a random ``transformers.MarianMTModel`` saved beside them
-with an opus-mt generation_config.json). Used by tests/test_marian_tokenizer.py, tests/test_marian_generate.py
-and tests/test_translate.py."""
+vocabulary id is mostly not the sentencepiece id of its piece; a few pieces are left out of it (they become
+``<unk>``). And a whole Marian folder (:func:`make_marian_folder`: a random ``transformers.MarianMTModel``
+saved beside them with an opus-mt generation_config.json). Used by tests/test_marian_tokenizer.py,
+tests/test_marian_generate.py and tests/test_translate.py."""
 import io
 import json
 import pathlib

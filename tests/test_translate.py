@@ -1,6 +1,9 @@
 """minitf.translate: a file or a pipe in, translations out, BLEU against references;
 interactive under a terminal (each line answered as soon as it is typed, the same
-answers as a pipe); and which checkpoint of a run folder it uses. (Bad input:
+answers as a pipe); and which checkpoint of a run folder it uses. A Hugging Face Marian
+folder in place of a run (files, pipes, --ref, greedy and beam, the folder's settings or the
+flags'; a missing tokenizer file), and the folders of the other command's model (GPT-2 to
+translate, Marian to generate) refused naming the right command. (Bad input:
 tests/test_cli_errors.py; damaged checkpoints: tests/test_checkpoint.py.)"""
 import json
 import os
@@ -12,7 +15,7 @@ import sys
 import pytest
 
 from minitf.training import checkpoint as ckpt
-from tests.runs import ROOT, TINY, copy_run, make_corpus, read_line, train, translate
+from tests.runs import ROOT, TINY, copy_run, make_corpus, one_error_line, read_line, train, translate
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +153,108 @@ def test_a_checkpoint_deleted_under_translate_gives_way_to_the_newer_one(world, 
     assert saved and code == 0 and out.count("\n") == 1 and not err, err
     warnings = []
     assert ckpt.load_model(run, warn=warnings.append)[2]["step"] == 6 and not warnings
+
+
+# --------------------------------------------------------------------------- a Hugging Face Marian folder
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory):
+    """A Marian folder made in the test (tests/marian_files.py: a random MarianMTModel, tokenizer files, an
+    opus-mt generation_config.json with num_beams 4 and max_length 16), its sources and minitf's own
+    translations of them in float32 (as the command decodes) with the rules its files give, read here
+    independently of the command: beam 4 and greedy."""
+    pytest.importorskip("transformers")
+    from minitf import Transformer
+    from minitf.nmt.decode import HuggingFaceRules, translate_texts
+    from minitf.nmt.marian_tokenizer import MarianTokenizer
+    from tests.marian_files import MAX_LENGTH, make_marian_folder, sentences
+
+    base = tmp_path_factory.mktemp("marian_cli")
+    folder = make_marian_folder(base / "opus-mt-tiny")
+    texts = sentences()
+    (base / "src.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    model, tokenizer = Transformer.from_pretrained(folder), MarianTokenizer.from_folder(folder)
+    rules = HuggingFaceRules(length_penalty=1.0, early_stopping=False, renormalize=True, forced_eos=True,
+                             banned_ids=(tokenizer.pad_id,))
+    expected = {beam: translate_texts(model, tokenizer, texts, beam, max_len=MAX_LENGTH - 1, min_len=0, rules=rules)
+                for beam in (1, 4)}
+    expected["max-len 3"] = translate_texts(model, tokenizer, texts, 2, max_len=3, min_len=0, rules=rules)
+    return dict(folder=folder, src=base / "src.txt", texts=texts, expected=expected)
+
+
+@pytest.mark.extra("transformers", "bench")
+def test_a_marian_folder_translates_files_and_pipes_through_the_cli(marian):
+    """--checkpoint FOLDER: a file with --ref (BLEU on stderr), the folder's beam 4 and max_length by
+    default; a pipe with --beam 1 (greedy); --max-len in place of the folder's."""
+    run = lambda *flags, **how: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "minitf.translate", "--checkpoint", str(marian["folder"]), *map(str, flags)],
+        capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=120, **how)
+    result = run("--src", marian["src"], "--ref", marian["src"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == marian["expected"][4]
+    assert "BLEU" in result.stderr and "error" not in result.stderr.lower()
+    assert marian["expected"][4] != marian["expected"][1]  # beam and greedy differ here: the test can tell
+    greedy = run("--beam", 1, input="\n".join(marian["texts"]) + "\n")
+    assert greedy.returncode == 0 and greedy.stdout.splitlines() == marian["expected"][1], greedy.stderr
+    short = run("--beam", 2, "--max-len", 3, "--src", marian["src"])
+    assert short.returncode == 0 and short.stdout.splitlines() == marian["expected"]["max-len 3"], short.stderr
+
+
+@pytest.mark.extra("transformers", "bench")
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
+def test_a_marian_folder_answers_each_typed_line(marian):
+    texts = marian["texts"][:3]
+
+    def type_lines(write, read_answer):
+        answers = []
+        for sentence in texts:
+            write(sentence.encode("utf-8") + b"\n")
+            answers.append(read_answer())
+        return answers
+
+    answers, err = _on_a_terminal(marian["folder"], 1, type_lines)
+    assert "Ctrl-D" in err and "error" not in err
+    assert answers == marian["expected"][1][:3]
+
+
+def _marian_tokenizer_folder(path, drop=None):
+    """A Marian folder's config.json and tokenizer files, ``drop`` deleted (no weights: the tokenizer's files
+    are checked before the weights are read)."""
+    pytest.importorskip("sentencepiece")
+    from tests.marian_files import write_tokenizer_files
+
+    write_tokenizer_files(path)
+    (path / "config.json").write_text(json.dumps({"model_type": "marian"}))
+    if drop:
+        (path / drop).unlink()
+    return path
+
+
+@pytest.mark.parametrize("name", ["vocab.json", "source.spm", "target.spm"])
+def test_a_marian_folder_without_a_tokenizer_file_is_one_line(tmp_path, capsys, monkeypatch, name):
+    folder = _marian_tokenizer_folder(tmp_path / "opus", drop=name)
+    code, err, out = translate(["--checkpoint", folder], capsys, b"Hallo\n", monkeypatch, tmp_path)
+    line = one_error_line(err, "minitf.translate")
+    assert code == 1 and out == "" and f"{folder} has no {name}" in line and "copy them from" in line
+
+
+def test_a_gpt2_folder_given_to_translate_names_generate(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 8}))
+    code, err, out = translate(["--checkpoint", folder], capsys, b"Hallo\n", monkeypatch, tmp_path)
+    line = one_error_line(err, "minitf.translate")
+    assert code == 2 and out == ""
+    assert f"{folder} is a Hugging Face GPT-2 folder, not a translation model" in line
+    assert f"python -m minitf.generate --from-pretrained {folder}" in line
+
+
+@pytest.mark.parametrize("flag", ["--from-pretrained", "--checkpoint"])
+def test_a_marian_folder_given_to_generate_names_translate(tmp_path, capsys, flag):
+    from minitf.lm.generate import main as generate_main
+
+    folder = _marian_tokenizer_folder(tmp_path / "opus")
+    assert generate_main([flag, str(folder), "--prompt", "Hallo"]) == 2
+    captured = capsys.readouterr()
+    line = one_error_line(captured.err.strip().splitlines(), "minitf.generate")
+    assert captured.out == "" and f"{folder} is a Hugging Face Marian folder (a translation model)" in line
+    assert f"python -m minitf.translate --checkpoint {folder}" in line

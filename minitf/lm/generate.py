@@ -21,7 +21,7 @@ import importlib
 import pathlib
 import sys
 
-from minitf import backend
+from minitf import backend, pretrained
 from minitf.gpt import GPT, generate
 from minitf.lm.data import (TextTokenizer, pretrained_eos_id, read_pretrained_tokenizer, tokenizer_files,
                             tokenizer_from_bytes)
@@ -197,6 +197,10 @@ def run(argv=None):
     else:
         backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
     source = "checkpoint" if args.checkpoint is not None else "from_pretrained"
+    folder = getattr(args, source)
+    if pretrained.model_type(folder) == "marian":
+        raise UsageError(f"{folder} is a Hugging Face Marian folder (a translation model), not a language model: "
+                         f"translate with python -m minitf.translate --checkpoint {folder}")
 
     def sampler():
         model, tokenizer = LOADERS[source](getattr(args, source), lambda message: print(message, file=sys.stderr))

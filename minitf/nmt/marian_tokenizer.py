@@ -295,6 +295,8 @@ UNSUPPORTED = {"do_sample": False, "num_beam_groups": 1, "diversity_penalty": 0.
                "prompt_lookup_num_tokens": None, "low_memory": None}
 #: transformers' defaults (generation/configuration_utils.py) where neither file has the entry
 DEFAULT_MAX_LENGTH = 20
+#: |length_penalty| above this is refused (|Y| ** it overflows; opus-mt uses 1.0)
+MAX_LENGTH_PENALTY = 10.0
 
 
 def _one_id(value, key, where):
@@ -360,7 +362,8 @@ def read_generation_config(folder, hf_config):
     max_length = value("max_length", "int", DEFAULT_MAX_LENGTH, low=2)
     min_length = value("min_length", "int", 0, low=0)
     min_new = value("min_new_tokens", "int", None, low=0)
-    rules = HuggingFaceRules(length_penalty=float(value("length_penalty", "float", 1.0)), early_stopping=early,
+    penalty = float(value("length_penalty", "float", 1.0, low=-MAX_LENGTH_PENALTY, high=MAX_LENGTH_PENALTY))
+    rules = HuggingFaceRules(length_penalty=penalty, early_stopping=early,
                              renormalize=value("renormalize_logits", "bool", False), forced_eos=forced is not None,
                              banned_ids=tuple(banned))
     return GenerationSettings(num_beams=value("num_beams", "int", 1, low=1),

@@ -1,35 +1,101 @@
-"""Translate with a trained checkpoint: ``python -m minitf.translate --checkpoint RUN_OR_CHECKPOINT``.
+"""Translate with a trained checkpoint or a pretrained model: ``python -m minitf.translate --checkpoint
+RUN_OR_CHECKPOINT_OR_MARIAN_FOLDER``.
 
 Reads source sentences from stdin (or ``--src FILE``), one per line, and writes one translation
 per line on stdout: on a terminal each line as it is typed, from a pipe or file in batches. ``--ref
-FILE`` also prints corpus BLEU (sacrebleu) on stderr. Beam search by default (paper: beam 4, alpha
-0.6, at most input length + 50 tokens); ``--beam 1`` is greedy.
+FILE`` also prints corpus BLEU (sacrebleu) on stderr. A run's model decodes with the paper's rules:
+beam search by default (beam 4, alpha 0.6, at most input length + 50 tokens); ``--beam 1`` is greedy.
+A Hugging Face Marian folder (an opus-mt model: config.json, model.safetensors, source.spm, target.spm,
+vocab.json) decodes as transformers' ``generate`` does, with its generation_config.json's beam size, length
+limit and length penalty unless ``--beam``, ``--max-len`` or ``--alpha`` say otherwise.
 """
+import dataclasses
 import pathlib
 import sys
 
-from minitf import backend
+from minitf import backend, pretrained
 from minitf.training.checkpoint import load_model
 from minitf.training.config import MAX_ALPHA
 from minitf.training.text import answer_each_line, decode_lines, read_lines
 from minitf.nmt.decode import translate_texts
-from minitf.training.errors import DataError, OneLineParser, number_in, positive, report_errors
+from minitf.training.errors import DataError, OneLineParser, UsageError, number_in, positive, report_errors
+
+#: A run's decoding without flags (the paper, section 6.1): beam 4, alpha 0.6, input length + 50 tokens.
+RUN_DEFAULTS = dict(beam_size=4, alpha=0.6, max_len=None, min_len=1, rules=None)
 
 
-def translate_interactively(model, tokenizer, beam, alpha, stdin=None, stdout=None, stderr=None):
+def load_marian(folder):
+    """(model, tokenizer, decoding options) of a Hugging Face Marian folder: the tokenizer's files are read
+    first (a missing one is named before the weights are read), then the model, then generation_config.json.
+    A ValueError or DataError names what does not fit."""
+    from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config
+    from minitf.transformer import Transformer
+
+    tokenizer = MarianTokenizer.from_folder(folder)
+    model = Transformer.from_pretrained(folder)
+    config = model.config
+    for what, ids, vocab in (("vocab.json", tokenizer.vocab_size, config["src_vocab_size"]),
+                             ("target_vocab.json" if tokenizer.separate_vocabs else "vocab.json",
+                              tokenizer.target_vocab_size, config["tgt_vocab_size"])):
+        if ids > vocab:
+            raise DataError(f"{pathlib.Path(folder) / what} has ids up to {ids - 1} but the model's vocabulary has "
+                            f"{vocab}; the tokenizer's files belong to another model: copy this model's")
+    settings = read_generation_config(folder, model.hf_config)
+    options = dict(beam_size=settings.num_beams, alpha=settings.rules.length_penalty, max_len=settings.max_len,
+                   min_len=settings.min_len, rules=settings.rules)
+    return model, tokenizer, options
+
+
+def load_translator(path, warn=None):
+    """(model, tokenizer, decoding options) of ``--checkpoint``: a Marian folder, else a run or checkpoint
+    folder (:func:`minitf.training.checkpoint.load_model`). A UsageError for another Hugging Face folder."""
+    kind = pretrained.model_type(path)
+    if kind == "marian":
+        return load_marian(path)
+    if kind is not None:
+        use = (f"sample from it with python -m minitf.generate --from-pretrained {path}" if kind == "gpt2"
+               else "give a Marian folder (an opus-mt model) or a run folder of train.py")
+        name = "GPT-2" if kind == "gpt2" else f"{kind!r}"
+        raise UsageError(f"{path} is a Hugging Face {name} folder, not a translation model: {use}")
+    model, tokenizer, _ = load_model(path, warn=warn)
+    return model, tokenizer, dict(RUN_DEFAULTS)
+
+
+def decoding(options, args):
+    """The decoding options with the user's flags in place of the model's defaults."""
+    options = dict(options)
+    if args.beam is not None:
+        options["beam_size"] = args.beam
+    if args.alpha is not None:
+        options["alpha"] = args.alpha
+        if options["rules"] is not None:  # Hugging Face's length_penalty
+            options["rules"] = dataclasses.replace(options["rules"], length_penalty=args.alpha)
+    if args.max_len is not None:
+        options["max_len"] = args.max_len
+    return options
+
+
+def translate_interactively(model, tokenizer, options, stdin=None, stdout=None, stderr=None):
     """Answer each line typed in a terminal with its translation as soon as it ends (an empty line
-    gives an empty line)."""
+    gives an empty line). ``options``: :func:`minitf.nmt.decode.translate_texts`'s keywords."""
     def answer(text, number):
-        return translate_texts(model, tokenizer, [text], beam, alpha, batch_size=1)[0] if text else ""
+        return translate_texts(model, tokenizer, [text], batch_size=1, **options)[0] if text else ""
     return answer_each_line(answer, "a sentence", "--src FILE or a pipe", stdin, stdout, stderr)
 
 
 def build_parser():
     p = OneLineParser(prog="python -m minitf.translate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True, type=pathlib.Path, help="run folder or checkpoint folder")
-    p.add_argument("--beam", type=positive(int), default=4, help="beam size (1 = greedy)")
-    p.add_argument("--alpha", type=number_in(0, MAX_ALPHA), default=0.6,
-                   help=f"length penalty exponent (0 to {MAX_ALPHA:g})")
+    p.add_argument("--checkpoint", required=True, type=pathlib.Path,
+                   help="run folder, checkpoint folder, or Hugging Face Marian folder (an opus-mt model)")
+    p.add_argument("--beam", type=positive(int), default=None,
+                   help="beam size, 1 = greedy (default: 4 for a run, generation_config.json's num_beams for a "
+                        "Marian folder)")
+    p.add_argument("--alpha", type=number_in(0, MAX_ALPHA), default=None,
+                   help=f"length penalty exponent, 0 to {MAX_ALPHA:g} (a run: GNMT's, default 0.6; a Marian "
+                        "folder: Hugging Face's length_penalty, default generation_config.json's)")
+    p.add_argument("--max-len", type=positive(int), default=None,
+                   help="most tokens of a translation counting its end (default: source length + 50 for a run, "
+                        "generation_config.json's max_length - 1 for a Marian folder)")
     p.add_argument("--batch-size", type=positive(int), default=64)
     p.add_argument("--src", type=pathlib.Path, help="source file (default: stdin)")
     p.add_argument("--ref", type=pathlib.Path, help="reference translations: print BLEU on stderr")
@@ -43,9 +109,10 @@ def run(argv=None):
         backend.set_device(args.device)
     else:
         backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
+    warn = lambda message: print(message, file=sys.stderr)  # noqa: E731
     if args.src is None and args.ref is None and sys.stdin.isatty():  # a person typing: answer each line
-        model, tokenizer, _ = load_model(args.checkpoint, warn=lambda message: print(message, file=sys.stderr))
-        return translate_interactively(model, tokenizer, args.beam, args.alpha)
+        model, tokenizer, options = load_translator(args.checkpoint, warn)
+        return translate_interactively(model, tokenizer, decoding(options, args))
     if args.src is not None:
         sources = read_lines(args.src, "--src")
     else:
@@ -54,9 +121,9 @@ def run(argv=None):
     if references is not None and len(references) != len(sources):
         raise DataError(f"--ref has {len(references)} lines but the source has {len(sources)}; "
                         "they must match line by line")
-    model, tokenizer, _ = load_model(args.checkpoint, warn=lambda message: print(message, file=sys.stderr))
-    translated = iter(translate_texts(model, tokenizer, [s for s in sources if s], args.beam, args.alpha,
-                                      args.batch_size))
+    model, tokenizer, options = load_translator(args.checkpoint, warn)
+    translated = iter(translate_texts(model, tokenizer, [s for s in sources if s], batch_size=args.batch_size,
+                                      **decoding(options, args)))
     hypotheses = [next(translated) if s else "" for s in sources]  # an empty line gives an empty line
     sys.stdout.write("".join(h + "\n" for h in hypotheses))
     sys.stdout.flush()
