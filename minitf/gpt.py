@@ -331,7 +331,9 @@ def _hf_config_from(config, previous, dtype):
     A ValueError for a model GPT-2 cannot describe."""
     wrong = [what for what, bad in [("post-LN (pre_norm=False)", not config["pre_norm"]),
                                     ("sinusoidal positions", config["positions"] != "learned"),
-                                    ("a scaled embedding", config["scale_embedding"])] if bad]
+                                    ("a scaled embedding", config["scale_embedding"]),
+                                    (f"the {config['activation']!r} activation",
+                                     config["activation"] not in _HF_NAME_OF_ACTIVATION)] if bad]
     if wrong:
         raise ValueError(f"a Hugging Face GPT-2 folder cannot hold this model: it has {', '.join(wrong)}; "
                          "only GPT-2's shape (GPT.preset('gpt2', ...)) can be saved")

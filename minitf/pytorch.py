@@ -34,6 +34,11 @@ def _norm(minitf_prefix, torch_prefix):
     return [(minitf_prefix + "gamma", torch_prefix + "weight", False), (minitf_prefix + "beta", torch_prefix + "bias", False)]
 
 
+#: TransformerConfig's options whose value here is the paper's, the only one nn.Transformer computes
+PAPER_OPTIONS = dict(activation="relu", positions="interleaved", scale_embedding=True, output_bias=False,
+                     layer_norm_eps=1e-5, mask_target_padding=True, freeze_pad_embedding=False, tie_target_output=False)
+
+
 def _config(config):
     """A dict of the model's constructor arguments, from a model, a dict or a TransformerConfig."""
     config = getattr(config, "config", config)  # a minitf.Transformer keeps its arguments in .config
@@ -90,6 +95,12 @@ class TorchTransformer(nn.Module):
     def __init__(self, config):
         super().__init__()
         c = _config(config)
+        # nn.Transformer computes the paper's model only: a Marian option would convert without error and compute
+        # something else (ReLU for SiLU, interleaved sinusoids for halves), so it is refused here
+        departures = {key: c[key] for key, paper in PAPER_OPTIONS.items() if key in c and c[key] != paper}
+        if departures:
+            raise ValueError(f"TorchTransformer builds the paper's model only; this config departs from it: "
+                             f"{departures} (compare such a model with transformers' MarianMTModel instead)")
         self.config = c
         D, p = c["d_model"], c.get("dropout", 0.1)
         self.d_model, self.pad_id = D, c.get("pad_id", 0)

@@ -310,6 +310,10 @@ def test_save_pretrained_refuses_a_model_gpt2_cannot_describe(tmp_path):
         with pytest.raises(ValueError, match="a Hugging Face GPT-2 folder cannot hold this model: it has post-LN"):
             model.save_pretrained(tmp_path / preset)
         assert not (tmp_path / preset).exists()
+    model = GPT.preset("gpt2", 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8, activation="silu")
+    with pytest.raises(ValueError, match="cannot hold this model: it has the 'silu' activation"):
+        model.save_pretrained(tmp_path / "silu")
+    assert not (tmp_path / "silu").exists()
 
 
 @pytest.mark.extra("safetensors", "hf")

@@ -123,6 +123,17 @@ def test_a_renamed_parameter_is_an_error_not_a_silent_skip():
         mp._check_names(mp.parameter_map(model), ["extra.weight"] + [n for n, _ in model.named_parameters()], [])
 
 
+@pytest.mark.parametrize("option", [dict(activation="silu"), dict(positions="halves"), dict(layer_norm_eps=1e-6),
+                                    dict(mask_target_padding=False)])
+def test_a_model_with_a_marian_option_is_refused_not_converted_to_the_papers(option):
+    """nn.Transformer computes ReLU, interleaved sinusoids, eps 1e-5 and masked target pads only: a model with another
+    option would convert without error and compute something else."""
+    model = minitf.Transformer(9, 9, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8,
+                               **option)
+    with pytest.raises(ValueError, match=f"departs from it: .*{next(iter(option))}"):
+        mp.to_torch(model)
+
+
 def test_import_minitf_does_not_import_torch():
     code = "import sys, minitf, minitf.gradcheck, minitf.testing; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
