@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 import minitf
 from minitf import backend
 from minitf.backend import xp
-from minitf.nmt.decode import beam_search, beam_search_nbest, greedy_decode, length_penalty, reorder_cache
+from minitf.nmt.decode import (HuggingFaceRules, beam_search, beam_search_nbest, greedy_decode, length_penalty,
+                               reorder_cache)
 from tests.helpers import np, seeds
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -368,3 +369,132 @@ def test_min_len_forbids_the_empty_translation(seed, B):
     assert all(len(tokens) == 1 for tokens in greedy_decode(model, src, min_len=1))
     for entries in beam_search_nbest(model, src, beam_size=3, min_len=1):
         assert entries and all(len(tokens) == 1 for tokens, _ in entries)
+
+
+# --------------------------------------------------------------------------- #
+# Hugging Face's rules (a Marian folder's decoding), against a plain reference
+# --------------------------------------------------------------------------- #
+def hf_step_logprobs(model, memory, mask, tokens, t, rules, max_len):
+    """One sentence's next-token log-probabilities as transformers' generate processes them: log-softmax,
+    pad and the banned ids -inf, the eos forced at the last step (-inf elsewhere, 0 on eos), renormalized."""
+    logits = model.decode(backend.asarray(np.array([[BOS] + tokens])), memory, mask)
+    logp = log_softmax(backend.to_numpy(logits)[0, -1])
+    logp[[PAD, *rules.banned_ids]] = -np.inf
+    if rules.forced_eos and t + 1 == max_len:
+        logp[:] = -np.inf
+        logp[EOS] = 0.0
+    if rules.renormalize:
+        logp = log_softmax(logp)
+    return logp
+
+
+def reference_hf_beam_search(model, src_row, K, rules, max_len):
+    """One sentence, Python lists, no cache: transformers' _beam_search (5.25) written plainly. Running beams
+    by summed log-probability; the top 2K candidates; those of the top K ending in eos (or at max_len) score
+    sum / |Y| ** length_penalty into the K best finished; the K best others run on. After each step, once K
+    are finished: early_stopping True stops; otherwise the best running sum divided by L ** length_penalty,
+    L its current length (or max_len for "never" with length_penalty > 0), stops it unless it beats the
+    worst finished. Returns the best finished tokens (without eos)."""
+    lp, early = rules.length_penalty, rules.early_stopping
+    model.eval()
+    with minitf.no_grad():
+        memory, mask = model.encode(backend.asarray(src_row[None]))
+        running, finished = [([], 0.0)], []
+        for t in range(max_len):
+            candidates = []
+            for tokens, score in running:
+                logp = hf_step_logprobs(model, memory, mask, tokens, t, rules, max_len)
+                candidates += [(score + logp[v], tokens + [v]) for v in range(len(logp))]
+            candidates.sort(key=lambda c: -c[0])
+            top, last = candidates[:2 * K], t + 1 == max_len
+            finished += [(score / (t + 1) ** lp, tokens) for score, tokens in top[:K]
+                         if (tokens[-1] == EOS or last) and score > -np.inf]
+            finished = sorted(finished, key=lambda f: -f[0])[:K]
+            running = [(tokens, score) for score, tokens in top if tokens[-1] != EOS][:K]
+            if last:
+                break
+            if len(finished) == K:
+                length = max_len if early == "never" and lp > 0 else t + 1
+                if early is True or running[0][1] / length ** lp <= finished[-1][0]:
+                    break
+    return [v for v in finished[0][1] if v != EOS]
+
+
+hf_rules = st.builds(HuggingFaceRules, length_penalty=st.sampled_from([1.0, 0.6, 2.0, -0.5]),
+                     early_stopping=st.sampled_from([False, True, "never"]), renormalize=st.booleans(),
+                     forced_eos=st.booleans(), banned_ids=st.sampled_from([(), (4,)]))
+
+
+@given(V=st.integers(7, 9), seed=seeds, data=st.data(), K=st.integers(1, 2), rules=hf_rules,
+       max_len=st.integers(1, 6), bias=st.sampled_from([1.0, 3.0]))
+def test_beam_search_with_hugging_face_rules_matches_their_plain_reference(V, seed, data, K, rules, max_len, bias):
+    """Batched (with and without the cache) equals the one-sentence reference of transformers' rules, for every
+    early_stopping, length penalties of both signs, with and without renormalizing, forced eos, banned ids.
+    (test_marian_generate.py compares with transformers itself.)"""
+    model = tiny_model(V, seed, logit_bias=bias)
+    add_to_logits(model, eos_bias(V, data.draw(st.sampled_from([0.0, 1.5]))))
+    src = data.draw(sources(V))
+    for use_cache in (True, False):
+        hyps = beam_search(model, src, beam_size=K, max_len=max_len, rules=rules, use_cache=use_cache)
+        assert hyps == [reference_hf_beam_search(model, src[row], K, rules, max_len) for row in range(len(src))]
+
+
+@given(V=st.integers(6, 9), seed=seeds, data=st.data(), rules=hf_rules, max_len=st.integers(1, 6))
+def test_greedy_with_hugging_face_rules_is_the_argmax_of_their_log_probabilities(V, seed, data, rules, max_len):
+    """Pad and banned ids never come; with forced_eos a sentence that reaches max_len ends in eos there, so it
+    has max_len - 1 tokens (without: max_len)."""
+    model = tiny_model(V, seed, logit_bias=2.0)
+    src = data.draw(sources(V))
+    model.eval()
+    expected = []
+    with minitf.no_grad():
+        for row in src:
+            memory, mask = model.encode(backend.asarray(row[None]))
+            tokens = []
+            for t in range(max_len):
+                token = int(hf_step_logprobs(model, memory, mask, tokens, t, rules, max_len).argmax())
+                if token == EOS:
+                    break
+                tokens.append(token)
+            expected.append(tokens)
+    assert greedy_decode(model, src, max_len=max_len, rules=rules) == expected
+    if rules.forced_eos:
+        assert all(len(tokens) < max_len for tokens in expected)
+
+
+def test_the_hugging_face_stop_is_its_heuristic_not_the_exact_bound():
+    """The model of test_the_stop_is_exact_...: eos first (log p -0.51), then [4] * 6 is better normalised
+    at length_penalty 1.5. Hugging Face's heuristic divides the running beam by its current length, stops
+    at step 0 with K = 1 and answers [], where the paper's exact rule finds [4] * 6; early_stopping "never"
+    divides by max_len and finds it too."""
+    V, max_len = 6, 6
+    table = np.full((max_len, V), -50.0)
+    table[0, [EOS, 4]] = 0.4, 0.0
+    table[1:, [EOS, 4]] = -10.0, 0.0
+    model = tiny_model(V, 0)
+    set_logits_by_position(model, backend.asarray(table))
+    src = np.array([[4, 5]])
+    heuristic = HuggingFaceRules(length_penalty=1.5)
+    assert beam_search(model, src, beam_size=1, max_len=max_len, rules=heuristic) == [[]]
+    assert beam_search(model, src, beam_size=1, max_len=max_len, alpha=1.5) == [[4] * max_len]
+    never = HuggingFaceRules(length_penalty=1.5, early_stopping="never")
+    assert beam_search(model, src, beam_size=1, max_len=max_len, rules=never) == [[4] * max_len]
+
+
+def test_the_start_eos_and_pad_ids_default_to_the_model_config():
+    """A model whose config names its own start and end (a Marian model's: start = pad = the last id, eos 0)
+    decodes from them without being told; explicit ids still win."""
+    V = 7
+    backend.manual_seed(0)
+    model = minitf.Transformer(V, V, d_model=8, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=16,
+                               pad_id=V - 1, decoder_start_id=V - 1, eos_id=0, mask_target_padding=False)
+    seen = []
+    original = model.decode
+    model.decode = lambda tgt, *args, **kwargs: seen.append(backend.to_numpy(tgt)[:, 0].tolist()) or original(
+        tgt, *args, **kwargs)
+    add_to_logits(model, backend.asarray(np.where(np.arange(V) == 0, 1e9, 0.0)))  # eos (id 0) at once
+    src = np.array([[1, 2, V - 1]])
+    assert greedy_decode(model, src, max_len=4) == [[]] and seen[0] == [V - 1]
+    assert beam_search(model, src, beam_size=2, max_len=4) == [[]]
+    first = len(seen)
+    assert greedy_decode(model, src, max_len=2, eos_id=3, bos_id=1) == [[0, 0]] and seen[first] == [1]
