@@ -414,16 +414,26 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
     return ids
 
 
-def check_logits(logits, step, what):
-    """Refuse logits (N, V), on the host or the device, that hold NaN or infinity: no token can be chosen from
-    them (argmax and the sampler's CDF would both answer id 0, over and over). A FloatingPointError in one line
-    names ``what`` ("generation", "translation") and the new token (``step`` from 0). Used by :func:`generate`
-    and by the translation decoders; costs one reduction and one host sync per step."""
+def nonfinite_rows(logits):
+    """(N,) bool, on the logits' own device (no host sync): which rows of ``logits`` (N, V) hold NaN or infinity.
+    No token can be chosen from such a row (argmax and the sampler's CDF would both answer id 0, over and over)."""
     module = np if isinstance(logits, np.ndarray) else backend.xp
-    if not bool(module.isfinite(logits).all()):
-        raise FloatingPointError(f"{what}: the model's logits for new token {step + 1} hold NaN or infinity, so no "
-                                 "token can be chosen; its weights are damaged or its arithmetic overflowed "
-                                 "(float16: use float32): check the model it was loaded from")
+    return ~module.isfinite(logits).all(axis=-1)
+
+
+def non_finite_logits_error(step, what):
+    """The one-line FloatingPointError for non-finite logits: ``what`` ("generation", "translation") and the
+    new token (``step`` from 0)."""
+    return FloatingPointError(f"{what}: the model's logits for new token {step + 1} hold NaN or infinity, so no "
+                              "token can be chosen; its weights are damaged or its arithmetic overflowed "
+                              "(float16: use float32): check the model it was loaded from")
+
+
+def check_logits(logits, step, what):
+    """Refuse host ``logits`` (N, V) that hold NaN or infinity (:func:`nonfinite_rows`). The translation decoders,
+    whose logits live on the device, carry the rows' flags in the copy they make each step instead."""
+    if nonfinite_rows(logits).any():
+        raise non_finite_logits_error(step, what)
 
 
 def choose_tokens(logits, temperature=1.0, top_k=None, top_p=None, rng=None):

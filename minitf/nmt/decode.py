@@ -22,7 +22,7 @@ import re
 
 from minitf import backend
 from minitf.backend import xp
-from minitf.gpt import check_logits
+from minitf.gpt import non_finite_logits_error, nonfinite_rows
 from minitf.module import no_grad
 from minitf.nmt.data import pad_batch
 from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -152,12 +152,13 @@ def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eo
                    forced=None):
     """Log-probabilities (N, V) of the next token: with ``cache`` only ``tokens`` (N, 1) at position ``t``
     run, without it the whole ``prefix`` (N, t + 1). Hugging Face ``rules``: their banned ids, eos forced in
-    the rows ``forced`` ((N,) device bool, or None: none), renormalized."""
+    the rows ``forced`` ((N,) device bool, or None: none), renormalized. Also (N,) device bool: the rows whose
+    logits hold NaN or infinity, which the caller checks in the host copy it makes each step anyway."""
     if cache is not None:
         logits = model.decode(tokens, memory, src_mask, cache=cache, start=t)[:, -1]
     else:
         logits = model.decode(prefix, memory, src_mask)[:, -1]
-    check_logits(logits, t, "translation")  # NaN or infinity: one line, not a translation of id 0s
+    nonfinite = nonfinite_rows(logits)  # NaN or infinity: one line, not a translation of id 0s (no sync here)
     logp = _log_softmax(logits)
     logp[:, pad_id] = -xp.inf  # never generate padding (fresh array: safe to write)
     if t < min_len:
@@ -171,7 +172,7 @@ def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eo
             logp = xp.where(forced[:, None], eos_only, logp)         # (N, V)
         if rules.renormalize:
             logp = _log_softmax(logp)                                # LogitNormalization
-    return logp
+    return logp, nonfinite
 
 
 def _forced(rules, last, repeat=1):
@@ -201,10 +202,12 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=None, 
         prefix = tokens                                          # (n, t + 1) for use_cache=False
         for t in range(steps):
             forced = _forced(rules, t + 1 >= max_lens[active])   # Hugging Face: eos at the last step
-            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id, min_len,
-                                  rules, forced)
-            next_tokens = logp.argmax(axis=-1)                   # (n,)
+            logp, nonfinite = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id,
+                                             min_len, rules, forced)
+            next_tokens = xp.where(nonfinite, -1, logp.argmax(axis=-1))  # (n,) -1: no token can be chosen
             chosen = backend.to_numpy(next_tokens)               # host copy: who is done
+            if (chosen < 0).any():
+                raise non_finite_logits_error(t, "translation")
             out[active, t] = chosen
             ended = chosen == eos_id
             finished = ended | (t + 1 >= max_lens[active])
@@ -264,8 +267,8 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
             n = len(active)
             prefix = None if cache is not None else seqs[:, :, :t + 1].reshape(n * K, t + 1)
             last_host = t + 1 >= max_lens[active]                # (n,) this is the sentence's final step
-            logp = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id, min_len,
-                                  rules, _forced(rules, last_host, K))
+            logp, nonfinite = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id,
+                                             min_len, rules, _forced(rules, last_host, K))
             V = logp.shape[-1]
             cand = (live[:, :, None] + logp.reshape(n, K, V)).reshape(n, K * V)
             # top 2K of K*V per sentence: at most K end in eos, so >= K remain to go on
@@ -305,7 +308,9 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
             else:
                 divisor = _stop_divisor(t, max_lens[active], alpha, rules)
                 stop = kept >= live.max(axis=1) / backend.asarray(divisor, dtype=dtype)
-            done = backend.to_numpy(last | stop)                 # host copy per step
+            done, nonfinite = backend.to_numpy(xp.stack([last | stop, nonfinite.reshape(n, K).any(axis=1)]))
+            if nonfinite.any():                                  # one host copy per step carries both
+                raise non_finite_logits_error(t, "translation")
             if done.all():
                 break
             go_on = ~done
