@@ -498,3 +498,21 @@ def test_the_start_eos_and_pad_ids_default_to_the_model_config():
     assert beam_search(model, src, beam_size=2, max_len=4) == [[]]
     first = len(seen)
     assert greedy_decode(model, src, max_len=2, eos_id=3, bos_id=1) == [[0, 0]] and seen[first] == [1]
+
+
+def test_hugging_face_early_stopping_true_stops_once_k_are_finished():
+    """K = 2, length_penalty 1, logits by position: step 0 finishes [] (eos second best, -0.97), step 1
+    finishes [4] ((-0.47 - 1.31) / 2 = -0.89) while [4, 5] (-0.79) runs on; step 2 would finish [4, 5] at
+    about -0.26. early_stopping True stops at two finished and answers [4]; False's heuristic (-0.79 / 2
+    beats the worst finished) goes on to [4, 5]."""
+    V, max_len = 7, 6
+    table = np.full((max_len, V), -50.0)
+    table[0, [EOS, 4]] = 0.0, 0.5
+    table[1, [EOS, 5]] = 0.0, 1.0
+    table[2:, EOS] = 10.0
+    model = tiny_model(V, 0)
+    set_logits_by_position(model, backend.asarray(table))
+    src = np.array([[4, 5]])
+    assert beam_search(model, src, beam_size=2, max_len=max_len, rules=HuggingFaceRules(early_stopping=True)) == [[4]]
+    assert beam_search(model, src, beam_size=2, max_len=max_len, rules=HuggingFaceRules()) == [[4, 5]]
+    assert reference_hf_beam_search(model, src[0], 2, HuggingFaceRules(early_stopping=True), max_len) == [4]
