@@ -206,3 +206,24 @@ def test_the_served_page_recomputes_a_typed_sentence(browser, pages, tmp_path):
         child.send_signal(signal.SIGINT)
         assert child.wait(timeout=60) == 0
         child.stderr.close()
+
+
+@needs_chromium
+def test_the_picture_script_saves_each_view(pages, tmp_path, capsys):
+    """scripts/inspect_screenshot.py (the README's picture): each view of a run's page as a PNG of the window's
+    width, the page taller than the views of one chart."""
+    import importlib.util
+    import struct
+    spec = importlib.util.spec_from_file_location("inspect_screenshot", ROOT / "scripts" / "inspect_screenshot.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sizes = {}
+    for view in module.VIEWS:
+        out = tmp_path / f"{view}.png"
+        assert module.main(["--run", str(pages["post"][0]), "--text", "Der hund sieht.", "--view", view,
+                            "--width", "1000", "--out", str(out)]) == 0
+        png = out.read_bytes()
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and png[12:16] == b"IHDR", view
+        sizes[view] = struct.unpack(">II", png[16:24])  # (width, height)
+    assert sizes["page"][0] == 1000 and sizes["page"][1] > max(sizes["heads"][1], sizes["gradient"][1])
+    assert "python -m minitf.inspect --checkpoint" in capsys.readouterr().out
