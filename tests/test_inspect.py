@@ -82,7 +82,7 @@ def kept_weights(model, run):
 def first_encoder_attention(model, src):
     """softmax(Q K^T / sqrt(dk)) of encoder layer 0, (H, S, S), from its weights by hand (no mask: no padding)."""
     with minitf.no_grad():
-        x = model.positional(model.src_embed(src[None]))
+        x = model.positional(model.src_embed(backend.asarray(src[None])))
         if model.config["pre_norm"]:
             x = model.encoder.layers[0].attn_block.norm(x)
     x = backend.to_numpy(x)[0]
@@ -120,7 +120,7 @@ def by_hand_translation(model, src, tgt_in, tgt_out):
         dx = model.encoder.layers[l].backward(dx)
         points.append((f"encoder.layers.{l} in", norm(dx)))
     dsrc = backend.to_numpy(model.positional.backward(model.src_dropout.backward(dx)))[0]
-    model.src_embed.backward(dsrc[None])
+    model.src_embed.backward(backend.asarray(dsrc[None]))
     z = backend.to_numpy(logits)[0]
     p = np.exp(z - z.max(axis=-1, keepdims=True))
     return loss, p / p.sum(axis=-1, keepdims=True), points, np.linalg.norm(dsrc, axis=-1) * model.src_embed.scale
@@ -131,8 +131,8 @@ def numeric_source_gradient(model, src, tgt_in, tgt_out, position, h=1e-6):
     position's sinusoid): what reaches the embedding row read at ``position``, before the scale."""
     loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=model.pad_id)
     with minitf.no_grad():
-        x = backend.to_numpy(model.positional(model.src_embed(src[None])))
-        mask = src[None] == model.pad_id
+        x = backend.to_numpy(model.positional(model.src_embed(backend.asarray(src[None]))))
+        mask = backend.asarray(src[None] == model.pad_id)
         grad = np.zeros(x.shape[-1])
         for d in range(x.shape[-1]):
             losses = []
@@ -140,7 +140,7 @@ def numeric_source_gradient(model, src, tgt_in, tgt_out, position, h=1e-6):
                 moved = x.copy()
                 moved[0, position, d] += sign * h
                 memory = model.encoder(backend.asarray(moved), mask)
-                losses.append(loss_fn(model.decode(tgt_in[None], memory, mask), tgt_out[None]))
+                losses.append(loss_fn(model.decode(backend.asarray(tgt_in[None]), memory, mask), tgt_out[None]))
             grad[d] = (losses[0] - losses[1]) / (2 * h)
     return grad
 
@@ -193,7 +193,7 @@ def by_hand_gpt(model, ids):
         dx, _ = model.decoder.layers[l].backward(dx)
         points.append((f"decoder.layers.{l} in", norm(dx)))
     dembedded = backend.to_numpy(model.positional.backward(model.dropout.backward(dx)))[0]
-    model.embed.backward(dembedded[None])
+    model.embed.backward(backend.asarray(dembedded[None]))
     z = backend.to_numpy(logits)[0]
     p = np.exp(z - z.max(axis=-1, keepdims=True))
     return loss, p / p.sum(axis=-1, keepdims=True), points, np.linalg.norm(dembedded, axis=-1) * model.embed.scale
