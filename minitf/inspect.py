@@ -6,9 +6,9 @@ probability of each target token with the five most likely alternatives, every a
 layer and head as a heat map, the backward pass (the gradient norm at each step of the walk of ``python
 -m minitf.trace --walk``, for every layer, and each input token's embedding gradient), and for a run
 folder its training curves (metrics.jsonl). Sentences come from ``--text`` or stdin, one per line. A
-translation run scores ``--reference`` if given, else the model's own translation (beam search), teacher-
-forced; a GPT run (``train.py --model gpt``) or a Hugging Face GPT-2 folder scores each next token of the
-text. ``--serve`` serves the page on http://127.0.0.1:PORT/ with a text box instead (docs/inspect.md).
+translation run or a Hugging Face Marian (opus-mt) folder scores ``--reference`` if given, else the model's
+own translation (beam search), teacher-forced; a GPT run (``train.py --model gpt``) or a Hugging Face GPT-2
+folder scores each next token of the text. ``--serve`` serves the page on http://127.0.0.1:PORT/ with a text box instead (docs/inspect.md).
 
 The numbers and the page are the core's (:mod:`minitf.inspection`); this command loads runs (with the
 checkpoint readers of the application), tokenizes and checks the input.
@@ -325,7 +325,7 @@ def build_parser():
     p = OneLineParser(prog="python -m minitf.inspect", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, type=pathlib.Path, metavar="RUN_OR_FOLDER",
                    help="a run folder of train.py (translation or --model gpt), one of its checkpoints, or a Hugging "
-                        "Face GPT-2 folder")
+                        "Face Marian (opus-mt) or GPT-2 folder")
     p.add_argument("--text", help="the sentence (default: one per line from stdin)")
     p.add_argument("--reference", help="translation: the target to score (default: the model's own translation)")
     p.add_argument("--beam", type=positive(int), default=4, help="beam size of the model's own translation (1: greedy)")
@@ -401,8 +401,12 @@ def serve(args, warn):
             raise BadRequest(str(error)) from None
         return 200, page(query, [example], notes)
 
-    server = make_server(respond, lambda message, query: page(query, error=message), args.max_chars, args.port,
-                         log=warn)
+    try:
+        server = make_server(respond, lambda message, query: page(query, error=message), args.max_chars, args.port,
+                             log=warn)
+    except OSError as error:
+        raise DataError(f"cannot serve on 127.0.0.1:{args.port}: {error.strerror or error}; choose another --port "
+                        "(0: any free one)") from None
     return serve_forever(server)
 
 

@@ -526,3 +526,13 @@ def test_a_marian_folder_gives_a_page_in_its_own_ids(tmp_path, capsys, float64):
     assert example["loss"] == pytest.approx(loss, rel=1e-6)
     np.testing.assert_allclose([v for _, v in example["points"]], [v for _, v in points], rtol=1e-6)
     np.testing.assert_allclose(example["embedding_grad"]["norms"], embedding, rtol=1e-6)
+
+
+def test_serve_on_a_port_in_use_is_one_line(world, capsys):
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err, _ = run_inspect(["--checkpoint", world["ref"], "--serve", "--port", port], capsys)
+    assert code == 1 and len(err) == 1 and f"cannot serve on 127.0.0.1:{port}" in err[0] and "--port" in err[0], err

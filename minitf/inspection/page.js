@@ -596,14 +596,15 @@
       "the validations the run made; the x axis is the Adam step.");
     const charts = h("div", {class: "charts"}, box);
     const window = Math.max(1, Math.min(50, Math.floor(c.train.step.length / 10)));
+    const train = window > 1
+      ? [{name: "training, per step", xs: c.train.step, ys: c.train.loss, colour: "#9ec5fe", width: 1},
+         {name: `training, ${window}-step mean`, xs: c.train.step, ys: movingMean(c.train.loss, window), colour: "#0969da"}]
+      : [{name: "training, per step", xs: c.train.step, ys: c.train.loss, colour: "#0969da"}];
     lineChart(charts, {
       id: "loss", title: "Loss", xlabel: "step", ylabel: c.loss_name,
-      caption: "Training loss of each step (light), its mean over " + window + " steps, and validation loss.",
-      series: [
-        {name: "training, per step", xs: c.train.step, ys: c.train.loss, colour: "#9ec5fe", width: 1},
-        {name: `training, ${window}-step mean`, xs: c.train.step, ys: movingMean(c.train.loss, window), colour: "#0969da"},
-        {name: "validation", xs: c.valid.step, ys: c.valid.loss, colour: "#cf222e", marker: true},
-      ],
+      caption: window > 1 ? `Training loss of each step (light), its mean over ${window} steps, and validation loss.`
+        : "Training loss of each step, and validation loss.",
+      series: train.concat([{name: "validation", xs: c.valid.step, ys: c.valid.loss, colour: "#cf222e", marker: true}]),
     });
     if (c.valid.score && c.valid.score.some((v) => v !== null)) {
       lineChart(charts, {
