@@ -108,6 +108,8 @@ EXERCISES = {e.name: e for e in [
     Exercise("embedding", "Embedding", "y = W[ids] sqrt(D): the scatter-add into dW", "layers/embedding.md",
              _embedding),
     Exercise("gelu", "GELU", "y = x Phi(x), exact (erf) and GPT-2's tanh form: dx", "gpt.md", _gelu),
+    Exercise("silu", "SiLU", "y = x sigmoid(x), Marian's activation: dx", "pretrained.md",
+             _plain(lambda cls, rng: (cls(), {"x": _arr(rng, B, T, D, scale=3.0)}))),
 ]}
 
 

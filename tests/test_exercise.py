@@ -16,6 +16,7 @@ SOLUTIONS = {
     "loss": "backward = minitf.LabelSmoothedCrossEntropy.backward",
     "embedding": "backward = minitf.Embedding.backward",
     "gelu": "backward = minitf.GELU.backward",
+    "silu": "backward = minitf.SiLU.backward",
 }
 
 #: exercise -> (a planted bug, what the checker must print about it)
@@ -62,6 +63,10 @@ BUGS = {
         du_dx = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x)
         return dy * (cdf + 0.5 * x * (1.0 - t * t) * du_dx)""",
              "furthest off: x_erf["),
+    "silu": ("""def backward(self, dy):
+        x, s = self.saved_tensors()
+        return dy * s                            # the product rule's x sigmoid(x) (1 - sigmoid(x)) forgotten""",
+             "the product rule's second term"),
 }
 
 
@@ -115,6 +120,24 @@ def test_a_wrong_tanh_gelu_backward_is_named_and_the_exact_form_still_passes(bug
     rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.startswith("x_")}
     assert rows == {"x_erf": "ok", "x_tanh": "FAIL"}, out
     assert "furthest off: x_tanh[" in out and message in out and "docs/gpt.md" in out, out
+
+
+@pytest.mark.parametrize("wrong", [
+    "dy * x * s * (1.0 - s)",             # the product rule's first term, sigmoid(x), forgotten
+    "dy * (s + x * (1.0 - s))",           # sigmoid' = 1 - s, not s (1 - s)
+    "dy * (s + s * (1.0 - s))",           # the x of x sigmoid'(x) forgotten
+    "dy * (s + x * y * (1.0 - y))",       # sigmoid' from SiLU's output y = x s instead of s
+])
+def test_each_usual_slip_in_silus_backward_fails_the_check(wrong, tmp_path, capsys):
+    """SiLU's check runs on x of scale 3, both signs: each of the usual slips in y' = s + x s (1 - s)
+    is off almost everywhere, and the checker sends the learner to the derivation."""
+    body = f"""def backward(self, dy):
+        x, s = self.saved_tensors()
+        y = x * s
+        return {wrong}"""
+    assert exercise.main(["check", str(filled(tmp_path, "silu", body))]) == 1
+    out = capsys.readouterr().out
+    assert "furthest off: x[" in out and "SiLU.backward is wrong" in out and "docs/pretrained.md" in out, out
 
 
 @pytest.mark.parametrize("seed", [0, 4])
