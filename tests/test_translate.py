@@ -258,3 +258,17 @@ def test_a_marian_folder_given_to_generate_names_translate(tmp_path, capsys, fla
     line = one_error_line(captured.err.strip().splitlines(), "minitf.generate")
     assert captured.out == "" and f"{folder} is a Hugging Face Marian folder (a translation model)" in line
     assert f"python -m minitf.translate --checkpoint {folder}" in line
+
+
+@pytest.mark.extra("transformers", "bench")
+def test_tokenizer_files_of_another_model_are_one_line(marian, tmp_path, capsys, monkeypatch):
+    """A vocab.json with ids beyond the model's vocabulary (another model's files copied in) is refused
+    before any sentence is translated, naming the file."""
+    folder = tmp_path / "mixed"
+    shutil.copytree(marian["folder"], folder)
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    vocab["▁extra"] = len(vocab) + 10
+    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    code, err, out = translate(["--checkpoint", folder], capsys, b"Hallo\n", monkeypatch, tmp_path)
+    line = one_error_line(err, "minitf.translate")
+    assert code == 1 and out == "" and f"{folder / 'vocab.json'} has ids up to {len(vocab) + 9}" in line
