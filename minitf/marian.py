@@ -338,11 +338,9 @@ def read_torch_weights(path):
     return weights
 
 
-def read(folder, cls, dtype=None):
-    """The model (``cls``: :class:`minitf.Transformer`, whose ``from_pretrained`` calls this) of a Marian folder, in eval mode,
-    built under ``dtype`` (default: minitf's default float dtype); it keeps the folder's config.json
-    (``hf_config``) and path (``pretrained_folder``) for :func:`write`. Nothing is written. A ValueError (one
-    line, naming the file) for anything that does not fit; ImportError for a missing safetensors package."""
+def read_folder_config(folder):
+    """(config.json's dict, the :class:`minitf.Transformer` arguments, the weights file's path) of a Marian
+    folder, every value checked; the weights are not read. A ValueError (one line, naming the file)."""
     folder = pathlib.Path(folder)
     if folder.is_dir():
         _refuse_run_folder(folder)
@@ -351,9 +349,26 @@ def read(folder, cls, dtype=None):
     where = str(folder / "config.json")
     config = transformer_config(hf, where)
     max_positions(hf, where)
-    path = folder / weights_name
-    weights = (pretrained.read_weights(path) if weights_name == "model.safetensors" else read_torch_weights(path))
-    state = hf_to_minitf_state(weights, config, path)
+    return hf, config, folder / weights_name
+
+
+def read_state(folder):
+    """(config.json's dict, the :class:`minitf.Transformer` arguments, ``{minitf name: host array}``) of a Marian
+    folder, every value and tensor checked (finite, of the config's shapes), without building a model: what
+    :func:`read` builds, and what ``train.py --init-from`` checks before it makes a run folder. A ValueError
+    (one line, naming the file) for anything that does not fit; ImportError for a missing safetensors package."""
+    hf, config, path = read_folder_config(folder)
+    weights = pretrained.read_weights(path) if path.name == "model.safetensors" else read_torch_weights(path)
+    return hf, config, hf_to_minitf_state(weights, config, path)
+
+
+def read(folder, cls, dtype=None):
+    """The model (``cls``: :class:`minitf.Transformer`, whose ``from_pretrained`` calls this) of a Marian folder, in eval mode,
+    built under ``dtype`` (default: minitf's default float dtype); it keeps the folder's config.json
+    (``hf_config``) and path (``pretrained_folder``) for :func:`write`. Nothing is written. A ValueError (one
+    line, naming the file) for anything that does not fit; ImportError for a missing safetensors package."""
+    folder = pathlib.Path(folder)
+    hf, config, state = read_state(folder)
     with backend.default_dtype(dtype or backend.get_default_dtype()):
         model = cls(**config)
     model.load_state_dict(state)

@@ -102,7 +102,8 @@ def build_parser():
         task.add_arguments(p)
     g = p.add_argument_group("a pretrained start, a prepared corpus, the cache (either model)")
     g.add_argument("--init-from", type=pathlib.Path, metavar="FOLDER",
-                   help="; ".join(task.init_from_help for task in TASKS.values() if task.pretrained))
+                   help="; ".join(f"--model {task.name}: {task.init_from_help}" for task in TASKS.values()
+                                  if task.pretrained))
     g.add_argument("--corpus-dir", type=pathlib.Path, metavar="DIR",
                    help="a prepared corpus (memory-mapped token arrays): train from DIR; with --train-src etc., "
                    "prepare those files into DIR first (once; a changed source is refused)")
@@ -177,7 +178,7 @@ def run(argv=None):
     check_output_folder(run_dir)
     setup_device(config.precision, args.device)
     data = task.new_run(args, given_options(argv), config, run_dir, world)
-    trainer = task.trainer(config, run_dir, data.tokenizer, data.corpus, log, progress=not args.no_progress)
+    trainer = task.make_trainer(config, run_dir, data, log, progress=not args.no_progress)
     log(task.describe(trainer, data, run_dir))
     return trainer.train_and_finish()
 
@@ -221,7 +222,7 @@ def resume_run(args, given):
                 "uninterrupted one (restore the original file for an exact resume)")
     task = TASKS[config.model]
     data = task.reopen(config, run_dir)
-    trainer = task.trainer(config, run_dir, data.tokenizer, data.corpus, log, progress=not args.no_progress)
+    trainer = task.make_trainer(config, run_dir, data, log, progress=not args.no_progress)
     if not world.is_root:
         world.barrier()  # rank 0 recovers and checks the checkpoints (moving bad ones aside) first
     for stale in ckpt.recover_checkpoints(run_dir):

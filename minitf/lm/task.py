@@ -6,8 +6,8 @@ import importlib.util
 import os
 import pathlib
 
-from minitf import backend
-from minitf.gpt import pretrained_config
+from minitf import backend, pretrained
+from minitf.gpt import pretrained_config, read_pretrained_state
 from minitf.lm.corpus import default_text_splits
 from minitf.lm.data import (CharTokenizer, TextCorpus, load_tokenizer, pretrained_eos_id, read_pretrained_tokenizer,
                             tokenizer_files, tokenizer_kind)
@@ -72,6 +72,9 @@ class LanguageModelTask(Task):
         if missing:
             raise UsageError(f"--init-from needs the {' and '.join(missing)} package{'s' * (len(missing) > 1)}, not "
                              "installed here: pip install -e '.[hf]'")
+        if pretrained.model_type(args.init_from) == "marian":
+            raise UsageError(f"--init-from {args.init_from} is a Hugging Face Marian folder (a translation model): "
+                             "fine-tune it without --model gpt (--model transformer, the default)")
         try:
             model, _ = pretrained_config(args.init_from)
         except ValueError as error:
@@ -80,6 +83,10 @@ class LanguageModelTask(Task):
         if not model["tie_embeddings"]:
             raise UsageError(f"--init-from {args.init_from}: its output projection is not tied to the embedding "
                              "(tie_word_embeddings false); train.py fine-tunes GPT-2's tied shape only")
+        try:  # damaged weights (truncated, a NaN): refused here, before any run folder; the trainer gets these
+            self.read_once(args.init_from / "model.safetensors", lambda: read_pretrained_state(args.init_from, model))
+        except ValueError as error:
+            raise DataError(f"--init-from {args.init_from}: {error}") from None
         return dict(d_model=model["d_model"], num_heads=model["num_heads"], num_decoder_layers=model["num_layers"],
                     d_ff=model["d_ff"], pre_norm=model["pre_norm"], n_positions=model["max_len"],
                     activation=model["activation"], layer_norm_eps=float(model["layer_norm_eps"]),

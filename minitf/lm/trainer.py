@@ -46,7 +46,8 @@ def build_gpt(config, vocab_size):
 class LanguageModelTrainer(Trainer):
     """A run of ``python train.py --model gpt``: ``corpus`` is a :class:`minitf.lm.data.TextCorpus`."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, pretrained=None, **kwargs):
+        self.pretrained = pretrained  # --init-from's weights as the command's checks read them (None: read here)
         super().__init__(*args, **kwargs)
         if self.mixed and self.pretrained is not None:  # fp16: the master weights are the folder's, not rounded
             self.optimizer.load_master([self.pretrained[name] for name, _ in self.model.named_parameters()])
@@ -54,14 +55,15 @@ class LanguageModelTrainer(Trainer):
 
     def build_model(self):
         model = build_gpt(self.config, self.tokenizer.vocab_size)
-        self.pretrained = None
-        if self.config.init_from is not None and not ckpt.list_checkpoints(self.run_dir):
-            # fine-tuning starts from the pretrained weights (a resumed run's come from its checkpoint)
-            try:
+        if self.config.init_from is None or ckpt.list_checkpoints(self.run_dir):
+            self.pretrained = None  # a resumed run's weights come from its checkpoint
+            return model
+        try:  # fine-tuning starts from the pretrained weights
+            if self.pretrained is None:  # a resumed run stopped before its first checkpoint: read the folder
                 self.pretrained = read_pretrained_state(self.config.init_from, model.config)
-                model.load_state_dict(self.pretrained)
-            except (OSError, ValueError) as error:
-                raise DataError(f"--init-from {self.config.init_from}: {error}") from None
+            model.load_state_dict(self.pretrained)
+        except (OSError, ValueError) as error:
+            raise DataError(f"--init-from {self.config.init_from}: {error}") from None
         return model
 
     def build_loss(self):

@@ -107,10 +107,13 @@ def make_target_io(seqs, pad_id, bos_id, eos_id):
 class Corpus:
     """The encoded splits of a run (lists of token-id lists per side) from :func:`read_splits`' ``splits``;
     ``log`` takes one message (how many empty line pairs were dropped). A ``lexicon`` split is kept as text:
-    each epoch encodes only its sample (:meth:`start_epoch`)."""
+    each epoch encodes only its sample (:meth:`start_epoch`). Batches use the tokenizer's pad, bos (the
+    decoder's start) and eos ids; a tokenizer with ``encode_target`` (a Marian folder's: its target.spm)
+    segments the target side with it."""
 
     def __init__(self, tokenizer, splits, log):
         self.tokenizer = tokenizer
+        self.encode_target = getattr(tokenizer, "encode_target", tokenizer.encode)
         self.text = {}
         self.ids = {}
         for split, pairs in splits.items():
@@ -118,7 +121,7 @@ class Corpus:
                 log(f"{split}: dropped {pairs.n_dropped} line pairs with an empty side")
             self.text[split] = ([s for s, _ in pairs], [t for _, t in pairs])
             if split != "lexicon":
-                self.ids[split] = (tokenizer.encode(self.text[split][0]), tokenizer.encode(self.text[split][1]))
+                self.ids[split] = (tokenizer.encode(self.text[split][0]), self.encode_target(self.text[split][1]))
         self.sentence_ids = self.ids.get("train")  # the training split's own ids, before any lexicon is mixed in
         self._samplers, self._sampled_epoch = None, None  # BPE-dropout (set_bpe_dropout)
         self.lexicon_ratio = 0.0
@@ -153,7 +156,7 @@ class Corpus:
             # its own stream: the batches' shuffle of (seed, epoch) stays what it is without the lexicon
             chosen = np.random.default_rng([seed, epoch, 0x1E81C0]).choice(len(lex_src), count, replace=False)
             src = src + self.tokenizer.encode([lex_src[i] for i in chosen])
-            tgt = tgt + self.tokenizer.encode([lex_tgt[i] for i in chosen])
+            tgt = tgt + self.encode_target([lex_tgt[i] for i in chosen])
         self.ids["train"] = (src, tgt)
         self._sampled_epoch = (seed, epoch)
 
@@ -165,8 +168,9 @@ class Corpus:
     def batch(self, split, index):
         """Host int arrays (src (B, S), tgt_in (B, T), tgt_out (B, T)) for sentence indices."""
         src, tgt = self.ids[split]
-        tgt_in, tgt_out = make_target_io([tgt[i] for i in index], PAD_ID, BOS_ID, EOS_ID)
-        return pad_batch([src[i] for i in index], PAD_ID, eos_id=EOS_ID), tgt_in, tgt_out
+        t = self.tokenizer
+        tgt_in, tgt_out = make_target_io([tgt[i] for i in index], t.pad_id, t.bos_id, t.eos_id)
+        return pad_batch([src[i] for i in index], t.pad_id, eos_id=t.eos_id), tgt_in, tgt_out
 
 
 # A prepared corpus folder (fairseq's binarized "mmap" datasets are the model); split is train, valid or test,

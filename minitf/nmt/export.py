@@ -17,6 +17,7 @@ import pathlib
 import sys
 
 from minitf import marian, pretrained
+from minitf.nmt.translation_trainer import read_tokenizer
 from minitf.training.checkpoint import load_model
 from minitf.training.errors import OneLineParser, UsageError, report_errors
 from minitf.training.tokenizer import BOS_ID, EOS_ID, Tokenizer
@@ -58,7 +59,7 @@ def export(run, folder, warn=None):
         raise UsageError(f"{folder} {'is a file' if not folder.is_dir() else 'is not empty'}; give a new or empty "
                          "folder for the Hugging Face files (nothing was written)")
     pretrained.safetensors_numpy()  # the missing extra: an ImportError before the run is read
-    model, tokenizer, meta = load_model(run, warn=warn)
+    model, tokenizer, meta = load_model(run, warn=warn, read_tokenizer=read_tokenizer)
     config = meta.get("config", {})
     generation = None
     if isinstance(tokenizer, Tokenizer):  # minitf's own: one sentencepiece model for both sides
@@ -69,7 +70,9 @@ def export(run, folder, warn=None):
         raise UsageError(f"{run}: its tokenizer ({type(tokenizer).__name__}) has no Marian files; "
                          "only translation runs can be exported")
     hf = marian.hf_config(model, getattr(model, "hf_config", None), BOS_ID, EOS_ID)
-    generation = marian.generation_config(hf, num_beams=int(config.get("beam", 4)))
+    # a run fine-tuned from a Marian folder: that folder's generation_config.json, kept in the run
+    generation = ((config.get("marian") or {}).get("generation")
+                  or marian.generation_config(hf, num_beams=int(config.get("beam", 4))))
     marian.write(model, folder, decoder_start_id=BOS_ID, eos_id=EOS_ID, generation=generation,
                  tokenizer_files=files or {})
     if files is None:

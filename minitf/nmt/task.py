@@ -1,23 +1,32 @@
 """Translation's part of the ``train.py`` command (``--model transformer``, the default): its data options, a new
 run on the default corpus (the Ding dictionary, fetched once), on the user's parallel files or on a prepared
-corpus (WMT 2014 or ``--corpus-dir``), a resumed run's data, and :class:`TranslationTrainer`. The interface is
-:class:`minitf.training.task.Task`."""
+corpus (WMT 2014 or ``--corpus-dir``), a Hugging Face Marian folder to fine-tune (``--init-from``), a resumed
+run's data, and :class:`TranslationTrainer`. The interface is :class:`minitf.training.task.Task`."""
+import importlib.util
+import json
 import os
 import pathlib
 
-from minitf import backend
+from minitf import backend, marian, pretrained
 from minitf.nmt import corpora, prepare
 from minitf.nmt.corpora import default_corpus_splits
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
-from minitf.nmt.translation_trainer import TranslationTrainer
+from minitf.nmt.marian_tokenizer import MarianTokenizer
+from minitf.nmt.translation_trainer import TranslationTrainer, load_tokenizer
+from minitf.training import files
 from minitf.training.errors import DataError, UsageError, non_negative
 from minitf.training.files import file_sha256
 from minitf.training.task import (RunData, Task, before_training, default, log, new_run_folder, prepare_tokenizer,
-                                  start_prepared_run)
-from minitf.training.tokenizer import Tokenizer
+                                  refuse_with_init_from, start_prepared_run)
 
 #: The parallel files' splits (--train-src ... --test-tgt).
 SPLITS = ("train", "valid", "test")
+#: --init-from's learning-rate factor unless --lr-scale is given (docs/training.md, "Fine-tuning a Marian
+#: model": the paper's schedule at 1 moves a trained model as far as a new one; measured there).
+FINE_TUNE_LR_SCALE = 0.1
+#: The flags that would contradict --init-from's folder (it fixes the model's shape and the tokenizer).
+PRETRAINED_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff",
+                    "pre_norm", "vocab_size")
 #: A --train-src of more lines than this (without --corpus-dir) is read into memory after a note that says
 #: --corpus-dir keeps memory flat (about 3 GB were measured for a million pairs, on every rank).
 LARGE_CORPUS_LINES = 200_000
@@ -39,6 +48,11 @@ class TranslationTask(Task):
     config_flags = ("lexicon", "src_lang", "tgt_lang")
     resume_fixed = ("src_lang", "tgt_lang", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src",
                     "test_tgt", "phrases", "lexicon", "corpus")
+    pretrained = "Marian (opus-mt) translation model"
+    init_from_help = ("fine-tune a pretrained translation model: a Hugging Face Marian folder (an opus-mt model: "
+                      "config.json, model.safetensors, source.spm, target.spm, vocab.json) gives the model's shape, "
+                      "its weights and its tokenizer, kept in the run (needs pip install -e '.[hf]'; --lr-scale "
+                      f"{FINE_TUNE_LR_SCALE:g} unless given; the data must be the folder's language pair)")
 
     def add_arguments(self, parser):
         g = parser.add_argument_group("data (default: the Ding de-en example sentences, fetched with apt)")
@@ -72,6 +86,41 @@ class TranslationTask(Task):
     def default_run_dir(self, preset):
         return pathlib.Path("runs") / preset
 
+    #: --init-from's tokenizer, as :meth:`pretrained_fields` read and checked it (for :meth:`new_run`).
+    init_tokenizer = None
+
+    def pretrained_fields(self, args):
+        folder = args.init_from
+        refuse_with_init_from(args, PRETRAINED_FIXED)
+        if args.bpe_dropout:
+            raise UsageError("--bpe-dropout cannot go with --init-from: it samples minitf's own BPE merges, and the "
+                             f"run keeps the sentencepiece tokenizer of {folder}; leave it out")
+        if self.uses_prepared(args):
+            raise UsageError("--init-from reads the training text with its folder's tokenizer: give the files as "
+                             "--train-src ... (or none, for the default corpus), not a prepared corpus "
+                             "(--corpus-dir, --corpus wmt14-en-de: minitf's own tokenizer's ids)")
+        if importlib.util.find_spec("safetensors") is None:
+            raise UsageError("--init-from needs the safetensors package, not installed here: pip install -e '.[hf]'")
+        if pretrained.model_type(folder) == "gpt2":
+            raise UsageError(f"--init-from {folder} is a Hugging Face GPT-2 folder (a language model), not a "
+                             "translation model: to fine-tune it, add --model gpt")
+        try:
+            hf, model, weights = marian.read_folder_config(folder)
+        except ValueError as error:
+            raise UsageError(f"--init-from {folder}: {error}") from None
+        self.init_tokenizer = check_tokenizer(folder, model)  # before the weights: a missing file is named first
+        try:  # damaged weights (truncated, a NaN): refused here, before any run folder; the trainer gets these
+            self.read_once(weights, lambda: marian.read_state(folder)[2])
+        except ValueError as error:
+            raise DataError(f"--init-from {folder}: {error}") from None
+        return dict(d_model=model["d_model"], num_heads=model["num_heads"],
+                    num_encoder_layers=model["num_encoder_layers"], num_decoder_layers=model["num_decoder_layers"],
+                    d_ff=model["d_ff"], pre_norm=False, vocab_size=model["src_vocab_size"],
+                    activation=model["activation"], layer_norm_eps=float(model["layer_norm_eps"]),
+                    tokenizer="pretrained", init_from=str(folder.resolve()),
+                    marian={"config": hf, "generation": read_generation_json(folder)},
+                    lr_scale=args.lr_scale or FINE_TUNE_LR_SCALE)
+
     def check_config(self, args, config):
         if args.corpus != "ding" or args.corpus_dir is not None or given_files(args) or args.phrases:
             if args.lexicon:  # the lexicon is the Ding dictionary's, sampled instead of every phrase
@@ -88,7 +137,7 @@ class TranslationTask(Task):
             data_paths(args)  # the corpus flags go together
 
     def new_run(self, args, given, config, run_dir, world):
-        if self.uses_prepared(args):
+        if self.uses_prepared(args):  # not with --init-from (pretrained_fields)
             return new_prepared_run(args, given, config, run_dir, world)
         if args.prepare_again:
             raise UsageError("--prepare-again prepares a corpus of memory-mapped arrays: it needs --corpus-dir DIR "
@@ -96,10 +145,15 @@ class TranslationTask(Task):
         if args.train_src is not None and world.is_root:
             warn_if_large(args.train_src)
         with before_training(run_dir):
-            return new_run_data(args, config, run_dir, world)
+            return new_run_data(args, config, run_dir, world, self.init_tokenizer if config.init_from else None)
 
     def reopen(self, config, run_dir):
-        tokenizer = Tokenizer(run_dir / "tokenizer.model")
+        tokenizer = load_tokenizer(run_dir / "tokenizer.model")  # minitf's, or a Marian folder's (--init-from)
+        if (config.init_from is not None) != isinstance(tokenizer, MarianTokenizer):
+            raise DataError(f"--resume {run_dir}: its tokenizer.model is {'not ' * (config.init_from is not None)}"
+                            "a Marian folder's tokenizer, but config.json says the run was "
+                            f"{'not ' * (config.init_from is None)}fine-tuned from one; restore tokenizer.model "
+                            "from a checkpoint or start a new run")
         if "prepared" in config.data:  # memory-mapped token arrays: the run's tokenizer must be theirs
             corpus = IndexedCorpus(config.data["prepared"])
             if corpus.tokenizer.sha256 != tokenizer.sha256:
@@ -115,9 +169,54 @@ class TranslationTask(Task):
         if config.lexicon:
             where += (f", and {config.lexicon:g} lexicon pairs per sentence each epoch "
                       f"(from {len(corpus.text['lexicon'][0]):,})")
-        return (f"{config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
+        model = f"{config.preset} model"
+        if config.init_from is not None:
+            model = (f"Marian model fine-tuned from {config.init_from} (its tokenizer of {data.tokenizer.vocab_size} "
+                     f"ids; learning rate x {config.lr_scale:g} of the paper's schedule)")
+        return (f"{model}: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
                 f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, on {backend.get_device()}; "
                 f"{len(corpus.ids['train'][0]):,} training pairs{where}; run folder {run_dir}")
+
+
+def check_tokenizer(folder, model):
+    """The Marian tokenizer of ``folder``, checked against its model (the Transformer's arguments): ids within
+    the model's vocabulary, the pad, eos and start ids the model's, one set of special ids for both sides. A
+    one-line DataError names the file."""
+    tokenizer = MarianTokenizer.from_folder(folder)
+    for what, ids, vocab in (("vocab.json", tokenizer.vocab_size, model["src_vocab_size"]),
+                             ("target_vocab.json" if tokenizer.separate_vocabs else "vocab.json",
+                              tokenizer.target_vocab_size, model["tgt_vocab_size"])):
+        if ids > vocab:
+            raise DataError(f"--init-from {folder}: {what} has ids up to {ids - 1} but the model's vocabulary has "
+                            f"{vocab}; the tokenizer's files belong to another model: copy this model's")
+    ours = {"pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id,
+            "decoder_start_token_id": tokenizer.bos_id}
+    theirs = {"pad_token_id": model["pad_id"], "eos_token_id": model["eos_id"],
+              "decoder_start_token_id": model["decoder_start_id"]}
+    target = {"pad_token_id": tokenizer.target_pad_id, "eos_token_id": tokenizer.target_eos_id,
+              "decoder_start_token_id": tokenizer.bos_id}
+    wrong = [f"{key} {theirs[key]} (the tokenizer's: {ours[key]})" for key in ours if ours[key] != theirs[key]]
+    wrong += [f"the target vocabulary's {key[:-9]} {target[key]} (the source's: {ours[key]})" for key in ours
+              if target[key] != ours[key]]
+    if wrong:
+        raise DataError(f"--init-from {folder}: config.json's {', '.join(wrong)} do not fit its tokenizer's files; "
+                        "they belong to different models: copy the model's own files")
+    return tokenizer
+
+
+def read_generation_json(folder):
+    """The folder's generation_config.json as a dict (kept in the run: an export writes it again), or None."""
+    path = pathlib.Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return None
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"--init-from {folder}: {path.name} is not readable JSON ({error}); copy it again from "
+                         "the model's Hugging Face folder or delete it") from None
+    if not isinstance(values, dict):
+        raise UsageError(f"--init-from {folder}: {path.name} is not a JSON object; copy it again or delete it")
+    return values
 
 
 def data_paths(args, lexicon=0.0):
@@ -140,9 +239,9 @@ def data_paths(args, lexicon=0.0):
                                  lexicon=lexicon > 0)
 
 
-def new_run_data(args, config, run_dir, world):
-    """A new run's data (the default corpus, fetched once, or --train-src ...), its tokenizer (trained
-    by rank 0) and config.json."""
+def new_run_data(args, config, run_dir, world, init_tokenizer=None):
+    """A new run's data (the default corpus, fetched once, or --train-src ...), its tokenizer (trained by rank
+    0, or ``init_tokenizer``: --init-from's) and config.json."""
     if not world.is_root:  # rank 0 fetches the default corpus once; the others then find it in the cache
         world.barrier()
     paths = data_paths(args, config.lexicon)
@@ -154,14 +253,18 @@ def new_run_data(args, config, run_dir, world):
     config.data = paths
     if world.is_root:  # rank 0 makes the run folder, holds its lock and trains the tokenizer; the others wait
         with new_run_folder(run_dir):
-            tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
-                                          config.vocab_size, log)
+            if init_tokenizer is not None:  # --init-from: the folder's, kept in the run (it needs it no more)
+                tokenizer = init_tokenizer
+                files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
+            else:
+                tokenizer = prepare_tokenizer(run_dir, [s for s, _ in train_pairs] + [t for _, t in train_pairs],
+                                              config.vocab_size, log)
     config.data_sha256 = {key: file_sha256(path) for key, path in paths.items() if path is not None}
     if world.is_root:
         config.write(run_dir)
     world.barrier()
     if not world.is_root:
-        tokenizer = Tokenizer(run_dir / "tokenizer.model")
+        tokenizer = load_tokenizer(run_dir / "tokenizer.model")
     return RunData(tokenizer, Corpus(tokenizer, splits, log))
 
 

@@ -18,6 +18,7 @@ from minitf.training.checkpoint import load_model
 from minitf.training.config import MAX_ALPHA
 from minitf.training.text import answer_each_line, decode_lines, read_lines
 from minitf.nmt.decode import translate_texts
+from minitf.nmt.translation_trainer import read_tokenizer
 from minitf.training.errors import DataError, OneLineParser, UsageError, number_in, positive, report_errors
 
 #: A run's decoding without flags (the paper, section 6.1): beam 4, alpha 0.6, input length + 50 tokens.
@@ -57,7 +58,7 @@ def load_translator(path, warn=None):
                else "give a Marian folder (an opus-mt model) or a run folder of train.py")
         name = "GPT-2" if kind == "gpt2" else f"{kind!r}"
         raise UsageError(f"{path} is a Hugging Face {name} folder, not a translation model: {use}")
-    model, tokenizer, _ = load_model(path, warn=warn)
+    model, tokenizer, _ = load_model(path, warn=warn, read_tokenizer=read_tokenizer)  # a fine-tuned Marian's too
     return model, tokenizer, dict(RUN_DEFAULTS)
 
 

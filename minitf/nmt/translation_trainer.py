@@ -2,18 +2,21 @@
 :class:`minitf.training.trainer.Trainer` with what the encoder-decoder Transformer needs: token-count batches
 of sentence pairs, the label-smoothed loss, validation by loss, perplexity and BLEU with example translations,
 and the end of the run (last, average of the last N, best validation; chosen on validation BLEU, reported on
-the test set with beam search)."""
+the test set with beam search). A run fine-tuned from a Hugging Face Marian folder (``--init-from``) starts
+from its weights, with its tokenizer (kept in the run's tokenizer.model: :func:`read_tokenizer`)."""
 import pathlib
 import time
 
+from minitf import marian
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.transformer import Transformer
 from minitf.nmt.data import token_batches
 from minitf.nmt.decode import bleu_from_stats, bleu_stats, bootstrap_wins, inference_mode, translate_texts
+from minitf.nmt.marian_tokenizer import MarianTokenizer
 from minitf.training import checkpoint as ckpt, trainer as base
 from minitf.training.errors import DataError, StepOutOfMemory, pause_for_tests
 from minitf.training.files import write_json_atomic
-from minitf.training.tokenizer import PAD_ID
+from minitf.training.tokenizer import Tokenizer
 from minitf.training.trainer import Trainer, perplexity
 
 #: Short everyday German sentences shown at the end of a German-English run.
@@ -21,17 +24,56 @@ EVERYDAY_GERMAN = ("Ich habe Hunger.", "Die Tür ist geschlossen.", "Das Wetter 
                    "Wo ist der Bahnhof?", "Kannst du mir helfen?")
 
 
+def read_tokenizer(data, origin="tokenizer.model"):
+    """The tokenizer a translation run keeps in tokenizer.model (``data``: its bytes): minitf's sentencepiece
+    model (a protobuf), or a Marian folder's tokenizer (a run fine-tuned with --init-from), kept as JSON by
+    :meth:`MarianTokenizer.model_bytes`. For ``checkpoint.load_model(..., read_tokenizer=read_tokenizer)``."""
+    data = bytes(data)
+    if data[:1] == b"{":  # a protobuf's first byte is a field tag, never "{"
+        return MarianTokenizer.from_bytes(data, origin)
+    return Tokenizer.from_bytes(data)
+
+
+def load_tokenizer(path):
+    """A run's tokenizer.model file (:func:`read_tokenizer`); a one-line DataError if it cannot be read."""
+    try:
+        return read_tokenizer(pathlib.Path(path).read_bytes(), str(path))
+    except OSError as error:
+        raise DataError(f"cannot read the run's tokenizer {path} ({error.strerror or error}); restore it from a "
+                        "checkpoint's tokenizer.model or start a new run") from None
+
+
 class TranslationTrainer(Trainer):
     """A run of ``python train.py`` (the default ``--model transformer``): ``corpus`` is a
-    :class:`minitf.nmt.data.Corpus` or :class:`minitf.nmt.data.IndexedCorpus`."""
+    :class:`minitf.nmt.data.Corpus` or :class:`minitf.nmt.data.IndexedCorpus`. ``pretrained``: a fine-tuning
+    run's start, the Marian folder's weights as the command's checks read them (None: read here if needed)."""
+
+    def __init__(self, *args, pretrained=None, **kwargs):
+        self.pretrained = pretrained
+        super().__init__(*args, **kwargs)
+        if self.mixed and self.pretrained is not None:  # fp16: the master weights are the folder's, not rounded
+            self.optimizer.load_master([self.pretrained[name] for name, _ in self.model.named_parameters()])
+        self.pretrained = None
 
     def build_model(self):
-        """The model of this run (translation: the encoder-decoder Transformer)."""
-        return Transformer.from_config(self.config.model_config(self.tokenizer.vocab_size))
+        """The model of this run (translation: the encoder-decoder Transformer; fine-tuning: the Marian
+        folder's, from its weights unless the run has a checkpoint to resume from)."""
+        model = Transformer.from_config(self.config.model_config(self.tokenizer.vocab_size))
+        if self.config.init_from is None or ckpt.list_checkpoints(self.run_dir):
+            self.pretrained = None  # a resumed run's weights come from its checkpoint
+            return model
+        try:
+            if self.pretrained is None:  # a resumed run stopped before its first checkpoint: read the folder
+                self.pretrained = marian.read_state(self.config.init_from)[2]
+            model.load_state_dict(self.pretrained)
+        except (OSError, ValueError) as error:
+            raise DataError(f"--init-from {self.config.init_from}: {error}") from None
+        return model
 
     def build_loss(self):
-        """The loss over the model's outputs (translation: label-smoothed, pads ignored)."""
-        return LabelSmoothedCrossEntropy(self.config.label_smoothing, ignore_index=PAD_ID)
+        """The loss over the model's outputs (translation: label-smoothed, pads ignored: the tokenizer's pad,
+        a Marian vocabulary's last id)."""
+        return LabelSmoothedCrossEntropy(self.config.label_smoothing, ignore_index=self.tokenizer.pad_id)
 
     def epoch_batches(self):
         """(batches, lengths) of this epoch: the global batch list (index arrays, the same on every rank,

@@ -375,8 +375,13 @@ def _candidates(path, warn=None):
 
 
 def build_transformer(config, vocab_size):
-    """The Transformer a translation checkpoint's config describes."""
-    return Transformer.from_config(config.model_config(vocab_size))
+    """The Transformer a translation checkpoint's config describes (a run fine-tuned from a Marian folder: that
+    folder's model, which keeps the folder's config.json as ``hf_config`` for an export, as
+    ``Transformer.from_pretrained`` does)."""
+    model = Transformer.from_config(config.model_config(vocab_size))
+    if config.marian is not None:
+        model.hf_config = dict(config.marian["config"])
+    return model
 
 
 #: What to do with a run of each ``--model``: the command that reads it.

@@ -11,6 +11,7 @@ from minitf.training.errors import UsageError
 from minitf.training.files import write_json_atomic
 from minitf.training.tokenizer import PAD_ID
 from minitf.layers import ACTIVATIONS
+from minitf.marian import max_positions, transformer_config
 from minitf.transformer import TransformerConfig
 
 #: Bumped whenever a field changes meaning; config.json records it.
@@ -18,13 +19,17 @@ from minitf.transformer import TransformerConfig
 #: 3); 4: both, and ``max_minutes`` is the wall time of the whole command (it counted training steps only).
 #: 6: ``model`` (transformer or gpt), ``block_size`` and ``tokenizer`` (the language model's).
 #: 7: ``init_from``, ``n_positions``, ``activation``, ``layer_norm_eps`` (a GPT fine-tuned from a pretrained one).
-SCHEMA_VERSION = 7
+#: 8: ``marian`` (a translation model fine-tuned from a Hugging Face Marian folder; ``init_from`` then names it).
+SCHEMA_VERSION = 8
 #: Fields added since an older schema, with the values that keep the old meaning (a file's own values win).
-_ADDED_SINCE_6 = {"init_from": None, "n_positions": None, "activation": "gelu_tanh", "layer_norm_eps": 1e-5}
+_ADDED_SINCE_7 = {"marian": None}
+_ADDED_SINCE_6 = {"init_from": None, "n_positions": None, "activation": "gelu_tanh", "layer_norm_eps": 1e-5,
+                  **_ADDED_SINCE_7}
 _ADDED_SINCE_5 = {"model": "transformer", "block_size": 128, "tokenizer": "bpe", **_ADDED_SINCE_6}
 _ADDED_SINCE_4 = {"lexicon": 0.0, **_ADDED_SINCE_5}
 _ADDED_SINCE_2 = {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0, **_ADDED_SINCE_4}
-ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2, 4: _ADDED_SINCE_4, 5: _ADDED_SINCE_5, 6: _ADDED_SINCE_6}
+ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2, 4: _ADDED_SINCE_4, 5: _ADDED_SINCE_5, 6: _ADDED_SINCE_6,
+                7: _ADDED_SINCE_7}
 
 # Table 3 of the paper (base, big); tiny is the CPU default, chosen by measurement (docs/training.md: more
 # updates of a small, fast model win a 15-minute budget; scripts/recipe_arms.sh decided dropout and BPE-dropout).
@@ -97,11 +102,16 @@ class RunConfig:
     model: str = "transformer"  # or "gpt": the decoder-only language model (minitf.lm)
     block_size: int = 128       # gpt: tokens per training block (the model's context)
     tokenizer: str = "bpe"      # gpt: "bpe" (sentencepiece), "char" (one id per character) or "pretrained"
-    # gpt fine-tuned from a Hugging Face GPT-2 folder (--init-from): its path, and what its config.json fixes
+    # fine-tuned from a Hugging Face folder (--init-from): its path, and what its config.json fixes (a GPT-2
+    # folder for gpt; a Marian folder for transformer: then the sizes above, vocab_size and these two are its)
     init_from: str | None = None
-    n_positions: int | None = None  # rows of the learned position table (None: block_size)
-    activation: str = "gelu_tanh"   # the feed-forward's (GPT-2's gelu_new)
+    n_positions: int | None = None  # gpt: rows of the learned position table (None: block_size)
+    activation: str = "gelu_tanh"   # the feed-forward's (GPT-2's gelu_new; Marian's silu)
     layer_norm_eps: float = 1e-5
+    # transformer from a Marian folder: {"config": its config.json, "generation": its generation_config.json or
+    # None}, kept so that the run needs the folder no more: the model is built from "config" (model_config), an
+    # export writes both again
+    marian: dict | None = None
     # the recipe
     vocab_size: int = 4000
     warmup: int = 800
@@ -167,8 +177,14 @@ class RunConfig:
         if (self.tokenizer == "pretrained") != (self.init_from is not None):
             raise UsageError("the pretrained tokenizer comes with --init-from FOLDER and only with it; "
                              f"got tokenizer {self.tokenizer!r} and --init-from {self.init_from}")
-        if self.init_from is not None and self.model != "gpt":
-            raise UsageError("--init-from FOLDER starts a GPT from a pretrained one: it needs --model gpt")
+        if self.model == "gpt" and self.marian is not None:
+            raise UsageError("a Marian folder's config (\"marian\") belongs to a translation run, not --model gpt")
+        if self.model == "transformer" and (self.init_from is None) != (self.marian is None):
+            raise UsageError("a translation run fine-tuned with --init-from records the Marian folder's path "
+                             f"(init_from) and its config.json (marian) together; got init_from {self.init_from!r} "
+                             f"and marian {'set' if self.marian is not None else 'null'}: start a new run")
+        if self.marian is not None:
+            self._validate_marian()
         if self.activation not in ACTIVATIONS:
             raise UsageError(f"activation must be one of {tuple(ACTIVATIONS)}, got {self.activation!r}")
         if not (isinstance(self.layer_norm_eps, float) and 0 < self.layer_norm_eps < 1):
@@ -215,14 +231,48 @@ class RunConfig:
                              f"{self.bleu_sentences}")
         return self
 
+    def _validate_marian(self):
+        """A run fine-tuned from a Marian folder: its kept config.json describes a model minitf computes, whose
+        shape is the run's (a hand-edited config.json that disagrees is refused, naming the field)."""
+        where = "config.json's \"marian\""
+        if not (isinstance(self.marian, dict) and isinstance(self.marian.get("config"), dict)
+                and isinstance(self.marian.get("generation"), (dict, type(None)))):
+            raise UsageError(f"{where} must be {{\"config\": the folder's config.json, \"generation\": its "
+                             "generation_config.json or null}; start a new run")
+        try:
+            args = transformer_config(self.marian["config"], where)
+            positions = max_positions(self.marian["config"], where)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        shape = {name: args[name] for name in ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers",
+                                               "d_ff", "activation", "layer_norm_eps", "pre_norm")}
+        shape["vocab_size"] = args["src_vocab_size"]
+        wrong = [f"{name} {getattr(self, name)!r} (the folder's: {value!r})" for name, value in shape.items()
+                 if getattr(self, name) != value]
+        if wrong:
+            raise UsageError(f"the run's {', '.join(wrong)} differ from the Marian folder's config it was started "
+                             f"from ({where}); restore config.json or start a new run")
+        if self.max_len + 1 > positions:  # a sentence and its eos (or the start token) at most
+            raise UsageError(f"--max-len {self.max_len} is longer than the model's {positions} positions less one "
+                             f"(max_position_embeddings of --init-from {self.init_from}); use --max-len "
+                             f"{positions - 1} or less")
+
     def model_config(self, vocab_size):
-        """This run's TransformerConfig: one shared vocabulary, tied embeddings (paper 3.4), the tokenizer's pad id."""
+        """This run's TransformerConfig: one shared vocabulary, tied embeddings (paper 3.4), the tokenizer's pad id.
+        A run fine-tuned from a Marian folder: the folder's model (its config.json, :func:`minitf.marian.
+        transformer_config`: Marian's options, its vocabulary and ids) with the run's dropout."""
+        if self.marian is not None:
+            args = transformer_config(self.marian["config"])
+            if vocab_size > args["src_vocab_size"]:
+                raise ValueError(f"the tokenizer has {vocab_size} ids, the Marian model {args['src_vocab_size']}")
+            return TransformerConfig(**dict(args, dropout=self.dropout))
         return TransformerConfig(src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
                                  **{k: getattr(self, k) for k in MODEL_FIELDS},
                                  share_embeddings=True, pad_id=PAD_ID)
 
     def model_fields(self, with_dropout=False):
-        fields = MODEL_FIELDS + (GPT_FIELDS if self.model == "gpt" else ())
+        fields = MODEL_FIELDS + (GPT_FIELDS if self.model == "gpt" else ()) + (
+            ("marian",) if self.marian is not None else ())  # a checkpoint of the same Marian model only
         return {k: getattr(self, k) for k in fields if with_dropout or k != "dropout"}
 
     def to_dict(self):

@@ -36,7 +36,13 @@ class Task:
     called in this order for a new run: :meth:`add_arguments` (every task's, into one parser), :meth:`given_flags`
     (of the other tasks: refused), :meth:`pretrained_fields` (with ``--init-from``), :meth:`check_config`,
     :meth:`default_run_dir`, :meth:`check_command` (before ``mpiexec`` starts the ranks) or :meth:`new_run` (in
-    every rank), then ``trainer(...)`` and :meth:`describe`. A resumed run calls :meth:`reopen` instead."""
+    every rank), then :meth:`make_trainer` and :meth:`describe`. A resumed run calls :meth:`reopen` instead.
+
+    ``--init-from``'s weights are read once per process, in :meth:`pretrained_fields` (:meth:`read_once`): a
+    damaged file (truncated, a NaN) is refused there, before ``mpiexec`` starts the ranks and before any run
+    folder is made, and the same arrays go to the trainer (:meth:`make_trainer`). Under ``mpiexec`` the
+    launcher's check and each rank read the file once each: a rank needs the weights in its own memory, and
+    reading them is cheaper than sending them."""
     #: ``--model``'s value.
     name = None
     #: What it is called in a sentence ("translation"): its flags "belong to" it.
@@ -75,8 +81,34 @@ class Task:
 
     def pretrained_fields(self, args):
         """The RunConfig fields ``--init-from FOLDER`` fixes (the model's shape, its tokenizer), read from the
-        folder; a one-line UsageError for a folder that cannot be read or a flag that contradicts it."""
+        folder, whose weights are read and checked here too (:meth:`read_once`); a one-line UsageError for a
+        folder that cannot be read or a flag that contradicts it, a DataError for damaged weights."""
         raise UsageError(f"--init-from is not supported by --model {self.name}")
+
+    def read_once(self, path, read):
+        """``read()`` (the weights of the file ``path``, checked), once per process while the file is unchanged:
+        the command's checks and the run in the same process share one read. :meth:`take_pretrained` hands the
+        result to the run (and forgets it)."""
+        path = pathlib.Path(path)
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+        kept = getattr(self, "_kept", None)
+        if kept is None or kept[0] != key:
+            self._kept = kept = (key, read())
+        return kept[1]
+
+    def take_pretrained(self):
+        """The weights :meth:`read_once` kept (None if none), forgotten here: the trainer holds them now."""
+        kept, self._kept = getattr(self, "_kept", None), None
+        return kept[1] if kept is not None else None
+
+    def make_trainer(self, config, run_dir, data, log, progress=True):
+        """The run's :attr:`trainer` on ``data`` (:class:`RunData`); a new fine-tuning run's starts from the
+        weights :meth:`pretrained_fields` read (``pretrained=``: {minitf name: host array}); without them (a
+        resumed run) the trainer reads them itself where it has no checkpoint yet."""
+        pretrained = self.take_pretrained()
+        extra = {"pretrained": pretrained} if pretrained is not None else {}
+        return self.trainer(config, run_dir, data.tokenizer, data.corpus, log, progress=progress, **extra)
 
     def check_config(self, args, config):
         """A new run's config made from the preset and the flags: refuse or adjust what does not fit the data."""

@@ -1,0 +1,315 @@
+"""``train.py --init-from FOLDER`` with a Hugging Face Marian (opus-mt) folder: fine-tuning a pretrained translation
+model with the shared trainer. A tiny Marian folder written here by minitf's own ``save_pretrained`` (a 1+1-layer
+Transformer with every Marian option) with two tiny sentencepiece models and a vocab.json laid out as opus-mt's
+(tests/marian_files.py) stands in for opus-mt-de-en: the run starts from its weights and keeps its tokenizer and
+shape, resumes exactly without the folder, at 1 or 2 ranks, translates (``minitf.translate --checkpoint RUN``) as
+greedy decoding of its model does, exports (``minitf.export``) a folder that loads back with equal logits, and bad
+input is one line before any run folder is made. Needs safetensors (the ``hf`` extra) and sentencepiece."""
+import json
+import random
+import shutil
+
+import pytest
+
+from minitf import backend
+from minitf.nmt.data import pad_batch
+from minitf.nmt.decode import greedy_decode
+from minitf.nmt.marian_tokenizer import MarianTokenizer
+from minitf.nmt.translation_trainer import load_tokenizer
+from minitf.training import checkpoint as ckpt
+from minitf.training.config import RunConfig
+from minitf.transformer import Transformer
+from tests.marian_files import SOURCE_WORDS, TARGET_WORDS, write_tokenizer_files
+from tests.runs import final_params, metrics, needs_mpi, one_error_line, train, train_py, translate
+
+np = backend.host
+pytestmark = [pytest.mark.extra("safetensors", "hf"), pytest.mark.extra("sentencepiece", "hf")]
+#: A short fine-tuning run of the stand-in (about a second a run).
+FINE_TUNE = ["--max-tokens", "150", "--warmup", "10", "--no-progress", "--seed", "3", "--bleu-sentences", "4",
+             "--beam", "2"]
+
+
+def marian_model(vocab, seed=0):
+    """A tiny Transformer with Marian's options (SiLU, [sin | cos] halves, the output bias, pad as the decoder's
+    start and last id, eos 0, no target-padding mask, the frozen pad row), random weights and a non-zero bias."""
+    backend.manual_seed(seed)
+    model = Transformer(vocab, vocab, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32,
+                        dropout=0.1, pad_id=vocab - 1, activation="silu", positions="halves", output_bias=True,
+                        mask_target_padding=False, freeze_pad_embedding=True, decoder_start_id=vocab - 1, eos_id=0)
+    bias = dict(model.named_parameters())["generator.bias"]
+    noise = np.random.default_rng(seed).normal(0, 0.5, bias.data.shape)
+    bias.data[...] = backend.asarray(noise.astype(bias.data.dtype))
+    return model
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """The stand-in Marian folder: tokenizer files, then the model's config.json, model.safetensors and an opus-mt
+    generation_config.json."""
+    path = tmp_path_factory.mktemp("opus-mt-tiny")
+    vocab = write_tokenizer_files(path)
+    marian_model(vocab).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """--train-src ... --test-tgt of parallel sentences in the words the stand-in's tokenizer was trained on."""
+    path = tmp_path_factory.mktemp("data")
+    rng = random.Random(0)
+    n = min(len(SOURCE_WORDS), len(TARGET_WORDS))
+    argv = []
+    for split, count in (("train", 60), ("valid", 8), ("test", 6)):
+        rows = [[rng.randrange(n) for _ in range(rng.randint(2, 7))] for _ in range(count)]
+        for side, words in (("src", SOURCE_WORDS), ("tgt", TARGET_WORDS)):
+            (path / f"{split}.{side}").write_text("\n".join(" ".join(words[i] for i in r) for r in rows) + "\n")
+            argv += [f"--{split}-{side}", str(path / f"{split}.{side}")]
+    return argv
+
+
+def params(run, step):
+    return ckpt.read_checkpoint(ckpt.checkpoint_path(run, step))["params"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_init_from_starts_from_the_folders_weights_and_keeps_its_tokenizer(folder, data, tmp_path, capsys, precision):
+    """With a learning rate near 0, every parameter after one step is the folder's within 1e-6 (a random start is
+    0.1 away; fp16's master weights too); the run records the folder (its path, shape and config.json), the
+    fine-tuning learning-rate scale, and keeps the folder's tokenizer, which encodes as the folder's."""
+    run = tmp_path / "run"
+    code, err = train(data + FINE_TUNE + ["--init-from", folder, "--lr-scale", "1e-9", "--max-steps", "1",
+                                          "--precision", precision, "--out", run], capsys)
+    assert code == 0, err
+    assert any(f"Marian model fine-tuned from {folder.resolve()}" in line for line in err), err
+    start = Transformer.from_pretrained(folder).state_dict()
+    trained = params(run, 1)
+    assert set(trained) == set(start)
+    assert max(float(np.abs(trained[name] - start[name]).max()) for name in start) < 1e-6
+    config = RunConfig.read(run)
+    hf = json.loads((folder / "config.json").read_text())
+    assert (config.init_from, config.tokenizer, config.marian["config"], config.d_model, config.num_encoder_layers,
+            config.vocab_size, config.activation) == (str(folder.resolve()), "pretrained", hf, 16, 1, hf["vocab_size"],
+                                                      "silu")
+    assert config.marian["generation"] == json.loads((folder / "generation_config.json").read_text())
+    kept, theirs = load_tokenizer(run / "tokenizer.model"), MarianTokenizer.from_folder(folder)
+    text = ["Ich habe Hunger .", "Der Hund läuft ! 2024", ">>deu<< Was ist das ?"]
+    assert kept.sha256 == theirs.sha256 and kept.encode(text) == theirs.encode(text)
+    assert kept.encode_target(text) == theirs.encode_target(text)
+
+
+def test_the_fine_tuning_learning_rate_scale_is_the_default_unless_given(folder, data, tmp_path, capsys):
+    from minitf.nmt.task import FINE_TUNE_LR_SCALE
+    assert train(data + FINE_TUNE + ["--init-from", folder, "--max-steps", "1", "--eval-every", "100",
+                                     "--out", tmp_path / "run"], capsys)[0] == 0
+    assert RunConfig.read(tmp_path / "run").lr_scale == FINE_TUNE_LR_SCALE < 1
+
+
+def test_a_fine_tuning_run_resumes_exactly_without_the_folder_translates_and_exports(folder, data, tmp_path, capsys):
+    """Stopped after 2 of 4 steps and resumed with the Marian folder gone (the weights come from the checkpoint,
+    the tokenizer from the run): parameters bit-equal and the same losses as an uninterrupted run.
+    ``minitf.translate --checkpoint RUN --beam 1`` gives the greedy decoding of the run's chosen model; ``minitf.export
+    RUN FOLDER`` writes a Marian folder that Transformer.from_pretrained loads with equal logits, the same
+    tokenizer and the original folder's generation_config.json."""
+    copy = tmp_path / "opus-mt-copy"
+    shutil.copytree(folder, copy)
+    argv = data + FINE_TUNE + ["--init-from", copy, "--save-every", "2", "--eval-every", "2"]
+    assert train(argv + ["--max-steps", "4", "--out", tmp_path / "ref"], capsys)[0] == 0
+    assert train(argv + ["--max-steps", "2", "--out", tmp_path / "run"], capsys)[0] == 0
+    shutil.rmtree(copy)
+    code, err = train(["--resume", tmp_path / "run", "--max-steps", "4", "--no-progress"], capsys)
+    assert code == 0, err
+    ref, resumed = params(tmp_path / "ref", 4), params(tmp_path / "run", 4)
+    assert ref.keys() == resumed.keys() and all(np.array_equal(ref[k], resumed[k]) for k in ref)
+    assert [r["loss"] for r in metrics(tmp_path / "run")] == [r["loss"] for r in metrics(tmp_path / "ref")]
+    assert [r["loss"] for r in metrics(tmp_path / "run", "valid")] == \
+        [r["loss"] for r in metrics(tmp_path / "ref", "valid")]
+
+    # the run's chosen model, built from its config alone
+    run = tmp_path / "run"
+    chosen = ckpt.read_checkpoint(ckpt.resolve_checkpoint(run), load_optimizer=False)
+    tokenizer = MarianTokenizer.from_folder(folder)
+    model = Transformer.from_config(RunConfig.read(run).model_config(tokenizer.vocab_size))
+    model.load_state_dict(chosen["params"])
+    model.eval()
+    sources = ["Ich habe Hunger .", "Der Hund läuft schnell nach Hause", "Wir essen 3 Äpfel ?", "heute"]
+    (tmp_path / "src.txt").write_text("\n".join(sources) + "\n")
+    code, err, out = translate(["--checkpoint", run, "--src", tmp_path / "src.txt", "--beam", "1",
+                                "--batch-size", "1"], capsys)
+    assert code == 0, err
+    expected = []
+    for ids in tokenizer.encode(sources):
+        src = pad_batch([ids], tokenizer.pad_id, eos_id=tokenizer.eos_id)
+        expected += tokenizer.decode(greedy_decode(model, src, min_len=1))
+    assert out.splitlines() == expected and any(expected)
+
+    from minitf.nmt.export import main as export_main
+    assert export_main([str(run), str(tmp_path / "exported")]) == 0
+    back = Transformer.from_pretrained(tmp_path / "exported")
+    ids = tokenizer.encode(sources)
+    src = pad_batch(ids, tokenizer.pad_id, eos_id=tokenizer.eos_id)
+    tgt = pad_batch(tokenizer.encode_target(["I am hungry .", "The dog", "We eat 3 apples ?", "today"]),
+                    tokenizer.pad_id, bos_id=tokenizer.bos_id)
+    ours, theirs = (backend.to_numpy(m(backend.asarray(src), backend.asarray(tgt))) for m in (model, back))
+    assert np.allclose(ours, theirs, rtol=1e-5, atol=1e-5) and np.abs(ours).max() > 1
+    assert MarianTokenizer.from_folder(tmp_path / "exported").sha256 == tokenizer.sha256
+    assert json.loads((tmp_path / "exported" / "generation_config.json").read_text()) == \
+        json.loads((folder / "generation_config.json").read_text())
+
+
+@needs_mpi
+def test_two_ranks_fine_tune_as_one_process(folder, data, tmp_path):
+    """mpiexec -n 2: the same global batches from the folder's weights; dropout 0, the parameters equal one
+    process's (float32 sums in another order; key biases apart, see tests/runs.final_params)."""
+    common = [*map(str, data), *FINE_TUNE, "--init-from", str(folder), "--dropout", "0", "--max-steps", "3",
+              "--save-every", "3", "--eval-every", "100", "--average", "0", "--bleu-sentences", "0"]
+    one = train_py(*common, "--out", tmp_path / "one")
+    two = train_py(*common, "--out", tmp_path / "two", ranks=2)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    assert "data parallel: 2 ranks" in two.stderr
+    (step, reference), (step_two, got) = final_params(tmp_path / "one"), final_params(tmp_path / "two")
+    assert step == step_two == 3 and np.abs(got - reference).max() <= 1e-5 * np.abs(reference).max()
+
+
+def test_the_command_reads_the_weights_once(folder, data, tmp_path, monkeypatch):
+    """``python train.py`` on one process checks the command line before it runs (``launch``), then runs: the
+    folder's weights are read once, in the checks, and the trainer starts from those arrays."""
+    import time
+    from minitf import marian
+    from minitf.train import launch, run
+    reads, read_state = [], marian.read_state
+    monkeypatch.setattr(marian, "read_state", lambda path: reads.append(path) or read_state(path))
+    monkeypatch.setenv("MINITF_RANKS", "1")
+    argv = [str(a) for a in data + FINE_TUNE + ["--init-from", folder, "--max-steps", "1", "--eval-every", "100",
+                                                "--out", tmp_path / "run"]]
+    assert launch(argv, time.time()) is None and len(reads) == 1  # checked here, before any rank or run folder
+    assert run(argv) == 0 and len(reads) == 1
+
+
+# --------------------------------------------------------------------------- bad input: one line, no run folder
+def _gpt2_folder(folder, tmp):
+    from minitf.gpt import GPT
+    GPT.preset("gpt2", 50, max_len=16, d_model=8, num_heads=2, num_layers=1, d_ff=16).save_pretrained(tmp / "gpt2")
+    return ["--init-from", tmp / "gpt2"]
+
+
+def _changed(what):
+    """A copy of the folder, changed by ``what(copy)``."""
+    def make(folder, tmp):
+        shutil.copytree(folder, tmp / "changed")
+        what(tmp / "changed")
+        return ["--init-from", tmp / "changed"]
+    return make
+
+
+def _nan(copy):
+    import safetensors.numpy as safetensors_numpy
+    weights = safetensors_numpy.load_file(str(copy / "model.safetensors"))
+    weights["model.decoder.layers.0.fc2.bias"][1] = np.nan
+    safetensors_numpy.save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _truncated(copy):
+    data = (copy / "model.safetensors").read_bytes()
+    (copy / "model.safetensors").write_bytes(data[:len(data) - 100])
+
+
+def _edit_config(**changes):
+    def edit(copy):
+        values = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps(values | changes))
+    return edit
+
+
+BAD_FINE_TUNES = {
+    "no such folder": (lambda f, t: ["--init-from", t / "nowhere"], 2, "is not a folder"),
+    "a GPT-2 folder": (_gpt2_folder, 2, "is a Hugging Face GPT-2 folder (a language model), not a translation "
+                                        "model: to fine-tune it, add --model gpt"),
+    "a Marian folder to the language model": (lambda f, t: ["--init-from", f, "--model", "gpt"], 2,
+                                              "is a Hugging Face Marian folder (a translation model): fine-tune it "
+                                              "without --model gpt"),
+    "--d-model": (lambda f, t: ["--init-from", f, "--d-model", "32"], 2, "--d-model cannot go with --init-from"),
+    "--vocab-size": (lambda f, t: ["--init-from", f, "--vocab-size", "100"], 2, "--vocab-size cannot go with"),
+    "--num-layers": (lambda f, t: ["--init-from", f, "--num-layers", "2"], 2, "--num-layers cannot go with"),
+    "--pre-norm": (lambda f, t: ["--init-from", f, "--pre-norm"], 2, "--pre-norm cannot go with --init-from"),
+    "--tokenizer": (lambda f, t: ["--init-from", f, "--tokenizer", "char"], 2, "--tokenizer belong to the language"),
+    "--bpe-dropout": (lambda f, t: ["--init-from", f, "--bpe-dropout", "0.1"], 2,
+                      "--bpe-dropout cannot go with --init-from"),
+    "a prepared corpus": (lambda f, t: ["--init-from", f, "--corpus-dir", t / "ids"], 2,
+                          "not a prepared corpus (--corpus-dir"),
+    "a longer --max-len": (_changed(_edit_config(max_position_embeddings=20)), 2,
+                           "--max-len 100 is longer than the model's 20 positions less one"),
+    "a config value minitf does not compute": (_changed(_edit_config(normalize_before=True)), 2,
+                                               "normalize_before is True"),
+    "no vocab.json": (_changed(lambda c: (c / "vocab.json").unlink()), 1, "has no vocab.json"),
+    "a tokenizer of another model": (_changed(_edit_config(pad_token_id=5, decoder_start_token_id=5)), 1,
+                                     "config.json's pad_token_id 5 (the tokenizer's: 83)"),
+    # before: refused when the trainer built the model, after the run folder and its config.json were written
+    "NaN weights": (_changed(_nan), 1, "tensor model.decoder.layers.0.fc2.bias holds 1 NaN or infinite value(s)"),
+    "truncated weights": (_changed(_truncated), 1, "is not a readable safetensors file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FINE_TUNES))
+def test_bad_fine_tuning_input_is_one_line_before_any_run_folder(folder, data, tmp_path, capsys, case):
+    extra, status, words = BAD_FINE_TUNES[case]
+    run = tmp_path / "run"
+    extra = [str(a) for a in extra(folder, tmp_path)]
+    files = data if "gpt" not in extra else []  # (--train-src ... belong to translation)
+    code, err = train(files + FINE_TUNE + ["--max-steps", "1", "--out", run] + extra, capsys)
+    assert code == status, err
+    assert words in one_error_line(err), err
+    assert not run.exists()
+
+
+def test_the_language_models_damaged_weights_are_refused_before_any_run_folder(tmp_path, capsys):
+    """The same check for --model gpt: a NaN in a GPT-2 folder's weights was found by the trainer, after the run
+    folder and its config.json were made."""
+    pytest.importorskip("tokenizers")
+    from tests.test_lm_finetune import _changed_copy, text_flags, FINE_TUNE as GPT_FINE_TUNE
+    from tests.test_lm_train import make_text
+    texts = tmp_path / "text"
+    texts.mkdir()
+    make_text(texts)
+    folder = _gpt2_folder_with_tokenizer(texts, tmp_path)
+    extra = _changed_copy(tensor="transformer.h.0.ln_2.bias")(folder, tmp_path)
+    code, err = train(text_flags(texts) + GPT_FINE_TUNE + ["--max-steps", "1", "--out", tmp_path / "run"] + extra,
+                      capsys)
+    assert code == 1 and "transformer.h.0.ln_2.bias holds 1 NaN" in one_error_line(err), err
+    assert not (tmp_path / "run").exists()
+
+
+def _gpt2_folder_with_tokenizer(texts, tmp):
+    """A tiny GPT-2 folder with a byte-level BPE (as tests/test_lm_finetune.py's fixture)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from minitf.gpt import GPT
+    folder = tmp / "gpt2"
+    folder.mkdir()
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator([(texts / "train.txt").read_text()], trainers.BpeTrainer(
+        vocab_size=120, special_tokens=["<|endoftext|>"], show_progress=False))
+    tokenizer.save(str(folder / "tokenizer.json"))
+    GPT.preset("gpt2", tokenizer.get_vocab_size(), max_len=32, d_model=24, num_heads=2, num_layers=1,
+               d_ff=48).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, eos_token_id=tokenizer.token_to_id("<|endoftext|>"))))
+    return folder
+
+
+# --------------------------------------------------------------------------- the run config
+def test_a_run_config_of_schema_7_reads_as_a_run_without_a_marian_start():
+    old = RunConfig.from_preset("tiny").to_dict()
+    del old["marian"]
+    old["schema_version"] = 7
+    assert RunConfig.from_dict(old).marian is None
+
+
+def test_a_hand_edited_shape_of_a_fine_tuning_run_is_refused(folder, data, tmp_path, capsys):
+    """config.json's d_model no longer the kept Marian config's: --resume refuses it in one line, naming both."""
+    assert train(data + FINE_TUNE + ["--init-from", folder, "--max-steps", "1", "--out", tmp_path / "run"],
+                 capsys)[0] == 0
+    values = json.loads((tmp_path / "run" / "config.json").read_text())
+    (tmp_path / "run" / "config.json").write_text(json.dumps(dict(values, d_model=32)))
+    code, err = train(["--resume", tmp_path / "run", "--max-steps", "2"], capsys)
+    assert code == 2 and "d_model 32 (the folder's: 16)" in one_error_line(err), err
