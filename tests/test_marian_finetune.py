@@ -156,6 +156,29 @@ def test_a_fine_tuning_run_resumes_exactly_without_the_folder_translates_and_exp
         json.loads((folder / "generation_config.json").read_text())
 
 
+def test_an_exported_minitf_run_fine_tunes_from_where_it_ended(tmp_path, capsys):
+    """A minitf run exported as a Marian folder (its BOS as decoder_start_token_id, not the pad as in opus-mt; the
+    interleaved sinusoids permuted to halves; its BPE model as source.spm = target.spm) and fine-tuned at a
+    learning rate near 0: the validation loss after the first step is the run's at its end (to the 5 decimals
+    metrics.jsonl keeps; with the pad as the start token it was 3.053, not 3.036), so the fine-tuning batches
+    start the decoder from the model's own start token and use the run's ids. Before: refused, the folder's start
+    token not being the tokenizer's pad."""
+    from minitf.nmt.export import main as export_main
+    from tests.runs import TINY, make_corpus
+    files = make_corpus(tmp_path)
+    quiet = ["--average", "0", "--eval-every", "20", "--bleu-sentences", "0"]
+    assert train(files + TINY + quiet + ["--max-steps", "20", "--out", tmp_path / "base"]) == 0
+    assert export_main([str(tmp_path / "base"), str(tmp_path / "folder")]) == 0
+    assert json.loads((tmp_path / "folder" / "config.json").read_text())["decoder_start_token_id"] == 2
+    code, err = train(files + FINE_TUNE + quiet + ["--init-from", tmp_path / "folder", "--lr-scale", "1e-9",
+                                                   "--max-steps", "1", "--eval-every", "1", "--max-tokens", "120",
+                                                   "--out", tmp_path / "tuned"], capsys)
+    assert code == 0, err
+    (ended,), (started, *_) = metrics(tmp_path / "base", "valid")[:1], metrics(tmp_path / "tuned", "valid")
+    assert ended["step"] == 20 and started["step"] == 1
+    assert abs(ended["loss"] - started["loss"]) <= 2e-5, (ended, started)
+
+
 @needs_mpi
 def test_two_ranks_fine_tune_as_one_process(folder, data, tmp_path):
     """mpiexec -n 2: the same global batches from the folder's weights; dropout 0, the parameters equal one

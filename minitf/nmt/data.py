@@ -107,12 +107,14 @@ def make_target_io(seqs, pad_id, bos_id, eos_id):
 class Corpus:
     """The encoded splits of a run (lists of token-id lists per side) from :func:`read_splits`' ``splits``;
     ``log`` takes one message (how many empty line pairs were dropped). A ``lexicon`` split is kept as text:
-    each epoch encodes only its sample (:meth:`start_epoch`). Batches use the tokenizer's pad, bos (the
-    decoder's start) and eos ids; a tokenizer with ``encode_target`` (a Marian folder's: its target.spm)
+    each epoch encodes only its sample (:meth:`start_epoch`). Batches use the tokenizer's pad and eos ids and
+    start the decoder's input with ``bos_id`` (default: the tokenizer's; a Marian model's own start token, its
+    config's decoder_start_token_id); a tokenizer with ``encode_target`` (a Marian folder's: its target.spm)
     segments the target side with it."""
 
-    def __init__(self, tokenizer, splits, log):
+    def __init__(self, tokenizer, splits, log, bos_id=None):
         self.tokenizer = tokenizer
+        self.bos_id = tokenizer.bos_id if bos_id is None else bos_id
         self.encode_target = getattr(tokenizer, "encode_target", tokenizer.encode)
         self.text = {}
         self.ids = {}
@@ -169,7 +171,7 @@ class Corpus:
         """Host int arrays (src (B, S), tgt_in (B, T), tgt_out (B, T)) for sentence indices."""
         src, tgt = self.ids[split]
         t = self.tokenizer
-        tgt_in, tgt_out = make_target_io([tgt[i] for i in index], t.pad_id, t.bos_id, t.eos_id)
+        tgt_in, tgt_out = make_target_io([tgt[i] for i in index], t.pad_id, self.bos_id, t.eos_id)
         return pad_batch([src[i] for i in index], t.pad_id, eos_id=t.eos_id), tgt_in, tgt_out
 
 

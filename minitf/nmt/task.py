@@ -160,7 +160,7 @@ class TranslationTask(Task):
                 raise DataError(f"--resume {run_dir}: the prepared corpus {config.data['prepared']} has another "
                                 "tokenizer than the run (it was prepared again); restore it or start a new run")
         else:
-            corpus = Corpus(tokenizer, read_splits(config.data), log)
+            corpus = Corpus(tokenizer, read_splits(config.data), log, bos_id=start_id(config))
         return RunData(tokenizer, corpus)
 
     def describe(self, trainer, data, run_dir):
@@ -178,10 +178,16 @@ class TranslationTask(Task):
                 f"{len(corpus.ids['train'][0]):,} training pairs{where}; run folder {run_dir}")
 
 
+def start_id(config):
+    """The decoder's start token of a run's model: a Marian folder's decoder_start_token_id (its pad in opus-mt,
+    minitf's BOS in an exported minitf run), else None (the tokenizer's BOS)."""
+    return config.model_config(1).decoder_start_id if config.marian is not None else None
+
+
 def check_tokenizer(folder, model):
     """The Marian tokenizer of ``folder``, checked against its model (the Transformer's arguments): ids within
-    the model's vocabulary, the pad, eos and start ids the model's, one set of special ids for both sides. A
-    one-line DataError names the file."""
+    the model's vocabulary, the pad and eos ids the model's, one set of special ids for both sides (the decoder's
+    start is the model's own, :func:`start_id`). A one-line DataError names the file."""
     tokenizer = MarianTokenizer.from_folder(folder)
     for what, ids, vocab in (("vocab.json", tokenizer.vocab_size, model["src_vocab_size"]),
                              ("target_vocab.json" if tokenizer.separate_vocabs else "vocab.json",
@@ -189,12 +195,9 @@ def check_tokenizer(folder, model):
         if ids > vocab:
             raise DataError(f"--init-from {folder}: {what} has ids up to {ids - 1} but the model's vocabulary has "
                             f"{vocab}; the tokenizer's files belong to another model: copy this model's")
-    ours = {"pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id,
-            "decoder_start_token_id": tokenizer.bos_id}
-    theirs = {"pad_token_id": model["pad_id"], "eos_token_id": model["eos_id"],
-              "decoder_start_token_id": model["decoder_start_id"]}
-    target = {"pad_token_id": tokenizer.target_pad_id, "eos_token_id": tokenizer.target_eos_id,
-              "decoder_start_token_id": tokenizer.bos_id}
+    ours = {"pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id}
+    theirs = {"pad_token_id": model["pad_id"], "eos_token_id": model["eos_id"]}
+    target = {"pad_token_id": tokenizer.target_pad_id, "eos_token_id": tokenizer.target_eos_id}
     wrong = [f"{key} {theirs[key]} (the tokenizer's: {ours[key]})" for key in ours if ours[key] != theirs[key]]
     wrong += [f"the target vocabulary's {key[:-9]} {target[key]} (the source's: {ours[key]})" for key in ours
               if target[key] != ours[key]]
@@ -265,7 +268,7 @@ def new_run_data(args, config, run_dir, world, init_tokenizer=None):
     world.barrier()
     if not world.is_root:
         tokenizer = load_tokenizer(run_dir / "tokenizer.model")
-    return RunData(tokenizer, Corpus(tokenizer, splits, log))
+    return RunData(tokenizer, Corpus(tokenizer, splits, log, bos_id=start_id(config)))
 
 
 def count_lines(path, stop_after):
