@@ -418,7 +418,7 @@ def test_shown_output_is_what_the_command_prints(page, command, shown, line):
 # software as it is, so the words of a work log (rounds, issues, dates) stay out of its
 # prose. Fenced blocks are not prose: a recorded translation may say "today".
 # --------------------------------------------------------------------------- #
-README_MAX_LINES = 160
+README_MAX_LINES = 200  # the lead's bar for issue 36 (opus-mt's commands)
 NOTEBOOK_WORDS = re.compile(
     r"\b(this round|first round|second round|last round|the issue|before this change|this session|today)\b"
     r"|\b20\d\d-\d\d\b|\bon 20\d\d\b"
