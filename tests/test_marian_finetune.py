@@ -29,13 +29,15 @@ FINE_TUNE = ["--max-tokens", "150", "--warmup", "10", "--no-progress", "--seed",
              "--beam", "2"]
 
 
-def marian_model(vocab, seed=0):
+def marian_model(vocab, seed=0, separate=False):
     """A tiny Transformer with Marian's options (SiLU, [sin | cos] halves, the output bias, pad as the decoder's
-    start and last id, eos 0, no target-padding mask, the frozen pad row), random weights and a non-zero bias."""
+    start and last id, eos 0, no target-padding mask, the frozen pad row), random weights and a non-zero bias;
+    ``separate``: a target embedding of its own, tied to the output (separate_vocabs)."""
     backend.manual_seed(seed)
     model = Transformer(vocab, vocab, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32,
                         dropout=0.1, pad_id=vocab - 1, activation="silu", positions="halves", output_bias=True,
-                        mask_target_padding=False, freeze_pad_embedding=True, decoder_start_id=vocab - 1, eos_id=0)
+                        mask_target_padding=False, freeze_pad_embedding=True, decoder_start_id=vocab - 1, eos_id=0,
+                        share_embeddings=not separate, tie_target_output=separate)
     bias = dict(model.named_parameters())["generator.bias"]
     noise = np.random.default_rng(seed).normal(0, 0.5, bias.data.shape)
     bias.data[...] = backend.asarray(noise.astype(bias.data.dtype))
@@ -49,6 +51,15 @@ def folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("opus-mt-tiny")
     vocab = write_tokenizer_files(path)
     marian_model(vocab).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def separate_folder(tmp_path_factory):
+    """A stand-in with separate vocabularies (vocab.json for the source, target_vocab.json for the target)."""
+    path = tmp_path_factory.mktemp("opus-mt-separate")
+    vocab = write_tokenizer_files(path, separate=True)
+    marian_model(vocab, separate=True).save_pretrained(path)
     return path
 
 
@@ -95,6 +106,37 @@ def test_init_from_starts_from_the_folders_weights_and_keeps_its_tokenizer(folde
     text = ["Ich habe Hunger .", "Der Hund läuft ! 2024", ">>deu<< Was ist das ?"]
     assert kept.sha256 == theirs.sha256 and kept.encode(text) == theirs.encode(text)
     assert kept.encode_target(text) == theirs.encode_target(text)
+
+
+def test_a_folder_of_separate_vocabularies_fine_tunes_its_target_side_in_the_target_vocabulary(
+        separate_folder, data, tmp_path, capsys):
+    """share_encoder_decoder_embeddings false: the source and target embeddings start from the folder's (one step
+    at a learning rate near 0), and the training targets are target_vocab.json's ids of target.spm's pieces: the
+    first step's loss is the folder's model's loss on the first batch so encoded (4.584; with the source
+    vocabulary's ids it would be 4.225)."""
+    run = tmp_path / "run"
+    code, err = train(data + FINE_TUNE + ["--init-from", separate_folder, "--lr-scale", "1e-9", "--max-steps", "1",
+                                          "--dropout", "0", "--label-smoothing", "0", "--out", run], capsys)
+    assert code == 0, err
+    start = Transformer.from_pretrained(separate_folder).state_dict()
+    trained = params(run, 1)
+    assert "tgt_embed.weight" in start and set(trained) == set(start)
+    assert max(float(np.abs(trained[name] - start[name]).max()) for name in start) < 1e-6
+    tokenizer = load_tokenizer(run / "tokenizer.model")
+    assert tokenizer.separate_vocabs
+    from minitf.loss import LabelSmoothedCrossEntropy
+    from minitf.nmt.data import Corpus, read_splits, token_batches
+    model = Transformer.from_pretrained(separate_folder)
+    paths = RunConfig.read(run).data
+    losses = []
+    for encode_target in (tokenizer.encode_target, tokenizer.encode):  # the right one, then the source's
+        corpus = Corpus(tokenizer, read_splits(paths), print, bos_id=tokenizer.pad_id)
+        corpus.ids = {split: (src, encode_target(corpus.text[split][1])) for split, (src, _) in corpus.ids.items()}
+        batches, _ = token_batches(*corpus.lengths("train"), 150, 3, 0, 100)
+        src, tgt_in, tgt_out = (backend.asarray(a) for a in corpus.batch("train", batches[0]))
+        losses.append(LabelSmoothedCrossEntropy(0.0, ignore_index=tokenizer.pad_id)(model(src, tgt_in), tgt_out))
+    logged = metrics(run)[0]["loss"]
+    assert abs(logged - losses[0]) < 1e-4 < abs(logged - losses[1]), (logged, losses)
 
 
 def test_the_fine_tuning_learning_rate_scale_is_the_default_unless_given(folder, data, tmp_path, capsys):

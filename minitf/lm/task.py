@@ -6,7 +6,8 @@ import importlib.util
 import os
 import pathlib
 
-from minitf import backend, pretrained
+from minitf import backend
+from minitf.pretrained import model_type
 from minitf.gpt import pretrained_config, read_pretrained_state
 from minitf.lm.corpus import default_text_splits
 from minitf.lm.data import (CharTokenizer, TextCorpus, load_tokenizer, pretrained_eos_id, read_pretrained_tokenizer,
@@ -72,7 +73,7 @@ class LanguageModelTask(Task):
         if missing:
             raise UsageError(f"--init-from needs the {' and '.join(missing)} package{'s' * (len(missing) > 1)}, not "
                              "installed here: pip install -e '.[hf]'")
-        if pretrained.model_type(args.init_from) == "marian":
+        if model_type(args.init_from) == "marian":
             raise UsageError(f"--init-from {args.init_from} is a Hugging Face Marian folder (a translation model): "
                              "fine-tune it without --model gpt (--model transformer, the default)")
         try:

@@ -7,7 +7,8 @@ import json
 import os
 import pathlib
 
-from minitf import backend, marian, pretrained
+from minitf import backend, marian
+from minitf.pretrained import model_type
 from minitf.nmt import corpora, prepare
 from minitf.nmt.corpora import default_corpus_splits
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
@@ -101,7 +102,7 @@ class TranslationTask(Task):
                              "(--corpus-dir, --corpus wmt14-en-de: minitf's own tokenizer's ids)")
         if importlib.util.find_spec("safetensors") is None:
             raise UsageError("--init-from needs the safetensors package, not installed here: pip install -e '.[hf]'")
-        if pretrained.model_type(folder) == "gpt2":
+        if model_type(folder) == "gpt2":
             raise UsageError(f"--init-from {folder} is a Hugging Face GPT-2 folder (a language model), not a "
                              "translation model: to fine-tune it, add --model gpt")
         try:
