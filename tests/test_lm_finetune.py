@@ -13,7 +13,7 @@ import pytest
 from minitf import backend
 from minitf.gpt import GPT, generate
 from minitf.training import checkpoint as ckpt
-from minitf.training.train import main as train_main
+from minitf.train import main as train_main
 from tests.runs import CPU_ENV, ROOT, final_params, metrics, one_error_line
 from tests.test_lm_train import make_text
 
