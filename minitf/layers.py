@@ -386,7 +386,7 @@ class GELU(Module):
 def sigmoid(x):
     """``1 / (1 + exp(-x))``, elementwise, without overflow: exp is only taken of -|x| <= 0."""
     e = xp.exp(-xp.abs(x))                                       # in (0, 1]
-    return xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))     # x < 0: exp(x) / (1 + exp(x)), the same value
+    return xp.where(x >= 0, 1.0, e) / (1.0 + e)                  # x >= 0: 1 / (1 + e); x < 0: exp(x) / (1 + exp(x))
 
 
 class SiLU(Module):

@@ -144,23 +144,28 @@ def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
 
 
 def _log_softmax(logits):
-    shifted = logits - logits.max(axis=-1, keepdims=True)  # shifted by the max for stability
-    return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+    shifted = logits - logits.max(axis=-1, keepdims=True)  # shifted by the max for stability (a fresh array)
+    shifted -= xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))  # in place: one (N, V) array fewer
+    return shifted
 
 
 def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id=None, min_len=0, rules=None,
-                   forced=None):
+                   forced=None, normalize=True):
     """Log-probabilities (N, V) of the next token: with ``cache`` only ``tokens`` (N, 1) at position ``t``
     run, without it the whole ``prefix`` (N, t + 1). Hugging Face ``rules``: their banned ids, eos forced in
     the rows ``forced`` ((N,) device bool, or None: none), renormalized. Also (N,) device bool: the rows whose
-    logits hold NaN or infinity, which the caller checks in the host copy it makes each step anyway."""
+    logits hold NaN or infinity, which the caller checks in the host copy it makes each step anyway.
+    ``normalize=False`` (greedy decoding, which needs only each row's argmax) returns the logits with the same
+    entries banned and forced, without the log-softmaxes: a log-softmax subtracts one number from a whole row,
+    which leaves its largest entry where it is (two (N, V) passes of exp fewer a step)."""
     if cache is not None:
         logits = model.decode(tokens, memory, src_mask, cache=cache, start=t)[:, -1]
     else:
         logits = model.decode(prefix, memory, src_mask)[:, -1]
     nonfinite = nonfinite_rows(logits)  # NaN or infinity: one line, not a translation of id 0s (no sync here)
-    logp = _log_softmax(logits)
-    logp[:, pad_id] = -xp.inf  # never generate padding (fresh array: safe to write)
+    # the decoder's logits are a fresh array no one else holds, as is the log-softmax: safe to write
+    logp = _log_softmax(logits) if normalize else logits
+    logp[:, pad_id] = -xp.inf  # never generate padding
     if t < min_len:
         logp[:, eos_id] = -xp.inf  # no eos before min_len tokens (a weak model likes the empty output)
     if rules is not None:  # Hugging Face: its logits processors, in its order
@@ -170,7 +175,7 @@ def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eo
             eos_only = xp.full(logp.shape[-1], -xp.inf, dtype=logp.dtype)
             eos_only[eos_id] = 0
             logp = xp.where(forced[:, None], eos_only, logp)         # (N, V)
-        if rules.renormalize:
+        if rules.renormalize and normalize:
             logp = _log_softmax(logp)                                # LogitNormalization
     return logp, nonfinite
 
@@ -202,9 +207,9 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=None, 
         prefix = tokens                                          # (n, t + 1) for use_cache=False
         for t in range(steps):
             forced = _forced(rules, t + 1 >= max_lens[active])   # Hugging Face: eos at the last step
-            logp, nonfinite = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id,
-                                             min_len, rules, forced)
-            next_tokens = xp.where(nonfinite, -1, logp.argmax(axis=-1))  # (n,) -1: no token can be chosen
+            scores, nonfinite = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id,
+                                               min_len, rules, forced, normalize=False)  # the argmax is all we need
+            next_tokens = xp.where(nonfinite, -1, scores.argmax(axis=-1))  # (n,) -1: no token can be chosen
             chosen = backend.to_numpy(next_tokens)               # host copy: who is done
             if (chosen < 0).any():
                 raise non_finite_logits_error(t, "translation")
