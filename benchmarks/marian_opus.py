@@ -1,0 +1,381 @@
+"""An opus-mt-sized Marian model in minitf and in transformers, in one process: translation (greedy and beam 4,
+sentences per second) and the fine-tuning step (forward, loss, backward, Adam).
+
+    pip install -e ".[bench]"      # torch, transformers, safetensors: only for the comparison
+    python benchmarks/marian_opus.py --part all --rounds 5               # the opus-mt shape
+    python benchmarks/marian_opus.py --shape small --sentences 8 --rounds 1 --step-batch 4 --step-len 8  # dry run
+
+The model: a random ``transformers.MarianMTModel`` of opus-mt-de-en's shape (``--shape opus``: 6+6 layers,
+d_model 512, 8 heads, d_ff 2048, vocabulary 58,101, swish, post-LN, scaled shared embeddings, sinusoidal
+[sin | cos] positions, pad 58,100 as the decoder's start, eos 0; transformers' own initialisation, std 0.02),
+saved with ``save_pretrained`` beside opus-mt's generation_config.json (num_beams 4, pad banned, forced eos,
+renormalized log-probabilities) into a temporary folder. Both frameworks read that folder: transformers with
+``MarianMTModel.from_pretrained``, minitf with ``minitf.Transformer.from_pretrained`` (float32) and the
+settings of ``read_generation_config`` (:class:`minitf.nmt.decode.HuggingFaceRules`). ``--shape small`` is a
+tiny model for dry runs.
+
+Translation (``--part decode``): ``--sentences`` (100) random source sentences of 10 to 40 ids (the last one
+eos), sorted by length into batches of ``--batch-size`` (64, as ``python -m minitf.translate``), the same
+batches for both. A random model does not know when to stop, so its eos logit is lowered by 100
+(``final_logits_bias``) and every sentence of a batch runs to the batch's length limit, where the folder's
+forced eos ends it: each batch decodes as many tokens as its longest source sentence has (counting eos), in
+both frameworks, so both do the same number of steps on the same rows, and the outputs are compared token for
+token (printed; they are equal unless float32 rounding flips a near tie). No sentence ends early, so
+minitf's dropping of finished sentences from its batch (transformers computes them to the end of the batch)
+gains nothing here: the comparison is of equal work per step. (A bias that lets a random model stop on its own
+is no better: its first step's logits hardly depend on the sentence, so it stops every sentence at once or
+none.) minitf: ``greedy_decode`` / ``beam_search`` of minitf/nmt/decode.py (``max_len`` the batch's limit, the
+folder's rules); transformers: ``generate(num_beams=1 or 4, max_length=limit + 1)`` (the start token counts
+there) under ``torch.inference_mode``, the rest from the folder's generation_config.json. Neither tokenizes
+(ids in, ids out). The ratio depends on the batch: per step, greedy multiplies ``batch`` rows by the
+output matrix, beam 4 ``4 x batch`` rows, and the two libraries' matrix products do not scale alike
+(``--batch-size 16`` for another point).
+
+Fine-tuning step (``--part step``): a fixed batch of ``--step-batch`` (32) pairs of at most ``--step-len``
+(30) tokens both sides (random lengths from half to all of it, ending in eos, padded), the decoder's input the
+labels shifted right behind the start token (pad), as transformers' ``shift_tokens_right``. minitf: zero_grad,
+``model(src, tgt_in)``, ``LabelSmoothedCrossEntropy(0.1)`` (pad ignored), backward, ``minitf.Adam``;
+PyTorch: the folder's ``MarianMTModel`` in train mode, ``minitf.pytorch.loss`` (PyTorch's
+``cross_entropy(label_smoothing=0.1, ignore_index=pad)``: the same number) on its logits, autograd,
+``torch.optim.Adam`` (its default implementation) over the parameters that require a gradient, the position
+tables frozen (transformers 5.25's ``from_pretrained`` makes them trainable; the model means them fixed, as
+minitf's are). Same Adam settings (lr 2e-5, betas (0.9, 0.98), eps 1e-9),
+the folder's dropout (0.1 as opus-mt's; ``--dropout`` changes it, and with 0 the first losses agree to
+float32 rounding, printed). The step's model is the same random model with its eos bias left at 0 (saved
+into a second folder). minitf also trains the output bias, which transformers keeps as a buffer (58,101
+numbers of 74 million).
+
+Method (as benchmarks/gpt_step.py): one process, minitf and transformers alternating (each round times a
+whole translation of the sentences, or one step, of each), after a warm-up (the first batch's first 8
+sentences translated; ``--warmup`` steps); PyTorch gets as many threads (``torch.set_num_threads``) as NumPy's
+BLAS has. Prints the machine, then per part the median and spread of each framework, the ratio of the medians
+and the spread of the per-round ratios. The process's malloc keeps freed memory for reuse, as train.py's and
+minitf.translate's do.
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+import minitf  # noqa: E402
+from benchmarks.common import blas_description, blas_threads, cpu_model, matmul_peak_gflops  # noqa: E402
+
+np = minitf.backend.host
+
+#: Model shapes: ``opus`` is opus-mt-de-en's (Helsinki-NLP's config.json), ``small`` is for dry runs and tests.
+SHAPES = {
+    "opus": dict(vocab=58101, d_model=512, heads=8, layers=6, d_ff=2048, positions=512),
+    "small": dict(vocab=1000, d_model=64, heads=4, layers=2, d_ff=256, positions=128),
+}
+EOS = 0
+NEVER = -100.0          # the eos logit's bias for decoding: no eos before the forced one (logits are O(1))
+MIN_SOURCE, MAX_SOURCE = 10, 40  # source sentence lengths, counting eos
+WARMUP_SENTENCES = 8
+LR, BETAS, ADAM_EPS = 2e-5, (0.9, 0.98), 1e-9
+MODES = {"greedy": 1, "beam 4": 4}
+
+
+def generation_config(pad):
+    """opus-mt's generation_config.json (the Marian converter's template)."""
+    return {"bad_words_ids": [[pad]], "bos_token_id": 0, "decoder_start_token_id": pad, "eos_token_id": EOS,
+            "forced_eos_token_id": EOS, "max_length": 512, "num_beams": 4, "pad_token_id": pad,
+            "renormalize_logits": True}
+
+
+def make_folder(shape, folder, dropout, eos_bias, seed=0):
+    """A random MarianMTModel of ``shape`` saved as a Marian folder (config, safetensors, generation config)."""
+    import torch
+    import transformers
+
+    V = shape["vocab"]
+    torch.manual_seed(seed)
+    config = transformers.MarianConfig(
+        vocab_size=V, decoder_vocab_size=V, d_model=shape["d_model"], encoder_layers=shape["layers"],
+        decoder_layers=shape["layers"], encoder_attention_heads=shape["heads"], decoder_attention_heads=shape["heads"],
+        encoder_ffn_dim=shape["d_ff"], decoder_ffn_dim=shape["d_ff"], max_position_embeddings=shape["positions"],
+        activation_function="swish", scale_embedding=True, pad_token_id=V - 1, decoder_start_token_id=V - 1,
+        eos_token_id=EOS, forced_eos_token_id=EOS, bos_token_id=0, dropout=dropout, attention_dropout=0.0,
+        activation_dropout=0.0, share_encoder_decoder_embeddings=True)
+    model = transformers.MarianMTModel(config)
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] = eos_bias
+    model.save_pretrained(folder)
+    (pathlib.Path(folder) / "generation_config.json").write_text(json.dumps(generation_config(V - 1)))
+    return folder
+
+
+def load_both(folder):
+    """(minitf model, its GenerationSettings, transformers model), both float32 in eval mode."""
+    import transformers
+    from minitf.nmt.marian_tokenizer import read_generation_config
+
+    ours = minitf.Transformer.from_pretrained(folder, dtype="float32")
+    settings = read_generation_config(folder, ours.hf_config)
+    theirs = transformers.MarianMTModel.from_pretrained(folder).float().eval()
+    return ours, settings, theirs
+
+
+# --------------------------------------------------------------------------- #
+# translation
+# --------------------------------------------------------------------------- #
+def source_batches(count, vocab, batch_size, seed=1):
+    """``count`` random sentences of MIN_SOURCE..MAX_SOURCE ids ending in eos (no pad, no eos inside), sorted by
+    length into batches: a list of (src (b, S) host int64 padded with pad, the batch's length limit S)."""
+    rng = np.random.default_rng(seed)
+    pad = vocab - 1
+    lengths = np.sort(rng.integers(MIN_SOURCE, MAX_SOURCE + 1, count))
+    batches = []
+    for start in range(0, count, batch_size):
+        chunk = lengths[start:start + batch_size]
+        S = int(chunk.max())
+        src = np.full((len(chunk), S), pad, dtype=np.int64)
+        for row, n in enumerate(chunk):
+            src[row, :n - 1] = rng.integers(1, pad, n - 1)
+            src[row, n - 1] = EOS
+        batches.append((src, S))
+    return batches
+
+
+def minitf_translate(model, settings, batches, beam):
+    """Every batch's outputs (id lists without the start token and eos), as minitf.translate decodes."""
+    from minitf.nmt.decode import beam_search, greedy_decode
+
+    outputs = []
+    for src, limit in batches:
+        options = dict(max_len=limit, min_len=settings.min_len, rules=settings.rules)
+        if beam == 1:
+            outputs += greedy_decode(model, src, **options)
+        else:
+            outputs += beam_search(model, src, beam_size=beam, **options)
+    return outputs
+
+
+def hf_translate(model, batches, beam):
+    """Every batch's ``generate`` outputs as id lists without the start token, the eos and the padding."""
+    import torch
+
+    pad, outputs = model.config.pad_token_id, []
+    with torch.inference_mode():
+        for src, limit in batches:
+            ids = torch.from_numpy(src)
+            sequences = model.generate(input_ids=ids, attention_mask=ids != pad, num_beams=beam, max_length=limit + 1)
+            for row in sequences.tolist():
+                row = row[1:]
+                outputs.append(row[:row.index(EOS)] if EOS in row else [t for t in row if t != pad])
+    return outputs
+
+
+def bench_decode(model, settings, hf, args):
+    V = model.config["tgt_vocab_size"]
+    batches = source_batches(args.sentences, V, args.batch_size)
+    warm = [(batches[0][0][:WARMUP_SENTENCES], batches[0][1])]
+    runners = {"minitf": lambda beam, b: minitf_translate(model, settings, b, beam),
+               "transformers": lambda beam, b: hf_translate(hf, b, beam)}
+    sources = sum(int((src != V - 1).sum()) for src, _ in batches)
+    print(f"\n## Translation: {args.sentences} sentences of {MIN_SOURCE}-{MAX_SOURCE} source tokens ({sources:,} in "
+          f"all), batches of {args.batch_size} sorted by length; each batch decodes as many tokens as its longest "
+          "source has\n")
+    rows = []
+    for mode, beam in MODES.items():
+        for run in runners.values():
+            run(beam, warm)
+        times, outputs = {k: [] for k in runners}, {}
+        for r in range(args.rounds):
+            for name, run in runners.items():
+                start = time.perf_counter()
+                out = run(beam, batches)
+                times[name].append(time.perf_counter() - start)
+                if name in outputs and out != outputs[name]:
+                    raise SystemExit(f"{name}'s {mode} outputs changed from one round to the next")
+                outputs[name] = out
+        equal = sum(a == b for a, b in zip(outputs["minitf"], outputs["transformers"]))
+        tokens = {k: sum(len(o) + 1 for o in out) for k, out in outputs.items()}  # + 1: the eos
+        rows.append((mode, times, tokens, equal))
+    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
+    print("| decoding | framework | median s (spread) | sentences/s | tokens/s | tokens generated |")
+    print("|---|---|---:|---:|---:|---:|")
+    for mode, times, tokens, equal in rows:
+        for name, t in times.items():
+            m = statistics.median(t)
+            print(f"| {mode} | {name} | {m:.2f} ({spread(t, 1, 2)}) | {args.sentences / m:.1f} | "
+                  f"{tokens[name] / m:,.0f} | {tokens[name]:,} |")
+    print()
+    for mode, times, tokens, equal in rows:
+        ratio = statistics.median(times["minitf"]) / statistics.median(times["transformers"])
+        ratios = [a / b for a, b in zip(times["minitf"], times["transformers"])]
+        print(f"- {mode}: minitf / transformers time **{ratio:.2f}x** (medians; per-round ratios "
+              f"{spread(ratios, 1, 2)}); outputs equal token for token: {equal}/{args.sentences} sentences")
+    return rows
+
+
+# --------------------------------------------------------------------------- #
+# the fine-tuning step
+# --------------------------------------------------------------------------- #
+def step_batch(B, L, vocab, seed=2):
+    """src (B, L), labels (B, L), tgt_in (B, L): host int64; random lengths from L/2 to L ending in eos, then pad;
+    tgt_in is labels shifted right behind the start token (pad), as transformers' shift_tokens_right."""
+    rng = np.random.default_rng(seed)
+    pad = vocab - 1
+    src, labels = rng.integers(1, pad, (B, L)), rng.integers(1, pad, (B, L))
+    for a in (src, labels):
+        n = rng.integers(max(L // 2, 1), L + 1, B)
+        n[0] = L                                   # one full row: the batch is L wide
+        a[np.arange(B), n - 1] = EOS
+        a[np.arange(L)[None, :] >= n[:, None]] = pad
+    tgt_in = np.concatenate([np.full((B, 1), pad), labels[:, :-1]], axis=1)
+    return src, labels, tgt_in
+
+
+class MinitfMarianStep:
+    """zero_grad, forward, label-smoothed loss (a Python float), backward, Adam: minitf's fine-tuning step."""
+
+    def __init__(self, folder, batch):
+        self.model = minitf.Transformer.from_pretrained(folder, dtype="float32")
+        self.model.train()
+        self.pad = self.model.config["pad_id"]
+        self.loss_fn = minitf.LabelSmoothedCrossEntropy(0.1, ignore_index=self.pad)
+        self.optimizer = minitf.Adam(self.model.parameters(), lr=LR, betas=BETAS, eps=ADAM_EPS)
+        self.src, self.labels, self.tgt_in = (minitf.backend.asarray(a) for a in batch)
+        self.num_parameters = self.model.num_parameters()
+
+    def __call__(self):
+        self.optimizer.zero_grad()
+        loss = self.loss_fn(self.model(self.src, self.tgt_in), self.labels)
+        self.model.backward(self.loss_fn.backward())
+        self.optimizer.step()
+        minitf.backend.synchronize()
+        return loss
+
+
+class TorchMarianStep:
+    """The same step in PyTorch: MarianMTModel (train mode), the same loss on its logits, autograd, Adam."""
+
+    def __init__(self, folder, batch):
+        import torch
+        import transformers
+        from minitf.pytorch import loss
+
+        torch.manual_seed(0)
+        self.model = transformers.MarianMTModel.from_pretrained(folder).float().train()
+        for embedding in (self.model.model.encoder.embed_positions, self.model.model.decoder.embed_positions):
+            embedding.weight.requires_grad_(False)  # fixed sinusoids (from_pretrained of transformers 5.25 unfreezes)
+        self.pad = self.model.config.pad_token_id
+        self.loss = loss
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=ADAM_EPS)
+        self.src, self.labels, self.tgt_in = (torch.from_numpy(a) for a in batch)
+        self.num_parameters = sum(p.numel() for p in params)
+
+    def __call__(self):
+        self.optimizer.zero_grad()
+        logits = self.model(input_ids=self.src, attention_mask=self.src != self.pad,
+                            decoder_input_ids=self.tgt_in).logits
+        loss = self.loss(logits, self.labels, smoothing=0.1, ignore_index=self.pad)
+        value = loss.item()
+        loss.backward()
+        self.optimizer.step()
+        return value
+
+
+def bench_step(folder, vocab, args):
+    batch = step_batch(args.step_batch, args.step_len, vocab)
+    steps = {"minitf": MinitfMarianStep(folder, batch), "PyTorch": TorchMarianStep(folder, batch)}
+    first = {k: s() for k, s in steps.items()}     # equal weights: equal losses with --dropout 0
+    for _ in range(1, args.warmup):
+        for s in steps.values():
+            s()
+    times = {k: [] for k in steps}
+    for _ in range(args.rounds):
+        for k, s in steps.items():
+            start = time.perf_counter()
+            s()
+            times[k].append(time.perf_counter() - start)
+    src, labels, _ = batch
+    pad = vocab - 1
+    tokens = int((src != pad).sum() + (labels != pad).sum())
+    print(f"\n## Fine-tuning step: batch {args.step_batch} x {args.step_len} tokens both sides ({tokens:,} non-pad "
+          f"tokens), label smoothing 0.1, Adam; dropout {args.dropout:g}; trained parameters "
+          + ", ".join(f"{k} {s.num_parameters:,}" for k, s in steps.items()))
+    print("first-step loss: " + ", ".join(f"{k} {v:.6f}" for k, v in first.items()))
+    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
+    print("| framework | median step ms (spread) | tokens/s |")
+    print("|---|---:|---:|")
+    for k, t in times.items():
+        m = statistics.median(t)
+        print(f"| {k} | {m * 1e3:.0f} ({spread(t)}) | {tokens / m:,.0f} |")
+    ratio = statistics.median(times["minitf"]) / statistics.median(times["PyTorch"])
+    ratios = [a / b for a, b in zip(times["minitf"], times["PyTorch"])]
+    print(f"\nminitf / PyTorch: **{ratio:.2f}x** (medians; per-round ratios {spread(ratios, 1, 2)})")
+    return times, first
+
+
+def spread(values, scale=1e3, digits=0):
+    return f"{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=["decode", "step", "all"], default="all")
+    parser.add_argument("--shape", choices=list(SHAPES), default="opus")
+    parser.add_argument("--sentences", type=int, default=100, help="sentences to translate")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per decoding batch")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per framework, alternating")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per framework first (at least 1)")
+    parser.add_argument("--step-batch", type=int, default=32, help="sentence pairs of the training step")
+    parser.add_argument("--step-len", type=int, default=30, help="most tokens of a step's sentence, both sides")
+    parser.add_argument("--dropout", type=float, default=0.1, help="the model's dropout (opus-mt: 0.1)")
+    args = parser.parse_args(argv)
+    for name in ("sentences", "batch_size", "rounds", "warmup", "step_batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.step_len < 2:
+        parser.error(f"--step-len must be at least 2, got {args.step_len}")
+    if not 0 <= args.dropout < 1:
+        parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    try:
+        import torch
+        import transformers
+        import safetensors  # noqa: F401  (minitf reads the folder's model.safetensors with it)
+    except ImportError as error:
+        parser.exit(2, f"marian_opus.py needs torch, transformers and safetensors ({error}): "
+                       'pip install -e ".[bench]"\n')
+    minitf.backend.keep_freed_memory()  # as train.py and minitf.translate run
+    threads = blas_threads()
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore")  # transformers' notices about generation settings
+    transformers.utils.logging.disable_progress_bar()
+    shape = SHAPES[args.shape]
+    print(f"- command: `python benchmarks/marian_opus.py {' '.join(sys.argv[1:] if argv is None else argv)}`")
+    print(f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}; load average before: {os.getloadavg()[0]:.2f}")
+    print(f"- CPU: {cpu_model()}, {os.cpu_count()} logical CPUs; NumPy {np.__version__}, BLAS {blas_description()}, "
+          f"{threads} threads; PyTorch {torch.__version__} ({torch.get_num_threads()} threads), transformers "
+          f"{transformers.__version__}")
+    print(f"- float32 matmul peak (2048^3, NumPy, best of 5): {matmul_peak_gflops('cpu'):.0f} GFLOP/s")
+    print(f"- model ({args.shape}): random MarianMTModel, {shape['layers']}+{shape['layers']} layers, d_model "
+          f"{shape['d_model']}, {shape['heads']} heads, d_ff {shape['d_ff']}, vocabulary {shape['vocab']:,}, swish, "
+          "post-LN; both read the same saved folder, float32")
+    print(f"- method: one process, alternating, {args.rounds} timed rounds per framework after a warm-up")
+    with tempfile.TemporaryDirectory(prefix="marian_opus_") as tmp:
+        results = {}
+        if args.part in ("decode", "all"):
+            folder = make_folder(shape, pathlib.Path(tmp) / "decode", args.dropout, eos_bias=NEVER)
+            model, settings, hf = load_both(folder)
+            print(f"- transformers attention: {hf.config._attn_implementation}; generation settings (minitf's "
+                  f"reading of generation_config.json): {settings}")
+            results["decode"] = bench_decode(model, settings, hf, args)
+            del model, hf
+        if args.part in ("step", "all"):
+            folder = make_folder(shape, pathlib.Path(tmp) / "step", args.dropout, eos_bias=0.0)
+            results["step"] = bench_step(folder, shape["vocab"], args)
+    return results
+
+
+if __name__ == "__main__":
+    main()
