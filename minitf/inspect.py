@@ -29,6 +29,7 @@ from minitf.lm.generate import load_pretrained, load_run
 from minitf.nmt.data import pad_batch
 from minitf.nmt.decode import beam_search, greedy_decode
 from minitf.nmt.marian_tokenizer import MarianTokenizer
+from minitf.nmt.translation_trainer import read_tokenizer
 from minitf.training.checkpoint import load_model, resolve_checkpoint
 from minitf.training.errors import DataError, OneLineParser, UsageError, positive, report_errors
 from minitf.training.text import decode_lines
@@ -144,7 +145,7 @@ def load(path, warn):
         meta = _meta(checkpoint)
         return Loaded(model, tokenizer, "gpt", path, model.max_len if model.config["positions"] == "learned" else
                       meta.get("config", {}).get("block_size", 128), "its training blocks", run_dir, meta.get("step"))
-    model, tokenizer, meta = load_model(path, warn)
+    model, tokenizer, meta = load_model(path, warn, read_tokenizer=read_tokenizer)  # minitf's or a Marian start's
     return Loaded(model, tokenizer, "translation", path, int(meta["config"].get("max_len", 100)),
                   "the longest sentence of its training, --max-len", run_dir, meta.get("step"))
 

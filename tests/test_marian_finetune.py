@@ -378,3 +378,20 @@ def test_a_hand_edited_shape_of_a_fine_tuning_run_is_refused(folder, data, tmp_p
     (tmp_path / "run" / "config.json").write_text(json.dumps(dict(values, d_model=32)))
     code, err = train(["--resume", tmp_path / "run", "--max-steps", "2"], capsys)
     assert code == 2 and "d_model 32 (the folder's: 16)" in one_error_line(err), err
+
+
+def test_a_fine_tuned_run_opens_in_inspect_with_its_marian_tokenizer(folder, data, tmp_path, capsys):
+    """``minitf.inspect --checkpoint RUN`` of a fine-tuned Marian run: the run keeps the folder's tokenizer as JSON
+    in tokenizer.model, which the page reads (its pieces are vocab.json's), and the decoder starts from <pad>."""
+    from minitf.inspect import main as inspect_main
+    from minitf.inspection import page
+    assert train(data + FINE_TUNE + ["--init-from", folder, "--max-steps", "1", "--eval-every", "100",
+                                     "--out", tmp_path / "run"], capsys)[0] == 0
+    out = tmp_path / "page.html"
+    code = inspect_main(["--checkpoint", str(tmp_path / "run"), "--text", "Der Hund läuft", "--reference",
+                         "The dog runs", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    example = page.read_data(out.read_text(encoding="utf-8"))["examples"][0]
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    assert example["input"][0] == "<pad>" and example["source"][-1] == "</s>"
+    assert all(piece in vocab for piece in example["source"] + example["input"])
