@@ -306,6 +306,8 @@ BAD_FINE_TUNES = {
     "a config value minitf does not compute": (_changed(_edit_config(normalize_before=True)), 2,
                                                "normalize_before is True"),
     "no vocab.json": (_changed(lambda c: (c / "vocab.json").unlink()), 1, "has no vocab.json"),
+    "a vocab.json of another model": (_changed(lambda c: (c / "vocab.json").write_text(json.dumps(
+        json.loads((c / "vocab.json").read_text()) | {"\u2581extra": 500}))), 1, "vocab.json has ids up to 500"),
     "a tokenizer of another model": (_changed(_edit_config(pad_token_id=5, decoder_start_token_id=5)), 1,
                                      "config.json's pad_token_id 5 (the tokenizer's: 83)"),
     # before: refused when the trainer built the model, after the run folder and its config.json were written

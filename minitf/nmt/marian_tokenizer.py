@@ -203,6 +203,16 @@ class MarianTokenizer:
     def target_vocab_size(self):
         return max(self.target_vocab.values()) + 1
 
+    def check_fits(self, model, folder):
+        """A one-line DataError, naming the file, where an id of vocab.json (target_vocab.json) is beyond the
+        source (target) vocabulary of ``model`` (the Transformer's arguments): another model's files."""
+        for what, ids, vocab in (("vocab.json", self.vocab_size, model["src_vocab_size"]),
+                                 ("target_vocab.json" if self.separate_vocabs else "vocab.json",
+                                  self.target_vocab_size, model["tgt_vocab_size"])):
+            if ids > vocab:
+                raise DataError(f"{pathlib.Path(folder) / what} has ids up to {ids - 1} but the model's vocabulary "
+                                f"has {vocab}; the tokenizer's files belong to another model: copy this model's")
+
     def pieces(self, text, target=False):
         """The pieces of one text as ``MarianTokenizer.tokenize`` gives them (no ``</s>``)."""
         processor = self._target if target else self._source

@@ -190,12 +190,7 @@ def check_tokenizer(folder, model):
     the model's vocabulary, the pad and eos ids the model's, one set of special ids for both sides (the decoder's
     start is the model's own, :func:`start_id`). A one-line DataError names the file."""
     tokenizer = MarianTokenizer.from_folder(folder)
-    for what, ids, vocab in (("vocab.json", tokenizer.vocab_size, model["src_vocab_size"]),
-                             ("target_vocab.json" if tokenizer.separate_vocabs else "vocab.json",
-                              tokenizer.target_vocab_size, model["tgt_vocab_size"])):
-        if ids > vocab:
-            raise DataError(f"--init-from {folder}: {what} has ids up to {ids - 1} but the model's vocabulary has "
-                            f"{vocab}; the tokenizer's files belong to another model: copy this model's")
+    tokenizer.check_fits(model, folder)
     ours = {"pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id}
     theirs = {"pad_token_id": model["pad_id"], "eos_token_id": model["eos_id"]}
     target = {"pad_token_id": tokenizer.target_pad_id, "eos_token_id": tokenizer.target_eos_id}

@@ -34,13 +34,7 @@ def load_marian(folder):
 
     tokenizer = MarianTokenizer.from_folder(folder)
     model = Transformer.from_pretrained(folder)
-    config = model.config
-    for what, ids, vocab in (("vocab.json", tokenizer.vocab_size, config["src_vocab_size"]),
-                             ("target_vocab.json" if tokenizer.separate_vocabs else "vocab.json",
-                              tokenizer.target_vocab_size, config["tgt_vocab_size"])):
-        if ids > vocab:
-            raise DataError(f"{pathlib.Path(folder) / what} has ids up to {ids - 1} but the model's vocabulary has "
-                            f"{vocab}; the tokenizer's files belong to another model: copy this model's")
+    tokenizer.check_fits(model.config, folder)
     settings = read_generation_config(folder, model.hf_config)
     options = dict(beam_size=settings.num_beams, alpha=settings.rules.length_penalty, max_len=settings.max_len,
                    min_len=settings.min_len, rules=settings.rules)
