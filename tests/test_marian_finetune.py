@@ -305,6 +305,8 @@ BAD_FINE_TUNES = {
                            "--max-len 100 is longer than the model's 20 positions less one"),
     "a config value minitf does not compute": (_changed(_edit_config(normalize_before=True)), 2,
                                                "normalize_before is True"),
+    "an unreadable generation_config.json": (_changed(lambda c: (c / "generation_config.json").write_text("{nope")),
+                                             2, "generation_config.json is not readable JSON"),
     "no vocab.json": (_changed(lambda c: (c / "vocab.json").unlink()), 1, "has no vocab.json"),
     "a vocab.json of another model": (_changed(lambda c: (c / "vocab.json").write_text(json.dumps(
         json.loads((c / "vocab.json").read_text()) | {"\u2581extra": 500}))), 1, "vocab.json has ids up to 500"),

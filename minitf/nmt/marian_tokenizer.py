@@ -318,6 +318,22 @@ def _one_id(value, key, where):
     return value
 
 
+def read_generation_json(folder):
+    """The folder's generation_config.json as a dict, or None where it has none. A one-line ValueError for a
+    file that is not a JSON object."""
+    path = pathlib.Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return None
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not readable JSON ({error}); write it again or delete it (config.json's "
+                         "entries are used then)") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} is not a JSON object; write it again or delete it")
+    return values
+
+
 def read_generation_config(folder, hf_config):
     """The :class:`GenerationSettings` of a Marian folder: its generation_config.json, else the same entries of
     config.json (``hf_config``), as transformers falls back; absent entries take generate()'s defaults
@@ -325,17 +341,8 @@ def read_generation_config(folder, hf_config):
     eos, no banned ids). A one-line ValueError names an entry of the wrong type or range, one that disagrees
     with config.json's ids, or one minitf does not compute (:data:`UNSUPPORTED`, multi-token bad_words_ids)."""
     folder = pathlib.Path(folder)
-    path = folder / "generation_config.json"
-    if path.is_file():
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{path} is not readable JSON ({error}); write it again or delete it (config.json's "
-                             "entries are used then)") from None
-        if not isinstance(values, dict):
-            raise ValueError(f"{path} is not a JSON object; write it again or delete it")
-        where = str(path)
-    else:
+    values, where = read_generation_json(folder), str(folder / "generation_config.json")
+    if values is None:
         values, where = hf_config, str(folder / "config.json")
     values = {key: v for key, v in values.items() if v is not None}  # null: unset, as transformers reads it
 

@@ -3,7 +3,6 @@ run on the default corpus (the Ding dictionary, fetched once), on the user's par
 corpus (WMT 2014 or ``--corpus-dir``), a Hugging Face Marian folder to fine-tune (``--init-from``), a resumed
 run's data, and :class:`TranslationTrainer`. The interface is :class:`minitf.training.task.Task`."""
 import importlib.util
-import json
 import os
 import pathlib
 
@@ -12,7 +11,7 @@ from minitf.pretrained import model_type
 from minitf.nmt import corpora, prepare
 from minitf.nmt.corpora import default_corpus_splits
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
-from minitf.nmt.marian_tokenizer import MarianTokenizer
+from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_json
 from minitf.nmt.translation_trainer import TranslationTrainer, load_tokenizer
 from minitf.training import files
 from minitf.training.errors import DataError, UsageError, non_negative
@@ -107,6 +106,7 @@ class TranslationTask(Task):
                              "translation model: to fine-tune it, add --model gpt")
         try:
             hf, model, weights = marian.read_folder_config(folder)
+            generation = read_generation_json(folder)  # kept in the run: an export writes it again
         except ValueError as error:
             raise UsageError(f"--init-from {folder}: {error}") from None
         self.init_tokenizer = check_tokenizer(folder, model)  # before the weights: a missing file is named first
@@ -119,7 +119,7 @@ class TranslationTask(Task):
                     d_ff=model["d_ff"], pre_norm=False, vocab_size=model["src_vocab_size"],
                     activation=model["activation"], layer_norm_eps=float(model["layer_norm_eps"]),
                     tokenizer="pretrained", init_from=str(folder.resolve()),
-                    marian={"config": hf, "generation": read_generation_json(folder)},
+                    marian={"config": hf, "generation": generation},
                     lr_scale=args.lr_scale or FINE_TUNE_LR_SCALE)
 
     def check_config(self, args, config):
@@ -201,21 +201,6 @@ def check_tokenizer(folder, model):
         raise DataError(f"--init-from {folder}: config.json's {', '.join(wrong)} do not fit its tokenizer's files; "
                         "they belong to different models: copy the model's own files")
     return tokenizer
-
-
-def read_generation_json(folder):
-    """The folder's generation_config.json as a dict (kept in the run: an export writes it again), or None."""
-    path = pathlib.Path(folder) / "generation_config.json"
-    if not path.is_file():
-        return None
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"--init-from {folder}: {path.name} is not readable JSON ({error}); copy it again from "
-                         "the model's Hugging Face folder or delete it") from None
-    if not isinstance(values, dict):
-        raise UsageError(f"--init-from {folder}: {path.name} is not a JSON object; copy it again or delete it")
-    return values
 
 
 def data_paths(args, lexicon=0.0):
