@@ -121,6 +121,29 @@ def _attentions(side):
     return [("self_attn", "self_attn", "self_attn_block"), ("encoder_attn", "cross_attn", "cross_attn_block")]
 
 
+def _layers(config):
+    """(Hugging Face prefix, minitf prefix, side) of every encoder and decoder layer."""
+    return [(f"model.{side}.layers.{i}.", f"{side}.layers.{i}.", side)
+            for side in ("encoder", "decoder") for i in range(config[f"num_{side}_layers"])]
+
+
+def _layer_names(hf, ours, side):
+    """``[(Hugging Face name, minitf name, transposed)]`` of one layer's tensors, except the q/k/v projections
+    (three (D, D) there, side by side in one ``w_qkv`` here: the callers join and cut them); ``transposed``: a
+    matrix, (out, in) there and (in, out) here."""
+    names = []
+    for hf_attn, attn, block in _attentions(side):
+        names += [(f"{hf}{hf_attn}.out_proj.weight", f"{ours}{attn}.w_o", True),
+                  (f"{hf}{hf_attn}.out_proj.bias", f"{ours}{attn}.b_o", False),
+                  (f"{hf}{hf_attn}_layer_norm.weight", f"{ours}{block}.norm.gamma", False),
+                  (f"{hf}{hf_attn}_layer_norm.bias", f"{ours}{block}.norm.beta", False)]
+    for fc, linear in (("fc1", "linear1"), ("fc2", "linear2")):
+        names += [(f"{hf}{fc}.weight", f"{ours}feed_forward.{linear}.weight", True),
+                  (f"{hf}{fc}.bias", f"{ours}feed_forward.{linear}.bias", False)]
+    return names + [(f"{hf}final_layer_norm.weight", f"{ours}ff_block.norm.gamma", False),
+                    (f"{hf}final_layer_norm.bias", f"{ours}ff_block.norm.beta", False)]
+
+
 def expected_shapes(config):
     """``{Hugging Face name: shape}`` of every tensor ``MarianMTModel.save_pretrained`` writes for a model of
     ``config`` (the Transformer's arguments): final_logits_bias, the embedding(s), every layer's."""
@@ -132,16 +155,14 @@ def expected_shapes(config):
     else:
         shapes.update({"model.encoder.embed_tokens.weight": (V, D), "model.decoder.embed_tokens.weight": (V_tgt, D),
                        "lm_head.weight": (V_tgt, D)})
-    for side in ("encoder", "decoder"):
-        for i in range(config[f"num_{side}_layers"]):
-            prefix = f"model.{side}.layers.{i}."
-            for hf, _, _ in _attentions(side):
-                for projection in _PROJECTIONS + ("out_proj",):
-                    shapes[f"{prefix}{hf}.{projection}.weight"], shapes[f"{prefix}{hf}.{projection}.bias"] = (D, D), (D,)
-                shapes[f"{prefix}{hf}_layer_norm.weight"] = shapes[f"{prefix}{hf}_layer_norm.bias"] = (D,)
-            shapes.update({f"{prefix}fc1.weight": (F, D), f"{prefix}fc1.bias": (F,), f"{prefix}fc2.weight": (D, F),
-                           f"{prefix}fc2.bias": (D,), f"{prefix}final_layer_norm.weight": (D,),
-                           f"{prefix}final_layer_norm.bias": (D,)})
+    for prefix, _, side in _layers(config):
+        for hf, _, _ in _attentions(side):
+            for projection in _PROJECTIONS + ("out_proj",):
+                shapes[f"{prefix}{hf}.{projection}.weight"], shapes[f"{prefix}{hf}.{projection}.bias"] = (D, D), (D,)
+            shapes[f"{prefix}{hf}_layer_norm.weight"] = shapes[f"{prefix}{hf}_layer_norm.bias"] = (D,)
+        shapes.update({f"{prefix}fc1.weight": (F, D), f"{prefix}fc1.bias": (F,), f"{prefix}fc2.weight": (D, F),
+                       f"{prefix}fc2.bias": (D,), f"{prefix}final_layer_norm.weight": (D,),
+                       f"{prefix}final_layer_norm.bias": (D,)})
     return shapes
 
 
@@ -200,23 +221,14 @@ def hf_to_minitf_state(weights, config, path="model.safetensors"):
         state["tgt_embed.weight"] = weights["model.decoder.embed_tokens.weight"]
         if not config["tie_target_output"]:
             state["generator.weight"] = weights["lm_head.weight"]
-    for side in ("encoder", "decoder"):
-        for i in range(config[f"num_{side}_layers"]):
-            hf, ours = f"model.{side}.layers.{i}.", f"{side}.layers.{i}."
-            for hf_attn, attn, block in _attentions(side):
-                a = f"{hf}{hf_attn}."
-                # [q k v] = x [W^Q W^K W^V]: Hugging Face's three (out, in) matrices, transposed, side by side
-                state[f"{ours}{attn}.w_qkv"] = np.concatenate([weights[f"{a}{p}.weight"].T for p in _PROJECTIONS], 1)
-                state[f"{ours}{attn}.b_qkv"] = np.concatenate([weights[f"{a}{p}.bias"] for p in _PROJECTIONS])
-                state[f"{ours}{attn}.w_o"] = weights[f"{a}out_proj.weight"].T
-                state[f"{ours}{attn}.b_o"] = weights[f"{a}out_proj.bias"]
-                state[f"{ours}{block}.norm.gamma"] = weights[f"{hf}{hf_attn}_layer_norm.weight"]
-                state[f"{ours}{block}.norm.beta"] = weights[f"{hf}{hf_attn}_layer_norm.bias"]
-            for fc, linear in (("fc1", "linear1"), ("fc2", "linear2")):
-                state[f"{ours}feed_forward.{linear}.weight"] = weights[f"{hf}{fc}.weight"].T
-                state[f"{ours}feed_forward.{linear}.bias"] = weights[f"{hf}{fc}.bias"]
-            state[f"{ours}ff_block.norm.gamma"] = weights[f"{hf}final_layer_norm.weight"]
-            state[f"{ours}ff_block.norm.beta"] = weights[f"{hf}final_layer_norm.bias"]
+    for hf, ours, side in _layers(config):
+        for hf_name, name, transposed in _layer_names(hf, ours, side):
+            state[name] = weights[hf_name].T if transposed else weights[hf_name]
+        for hf_attn, attn, _ in _attentions(side):
+            a = f"{hf}{hf_attn}."
+            # [q k v] = x [W^Q W^K W^V]: Hugging Face's three (out, in) matrices, transposed, side by side
+            state[f"{ours}{attn}.w_qkv"] = np.concatenate([weights[f"{a}{p}.weight"].T for p in _PROJECTIONS], 1)
+            state[f"{ours}{attn}.b_qkv"] = np.concatenate([weights[f"{a}{p}.bias"] for p in _PROJECTIONS])
     return state
 
 
@@ -235,24 +247,15 @@ def minitf_to_hf_state(state, config):
         weights["model.encoder.embed_tokens.weight"] = state["src_embed.weight"]
         weights["model.decoder.embed_tokens.weight"] = state["tgt_embed.weight"]
         weights["lm_head.weight"] = state["tgt_embed.weight" if config["tie_target_output"] else "generator.weight"]
-    for side in ("encoder", "decoder"):
-        for i in range(config[f"num_{side}_layers"]):
-            hf, ours = f"model.{side}.layers.{i}.", f"{side}.layers.{i}."
-            for hf_attn, attn, block in _attentions(side):
-                a = f"{hf}{hf_attn}."
-                w_qkv, b_qkv = state[f"{ours}{attn}.w_qkv"], state[f"{ours}{attn}.b_qkv"]
-                for k, projection in enumerate(_PROJECTIONS):
-                    weights[f"{a}{projection}.weight"] = w_qkv[:, k * D:(k + 1) * D].T  # (D, D) block, transposed
-                    weights[f"{a}{projection}.bias"] = b_qkv[k * D:(k + 1) * D]
-                weights[f"{a}out_proj.weight"] = state[f"{ours}{attn}.w_o"].T
-                weights[f"{a}out_proj.bias"] = state[f"{ours}{attn}.b_o"]
-                weights[f"{hf}{hf_attn}_layer_norm.weight"] = state[f"{ours}{block}.norm.gamma"]
-                weights[f"{hf}{hf_attn}_layer_norm.bias"] = state[f"{ours}{block}.norm.beta"]
-            for fc, linear in (("fc1", "linear1"), ("fc2", "linear2")):
-                weights[f"{hf}{fc}.weight"] = state[f"{ours}feed_forward.{linear}.weight"].T
-                weights[f"{hf}{fc}.bias"] = state[f"{ours}feed_forward.{linear}.bias"]
-            weights[f"{hf}final_layer_norm.weight"] = state[f"{ours}ff_block.norm.gamma"]
-            weights[f"{hf}final_layer_norm.bias"] = state[f"{ours}ff_block.norm.beta"]
+    for hf, ours, side in _layers(config):
+        for hf_name, name, transposed in _layer_names(hf, ours, side):
+            weights[hf_name] = state[name].T if transposed else state[name]
+        for hf_attn, attn, _ in _attentions(side):
+            a = f"{hf}{hf_attn}."
+            w_qkv, b_qkv = state[f"{ours}{attn}.w_qkv"], state[f"{ours}{attn}.b_qkv"]
+            for k, projection in enumerate(_PROJECTIONS):
+                weights[f"{a}{projection}.weight"] = w_qkv[:, k * D:(k + 1) * D].T  # (D, D) block, transposed
+                weights[f"{a}{projection}.bias"] = b_qkv[k * D:(k + 1) * D]
     return {name: np.ascontiguousarray(array) for name, array in weights.items()}
 
 
