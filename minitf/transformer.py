@@ -306,11 +306,10 @@ class Transformer(Module):
                            freeze_pad_embedding=bool(freeze_pad_embedding), tie_target_output=bool(tie_target_output),
                            decoder_start_id=decoder_start_id, eos_id=eos_id)
         self.d_model, self.pad_id, self.mask_target_padding = d_model, pad_id, bool(mask_target_padding)
-        self.src_embed = Embedding(src_vocab_size, d_model)
-        self.tgt_embed = self.src_embed if share_embeddings else Embedding(tgt_vocab_size, d_model)
-        for embedding in (self.src_embed, self.tgt_embed):  # (one module twice when shared)
-            embedding.scale = embedding.scale if scale_embedding else 1.0
-            embedding.padding_idx = pad_id if freeze_pad_embedding else None
+        pad_row = pad_id if freeze_pad_embedding else None  # the row its lookups leave without gradient
+        self.src_embed = Embedding(src_vocab_size, d_model, scale_embedding, pad_row)
+        self.tgt_embed = (self.src_embed if share_embeddings
+                          else Embedding(tgt_vocab_size, d_model, scale_embedding, pad_row))
         self.positional = PositionalEncoding(d_model, positions)
         self.src_dropout = Dropout(dropout)
         self.tgt_dropout = Dropout(dropout)
