@@ -11,9 +11,9 @@ from minitf.backend import host as np
 from minitf.gpt import GPT, generate, read_pretrained_state
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import no_grad
-from minitf.training import checkpoint as ckpt, trainer as base
+from minitf.training import trainer as base
 from minitf.training.config import with_added_fields
-from minitf.training.errors import DataError, StepOutOfMemory
+from minitf.training.errors import StepOutOfMemory
 from minitf.training.files import write_json_atomic
 from minitf.training.trainer import Trainer, perplexity
 from minitf.lm.data import decode_ids
@@ -46,25 +46,11 @@ def build_gpt(config, vocab_size):
 class LanguageModelTrainer(Trainer):
     """A run of ``python train.py --model gpt``: ``corpus`` is a :class:`minitf.lm.data.TextCorpus`."""
 
-    def __init__(self, *args, pretrained=None, **kwargs):
-        self.pretrained = pretrained  # --init-from's weights as the command's checks read them (None: read here)
-        super().__init__(*args, **kwargs)
-        if self.mixed and self.pretrained is not None:  # fp16: the master weights are the folder's, not rounded
-            self.optimizer.load_master([self.pretrained[name] for name, _ in self.model.named_parameters()])
-        self.pretrained = None
-
     def build_model(self):
-        model = build_gpt(self.config, self.tokenizer.vocab_size)
-        if self.config.init_from is None or ckpt.list_checkpoints(self.run_dir):
-            self.pretrained = None  # a resumed run's weights come from its checkpoint
-            return model
-        try:  # fine-tuning starts from the pretrained weights
-            if self.pretrained is None:  # a resumed run stopped before its first checkpoint: read the folder
-                self.pretrained = read_pretrained_state(self.config.init_from, model.config)
-            model.load_state_dict(self.pretrained)
-        except (OSError, ValueError) as error:
-            raise DataError(f"--init-from {self.config.init_from}: {error}") from None
-        return model
+        return build_gpt(self.config, self.tokenizer.vocab_size)
+
+    def read_pretrained(self):
+        return read_pretrained_state(self.config.init_from, self.model.config)
 
     def build_loss(self):
         return LabelSmoothedCrossEntropy(self.config.label_smoothing, ignore_index=NO_IGNORE)

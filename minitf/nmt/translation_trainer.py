@@ -45,30 +45,15 @@ def load_tokenizer(path):
 
 class TranslationTrainer(Trainer):
     """A run of ``python train.py`` (the default ``--model transformer``): ``corpus`` is a
-    :class:`minitf.nmt.data.Corpus` or :class:`minitf.nmt.data.IndexedCorpus`. ``pretrained``: a fine-tuning
-    run's start, the Marian folder's weights as the command's checks read them (None: read here if needed)."""
-
-    def __init__(self, *args, pretrained=None, **kwargs):
-        self.pretrained = pretrained
-        super().__init__(*args, **kwargs)
-        if self.mixed and self.pretrained is not None:  # fp16: the master weights are the folder's, not rounded
-            self.optimizer.load_master([self.pretrained[name] for name, _ in self.model.named_parameters()])
-        self.pretrained = None
+    :class:`minitf.nmt.data.Corpus` or :class:`minitf.nmt.data.IndexedCorpus`."""
 
     def build_model(self):
-        """The model of this run (translation: the encoder-decoder Transformer; fine-tuning: the Marian
-        folder's, from its weights unless the run has a checkpoint to resume from)."""
-        model = Transformer.from_config(self.config.model_config(self.tokenizer.vocab_size))
-        if self.config.init_from is None or ckpt.list_checkpoints(self.run_dir):
-            self.pretrained = None  # a resumed run's weights come from its checkpoint
-            return model
-        try:
-            if self.pretrained is None:  # a resumed run stopped before its first checkpoint: read the folder
-                self.pretrained = marian.read_state(self.config.init_from)[2]
-            model.load_state_dict(self.pretrained)
-        except (OSError, ValueError) as error:
-            raise DataError(f"--init-from {self.config.init_from}: {error}") from None
-        return model
+        """The model of this run (translation: the encoder-decoder Transformer; fine-tuning: the Marian folder's,
+        whose weights the base class loads unless the run has a checkpoint to resume from)."""
+        return Transformer.from_config(self.config.model_config(self.tokenizer.vocab_size))
+
+    def read_pretrained(self):
+        return marian.read_state(self.config.init_from)[2]
 
     def build_loss(self):
         """The loss over the model's outputs (translation: label-smoothed, pads ignored: the tokenizer's pad,

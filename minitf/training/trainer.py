@@ -231,7 +231,9 @@ class Trainer:
     here; a model's subclass provides the few methods below that differ (its model, batches, loss,
     validation and end of run)."""
 
-    def __init__(self, config, run_dir, tokenizer, corpus, log, progress=True, world=None):
+    def __init__(self, config, run_dir, tokenizer, corpus, log, progress=True, world=None, pretrained=None):
+        """``pretrained``: a fine-tuning run's start ({minitf name: host array}), --init-from's weights as the
+        command's checks read them (None: :meth:`read_pretrained` reads them if the run needs them)."""
         self.world = world or get_world()
         self.world.bind_device()
         self.config, self.run_dir, self.tokenizer, self.corpus, self.log = (
@@ -242,6 +244,7 @@ class Trainer:
         self.mixed = config.precision == "fp16"
         with backend.default_dtype("float16" if self.mixed else backend.get_default_dtype()):
             self.model = self.build_model()
+            pretrained = self.start_from_pretrained(pretrained)
         self.prepare_corpus()
         self.loss_fn = self.build_loss()
         self.schedule = WarmupSchedule(config.d_model, config.warmup, config.lr_scale)
@@ -253,6 +256,8 @@ class Trainer:
             self.model.parameters(), lr=self.schedule, betas=(0.9, 0.98), eps=1e-9,
             shard=shard_range(n, self.world.size, self.world.rank) if zero else None,
             gather=self.collectives.allgather if zero else None)
+        if self.mixed and pretrained is not None:  # fp16: the master weights are the folder's, not rounded
+            self.optimizer.load_master([pretrained[name] for name, _ in self.model.named_parameters()])
         self.step, self.epoch, self.batch_in_epoch, self.elapsed = 0, 0, 0, 0.0
         self.skipped_nonfinite = 0
         self.budget = WallBudget(config.max_minutes)  # --max-minutes: wall time of the whole command
@@ -270,6 +275,24 @@ class Trainer:
     def build_model(self):
         """The model of this run (built under the run's default dtype)."""
         raise NotImplementedError
+
+    def read_pretrained(self):
+        """``{minitf name: host array}`` of the ``--init-from`` folder (``config.init_from``) for :attr:`model`."""
+        raise NotImplementedError
+
+    def start_from_pretrained(self, pretrained):
+        """Load --init-from's weights (``pretrained``, else :meth:`read_pretrained`: a resumed run stopped before
+        its first checkpoint) into the model and return them; None (nothing loaded) for a run without
+        --init-from or with a checkpoint to resume from (its weights come from there)."""
+        if self.config.init_from is None or ckpt.list_checkpoints(self.run_dir):
+            return None
+        try:
+            if pretrained is None:
+                pretrained = self.read_pretrained()
+            self.model.load_state_dict(pretrained)
+        except (OSError, ValueError) as error:
+            raise DataError(f"--init-from {self.config.init_from}: {error}") from None
+        return pretrained
 
     def build_loss(self):
         """The loss over the model's outputs (its ``num_tokens`` and ``nll_sum`` after each call are logged)."""
