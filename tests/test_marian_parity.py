@@ -67,8 +67,8 @@ def in_float64(hf):
     with torch.no_grad():
         for side in (hf.model.encoder, hf.model.decoder):
             P, D = side.embed_positions.weight.shape
-            side.embed_positions.weight.copy_(torch.from_numpy(sinusoidal_table(P, D, dtype=np.float64,
-                                                                                 layout="halves")))
+            table = sinusoidal_table(P, D, dtype=np.float64, layout="halves")  # on minitf's device: to the host
+            side.embed_positions.weight.copy_(torch.from_numpy(backend.to_numpy(table)))
     return hf
 
 
