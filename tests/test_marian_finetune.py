@@ -307,6 +307,10 @@ BAD_FINE_TUNES = {
                                                "normalize_before is True"),
     "an unreadable generation_config.json": (_changed(lambda c: (c / "generation_config.json").write_text("{nope")),
                                              2, "generation_config.json is not readable JSON"),
+    # before: kept in the run unread, refused only when the run was translated or exported
+    "a generation entry minitf does not compute": (_changed(lambda c: (c / "generation_config.json").write_text(
+        json.dumps(json.loads((c / "generation_config.json").read_text()) | {"do_sample": True}))), 2,
+        "do_sample"),
     "no vocab.json": (_changed(lambda c: (c / "vocab.json").unlink()), 1, "has no vocab.json"),
     "a vocab.json of another model": (_changed(lambda c: (c / "vocab.json").write_text(json.dumps(
         json.loads((c / "vocab.json").read_text()) | {"\u2581extra": 500}))), 1, "vocab.json has ids up to 500"),

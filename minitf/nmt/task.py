@@ -11,7 +11,7 @@ from minitf.pretrained import model_type
 from minitf.nmt import corpora, prepare
 from minitf.nmt.corpora import default_corpus_splits
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
-from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_json
+from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config, read_generation_json
 from minitf.nmt.translation_trainer import TranslationTrainer, load_tokenizer
 from minitf.training import files
 from minitf.training.errors import DataError, UsageError, non_negative
@@ -107,6 +107,7 @@ class TranslationTask(Task):
         try:
             hf, model, weights = marian.read_folder_config(folder)
             generation = read_generation_json(folder)  # kept in the run: an export writes it again
+            read_generation_config(folder, hf)  # every entry checked now, not first at translate or export
         except ValueError as error:
             raise UsageError(f"--init-from {folder}: {error}") from None
         self.init_tokenizer = check_tokenizer(folder, model)  # before the weights: a missing file is named first
