@@ -107,10 +107,13 @@ class TranslationTask(Task):
         try:
             hf, model, weights = marian.read_folder_config(folder)
             generation = read_generation_json(folder)  # kept in the run: an export writes it again
-            read_generation_config(folder, hf)  # every entry checked now, not first at translate or export
         except ValueError as error:
             raise UsageError(f"--init-from {folder}: {error}") from None
         self.init_tokenizer = check_tokenizer(folder, model)  # before the weights: a missing file is named first
+        try:  # every generation entry checked now, not first at translate or export (after the tokenizer's ids)
+            read_generation_config(folder, hf)
+        except ValueError as error:
+            raise UsageError(f"--init-from {folder}: {error}") from None
         try:  # damaged weights (truncated, a NaN): refused here, before any run folder; the trainer gets these
             self.read_once(weights, lambda: marian.read_state(folder)[2])
         except ValueError as error:
