@@ -26,14 +26,12 @@ FINE_TUNE = ["--model", "gpt", "--block-size", "16", "--max-tokens", "64", "--wa
              "--seed", "3"]
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-    """(a GPT-2 folder, the text folder): a random 2-layer GPT-2-shaped model and a byte-level BPE trained on
-    the text (line breaks included) with GPT-2's end-of-text token, its id in config.json."""
+def gpt2_folder(texts, folder, num_layers=2, max_len=None):
+    """``folder`` made a GPT-2 folder: a random GPT-2-shaped model (``num_layers``, ``max_len`` positions; default
+    N_POSITIONS) and a byte-level BPE trained on ``texts``' train.txt (line breaks included) with GPT-2's end-of-text
+    token, its id in config.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    texts = tmp_path_factory.mktemp("text")
-    make_text(texts)
-    folder = tmp_path_factory.mktemp("gpt2")
+    folder.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -41,12 +39,21 @@ def pretrained(tmp_path_factory):
         vocab_size=120, special_tokens=["<|endoftext|>"], show_progress=False))
     tokenizer.save(str(folder / "tokenizer.json"))
     backend.manual_seed(0)
-    model = GPT.preset("gpt2", tokenizer.get_vocab_size(), max_len=N_POSITIONS, d_model=24, num_heads=2,
-                       num_layers=2, d_ff=48, dropout=0.1)
+    model = GPT.preset("gpt2", tokenizer.get_vocab_size(), max_len=max_len or N_POSITIONS, d_model=24, num_heads=2,
+                       num_layers=num_layers, d_ff=48, dropout=0.1)
     model.save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(dict(config, eos_token_id=tokenizer.token_to_id("<|endoftext|>"))))
-    return folder, texts
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """(a GPT-2 folder, the text folder): a random 2-layer GPT-2-shaped model and a byte-level BPE trained on
+    the text (line breaks included) with GPT-2's end-of-text token, its id in config.json."""
+    texts = tmp_path_factory.mktemp("text")
+    make_text(texts)
+    return gpt2_folder(texts, tmp_path_factory.mktemp("gpt2")), texts
 
 
 def vocabulary(folder):

@@ -338,12 +338,12 @@ def test_the_language_models_damaged_weights_are_refused_before_any_run_folder(t
     """The same check for --model gpt: a NaN in a GPT-2 folder's weights was found by the trainer, after the run
     folder and its config.json were made."""
     pytest.importorskip("tokenizers")
-    from tests.test_lm_finetune import _changed_copy, text_flags, FINE_TUNE as GPT_FINE_TUNE
+    from tests.test_lm_finetune import _changed_copy, gpt2_folder, text_flags, FINE_TUNE as GPT_FINE_TUNE
     from tests.test_lm_train import make_text
     texts = tmp_path / "text"
     texts.mkdir()
     make_text(texts)
-    folder = _gpt2_folder_with_tokenizer(texts, tmp_path)
+    folder = gpt2_folder(texts, tmp_path / "gpt2", num_layers=1, max_len=32)
     extra = _changed_copy(tensor="transformer.h.0.ln_2.bias")(folder, tmp_path)
     code, err = train(text_flags(texts) + GPT_FINE_TUNE + ["--max-steps", "1", "--out", tmp_path / "run"] + extra,
                       capsys)
@@ -351,23 +351,6 @@ def test_the_language_models_damaged_weights_are_refused_before_any_run_folder(t
     assert not (tmp_path / "run").exists()
 
 
-def _gpt2_folder_with_tokenizer(texts, tmp):
-    """A tiny GPT-2 folder with a byte-level BPE (as tests/test_lm_finetune.py's fixture)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from minitf.gpt import GPT
-    folder = tmp / "gpt2"
-    folder.mkdir()
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator([(texts / "train.txt").read_text()], trainers.BpeTrainer(
-        vocab_size=120, special_tokens=["<|endoftext|>"], show_progress=False))
-    tokenizer.save(str(folder / "tokenizer.json"))
-    GPT.preset("gpt2", tokenizer.get_vocab_size(), max_len=32, d_model=24, num_heads=2, num_layers=1,
-               d_ff=48).save_pretrained(folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(dict(config, eos_token_id=tokenizer.token_to_id("<|endoftext|>"))))
-    return folder
 
 
 # --------------------------------------------------------------------------- the run config
