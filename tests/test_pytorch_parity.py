@@ -17,17 +17,12 @@ import minitf  # noqa: E402
 import minitf.pytorch as mp  # noqa: E402
 from minitf import backend  # noqa: E402
 from minitf.testing import padding_lengths, randomize, seeds  # noqa: E402
+from tests.helpers import relative_difference  # noqa: E402
 
 np = backend.host
 RTOL = 1e-10
 
 pytestmark = [pytest.mark.usefixtures("float64"), pytest.mark.extra("torch", "bench")]
-
-
-def relative_difference(a, b, floor=0.0):
-    """max |a - b| / max(max |a|, max |b|, floor)."""
-    scale = max(float(np.abs(a).max(initial=0)), float(np.abs(b).max(initial=0)), floor, 1e-300)
-    return float(np.abs(a - b).max(initial=0)) / scale
 
 
 @st.composite
