@@ -73,6 +73,13 @@ def console_errors(driver):
     return [entry for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "WARNING")]
 
 
+def wait_for(driver, css, seconds=30):
+    """The first element matching ``css``, once it is there: a form's submit returns before the browser has
+    loaded the answer, so a lookup right after it can still see the page before."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    return WebDriverWait(driver, seconds).until(lambda d: (d.find_elements("css selector", css) or [None])[0])
+
+
 def fetched(driver):
     """Every resource the page asked for (images, scripts, styles, fetches) after its own document."""
     return driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
@@ -187,7 +194,7 @@ def test_the_served_page_recomputes_a_typed_sentence(browser, pages, tmp_path):
         box = browser.find_element("id", "text")
         box.send_keys("Die katze mag den vogel.")
         box.submit()
-        browser.find_element("css selector", "#targets .token.target")  # the new page's predictions
+        wait_for(browser, "#targets .token.target")  # the new page's predictions
         data = json.loads(browser.execute_script(f"return document.getElementById('{page.DATA_ID}').textContent"))
         assert data["examples"][0]["text"] == "Die katze mag den vogel."
         screenshot(browser, "tokens", tmp_path / "served.png")
@@ -196,7 +203,7 @@ def test_the_served_page_recomputes_a_typed_sentence(browser, pages, tmp_path):
         box.clear()
         box.send_keys("   ")
         box.submit()
-        assert "is empty" in browser.find_element("id", "error").text  # the error, in the page
+        assert "is empty" in wait_for(browser, "#error").text  # the error, in the page
         # the browser logs the answer's status 400 (a bad request), and nothing else
         (entry,) = console_errors(browser)
         assert entry["source"] == "network" and "status of 400" in entry["message"], entry
