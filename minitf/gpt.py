@@ -416,9 +416,12 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
 
 def nonfinite_rows(logits):
     """(N,) bool, on the logits' own device (no host sync): which rows of ``logits`` (N, V) hold NaN or infinity.
-    No token can be chosen from such a row (argmax and the sampler's CDF would both answer id 0, over and over)."""
+    No token can be chosen from such a row (argmax and the sampler's CDF would both answer id 0, over and over).
+    A row's sum is NaN or infinite when one of its entries is (one matrix-vector product, a pass over the
+    logits; entries beyond 1e33, themselves an overflow, count too)."""
     module = np if isinstance(logits, np.ndarray) else backend.xp
-    return ~module.isfinite(logits).all(axis=-1)
+    with np.errstate(invalid="ignore", over="ignore"):          # NaN and infinity are what it looks for
+        return ~module.isfinite(logits @ module.ones(logits.shape[-1], dtype=logits.dtype))
 
 
 def non_finite_logits_error(step, what):

@@ -11,7 +11,7 @@ import minitf
 from minitf import backend
 from minitf.backend import xp
 from minitf.nmt.decode import (HuggingFaceRules, beam_search, beam_search_nbest, greedy_decode, length_penalty,
-                               reorder_cache)
+                               reorder_cache, top_k_columns)
 from tests.helpers import np, seeds
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -156,6 +156,23 @@ def test_cached_step_logits_equal_full_prefix_logits_also_after_reordering(V, se
         full = backend.to_numpy(model.decode(backend.asarray(tgt), memory, mask))
     np.testing.assert_allclose(np.stack(steps, axis=1), full, rtol=0, atol=1e-10)
     assert cache[0]["self"]["k"].shape == (B, T + 1, 8) and cache[1]["cross"]["k"].shape == (B, src.shape[1], 8)
+
+
+@given(data=st.data(), N=st.integers(1, 4), V=st.integers(1, 3000), ties=st.booleans())
+def test_top_k_columns_finds_each_rows_k_largest(data, N, V, ties):
+    """The grouped search of the beam's candidates (groups' maxima, then their entries and the tail) gives
+    each row's k largest entries, as a full sort does: distinct columns, the same values (ties: any of them);
+    with few distinct values (many ties) and -inf entries (banned ids), k up to V, vocabularies too small
+    for groups and with a tail after the last slice."""
+    k = data.draw(st.integers(1, min(V, 12)), label="k")
+    rng = np.random.default_rng(data.draw(seeds, label="seed"))
+    scores = rng.integers(-3, 3, (N, V)).astype(float) if ties else rng.standard_normal((N, V))
+    scores[rng.random((N, V)) < 0.1] = -np.inf
+    columns = backend.to_numpy(top_k_columns(backend.asarray(scores), k))
+    assert columns.shape == (N, k)
+    for row, cols in zip(scores, columns):
+        assert len(set(cols.tolist())) == k and cols.min() >= 0 and cols.max() < V
+        assert np.array_equal(np.sort(row[cols]), np.sort(row)[V - k:])
 
 
 def test_reorder_cache_names_only_touch_those_sub_caches():

@@ -143,41 +143,87 @@ def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
     return src, max_lens
 
 
-def _log_softmax(logits):
-    shifted = logits - logits.max(axis=-1, keepdims=True)  # shifted by the max for stability (a fresh array)
-    shifted -= xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))  # in place: one (N, V) array fewer
-    return shifted
-
-
-def _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id=None, min_len=0, rules=None,
-                   forced=None, normalize=True):
-    """Log-probabilities (N, V) of the next token: with ``cache`` only ``tokens`` (N, 1) at position ``t``
-    run, without it the whole ``prefix`` (N, t + 1). Hugging Face ``rules``: their banned ids, eos forced in
-    the rows ``forced`` ((N,) device bool, or None: none), renormalized. Also (N,) device bool: the rows whose
-    logits hold NaN or infinity, which the caller checks in the host copy it makes each step anyway.
-    ``normalize=False`` (greedy decoding, which needs only each row's argmax) returns the logits with the same
-    entries banned and forced, without the log-softmaxes: a log-softmax subtracts one number from a whole row,
-    which leaves its largest entry where it is (two (N, V) passes of exp fewer a step)."""
+def _step_logits(model, tokens, prefix, memory, src_mask, cache, t):
+    """Logits (N, V) of the next token, a fresh array no one else holds (safe to write): with ``cache`` only
+    ``tokens`` (N, 1) at position ``t`` run, without it the whole ``prefix`` (N, t + 1). Also (N,) device
+    bool: the rows holding NaN or infinity, which the caller checks in the host copy it makes each step."""
     if cache is not None:
         logits = model.decode(tokens, memory, src_mask, cache=cache, start=t)[:, -1]
     else:
         logits = model.decode(prefix, memory, src_mask)[:, -1]
-    nonfinite = nonfinite_rows(logits)  # NaN or infinity: one line, not a translation of id 0s (no sync here)
-    # the decoder's logits are a fresh array no one else holds, as is the log-softmax: safe to write
-    logp = _log_softmax(logits) if normalize else logits
-    logp[:, pad_id] = -xp.inf  # never generate padding
-    if t < min_len:
-        logp[:, eos_id] = -xp.inf  # no eos before min_len tokens (a weak model likes the empty output)
-    if rules is not None:  # Hugging Face: its logits processors, in its order
-        if rules.banned_ids:
-            logp[:, list(rules.banned_ids)] = -xp.inf                # NoBadWordsLogitsProcessor
-        if forced is not None:                                       # ForcedEOSTokenLogitsProcessor
-            eos_only = xp.full(logp.shape[-1], -xp.inf, dtype=logp.dtype)
-            eos_only[eos_id] = 0
-            logp = xp.where(forced[:, None], eos_only, logp)         # (N, V)
-        if rules.renormalize and normalize:
-            logp = _log_softmax(logp)                                # LogitNormalization
-    return logp, nonfinite
+    return logits, nonfinite_rows(logits)  # NaN or infinity: one line, not a translation of id 0s (no sync here)
+
+
+def _banned_ids(t, pad_id, eos_id, min_len, rules):
+    """The ids that may not come next: pad (never generated), eos before ``min_len`` tokens (a weak model likes
+    the empty output), and Hugging Face ``rules``' banned ids (NoBadWordsLogitsProcessor)."""
+    return [pad_id] + ([eos_id] if t < min_len else []) + list(rules.banned_ids if rules is not None else ())
+
+
+def _ban(logits, banned, eos_id, forced):
+    """-inf, in place, on the ``banned`` ids; and in the rows ``forced`` ((N,) device bool, or None) on
+    everything but eos, which gets 0 (Hugging Face's forced eos). Returns the logits."""
+    logits[:, banned] = -xp.inf
+    if forced is not None:                                       # Hugging Face: ForcedEOSTokenLogitsProcessor
+        eos_only = xp.full(logits.shape[-1], -xp.inf, dtype=logits.dtype)
+        eos_only[eos_id] = 0
+        logits = xp.where(forced[:, None], eos_only, logits)     # (N, V)
+    return logits
+
+
+def row_sums(x):
+    """(N,) the sums of the rows of ``x`` (N, V) as one matrix-vector product (BLAS reads a long row several
+    times faster than NumPy's pairwise sum). NaN or infinity in a row makes its sum NaN or infinite."""
+    return x @ xp.ones(x.shape[-1], dtype=x.dtype)
+
+
+def top_k_columns(scores, k):
+    """(N, k) column indices of the ``k`` largest entries of each row of ``scores`` (N, V), in no order: the
+    set ``argpartition`` would give (up to ties), for about one pass over (N, V) instead of a partition of it.
+    The first R * C columns are viewed as R slices of C columns; entry j of every slice forms group j (R
+    entries), and the k groups with the largest maxima hold the k largest entries (a group with one of them
+    has a max at least as large, and at most k groups do), so only their k * R entries and the V - R * C
+    columns after the last slice are partitioned."""
+    N, V = scores.shape
+    R = max(1, int((V / k) ** 0.5))                              # slices: balances C groups against k * R entries
+    C = V // R                                                   # columns per slice
+    if C <= k:                                                   # too few groups to gain anything
+        return xp.argpartition(scores, V - k, axis=1)[:, V - k:]
+    group_max = scores[:, :R * C].reshape(N, R, C).max(axis=1)    # (N, C) one elementwise max of R slices
+    groups = xp.argpartition(group_max, C - k, axis=1)[:, C - k:]  # (N, k) the k best groups
+    columns = (groups[:, :, None] + C * xp.arange(R)).reshape(N, k * R)  # (N, k * R) their entries' columns
+    columns = xp.concatenate([columns, xp.broadcast_to(xp.arange(R * C, V), (N, V - R * C))], axis=1)
+    best = xp.argpartition(xp.take_along_axis(scores, columns, axis=1), columns.shape[1] - k, axis=1)
+    return xp.take_along_axis(columns, best[:, columns.shape[1] - k:], axis=1)  # (N, k)
+
+
+def _step_top_logprobs(model, tokens, prefix, memory, src_mask, cache, t, k, pad_id, eos_id, min_len=0, rules=None,
+                       forced=None):
+    """The ``k`` most probable next tokens of each row, (N, k) ids, their (N, k) log-probabilities (in no
+    order), and the (N,) non-finite rows (:func:`_step_logits`). The same numbers as the top k of the full
+    (N, V) log-softmax with the banned ids at -inf (:func:`_ban`), without building it: a log-softmax
+    subtracts one number from a whole row, so a row's top k are its logits' top k, and only those k are
+    shifted. The normalizer counts every id (the paper's rules: pad banned after the softmax), or with Hugging
+    Face's ``renormalize`` only those left after the bans (LogitNormalization); a forced row's eos gets 0."""
+    logits, nonfinite = _step_logits(model, tokens, prefix, memory, src_mask, cache, t)
+    banned = _banned_ids(t, pad_id, eos_id, min_len, rules)
+    renormalize = rules is not None and rules.renormalize
+    banned_logits = logits[:, banned]                            # (N, b) before the ban: the paper's normalizer counts them
+    logits = _ban(logits, banned, eos_id, forced)
+    ids = top_k_columns(logits, k)                               # (N, k)
+    top = xp.take_along_axis(logits, ids, axis=1)                # (N, k) their logits
+    # log_softmax(x) = (x - max) - log(sum(exp(x - max))), shifted by the max for stability
+    row_max = top.max(axis=1, keepdims=True)                     # (N, 1) the row's largest logit is in its top k
+    if not renormalize:
+        row_max = xp.maximum(row_max, banned_logits.max(axis=1, keepdims=True))
+    logits -= row_max                                            # the logits are not needed any more: in place
+    sum_exp = row_sums(xp.exp(logits, out=logits))               # (N,) the banned ids' exp(-inf) add 0
+    if not renormalize:
+        sum_exp += row_sums(xp.exp(banned_logits - row_max))     # the paper's rules: they count
+    log_sum = xp.log(sum_exp)[:, None]                           # (N, 1)
+    if forced is not None:                                       # a forced row: eos at log-probability 0
+        row_max, log_sum = xp.where(forced[:, None], 0, row_max), xp.where(forced[:, None], 0, log_sum)
+    return ids, (top - row_max) - log_sum, nonfinite
 
 
 def _forced(rules, last, repeat=1):
@@ -207,8 +253,9 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=None, 
         prefix = tokens                                          # (n, t + 1) for use_cache=False
         for t in range(steps):
             forced = _forced(rules, t + 1 >= max_lens[active])   # Hugging Face: eos at the last step
-            scores, nonfinite = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id,
-                                               min_len, rules, forced, normalize=False)  # the argmax is all we need
+            logits, nonfinite = _step_logits(model, tokens, prefix, memory, src_mask, cache, t)
+            # a log-softmax subtracts one number from a whole row: the argmax of the logits is the same
+            scores = _ban(logits, _banned_ids(t, pad_id, eos_id, min_len, rules), eos_id, forced)
             next_tokens = xp.where(nonfinite, -1, scores.argmax(axis=-1))  # (n,) -1: no token can be chosen
             chosen = backend.to_numpy(next_tokens)               # host copy: who is done
             if (chosen < 0).any():
@@ -268,20 +315,21 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
         fin_seqs = xp.full((B, nf, width), pad_id, dtype=src.dtype)
         active = backend.host.arange(B)
         rank = xp.arange(2 * K)[None, :]                         # (1, 2K)
+        V = model.config["tgt_vocab_size"]
         for t in range(steps):
             n = len(active)
             prefix = None if cache is not None else seqs[:, :, :t + 1].reshape(n * K, t + 1)
             last_host = t + 1 >= max_lens[active]                # (n,) this is the sentence's final step
-            logp, nonfinite = _step_logprobs(model, tokens, prefix, memory, src_mask, cache, t, pad_id, eos_id,
-                                             min_len, rules, _forced(rules, last_host, K))
-            V = logp.shape[-1]
-            cand = (live[:, :, None] + logp.reshape(n, K, V)).reshape(n, K * V)
-            # top 2K of K*V per sentence: at most K end in eos, so >= K remain to go on
-            top = xp.argpartition(-cand, 2 * K - 1, axis=1)[:, :2 * K]
+            # each row's top k are enough: a sentence's top 2K of its K * V candidates (beam score + token
+            # log-probability) are among its beams' top 2K each (at most 2K candidates beat any of them)
+            k = min(2 * K, V)
+            ids, logp, nonfinite = _step_top_logprobs(model, tokens, prefix, memory, src_mask, cache, t, k, pad_id,
+                                                      eos_id, min_len, rules, _forced(rules, last_host, K))
+            cand = (live[:, :, None] + logp.reshape(n, K, k)).reshape(n, K * k)  # (n, K * k)
+            # top 2K per sentence, best first: at most K end in eos, so >= K remain to go on
+            top = xp.argsort(-cand, axis=1)[:, :2 * K]
             top_score = xp.take_along_axis(cand, top, axis=1)
-            order = xp.argsort(-top_score, axis=1)
-            top, top_score = xp.take_along_axis(top, order, axis=1), xp.take_along_axis(top_score, order, axis=1)
-            beam, token = top // V, top % V                      # (n, 2K) each
+            beam, token = top // k, xp.take_along_axis(ids.reshape(n, K * k), top, axis=1)  # (n, 2K) each
             # candidate sequences: the parent's tokens plus the new one
             sent = xp.arange(n)[:, None]                         # (n, 1) row of each sentence
             cand_seqs = seqs[sent, beam]                         # (n, 2K, width)
