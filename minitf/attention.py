@@ -11,7 +11,7 @@ import math
 from minitf import backend
 from minitf.backend import xp
 from minitf.layers import init_array, matmul_rows
-from minitf.module import Module, Parameter
+from minitf.module import Module, Parameter, is_grad_enabled
 
 
 def attention_keep_mask(key_padding_mask=None, causal=False, num_queries=None, num_keys=None):
@@ -112,6 +112,8 @@ class MultiHeadAttention(Module):
 
         Returns y (B, Tq, D).
         """
+        if memory is not None and memory.shape[0] != x.shape[0]:
+            return self.forward_beams(x, memory, key_padding_mask, cache)
         D = self.d_model
         W, b = self.w_qkv.data, self.b_qkv.data
         if memory is None:
@@ -140,6 +142,18 @@ class MultiHeadAttention(Module):
         y = matmul_rows(o, self.w_o.data) + self.b_o.data        # y = o W^O + b^O  (B, Tq, D)
         self.save_for_backward(x=x, memory=memory, Q=Q, K=K, U=U, P=P, o=o)
         return y
+
+    def forward_beams(self, x, memory, key_padding_mask=None, cache=None):
+        """Cross-attention of G beams per sentence while decoding: x (B*G, Tq, D), rows b*G to b*G + G - 1
+        the beams of sentence b; memory (B, Tk, D) and key_padding_mask (B, Tk) once per sentence. Queries do
+        not interact, so a sentence's G beams are G*Tq queries of one row: its keys and values are projected
+        and attended to once, not G times. Under no_grad() only (no backward). Returns y (B*G, Tq, D)."""
+        B = memory.shape[0]
+        if is_grad_enabled() or x.shape[0] % B:
+            raise ValueError(f"cross-attention needs memory's batch ({B}) equal to the queries' "
+                             f"({x.shape[0]}), or a divisor of it under no_grad() (beams of a sentence)")
+        y = self.forward(x.reshape(B, -1, self.d_model), memory, key_padding_mask, cache=cache)  # (B, G*Tq, D)
+        return y.reshape(x.shape)                                                     # (B*G, Tq, D)
 
     def backward(self, dy):
         """dy (B, Tq, D) -> (dx (B, Tq, D), dmemory (B, Tk, D) or None); adds

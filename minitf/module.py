@@ -34,6 +34,11 @@ def no_grad():
         _grad_state["enabled"] = previous
 
 
+def is_grad_enabled():
+    """False inside ``no_grad()``: forwards save nothing for a backward."""
+    return _grad_state["enabled"]
+
+
 class Parameter:
     """A trainable array ``data`` and its gradient ``grad`` (same shape, same dtype)."""
 

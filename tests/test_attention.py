@@ -77,6 +77,32 @@ def test_multihead_cross_attention_gradients(data, B, T, S, H, dk, seed):
                            {"x": x, "memory": memory}, dict(mha.named_parameters()), seed=seed)
 
 
+@given(data=st.data(), B=small, G=st.integers(1, 4), T=small, S=small, H=st.integers(1, 3), dk=st.integers(1, 3),
+       seed=seeds, cached=st.booleans())
+def test_beams_attend_to_one_memory_per_sentence_as_to_repeated_copies(data, B, G, T, S, H, dk, seed, cached):
+    """Cross-attention of G beams per sentence (x (B*G, T, D), memory (B, S, D), as beam search calls it)
+    equals attending to the memory repeated G times, with or without the key/value cache; with gradients
+    on, a memory whose batch is not the queries' is refused."""
+    from minitf.module import no_grad
+    D = H * dk
+    mha = MultiHeadAttention(D, H)
+    for p in mha.parameters():
+        p.data[...] = random_array(seed + 7, p.shape, 0.5)
+    x, memory = random_array(seed, (B * G, T, D)), random_array(seed + 1, (B, S, D))
+    pad = data.draw(padding_masks(B, S))
+    with no_grad():
+        repeated = mha.forward(x, xp.repeat(memory, G, axis=0), key_padding_mask=xp.repeat(pad, G, axis=0))
+        cache = {} if cached else None
+        grouped = mha.forward(x, memory, key_padding_mask=pad, cache=cache)
+        if cached:  # the second step reads the memory's projections from the cache
+            grouped = mha.forward(x, memory, key_padding_mask=pad, cache=cache)
+    assert grouped.shape == (B * G, T, D)
+    np.testing.assert_allclose(backend.to_numpy(grouped), backend.to_numpy(repeated), rtol=1e-12, atol=1e-12)
+    if G > 1:
+        with pytest.raises(ValueError, match="equal to the queries"):
+            mha.forward(x, memory, key_padding_mask=pad)
+
+
 def test_d_model_must_divide_by_heads():
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(10, 3)

@@ -298,9 +298,8 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
     with inference_mode(model):
         src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
         B, steps = src.shape[0], int(max_lens.max())
-        memory, src_mask = model.encode(src)
-        dtype = memory.dtype
-        memory, src_mask = xp.repeat(memory, K, axis=0), xp.repeat(src_mask, K, axis=0)  # (B*K, S, ...)
+        memory, src_mask = model.encode(src)                     # (B, S, D), (B, S): the K beams of a
+        dtype = memory.dtype                                     # sentence attend to its one memory
         cache = {} if use_cache else None
         width = steps + 1                                        # bos + up to max_len tokens
         # live state of the n active sentences (device)
@@ -368,19 +367,17 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
                 break
             go_on = ~done
             rows = sent * K + parent                             # (n, K) parent row of each new beam
-            if go_on.all():
-                # beams of one sentence share the memory: only the self-attention cache moves
-                if cache is not None:
-                    reorder_cache(cache, rows.reshape(-1), names=("self",))
-            else:
+            if not go_on.all():
                 # some sentences are done: drop their rows everywhere
                 keep_sent = backend.asarray(backend.host.flatnonzero(go_on))
-                rows = rows[keep_sent].reshape(-1)
-                memory, src_mask = memory[rows], src_mask[rows]
+                rows = rows[keep_sent]
+                memory, src_mask = memory[keep_sent], src_mask[keep_sent]
                 if cache is not None:
-                    reorder_cache(cache, rows)
+                    reorder_cache(cache, keep_sent, names=("cross",))  # one memory per sentence
                 live, seqs = live[keep_sent], seqs[keep_sent]
                 active = active[go_on]
+            if cache is not None:
+                reorder_cache(cache, rows.reshape(-1), names=("self",))  # each new beam: its parent's cache
             tokens = seqs[:, :, t + 1].reshape(-1, 1)
         scores, lens, hyps = (backend.to_numpy(a) for a in (fin_score, fin_len, fin_seqs))
     results = []
