@@ -384,9 +384,14 @@ class GELU(Module):
 # SiLU (Elfwing et al. 2017; "swish" with beta 1, Ramachandran et al. 2017): Marian's activation
 # --------------------------------------------------------------------------- #
 def sigmoid(x):
-    """``1 / (1 + exp(-x))``, elementwise, without overflow: exp is only taken of -|x| <= 0."""
-    e = xp.exp(-xp.abs(x))                                       # in (0, 1]
-    return xp.where(x >= 0, 1.0, e) / (1.0 + e)                  # x >= 0: 1 / (1 + e); x < 0: exp(x) / (1 + exp(x))
+    """``1 / (1 + exp(-x))``, elementwise, in x's dtype, on one fresh array. Where exp(-x) overflows (x below
+    about -89 in float32, -710 in float64) it is inf and the quotient its limit, 0; float16 works in float32
+    (its exp would overflow below x = -11, where the sigmoid is still 2e-5)."""
+    e = xp.negative(x, dtype=xp.promote_types(x.dtype, xp.float32))  # -x: the steps below work in place
+    with backend.host.errstate(over="ignore"):                   # exp(-x) = inf is right: 1 / (1 + inf) = 0
+        xp.exp(e, out=e)                                         # exp(-x)
+    e += 1.0                                                     # 1 + exp(-x)
+    return xp.reciprocal(e, out=e).astype(x.dtype, copy=False)   # 1 / (1 + exp(-x))
 
 
 class SiLU(Module):
