@@ -71,6 +71,25 @@ def scaled_dot_product_attention_backward(dO, Q, K, U, P):
     return dQ, dK, dU
 
 
+def append_to_cache(cache, k, v):
+    """Keys and values k, v (B, T, D) of T new positions written after the L cached ones; returns all L + T
+    of each (B, L + T, D), views. The cache keeps them in arrays with room for more positions, ``k_room`` and
+    ``v_room`` (B, capacity, D), its first ``length`` positions filled, the capacity doubled when full: a step
+    writes only its own positions (a concatenate would copy every earlier one, each step)."""
+    B, T, D = k.shape
+    L = cache.get("length", 0)
+    if "k_room" not in cache or cache["k_room"].shape[1] < L + T:   # full: move to twice the room
+        capacity = max(2 * (L + T), 16)
+        for name in ("k_room", "v_room"):
+            room = xp.empty((B, capacity, D), dtype=k.dtype)
+            if L:
+                room[:, :L] = cache[name][:, :L]                 # the earlier positions, once per doubling
+            cache[name] = room
+    cache["k_room"][:, L:L + T], cache["v_room"][:, L:L + T] = k, v
+    cache["length"] = L + T
+    return cache["k_room"][:, :L + T], cache["v_room"][:, :L + T]   # (B, L + T, D) each
+
+
 # --------------------------------------------------------------------------- #
 # MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
 #   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)                   (paper 3.2.2)
@@ -119,11 +138,8 @@ class MultiHeadAttention(Module):
         if memory is None:
             qkv = matmul_rows(x, W) + b                          # [q k v] = x [W^Q W^K W^V] + b  (B, Tq, 3D)
             q, k, v = qkv[..., :D], qkv[..., D:2 * D], qkv[..., 2 * D:]  # each (B, Tq, D)
-            if cache is not None:                                # append this step's keys/values
-                if "k" in cache:
-                    k = xp.concatenate([cache["k"], k], axis=1)  # (B, Tk, D): earlier steps, then this one
-                    v = xp.concatenate([cache["v"], v], axis=1)
-                cache["k"], cache["v"] = k, v
+            if cache is not None:                                # earlier steps' keys/values, then these
+                k, v = append_to_cache(cache, k, v)              # each (B, Tk, D)
         else:
             q = matmul_rows(x, W[:, :D]) + b[:D]                 # q = x W^Q + b^Q  (B, Tq, D)
             if cache is not None and "k" in cache:               # memory projected at step 0

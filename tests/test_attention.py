@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from minitf import backend
-from minitf.attention import (MultiHeadAttention, attention_keep_mask, scaled_dot_product_attention,
+from minitf.attention import (MultiHeadAttention, append_to_cache, attention_keep_mask, scaled_dot_product_attention,
                               scaled_dot_product_attention_backward)
 from minitf.backend import xp
 from tests.helpers import assert_gradients_match, np, padding_masks, random_array, seeds, small
@@ -101,6 +101,21 @@ def test_beams_attend_to_one_memory_per_sentence_as_to_repeated_copies(data, B, 
     if G > 1:
         with pytest.raises(ValueError, match="equal to the queries"):
             mha.forward(x, memory, key_padding_mask=pad)
+
+
+@given(data=st.data(), B=small, D=small, seed=seeds)
+def test_the_key_value_cache_holds_what_concatenating_every_step_would(data, B, D, seed):
+    """append_to_cache over steps of 1 to 20 positions (through several doublings of its room) returns the
+    keys and values of every position so far, as concatenating them would, and leaves its input unchanged."""
+    cache, ks, vs = {}, [], []
+    for step, T in enumerate(data.draw(st.lists(st.integers(1, 20), min_size=1, max_size=6), label="steps")):
+        k, v = random_array(seed + 2 * step, (B, T, D)), random_array(seed + 2 * step + 1, (B, T, D))
+        k_before = backend.to_numpy(k).copy()
+        ks.append(k_before), vs.append(backend.to_numpy(v))
+        all_k, all_v = append_to_cache(cache, k, v)
+        assert np.array_equal(backend.to_numpy(all_k), np.concatenate(ks, axis=1))
+        assert np.array_equal(backend.to_numpy(all_v), np.concatenate(vs, axis=1))
+        assert cache["length"] == sum(x.shape[1] for x in ks) and np.array_equal(backend.to_numpy(k), k_before)
 
 
 def test_d_model_must_divide_by_heads():

@@ -155,7 +155,8 @@ def test_cached_step_logits_equal_full_prefix_logits_also_after_reordering(V, se
                                                        cache=cache, start=t))[:, 0])
         full = backend.to_numpy(model.decode(backend.asarray(tgt), memory, mask))
     np.testing.assert_allclose(np.stack(steps, axis=1), full, rtol=0, atol=1e-10)
-    assert cache[0]["self"]["k"].shape == (B, T + 1, 8) and cache[1]["cross"]["k"].shape == (B, src.shape[1], 8)
+    assert cache[0]["self"]["length"] == T + 1 and cache[0]["self"]["k_room"].shape[:1] == (B,)
+    assert cache[1]["cross"]["k"].shape == (B, src.shape[1], 8)
 
 
 @given(data=st.data(), N=st.integers(1, 4), V=st.integers(1, 3000), ties=st.booleans())
@@ -177,11 +178,11 @@ def test_top_k_columns_finds_each_rows_k_largest(data, N, V, ties):
 
 def test_reorder_cache_names_only_touch_those_sub_caches():
     a = xp.arange(6).reshape(3, 2)
-    cache = {0: {"self": {"k": a, "v": a + 10}, "cross": {"k": a, "v": a}}}
+    cache = {0: {"self": {"k_room": a, "v_room": a + 10, "length": 1}, "cross": {"k": a, "v": a}}}
     index = backend.asarray(np.array([2, 2, 0]))
     assert reorder_cache(cache, index, names=("self",)) is cache
-    assert backend.to_numpy(cache[0]["self"]["v"]).tolist() == [[14, 15], [14, 15], [10, 11]]
-    assert cache[0]["cross"]["k"] is a
+    assert backend.to_numpy(cache[0]["self"]["v_room"]).tolist() == [[14, 15], [14, 15], [10, 11]]
+    assert cache[0]["self"]["length"] == 1 and cache[0]["cross"]["k"] is a
     reorder_cache(cache, index)
     assert backend.to_numpy(cache[0]["cross"]["k"]).tolist() == [[4, 5], [4, 5], [0, 1]]
 

@@ -96,15 +96,16 @@ def _special_ids(model, bos_id, eos_id, pad_id):
 
 def reorder_cache(cache, index, names=None):
     """Keep rows ``index`` (M,) (repeats allowed) of every array of a decoder cache, in place, and return it:
-    ``{layer: {"self": {"k": (N, L, D), "v": ...}, "cross": ...}}`` as ``model.decode(..., cache=cache)`` fills
-    it; ``names`` (e.g. ``("self",)``) limits it to those sub-caches."""
+    ``{layer: {"self": {"k_room": (N, capacity, D), "v_room": ..., "length": L}, "cross": {"k": (N, S, D),
+    "v": ...}}}`` as ``model.decode(..., cache=cache)`` fills it (minitf.attention.append_to_cache);
+    ``names`` (e.g. ``("self",)``) limits it to those sub-caches."""
     for key, value in cache.items():
         if isinstance(value, dict):
             if isinstance(key, str) and names is not None and key not in names:
                 continue  # a sub-cache that was not asked for
             # layer indices pass the filter down; below "self"/"cross" take everything
             reorder_cache(value, index, None if isinstance(key, str) else names)
-        else:
+        elif key != "length":                                    # the filled length is the same for every row
             cache[key] = value[index]
     return cache
 
