@@ -40,7 +40,7 @@ def hf(folder):
     return transformers.MarianMTModel.from_pretrained(str(folder)).double().eval(), tokenizer
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: under MINITF_STRICT=1 its arrays must come from the strict backend the test runs on
 def ours(folder):
     from minitf import backend
 
