@@ -209,7 +209,7 @@ def _step_top_logprobs(model, tokens, prefix, memory, src_mask, cache, t, k, pad
     logits, nonfinite = _step_logits(model, tokens, prefix, memory, src_mask, cache, t)
     banned = _banned_ids(t, pad_id, eos_id, min_len, rules)
     renormalize = rules is not None and rules.renormalize
-    banned_logits = logits[:, banned]                            # (N, b) before the ban: the paper's normalizer counts them
+    banned_logits = logits[:, banned]                            # (N, b) unbanned: the paper's normalizer counts them
     logits = _ban(logits, banned, eos_id, forced)
     ids = top_k_columns(logits, k)                               # (N, k)
     top = xp.take_along_axis(logits, ids, axis=1)                # (N, k) their logits
