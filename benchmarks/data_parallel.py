@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from benchmarks.common import CONFIGS, run_config_fields, synthetic_corpus, tokenized_corpus  # noqa: E402
-from minitf.training.config import PRESETS  # noqa: E402
+from minitf.nmt.config import PRESETS  # noqa: E402
 from minitf.nmt.corpora import DEFAULT_CACHE, default_corpus_splits  # noqa: E402
 
 #: the model sizes timed: the tiny preset's shape (benchmark.py's `default`) and `small`

@@ -47,7 +47,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from minitf.backend import keep_freed_memory  # noqa: E402
-from minitf.training.config import PRESETS, RunConfig  # noqa: E402
+from minitf.nmt.config import PRESETS, model_config  # noqa: E402
+from minitf.training.config import RunConfig  # noqa: E402
 from minitf.nmt.corpora import default_corpus_splits  # noqa: E402
 from minitf.nmt.data import pad_batch, token_batches  # noqa: E402
 from minitf.training.distributed import rank_share  # noqa: E402
@@ -176,7 +177,7 @@ def main():
     tokenizer = corpus.tokenizer
     if args.lexicon:
         corpus.set_lexicon(args.lexicon)  # a new sample of the lexicon each epoch, as train.py's
-    model = Seq2Seq(RunConfig.from_preset("tiny").model_config(tokenizer.vocab_size))
+    model = Seq2Seq(model_config(RunConfig.from_preset("tiny"), tokenizer.vocab_size))
     trained = model if world == 1 else nn.parallel.DistributedDataParallel(model)
     torch.manual_seed(args.seed * 1000 + rank)  # each rank's own dropout masks
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)

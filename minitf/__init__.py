@@ -19,3 +19,11 @@ from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.optim import Adam, WarmupSchedule, clip_grad_norm
 
 __version__ = "0.1.0"
+
+
+def load(path, warn=None):
+    """The model of a run folder, a checkpoint folder or a Hugging Face folder of any kind minitf reads, with its
+    tokenizer and decoding settings (:func:`minitf.loader.load`, which the commands use): ``.model``,
+    ``.tokenizer``, ``.decoding``, ``.kind``."""
+    from minitf.loader import load as load_any  # the application's loader, imported only when asked for
+    return load_any(path, warn)

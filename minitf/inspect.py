@@ -19,18 +19,14 @@ import sys
 import unicodedata
 import webbrowser
 
-from minitf import backend, marian
+from minitf import backend
 from minitf.atomic import write_atomic
-from minitf.transformer import Transformer
 from minitf.inspection import numbers
 from minitf.inspection.page import example_data, render
 from minitf.inspection.serve import BadRequest, make_server, serve_forever
-from minitf.lm.generate import load_pretrained, load_run
+from minitf.loader import is_hugging_face_folder, load as load_any
 from minitf.nmt.data import pad_batch
 from minitf.nmt.decode import beam_search, greedy_decode
-from minitf.nmt.marian_tokenizer import MarianTokenizer
-from minitf.nmt.translation_trainer import read_tokenizer
-from minitf.training.checkpoint import load_model, resolve_checkpoint
 from minitf.training.errors import DataError, OneLineParser, UsageError, positive, report_errors
 from minitf.training.text import decode_lines
 
@@ -46,19 +42,24 @@ MAX_CURVE_POINTS = 2000
 # Loading: (model, tokenizer, what it is) from a path
 # --------------------------------------------------------------------------- #
 class Loaded:
-    """A model ready to inspect: ``kind`` "translation" or "gpt", ``context`` its longest input in tokens,
-    ``piece(id)`` a token's text as the model sees it, ``facts`` [(label, value)] for the page's header,
-    ``run_dir`` the run folder whose metrics.jsonl holds its curves (None for a Hugging Face folder)."""
+    """A model ready to inspect: the one loader's :class:`minitf.training.kind.Loaded` (``model``, ``tokenizer``,
+    ``source``, ``run_dir``, ``step``, ``context``, ``context_why``) with what the page needs: ``kind`` the page
+    its model kind draws ("translation" or "gpt", ``Kind.page``), ``piece(id)`` a token's text as the model sees
+    it, ``facts()`` [(label, value)] for the page's header."""
 
-    def __init__(self, model, tokenizer, kind, source, context, context_why, run_dir=None, step=None):
-        self.model, self.tokenizer, self.kind, self.source = model, tokenizer, kind, source
-        self.context, self.context_why, self.run_dir, self.step = context, context_why, run_dir, step
-        self.piece, self.source_piece = piece_function(tokenizer, target=True), piece_function(tokenizer)
-        if kind == "translation":  # the ids the decoder starts and ends with: the model's (Marian), else the tokenizer's
-            config = model.config
+    def __init__(self, loaded):
+        self.loaded = loaded
+        self.model, self.tokenizer, self.kind, self.source = loaded.model, loaded.tokenizer, loaded.kind.page, \
+            loaded.source
+        self.context, self.context_why, self.run_dir, self.step = loaded.context, loaded.context_why, \
+            loaded.run_dir, loaded.step
+        self.piece, self.source_piece = piece_function(self.tokenizer, target=True), piece_function(self.tokenizer)
+        if self.kind == "translation":  # the ids the decoder starts and ends with: the model's (Marian), else the tokenizer's
+            config = self.model.config
             self.bos_id = config.get("decoder_start_id") if config.get("decoder_start_id") is not None \
-                else tokenizer.bos_id
-            self.eos_id = config.get("eos_id") if config.get("eos_id") is not None else tokenizer.eos_id
+                else self.tokenizer.bos_id
+            self.eos_id = config.get("eos_id") if config.get("eos_id") is not None else self.tokenizer.eos_id
+            self.decoding = loaded.decoding
 
     @property
     def layout(self):
@@ -96,65 +97,10 @@ def piece_function(tokenizer, target=False):
     return lambda i: tokenizer.decode([[int(i)]])[0]
 
 
-def hugging_face_kind(path):
-    """The ``model_type`` of a Hugging Face folder (config.json without a minitf checkpoint), else None."""
-    config = path / "config.json"
-    if not config.is_file() or (path / "meta.json").is_file() or (path / "checkpoints").is_dir():
-        return None
-    try:
-        return json.loads(config.read_text(encoding="utf-8")).get("model_type", "?")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return "?"
-
-
-def run_kind(path):
-    """The ``--model`` of the run (or checkpoint) at ``path``: its meta.json's config.model; "transformer"
-    when it cannot be read (the loader then says why)."""
-    try:
-        meta = json.loads((resolve_checkpoint(path) / "meta.json").read_text(encoding="utf-8"))
-        return meta["config"].get("model", "transformer")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-        return "transformer"
-
-
 def load(path, warn):
-    """The :class:`Loaded` model of ``path``: a translation run or one of its checkpoints, a GPT run
-    (``train.py --model gpt``) or one of its checkpoints, a Hugging Face Marian (opus-mt) or GPT-2 folder.
-    Another kind of folder is one more branch here."""
-    path = pathlib.Path(path)
-    hf = hugging_face_kind(path) if path.is_dir() else None
-    if hf == "marian":
-        try:
-            model = Transformer.from_pretrained(path)
-        except ImportError as error:
-            raise DataError(f"{error}") from None
-        tokenizer = MarianTokenizer.from_folder(path)
-        return Loaded(model, tokenizer, "translation", path, marian.max_positions(model.hf_config),
-                      "its position table, max_position_embeddings")
-    if hf is not None:
-        if hf != "gpt2":
-            raise DataError(f"{path} is a Hugging Face folder of model_type {hf!r}; this command reads GPT-2 and "
-                            "Marian folders, minitf runs and their checkpoints")
-        model, tokenizer = load_pretrained(path, warn)
-        return Loaded(model, tokenizer, "gpt", path, model.max_len, "its learned positions")
-    checkpoint = resolve_checkpoint(path, warn)  # a missing path: one line naming it
-    run_dir = path if (path / "metrics.jsonl").is_file() else \
-        checkpoint.parent.parent if (checkpoint.parent.parent / "metrics.jsonl").is_file() else None
-    if run_kind(path) == "gpt":
-        model, tokenizer = load_run(path, warn)
-        meta = _meta(checkpoint)
-        return Loaded(model, tokenizer, "gpt", path, model.max_len if model.config["positions"] == "learned" else
-                      meta.get("config", {}).get("block_size", 128), "its training blocks", run_dir, meta.get("step"))
-    model, tokenizer, meta = load_model(path, warn, read_tokenizer=read_tokenizer)  # minitf's or a Marian start's
-    return Loaded(model, tokenizer, "translation", path, int(meta["config"].get("max_len", 100)),
-                  "the longest sentence of its training, --max-len", run_dir, meta.get("step"))
-
-
-def _meta(checkpoint):
-    try:
-        return json.loads((checkpoint / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return {}
+    """The :class:`Loaded` model of ``path``: whatever the one loader reads (:func:`minitf.loader.load`: a run or
+    one of its checkpoints, of any kind; a Hugging Face Marian or GPT-2 folder)."""
+    return Loaded(load_any(path, warn))
 
 
 # --------------------------------------------------------------------------- #
@@ -175,7 +121,7 @@ def unknown_characters(tokenizer, text):
 class Inspector:
     """Computes the page's examples for one loaded model: ``example(text, reference, where)``."""
 
-    def __init__(self, loaded, max_tokens, beam=4):
+    def __init__(self, loaded, max_tokens, beam=None):
         self.loaded, self.max_tokens, self.beam = loaded, max_tokens, beam
         self.limit = min(loaded.context, max_tokens)
 
@@ -221,12 +167,15 @@ class Inspector:
         else:
             src = pad_batch([source[:-1]], pad, eos_id=eos)
             room = self.limit - 1  # the decoder's input: its start token and the translation
-            ids = dict(bos_id=bos, eos_id=eos, pad_id=pad, max_len=room, min_len=1)
-            if self.beam == 1:
+            settings = loaded.decoding.with_flags(beam=self.beam)  # as translate decodes: the run's or the folder's
+            ids = dict(bos_id=bos, eos_id=eos, pad_id=pad, min_len=settings.min_len, rules=settings.rules,
+                       max_len=room if settings.max_len is None else min(settings.max_len, room))
+            beam = settings.beam_size
+            if beam == 1:
                 target = greedy_decode(model, src, **ids)[0]
             else:
-                target = beam_search(model, src, beam_size=self.beam, alpha=0.6, **ids)[0]
-            target_from = (f"the model's own translation ({'greedy' if self.beam == 1 else f'beam {self.beam}'}), "
+                target = beam_search(model, src, beam_size=beam, alpha=settings.alpha, **ids)[0]
+            target_from = (f"the model's own translation ({'greedy' if beam == 1 else f'beam {beam}'}), "
                            f"“{loaded.tokenizer.decode([target])[0]}”")
         self._check_length(len(target) + 1, "--reference" if reference is not None else "the translation",
                            "tokens with its <s>")
@@ -283,7 +232,7 @@ def page_data(loaded, examples, warnings=(), error=None, serve=None):
     """The JSON of a whole page (see :func:`minitf.inspection.page.render`)."""
     curves = read_curves(loaded.run_dir, loaded.kind) if loaded.run_dir is not None else None
     note = ("No training curves: a Hugging Face folder has no metrics.jsonl." if loaded.run_dir is None and
-            hugging_face_kind(pathlib.Path(loaded.source)) else
+            is_hugging_face_folder(loaded.source) else
             "No training curves: the checkpoint was given without its run folder's metrics.jsonl." if curves is None
             and loaded.run_dir is None else "No training curves: the run's metrics.jsonl has no training step yet.")
     title = "minitf inspect: " + ("GPT" if loaded.kind == "gpt" else "translation") + f" ({loaded.layout})"
@@ -329,7 +278,9 @@ def build_parser():
                         "Face Marian (opus-mt) or GPT-2 folder")
     p.add_argument("--text", help="the sentence (default: one per line from stdin)")
     p.add_argument("--reference", help="translation: the target to score (default: the model's own translation)")
-    p.add_argument("--beam", type=positive(int), default=4, help="beam size of the model's own translation (1: greedy)")
+    p.add_argument("--beam", type=positive(int), default=None,
+                   help="beam size of the model's own translation, 1: greedy (default: the model's, as translate "
+                        "decodes: 4 for a run, generation_config.json's num_beams for a Marian folder)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("inspect.html"), help="the HTML file to write")
     p.add_argument("--open", action="store_true", help="open the page in the browser")
     p.add_argument("--max-tokens", type=positive(int), default=100,

@@ -14,20 +14,17 @@ import shutil
 import sys
 import time
 
-from minitf import backend
-from minitf.lm.task import LanguageModelTask
-from minitf.nmt.task import TranslationTask
+from minitf import backend, kinds
 from minitf.training import checkpoint as ckpt, files, trainer as training
-from minitf.training.config import (INVOCATION_OPTIONS, LM_PRESETS, PRECISIONS, PRESETS, RESUME_CHANGEABLE,
-                                    RUN_OPTIONS, RunConfig)
+from minitf.training.config import INVOCATION_OPTIONS, PRECISIONS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig
 from minitf.training.distributed import get_world, launched_by_mpi
 from minitf.training.download import DEFAULT_CACHE, sigterm_raises
 from minitf.training.errors import CheckpointError, OneLineParser, UsageError, non_negative, positive, report_errors
 from minitf.training.files import check_output_folder, check_resumable, file_sha256
 from minitf.training.task import default, log
 
-#: The models, by ``--model``: the first is the default.
-TASKS = {task.name: task for task in (TranslationTask(), LanguageModelTask())}
+#: The models, by ``--model``: every kind's task (minitf.kinds), the first the default.
+TASKS = {kind.name: kind.task() for kind in kinds.every()}
 #: The flags of every model that name the model, recipe or data of a run: refused with --resume (with the tasks'
 #: own, :attr:`minitf.training.task.Task.resume_fixed`).
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
@@ -46,7 +43,7 @@ def build_parser():
         f", or with --model {task.name} {task.description}" for task in others) + ".")
     p.add_argument("--model", choices=tuple(TASKS), default=default_model.name,
                    help="; ".join(f"{task.name}: {task.summary}" for task in TASKS.values()))
-    p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS)), default="tiny",
+    p.add_argument("--preset", choices=sorted({p for kind in kinds.every() for p in kind.presets}), default="tiny",
                    help="model size and recipe: " + "; ".join(task.presets_help for task in TASKS.values()))
     g = p.add_argument_group("model (override the preset)")
     g.add_argument("--d-model", type=positive(int))

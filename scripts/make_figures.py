@@ -26,7 +26,7 @@ from minitf.nmt.data import pad_batch  # noqa: E402
 from minitf.training.text import read_lines  # noqa: E402
 from minitf.nmt.decode import beam_search  # noqa: E402
 from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
-from minitf.nmt.translate import load_model  # noqa: E402
+from minitf.training.checkpoint import load_model  # noqa: E402
 
 
 def lr_schedule(out):

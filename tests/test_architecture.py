@@ -23,8 +23,11 @@ SHARED = {"benchmarks.common"}
 #: the train.py command, which picks a model's task by --model).
 APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate", "minitf.train", "minitf.export"}
 APPLICATION_ENTRY_POINTS |= {"minitf.inspect"}  # the inspection page (issue 37): above both models
-#: The application's packages: the shared training machinery, then one package per model.
-APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm")
+#: The application's packages: the shared training machinery, one package per model kind, the registry of the
+#: kinds and the one loader.
+APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm", "minitf.kinds", "minitf.loader")
+#: The core's model modules (the models a learner reads): the shared machinery imports none of them.
+CORE_MODEL_MODULES = ("minitf.transformer", "minitf.gpt", "minitf.marian")
 #: The model packages: neither imports the other (what both need belongs in minitf.training).
 MODEL_PACKAGES = ("minitf.nmt", "minitf.lm")
 
@@ -121,11 +124,14 @@ def tool_imports(graph):
 def test_the_graph_sees_real_imports():
     graph = import_graph()
     assert "minitf.module" in graph["minitf.layers"]
-    assert "minitf.transformer" in graph["minitf.training.checkpoint"]
+    assert "minitf.kinds" in graph["minitf.training.checkpoint"]
     assert "minitf.training.checkpoint" in graph["minitf.train"]
+    assert "minitf.transformer" in graph["minitf.nmt.translation_trainer"]
     assert "minitf.training.text" in graph["minitf.nmt.data"]
     assert {"minitf.training.trainer", "minitf.nmt.decode"} <= graph["minitf.nmt.translation_trainer"]
-    assert {"minitf.nmt.task", "minitf.lm.task"} <= graph["minitf.train"]
+    assert "minitf.kinds" in graph["minitf.train"]
+    assert "minitf.nmt.task" in graph["minitf.nmt.kind"] and "minitf.lm.task" in graph["minitf.lm.kind"]
+    assert {"minitf.loader", "minitf.nmt.kind"} <= graph["minitf.nmt.translate"]
     assert "minitf.nmt.translation_trainer" in graph["minitf.nmt.task"]
     assert "minitf.lm.trainer" in graph["minitf.lm.task"]
     assert "minitf.train" in graph["train"]
@@ -161,11 +167,20 @@ def test_find_cycle_finds_one():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+#: The one crossing allowed: ``minitf.load(path)``, the application's loader offered at the top of the package,
+#: imported inside the function when it is called (never when ``import minitf`` runs: checked below).
+TOP_LEVEL_LOADER = ("minitf", "minitf.loader")
+
+
 def test_the_core_never_imports_the_application():
-    wrong = {core: sorted(m for m in imports if is_application(m))
+    wrong = {core: sorted(m for m in imports if is_application(m) and (core, m) != TOP_LEVEL_LOADER)
              for core, imports in import_graph().items() if is_library(core) and not is_application(core)}
     wrong = {k: v for k, v in wrong.items() if v}
     assert not wrong, f"core modules importing the application: {wrong}"
+    module_level = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8")).body
+    imported = {node.module for node in module_level if isinstance(node, ast.ImportFrom)}
+    assert TOP_LEVEL_LOADER[1] not in imported and "minitf.kinds" not in imported, \
+        "import minitf must not import the application (minitf.load imports its loader when called)"
 
 
 def model_crossings(graph):
@@ -194,9 +209,10 @@ def test_model_crossings_are_seen():
 
 
 def test_the_shared_training_machinery_imports_no_model():
-    """minitf.training serves both models and imports neither: a model's differences live in its own package
-    (a Trainer subclass, a Task), never in an if/else here."""
-    wrong = {name: sorted(m for m in imports if package_of(m, MODEL_PACKAGES))
+    """minitf.training serves every model kind and imports none: neither a kind's package nor a model module of the
+    core (minitf.transformer, minitf.gpt, minitf.marian); a kind's differences live in its own package (its Kind,
+    a Trainer subclass, a Task), found through the registry (minitf.kinds), never in an if/else here."""
+    wrong = {name: sorted(m for m in imports if package_of(m, MODEL_PACKAGES + CORE_MODEL_MODULES))
              for name, imports in import_graph().items() if package_of(name, ("minitf.training",))}
     wrong = {k: v for k, v in wrong.items() if v}
     assert not wrong, f"shared training modules importing a model's package: {wrong}"
@@ -211,23 +227,26 @@ def upward_imports(graph):
 
 
 def command_model_imports(graph, command="minitf.train"):
-    """The modules of the model packages that the train.py command imports besides their task modules."""
-    return sorted(m for m in graph[command] if package_of(m, MODEL_PACKAGES) and m.rpartition(".")[2] != "task")
+    """The modules of the model packages and the core's model modules that a command imports."""
+    return sorted(m for m in graph[command] if package_of(m, MODEL_PACKAGES + CORE_MODEL_MODULES))
 
 
 def test_the_train_command_sits_above_the_models_and_knows_only_their_tasks():
-    """minitf.train picks a model's task (minitf.nmt.task, minitf.lm.task) by --model and contains no model's
-    details: it imports nothing else of a model package, and nothing below it imports it back."""
+    """minitf.train finds a kind's task through the registry (minitf.kinds) by --model and contains no model's
+    details: it imports nothing of a model package, and nothing below it imports it back. The one loader
+    (minitf.loader) likewise imports no kind."""
     graph = import_graph()
     assert not upward_imports(graph), f"modules importing a command above them: {upward_imports(graph)}"
     assert not command_model_imports(graph), f"the command imports a model's modules: {command_model_imports(graph)}"
+    for registry in ("minitf.kinds", "minitf.loader"):
+        assert not command_model_imports(graph, registry), (registry, command_model_imports(graph, registry))
 
 
 def test_upward_and_model_imports_of_the_command_are_seen():
     graph = {"minitf.train": {"minitf.nmt.task", "minitf.lm.data", "minitf.training.task"},
              "minitf.nmt.task": {"minitf.train"}, "minitf.lm.generate": {"minitf.generate"}, "train": {"minitf.train"}}
     assert upward_imports(graph) == {"minitf.nmt.task": ["minitf.train"], "minitf.lm.generate": ["minitf.generate"]}
-    assert command_model_imports(graph) == ["minitf.lm.data"]
+    assert command_model_imports(graph) == ["minitf.lm.data", "minitf.nmt.task"]
 
 
 def test_the_library_never_imports_a_tool():

@@ -256,16 +256,17 @@ def test_a_config_is_refused_exactly_when_its_weight_matrices_cannot_fit_its_fil
     """check_model_fits_file's bound, counted here from a built model: its embedding, attention and feed-forward
     weight matrices at 2 bytes a number (biases, LayerNorm and learned positions aside). A model.npz of exactly
     that size passes; one byte less is refused before anything is built."""
-    from minitf.lm.trainer import build_gpt
+    from minitf import kinds
     from minitf.training.config import RunConfig
     config = RunConfig.from_preset("tiny", model=model, d_model=16, num_heads=2, d_ff=24, num_decoder_layers=2)
     vocab = 37
-    built = build_gpt(config, vocab) if model == "gpt" else ckpt.build_transformer(config, vocab)
+    kind = kinds.get(model)
+    built = kind.build_model(config, vocab)
     matrices = sum(p.data.size for name, p in built.named_parameters()
                    if p.data.ndim == 2 and not name.startswith("positional"))
     model_file = tmp_path / "model.npz"
     model_file.write_bytes(b"\0" * (2 * matrices))
-    ckpt.check_model_fits_file(config, vocab, model_file)
+    ckpt.check_model_fits_file(kind.min_parameters(config, vocab), config, model_file)
     model_file.write_bytes(b"\0" * (2 * matrices - 1))
     with pytest.raises(CheckpointError, match="config and model.npz do not fit together"):
-        ckpt.check_model_fits_file(config, vocab, model_file)
+        ckpt.check_model_fits_file(kind.min_parameters(config, vocab), config, model_file)

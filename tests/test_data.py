@@ -421,7 +421,7 @@ def test_lexicon_needs_a_lexicon_split(bpe_tokenizer, tmp_path):
 
 
 def test_the_presets_lexicon_belongs_to_the_default_corpus(monkeypatch):
-    from minitf.training.config import PRESETS
+    from minitf.nmt.config import PRESETS
     from minitf.train import build_parser, config_from_args
 
     def lexicon(*argv):

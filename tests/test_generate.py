@@ -315,7 +315,7 @@ def _char_model(monkeypatch, max_len=MAX_LEN, poison=False):
     model = GPT.preset("gpt2", tokenizer.vocab_size, max_len=max_len, d_model=8, num_heads=2, num_layers=1, d_ff=16)
     if poison:
         model.decoder.final_norm.gamma.data[0] = np.nan
-    monkeypatch.setitem(command_module.LOADERS, "from_pretrained", lambda path, warn: (model, tokenizer))
+    monkeypatch.setattr(command_module, "load_language_model", lambda path, warn, **how: (model, tokenizer))
     return model, tokenizer
 
 

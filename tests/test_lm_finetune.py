@@ -115,10 +115,7 @@ def test_a_fine_tuning_run_resumes_exactly_without_the_folder_and_samples(pretra
                            "--prompt", "the cat", "--temperature", "0", "--max-new-tokens", "10"],
                           capture_output=True, text=True, env=CPU_ENV, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    from minitf.lm.trainer import build_gpt
-    from minitf.lm.data import tokenizer_from_bytes
-    model, _, _ = ckpt.load_model(tmp_path / "run", build=build_gpt, read_tokenizer=tokenizer_from_bytes,
-                                  run_model="gpt")
+    model, _, _ = ckpt.load_model(tmp_path / "run")
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     ids = tokenizer.encode("the cat", add_special_tokens=False).ids
     out = generate(model, np.asarray([ids]), 10, temperature=0.0, eos_id=0)[0].tolist()

@@ -306,8 +306,7 @@ def test_generate_continues_a_prompt_from_a_gpt_run_and_each_command_refuses_the
     """`python -m minitf.generate --checkpoint RUN` samples from a --model gpt run (greedy: the model's own
     continuation, line breaks and all); translate refuses that run and generate a translation run, in one line."""
     from minitf.gpt import generate
-    from minitf.lm.data import tokenizer_from_bytes, TextTokenizer
-    from minitf.lm.trainer import build_gpt
+    from minitf.lm.data import TextTokenizer
     from tests.runs import TINY, make_corpus
     run, translation = tmp_path / "run", tmp_path / "translation"
     assert train_main(make_text(tmp_path) + TINY_GPT + ["--max-steps", "3", "--out", str(run)]) == 0
@@ -315,7 +314,7 @@ def test_generate_continues_a_prompt_from_a_gpt_run_and_each_command_refuses_the
                "--temperature", "0", "--max-new-tokens", "12"]
     done = subprocess.run(command, capture_output=True, text=True, env=CPU_ENV, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    model, tokenizer, _ = ckpt.load_model(run, build=build_gpt, read_tokenizer=tokenizer_from_bytes, run_model="gpt")
+    model, tokenizer, _ = ckpt.load_model(run)
     tokenizer = TextTokenizer(tokenizer)
     ids = tokenizer.encode(["the cat"])[0]
     expected = tokenizer.decode([generate(model, np.asarray([ids]), 12, temperature=0.0)[0].tolist()])[0]

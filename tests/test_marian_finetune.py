@@ -14,6 +14,7 @@ import pytest
 from minitf import backend
 from minitf.nmt.data import pad_batch
 from minitf.nmt.decode import greedy_decode
+from minitf.nmt.config import model_config
 from minitf.nmt.marian_tokenizer import MarianTokenizer
 from minitf.nmt.translation_trainer import load_tokenizer
 from minitf.training import checkpoint as ckpt
@@ -170,7 +171,7 @@ def test_a_fine_tuning_run_resumes_exactly_without_the_folder_translates_and_exp
     run = tmp_path / "run"
     chosen = ckpt.read_checkpoint(ckpt.resolve_checkpoint(run), load_optimizer=False)
     tokenizer = MarianTokenizer.from_folder(folder)
-    model = Transformer.from_config(RunConfig.read(run).model_config(tokenizer.vocab_size))
+    model = Transformer.from_config(model_config(RunConfig.read(run), tokenizer.vocab_size))
     model.load_state_dict(chosen["params"])
     model.eval()
     sources = ["Ich habe Hunger .", "Der Hund läuft schnell nach Hause", "Wir essen 3 Äpfel ?", "heute"]

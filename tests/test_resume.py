@@ -17,7 +17,7 @@ import pytest
 
 from minitf.nmt import task as translation_task
 from minitf.training import checkpoint as ckpt, trainer as trainer_module
-from minitf.nmt.translate import load_model
+from minitf.training.checkpoint import load_model
 from minitf.backend import host as np
 from tests.runs import (BAD_CHECKPOINTS, CPU_ENV, MPI_ENV, QUIET, ROOT, TINY, copy_run, final_params, make_corpus,
                         metrics, needs_mpi, one_error_line, params_of, same_params, snapshot, train, train_py,

@@ -244,8 +244,8 @@ def test_a_gpt2_folder_given_to_translate_names_generate(tmp_path, capsys, monke
     code, err, out = translate(["--checkpoint", folder], capsys, b"Hallo\n", monkeypatch, tmp_path)
     line = one_error_line(err, "minitf.translate")
     assert code == 2 and out == ""
-    assert f"{folder} is a Hugging Face GPT-2 folder, not a translation model" in line
-    assert f"python -m minitf.generate --from-pretrained {folder}" in line
+    assert f"{folder} is a Hugging Face GPT-2 folder (a language model), not a translation model" in line
+    assert f"python -m minitf.generate --checkpoint {folder}" in line
 
 
 @pytest.mark.parametrize("flag", ["--from-pretrained", "--checkpoint"])

@@ -1,4 +1,4 @@
-"""Sample from a GPT: ``python -m minitf.generate --checkpoint RUN | --from-pretrained FOLDER [--prompt TEXT]``.
+"""Sample from a GPT: ``python -m minitf.generate --checkpoint RUN_OR_FOLDER [--prompt TEXT]``.
 
 Continues each prompt by at most ``--max-new-tokens`` tokens (default 50, or fewer where the model's
 context ends sooner) and writes the prompt with its continuation on stdout (a continuation may span
@@ -11,22 +11,19 @@ prompt (the n-th line, or ``--prompt`` as line 1) is sampled with seed (S, n), s
 terminal give the same answers to the same lines. Generation stops at the model's end-of-text
 token (``eos_token_id`` in config.json), which is not written.
 
-A model source is a loader, ``load(path, warn) -> (model, tokenizer)`` in :data:`LOADERS`: the
-model a :class:`minitf.gpt.GPT`, the tokenizer with the interface of
+The model comes from the one loader (:func:`minitf.loader.load`): a :class:`minitf.gpt.GPT`, and a tokenizer
+with the interface of
 :class:`minitf.training.tokenizer.Tokenizer` (``encode(texts)`` -> id lists, ``decode(id_lists)`` ->
 texts, ``vocab_size``, ``eos_id`` or None).
 """
 import argparse
-import importlib
 import pathlib
 import sys
 
-from minitf import backend, pretrained
-from minitf.gpt import GPT, generate
-from minitf.lm.data import (TextTokenizer, pretrained_eos_id, read_pretrained_tokenizer, tokenizer_files,
-                            tokenizer_from_bytes)
-from minitf.lm.trainer import build_gpt
-from minitf.training.checkpoint import load_model
+from minitf import backend
+from minitf.gpt import generate
+from minitf.lm.kind import KIND
+from minitf.loader import load
 from minitf.training.text import answer_each_line, decode_lines
 from minitf.training.errors import DataError, OneLineParser, UsageError, non_negative, positive, report_errors
 
@@ -36,42 +33,12 @@ np = backend.host  # token ids live on the host
 DEFAULT_NEW_TOKENS = 50
 
 
-# --------------------------------------------------------------------------- #
-# Model sources: (model, tokenizer) from a path
-# --------------------------------------------------------------------------- #
-def _require(*modules):
-    missing = []
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            missing.append(name.partition(".")[0])
-    if missing:
-        raise DataError(f"--from-pretrained needs the {' and '.join(missing)} package{'s' * (len(missing) > 1)}, "
-                        "not installed here: pip install -e '.[hf]'")
-
-
-def load_pretrained(folder, warn=None):
-    """(model, tokenizer) of a Hugging Face GPT-2 folder: config.json, model.safetensors and
-    a tokenizer (:func:`minitf.lm.data.read_pretrained_tokenizer`)."""
-    _require("safetensors.numpy", "tokenizers")
-    folder = pathlib.Path(folder)
-    if all((folder / name).is_file() for name in ("config.json", "model.safetensors")):
-        tokenizer_files(folder)  # a missing tokenizer is found before the weights are read
-    model = GPT.from_pretrained(folder)
-    tokenizer = read_pretrained_tokenizer(folder, pretrained_eos_id(model.hf_config, model.vocab_size))
-    return model, tokenizer
-
-
-def load_run(run_dir, warn=None):
-    """(model, tokenizer) of a run folder of ``train.py --model gpt`` (its best.json's choice, else its newest
-    good checkpoint) or of one of its checkpoint folders, checked as ``minitf.translate`` checks its own."""
-    model, tokenizer, _ = load_model(run_dir, warn, build=build_gpt, read_tokenizer=tokenizer_from_bytes, run_model="gpt")
-    return model, TextTokenizer(tokenizer)
-
-
-#: ``--flag``'s destination -> its loader ``load(path, warn) -> (model, tokenizer)``
-LOADERS = {"checkpoint": load_run, "from_pretrained": load_pretrained}
+def load_language_model(path, warn=None, hugging_face=False):
+    """(model, tokenizer) of ``--checkpoint``: a run or checkpoint folder of ``train.py --model gpt`` or a
+    Hugging Face GPT-2 folder (:func:`minitf.loader.load`; ``hugging_face``: only that, ``--from-pretrained``);
+    a model of another kind is refused in one line naming the command that reads it."""
+    loaded = load(path, warn, kind=KIND, hugging_face=hugging_face)
+    return loaded.model, loaded.tokenizer
 
 
 # --------------------------------------------------------------------------- #
@@ -170,11 +137,11 @@ def build_parser():
     p = OneLineParser(prog="python -m minitf.generate", description=__doc__.split("\n\n")[0])
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-pretrained", type=pathlib.Path, metavar="FOLDER",
-                        help="a Hugging Face GPT-2 folder: config.json, model.safetensors, tokenizer.json "
-                             "(or vocab.json and merges.txt)")
-    source.add_argument("--checkpoint", type=pathlib.Path, metavar="RUN",
+                        help="a Hugging Face GPT-2 folder (as --checkpoint takes it, but nothing else)")
+    source.add_argument("--checkpoint", type=pathlib.Path, metavar="PATH",
                         help="a run folder of train.py --model gpt (its best.json's model, else its newest good "
-                             "checkpoint) or one of its checkpoint folders")
+                             "checkpoint), one of its checkpoint folders, or a Hugging Face GPT-2 folder "
+                             "(config.json, model.safetensors, tokenizer.json or vocab.json and merges.txt)")
     p.add_argument("--prompt", help="the text to continue (default: one prompt per line of stdin)")
     p.add_argument("--max-new-tokens", type=positive(int), default=None,
                    help=f"at most this many tokens per prompt (default: {DEFAULT_NEW_TOKENS}, or fewer where the "
@@ -196,14 +163,11 @@ def run(argv=None):
         backend.set_device(args.device)
     else:
         backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
-    source = "checkpoint" if args.checkpoint is not None else "from_pretrained"
-    folder = getattr(args, source)
-    if pretrained.model_type(folder) == "marian":
-        raise UsageError(f"{folder} is a Hugging Face Marian folder (a translation model), not a language model: "
-                         f"translate with python -m minitf.translate --checkpoint {folder}")
 
     def sampler():
-        model, tokenizer = LOADERS[source](getattr(args, source), lambda message: print(message, file=sys.stderr))
+        model, tokenizer = load_language_model(args.checkpoint or args.from_pretrained,
+                                               lambda message: print(message, file=sys.stderr),
+                                               hugging_face=args.from_pretrained is not None)
         return Sampler(model, tokenizer, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
 
     if args.prompt is None and sys.stdin.isatty():  # a person typing: answer each line

@@ -15,7 +15,8 @@ from minitf.lm.data import (CharTokenizer, TextCorpus, load_tokenizer, pretraine
 from minitf.lm.prepare import open_prepared_text, prepare_text_corpus
 from minitf.lm.trainer import LanguageModelTrainer
 from minitf.training import files
-from minitf.training.config import LM_PRESETS, TOKENIZERS
+from minitf.lm.config import PRESETS
+from minitf.training.config import TOKENIZERS
 from minitf.training.errors import DataError, UsageError, positive
 from minitf.training.files import file_sha256
 from minitf.training.task import (RunData, Task, before_training, log, new_run_folder, prepare_tokenizer,
@@ -51,7 +52,7 @@ class LanguageModelTask(Task):
     def add_arguments(self, parser):
         g = parser.add_argument_group("language model (--model gpt)")
         g.add_argument("--block-size", type=positive(int), help="tokens per training block, the model's context "
-                       f"(default: {LM_PRESETS['tiny']['block_size']})")
+                       f"(default: {PRESETS['tiny']['block_size']})")
         g.add_argument("--tokenizer", choices=TOKENIZERS, help="bpe: sentencepiece BPE of --vocab-size (default); "
                        "char: one id per character of the training text")
         for split in TEXT_SPLITS:

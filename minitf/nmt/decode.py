@@ -66,6 +66,34 @@ class HuggingFaceRules:
             raise ValueError(f"early_stopping must be False, True or 'never', got {self.early_stopping!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodingSettings:
+    """How a model translates, as one value: built once from a run (the paper's rules, section 6.1: beam 4,
+    alpha 0.6, at most input length + 50 tokens) or from a Marian folder's generation_config.json (its beam size,
+    length limit, length penalty and :class:`HuggingFaceRules`), then passed whole to :func:`translate_texts`
+    by ``translate``, the trainer's end of run and ``inspect``. ``beam_size`` 1 is greedy; ``max_len`` None is
+    each sentence's source length + 50; ``min_len`` 1 (minitf's runs): a weak model may rank the empty output
+    first, never a translation of a sentence."""
+    beam_size: int = 4
+    alpha: float = 0.6
+    max_len: int | None = None
+    min_len: int = 1
+    rules: HuggingFaceRules | None = None
+
+    def with_flags(self, beam=None, alpha=None, max_len=None):
+        """These settings with the user's flags (None: not given) in place of the model's."""
+        changed = {}
+        if beam is not None:
+            changed["beam_size"] = beam
+        if alpha is not None:
+            changed["alpha"] = alpha
+            if self.rules is not None:  # Hugging Face's length_penalty
+                changed["rules"] = dataclasses.replace(self.rules, length_penalty=alpha)
+        if max_len is not None:
+            changed["max_len"] = max_len
+        return dataclasses.replace(self, **changed)
+
+
 def _finished_penalty(length, alpha, rules):
     """The divisor of a hypothesis of ``length`` tokens (counting eos) finished with log-probability s: it
     scores s / this. The paper's GNMT ``lp``; Hugging Face: ``length ** length_penalty``."""
@@ -409,11 +437,15 @@ def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_l
 
 
 def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=64, max_len=None, min_len=1,
-                    rules=None):
+                    rules=None, settings=None):
     """Translate a list of sentences; batches of similar length, output in input order. The source ends in
     the tokenizer's eos; the decoder starts from the model's start token, else the tokenizer's bos.
-    ``min_len`` 1 (minitf's runs): a weak model may rank the empty output first, never a translation of a
-    sentence; a Marian folder passes its generation_config.json's (``max_len``, ``min_len``, ``rules``)."""
+    ``settings`` (a :class:`DecodingSettings`, as the commands pass them) replaces the five keywords before it
+    (``beam_size``, ``alpha``, ``max_len``, ``min_len``, ``rules``: the same fields one by one)."""
+    if settings is None:
+        settings = DecodingSettings(beam_size, alpha, max_len, min_len, rules)
+    beam_size, alpha, max_len, min_len, rules = (settings.beam_size, settings.alpha, settings.max_len,
+                                                 settings.min_len, settings.rules)
     ids = tokenizer.encode(list(texts))
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # little padding per batch
     outputs = [None] * len(ids)

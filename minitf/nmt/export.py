@@ -17,17 +17,33 @@ import pathlib
 import sys
 
 from minitf import marian, pretrained
-from minitf.nmt.translation_trainer import read_tokenizer
-from minitf.training.checkpoint import load_model
+from minitf.loader import is_hugging_face_folder, load
+from minitf.nmt.kind import KIND
 from minitf.training.errors import OneLineParser, UsageError, report_errors
 from minitf.training.tokenizer import BOS_ID, EOS_ID, Tokenizer
 
 
 def build_parser():
     p = OneLineParser(prog="python -m minitf.export", description=__doc__.split("\n\n")[0])
-    p.add_argument("run", type=pathlib.Path, metavar="RUN", help="run folder or checkpoint folder of train.py")
-    p.add_argument("folder", type=pathlib.Path, metavar="FOLDER", help="the Hugging Face folder to write (new or empty)")
+    p.add_argument("paths", type=pathlib.Path, nargs="+", metavar="[RUN] FOLDER",
+                   help="the run folder or checkpoint folder of train.py (unless given as --checkpoint), then the "
+                        "Hugging Face folder to write (new or empty)")
+    p.add_argument("--checkpoint", type=pathlib.Path, metavar="RUN",
+                   help="the run folder or checkpoint folder, as the other commands take it")
     return p
+
+
+def parse_args(argv=None):
+    """RUN and FOLDER from ``RUN FOLDER`` or ``--checkpoint RUN FOLDER``; a one-line usage error otherwise."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    wanted = 1 if args.checkpoint is not None else 2
+    if len(args.paths) != wanted:
+        parser.error(f"expected {'FOLDER after --checkpoint RUN' if wanted == 1 else 'RUN FOLDER'}, got "
+                     f"{len(args.paths)} path{'s' * (len(args.paths) != 1)}")
+    args.run = args.checkpoint if args.checkpoint is not None else args.paths[0]
+    args.folder = args.paths[-1]
+    return args
 
 
 def tokenizer_files(tokenizer, src_lang, tgt_lang):
@@ -59,7 +75,11 @@ def export(run, folder, warn=None):
         raise UsageError(f"{folder} {'is a file' if not folder.is_dir() else 'is not empty'}; give a new or empty "
                          "folder for the Hugging Face files (nothing was written)")
     pretrained.safetensors_numpy()  # the missing extra: an ImportError before the run is read
-    model, tokenizer, meta = load_model(run, warn=warn, read_tokenizer=read_tokenizer)
+    if is_hugging_face_folder(run):
+        raise UsageError(f"{run} is already a Hugging Face folder, not a run of train.py: there is nothing to "
+                         "export (use it as it is, or copy it)")
+    loaded = load(run, warn, kind=KIND)
+    model, tokenizer, meta = loaded.model, loaded.tokenizer, loaded.meta
     config = meta.get("config", {})
     generation = None
     if isinstance(tokenizer, Tokenizer):  # minitf's own: one sentencepiece model for both sides
@@ -81,7 +101,7 @@ def export(run, folder, warn=None):
 
 
 def run(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     meta = export(args.run, args.folder, warn=lambda message: print(message, file=sys.stderr))
     print(f"wrote {args.folder}: a Hugging Face Marian folder of step {meta.get('step', '?')} "
           f"(load it with transformers.MarianMTModel.from_pretrained, or translate with "

@@ -10,6 +10,7 @@ from minitf import backend, marian
 from minitf.pretrained import model_type
 from minitf.nmt import corpora, prepare
 from minitf.nmt.corpora import default_corpus_splits
+from minitf.nmt.config import model_config
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
 from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config, read_generation_json
 from minitf.nmt.translation_trainer import TranslationTrainer, load_tokenizer
@@ -120,9 +121,7 @@ class TranslationTask(Task):
             raise DataError(f"--init-from {folder}: {error}") from None
         return dict(d_model=model["d_model"], num_heads=model["num_heads"],
                     num_encoder_layers=model["num_encoder_layers"], num_decoder_layers=model["num_decoder_layers"],
-                    d_ff=model["d_ff"], pre_norm=False, vocab_size=model["src_vocab_size"],
-                    activation=model["activation"], layer_norm_eps=float(model["layer_norm_eps"]),
-                    tokenizer="pretrained", init_from=str(folder.resolve()),
+                    d_ff=model["d_ff"], pre_norm=False, vocab_size=model["src_vocab_size"], tokenizer="pretrained", init_from=str(folder.resolve()),
                     marian={"config": hf, "generation": generation},
                     lr_scale=args.lr_scale or FINE_TUNE_LR_SCALE)
 
@@ -186,7 +185,7 @@ class TranslationTask(Task):
 def start_id(config):
     """The decoder's start token of a run's model: a Marian folder's decoder_start_token_id (its pad in opus-mt,
     minitf's BOS in an exported minitf run), else None (the tokenizer's BOS)."""
-    return config.model_config(1).decoder_start_id if config.marian is not None else None
+    return model_config(config, 1).decoder_start_id if config.marian is not None else None
 
 
 def check_tokenizer(folder, model):

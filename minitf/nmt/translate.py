@@ -9,72 +9,36 @@ A Hugging Face Marian folder (an opus-mt model: config.json, model.safetensors, 
 vocab.json) decodes as transformers' ``generate`` does, with its generation_config.json's beam size, length
 limit and length penalty unless ``--beam``, ``--max-len`` or ``--alpha`` say otherwise.
 """
-import dataclasses
 import pathlib
 import sys
 
-from minitf import backend, pretrained
-from minitf.training.checkpoint import load_model
-from minitf.training.config import MAX_ALPHA
-from minitf.training.text import answer_each_line, decode_lines, read_lines
+from minitf import backend
+from minitf.loader import load
+from minitf.nmt.config import MAX_ALPHA
 from minitf.nmt.decode import translate_texts
-from minitf.nmt.translation_trainer import read_tokenizer
-from minitf.training.errors import DataError, OneLineParser, UsageError, number_in, positive, report_errors
-
-#: A run's decoding without flags (the paper, section 6.1): beam 4, alpha 0.6, input length + 50 tokens.
-RUN_DEFAULTS = dict(beam_size=4, alpha=0.6, max_len=None, min_len=1, rules=None)
-
-
-def load_marian(folder):
-    """(model, tokenizer, decoding options) of a Hugging Face Marian folder: the tokenizer's files are read
-    first (a missing one is named before the weights are read), then the model, then generation_config.json.
-    A ValueError or DataError names what does not fit."""
-    from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config
-    from minitf.transformer import Transformer
-
-    tokenizer = MarianTokenizer.from_folder(folder)
-    model = Transformer.from_pretrained(folder)
-    tokenizer.check_fits(model.config, folder)
-    settings = read_generation_config(folder, model.hf_config)
-    options = dict(beam_size=settings.num_beams, alpha=settings.rules.length_penalty, max_len=settings.max_len,
-                   min_len=settings.min_len, rules=settings.rules)
-    return model, tokenizer, options
+from minitf.nmt.kind import KIND
+from minitf.training.errors import DataError, OneLineParser, number_in, positive, report_errors
+from minitf.training.text import answer_each_line, decode_lines, read_lines
 
 
 def load_translator(path, warn=None):
-    """(model, tokenizer, decoding options) of ``--checkpoint``: a Marian folder, else a run or checkpoint
-    folder (:func:`minitf.training.checkpoint.load_model`). A UsageError for another Hugging Face folder."""
-    kind = pretrained.model_type(path)
-    if kind == "marian":
-        return load_marian(path)
-    if kind is not None:
-        use = (f"sample from it with python -m minitf.generate --from-pretrained {path}" if kind == "gpt2"
-               else "give a Marian folder (an opus-mt model) or a run folder of train.py")
-        name = "GPT-2" if kind == "gpt2" else f"{kind!r}"
-        raise UsageError(f"{path} is a Hugging Face {name} folder, not a translation model: {use}")
-    model, tokenizer, _ = load_model(path, warn=warn, read_tokenizer=read_tokenizer)  # a fine-tuned Marian's too
-    return model, tokenizer, dict(RUN_DEFAULTS)
+    """(model, tokenizer, :class:`minitf.nmt.decode.DecodingSettings`) of ``--checkpoint``: a run or checkpoint
+    folder of a translation run, or a Marian folder (:func:`minitf.loader.load`); a model of another kind is
+    refused in one line naming the command that reads it."""
+    loaded = load(path, warn, kind=KIND)
+    return loaded.model, loaded.tokenizer, loaded.decoding
 
 
-def decoding(options, args):
-    """The decoding options with the user's flags in place of the model's defaults."""
-    options = dict(options)
-    if args.beam is not None:
-        options["beam_size"] = args.beam
-    if args.alpha is not None:
-        options["alpha"] = args.alpha
-        if options["rules"] is not None:  # Hugging Face's length_penalty
-            options["rules"] = dataclasses.replace(options["rules"], length_penalty=args.alpha)
-    if args.max_len is not None:
-        options["max_len"] = args.max_len
-    return options
+def decoding(settings, args):
+    """The decoding settings with the user's flags in place of the model's."""
+    return settings.with_flags(beam=args.beam, alpha=args.alpha, max_len=args.max_len)
 
 
-def translate_interactively(model, tokenizer, options, stdin=None, stdout=None, stderr=None):
+def translate_interactively(model, tokenizer, settings, stdin=None, stdout=None, stderr=None):
     """Answer each line typed in a terminal with its translation as soon as it ends (an empty line
-    gives an empty line). ``options``: :func:`minitf.nmt.decode.translate_texts`'s keywords."""
+    gives an empty line). ``settings``: a :class:`minitf.nmt.decode.DecodingSettings`."""
     def answer(text, number):
-        return translate_texts(model, tokenizer, [text], batch_size=1, **options)[0] if text else ""
+        return translate_texts(model, tokenizer, [text], batch_size=1, settings=settings)[0] if text else ""
     return answer_each_line(answer, "a sentence", "--src FILE or a pipe", stdin, stdout, stderr)
 
 
@@ -118,7 +82,7 @@ def run(argv=None):
                         "they must match line by line")
     model, tokenizer, options = load_translator(args.checkpoint, warn)
     translated = iter(translate_texts(model, tokenizer, [s for s in sources if s], batch_size=args.batch_size,
-                                      **decoding(options, args)))
+                                      settings=decoding(options, args)))
     hypotheses = [next(translated) if s else "" for s in sources]  # an empty line gives an empty line
     sys.stdout.write("".join(h + "\n" for h in hypotheses))
     sys.stdout.flush()

@@ -10,6 +10,7 @@ import time
 from minitf import marian
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.transformer import Transformer
+from minitf.nmt.config import model_config
 from minitf.nmt.data import token_batches
 from minitf.nmt.decode import bleu_from_stats, bleu_stats, bootstrap_wins, inference_mode, translate_texts
 from minitf.nmt.marian_tokenizer import MarianTokenizer
@@ -50,7 +51,7 @@ class TranslationTrainer(Trainer):
     def build_model(self):
         """The model of this run (translation: the encoder-decoder Transformer; fine-tuning: the Marian folder's,
         whose weights the base class loads unless the run has a checkpoint to resume from)."""
-        return Transformer.from_config(self.config.model_config(self.tokenizer.vocab_size))
+        return Transformer.from_config(model_config(self.config, self.tokenizer.vocab_size))
 
     def read_pretrained(self):
         return marian.read_state(self.config.init_from)[2]

@@ -23,13 +23,11 @@ import tempfile
 import time
 import zipfile
 
-from minitf import backend
+from minitf import backend, kinds
 from minitf.backend import host as np
-from minitf.transformer import Transformer
 from minitf.training.config import RunConfig
 from minitf.training.errors import CheckpointError, DataError, UsageError
 from minitf.training.files import file_sha256, fsync_dir
-from minitf.training.tokenizer import Tokenizer
 
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
 FORMAT_VERSION = 1
@@ -374,36 +372,31 @@ def _candidates(path, warn=None):
     return [first] + [p for p in reversed(list_checkpoints(path)) if p != first]
 
 
-def build_transformer(config, vocab_size):
-    """The Transformer a translation checkpoint's config describes (a run fine-tuned from a Marian folder: that
-    folder's model, which keeps the folder's config.json as ``hf_config`` for an export, as
-    ``Transformer.from_pretrained`` does)."""
-    model = Transformer.from_config(config.model_config(vocab_size))
-    if config.marian is not None:
-        model.hf_config = dict(config.marian["config"])
-    return model
+def recorded_kind(meta):
+    """The kind a checkpoint's meta.json names (its config's ``model``; "transformer" in runs older than GPT),
+    or None if it names none minitf has."""
+    config = meta.get("config") if isinstance(meta, dict) else None
+    name = config.get("model", "transformer") if isinstance(config, dict) else None
+    return kinds.get(name) if isinstance(name, str) and name in kinds.names() else None
 
 
-#: What to do with a run of each ``--model``: the command that reads it.
-USE_A_RUN = {"transformer": "translate with python -m minitf.translate --checkpoint RUN",
-             "gpt": "sample from it with python -m minitf.generate --checkpoint RUN"}
-
-
-def load_checkpoint_model(folder, build=build_transformer, read_tokenizer=Tokenizer.from_bytes,
-                          run_model="transformer"):
-    """(model in eval mode, tokenizer, meta) from one checkpoint folder of a ``--model`` ``run_model`` run;
-    CheckpointError if it is damaged, of the other model, or its parts do not fit together.
-    ``build(config, vocab_size)`` makes the model and ``read_tokenizer(tokenizer_bytes)`` its tokenizer
-    (the Transformer's and sentencepiece's by default; the language model passes its own)."""
+def load_checkpoint_model(folder, kind=None):
+    """(model in eval mode, tokenizer, meta) from one checkpoint folder of a run of ``kind`` (a
+    :class:`minitf.training.kind.Kind`; None: the kind its meta.json names); CheckpointError if it is damaged, of
+    another kind, or its parts do not fit together. The kind reads the tokenizer and builds the model."""
     built = {}
 
     def expect(state, path):  # meta.json and the tokenizer first, then a model, then the arrays' headers
         meta = state["meta"]
-        kind = meta.get("config", {}).get("model", "transformer") if isinstance(meta.get("config"), dict) else None
-        if kind != run_model and kind in USE_A_RUN:
-            raise CheckpointError(f"{folder} is a checkpoint of a --model {kind} run, not of a --model {run_model} "
-                                  f"run: {USE_A_RUN[kind]}")
-        tokenizer = read_tokenizer(state["tokenizer_bytes"])
+        recorded = recorded_kind(meta)
+        if kind is not None and recorded is not None and recorded is not kind:
+            raise CheckpointError(f"{folder} is a checkpoint of a --model {recorded.name} run, not of a --model "
+                                  f"{kind.name} run: {recorded.use_a_run}")
+        reader = kind or recorded
+        if reader is None:
+            raise CheckpointError(f"{folder}: meta.json's config names no model kind minitf has "
+                                  f"({', '.join(kinds.names())}); use a checkpoint written by this train.py")
+        tokenizer = reader.read_tokenizer(state["tokenizer_bytes"])
         if meta.get("tokenizer_sha256") not in (None, tokenizer.sha256):
             raise CheckpointError(f"{folder}: its tokenizer.model is not the one the model was trained with "
                                   "(tokenizer_sha256 in meta.json differs); use another checkpoint of the run")
@@ -414,9 +407,9 @@ def load_checkpoint_model(folder, build=build_transformer, read_tokenizer=Tokeni
             config = RunConfig.from_dict(meta["config"], where=f"{folder}: meta.json's config")
         except UsageError as error:
             raise CheckpointError(f"{error}; use a checkpoint written by this train.py") from None
-        check_model_fits_file(config, tokenizer.vocab_size, path / "model.npz")
+        check_model_fits_file(reader.min_parameters(config, tokenizer.vocab_size), config, path / "model.npz")
         try:
-            model = build(config, tokenizer.vocab_size)
+            model = reader.build_model(config, tokenizer.vocab_size)
         except (ValueError, TypeError) as error:
             raise CheckpointError(f"{folder}: meta.json's config does not describe a model: {error}") from None
         built.update(model=model, tokenizer=tokenizer)
@@ -432,14 +425,11 @@ def load_checkpoint_model(folder, build=build_transformer, read_tokenizer=Tokeni
     return model.eval(), built["tokenizer"], state["meta"]
 
 
-def check_model_fits_file(config, vocab_size, model_file):
+def check_model_fits_file(at_least, config, model_file):
     """Refuse, before a model is built, a config declaring more parameters than ``model_file`` can
-    hold (a crafted d_model 10**9 would ask for terabytes). A lower bound: embeddings, attention and
-    feed-forward weights at 2 bytes each (the smallest float a checkpoint may hold)."""
+    hold (a crafted d_model 10**9 would ask for terabytes). ``at_least``: the kind's lower bound of its
+    weights (``Kind.min_parameters``), at 2 bytes each (the smallest float a checkpoint may hold)."""
     d, f = config.d_model, config.d_ff
-    attention = 4 if config.model == "gpt" else 8  # a GPT's decoder layers have no cross-attention
-    at_least = (vocab_size * d + config.num_encoder_layers * (4 * d * d + 2 * d * f)
-                + config.num_decoder_layers * (attention * d * d + 2 * d * f))
     size = model_file.stat().st_size
     if 2 * at_least > size:
         raise CheckpointError(f"{model_file.parent}: meta.json's config and model.npz do not fit together: the "
@@ -447,19 +437,25 @@ def check_model_fits_file(config, vocab_size, model_file):
                               f"than model.npz ({size:,} bytes) can hold; use another checkpoint of the run")
 
 
-def load_model(path, warn=None, rounds=10, build=build_transformer, read_tokenizer=Tokenizer.from_bytes,
-               run_model="transformer"):
+def load_model(path, warn=None, rounds=10, kind=None):
     """(model in eval mode, tokenizer, meta) from a checkpoint folder (which must pass every check) or
-    a run folder (a damaged checkpoint is skipped for the next newest, with ``warn(message)``). A run
-    folder's checkpoint that disappears while it is read (a run saving beside us deleted it for a newer
-    one, ``--keep``) is not damaged: the folder is listed again and the newest taken (``rounds`` times)."""
+    a run folder (a damaged checkpoint is skipped for the next newest, with ``warn(message)``) of a run of
+    ``kind`` (None: the kind its checkpoints name). A run folder's checkpoint that disappears while it is read
+    (a run saving beside us deleted it for a newer one, ``--keep``) is not damaged: the folder is listed again
+    and the newest taken (``rounds`` times). :func:`load_run` gives the same with the run's config and folder."""
+    return load_run(path, warn, rounds, kind)[:3]
+
+
+def load_run(path, warn=None, rounds=10, kind=None):
+    """(model, tokenizer, meta, RunConfig, the checkpoint folder read) of :func:`load_model`."""
     errors, tried = [], set()
     for _ in range(rounds):
         vanished = False
         for folder in [f for f in _candidates(path, warn) if f not in tried]:
             tried.add(folder)
             try:
-                result = load_checkpoint_model(folder, build, read_tokenizer, run_model)
+                result = load_checkpoint_model(folder, kind)  # meta.json's config passed its checks there:
+                result += (RunConfig.from_dict(result[2]["config"]), folder)
             except (CheckpointError, DataError, OSError) as error:
                 if folder != pathlib.Path(path) and not folder.exists():  # pruned under us: list again
                     vanished = True

@@ -15,8 +15,9 @@ import signal
 import sys
 import time
 
+from minitf import kinds
 from minitf.training import files
-from minitf.training.config import PRESETS, RunConfig
+from minitf.training.config import RunConfig
 from minitf.training.distributed import get_world
 from minitf.training.errors import DataError, Interrupted, UsageError, pause_for_tests
 from minitf.training.files import check_output_folder, file_sha256
@@ -138,10 +139,12 @@ class Task:
 
 
 def default(name):
-    """'default: X' for a flag's help, from RunConfig and the presets: the one place that holds the defaults."""
+    """'default: X' for a flag's help, from RunConfig and the default kind's presets: the one place that holds
+    the defaults."""
     field = RunConfig.__dataclass_fields__[name].default
-    value = PRESETS[RunConfig.preset].get(name, field)              # the default preset's value
-    other = [f"{v.get(name, field)} with --preset {p}" for p, v in PRESETS.items() if v.get(name, field) != value]
+    presets = kinds.get(kinds.names()[0]).presets
+    value = presets[RunConfig.preset].get(name, field)              # the default preset's value
+    other = [f"{v.get(name, field)} with --preset {p}" for p, v in presets.items() if v.get(name, field) != value]
     return f"default: {value}" + (f"; {', '.join(other)}" if other else "")
 
 

@@ -1,0 +1,72 @@
+"""The language-model kind (``train.py --model gpt``): the decoder-only GPT (:class:`minitf.gpt.GPT`) and the
+Hugging Face GPT-2 folders it reads. What the shared machinery asks of a kind
+(:class:`minitf.training.kind.Kind`): its presets, its own run-config fields and their checks, its model and
+tokenizer from a checkpoint, a GPT-2 folder read whole, and its ``train.py`` task."""
+import importlib.util
+import pathlib
+
+from minitf import gpt
+from minitf.lm import config as config_checks
+from minitf.lm.config import PRESETS
+from minitf.training.errors import DataError
+from minitf.training.kind import Kind, Loaded
+
+
+class LanguageModelKind(Kind):
+    name = "gpt"
+    title = "language model"
+    hf_model_types = ("gpt2",)
+    hf_what = gpt.GPT2_FOLDER
+    presets = PRESETS
+    # block_size: tokens per training block (the model's context); n_positions: rows of the learned position
+    # table (None: block_size; a GPT-2 folder's n_positions); activation and layer_norm_eps: the feed-forward's
+    # and LayerNorm's (GPT-2's gelu_new and 1e-5; a folder's own)
+    config_fields = ("block_size", "n_positions", "activation", "layer_norm_eps")
+    model_fields = config_fields
+    page = "gpt"
+    use_a_run = "sample from it with python -m minitf.generate --checkpoint RUN"
+
+    def task(self):
+        from minitf.lm.task import LanguageModelTask
+        return LanguageModelTask()
+
+    def validate(self, config):
+        config_checks.validate(config)
+
+    def read_tokenizer(self, data, origin="tokenizer.model"):
+        from minitf.lm.data import tokenizer_from_bytes
+        return tokenizer_from_bytes(data, origin)
+
+    def build_model(self, config, vocab_size):
+        from minitf.lm.trainer import gpt_from_run_config
+        return gpt_from_run_config(config.to_dict(), vocab_size)
+
+    def min_parameters(self, config, vocab_size):
+        d, f = config.d_model, config.d_ff  # embeddings, each block's attention (4 D x D) and feed-forward
+        return vocab_size * d + config.num_decoder_layers * (4 * d * d + 2 * d * f)
+
+    def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
+        from minitf.lm.data import TextTokenizer
+        learned = model.config["positions"] == "learned"
+        return Loaded(model, TextTokenizer(tokenizer), self, pathlib.Path(source), None, run_dir, checkpoint, meta,
+                      model.max_len if learned else config.block_size,
+                      "its learned positions" if learned else "its training blocks")
+
+    def load_folder(self, folder, warn=None):
+        """A GPT-2 folder: config.json, model.safetensors and a tokenizer (tokenizer.json, or vocab.json and
+        merges.txt; a missing one is named before the weights are read)."""
+        from minitf.lm.data import pretrained_eos_id, read_pretrained_tokenizer, tokenizer_files
+        missing = [name for name in ("safetensors", "tokenizers") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise DataError(f"reading a Hugging Face GPT-2 folder needs the {' and '.join(missing)} "
+                            f"package{'s' * (len(missing) > 1)}, not installed here: pip install -e '.[hf]'")
+        folder = pathlib.Path(folder)
+        if all((folder / name).is_file() for name in ("config.json", "model.safetensors")):
+            tokenizer_files(folder)  # a missing tokenizer is found before the weights are read
+        model = gpt.GPT.from_pretrained(folder)
+        tokenizer = read_pretrained_tokenizer(folder, pretrained_eos_id(model.hf_config, model.vocab_size))
+        return Loaded(model, tokenizer, self, folder, None, context=model.max_len,
+                      context_why="its learned positions")
+
+
+KIND = LanguageModelKind()

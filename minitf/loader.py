@@ -1,0 +1,82 @@
+"""The one loader: ``minitf.load(path)`` reads a run folder of ``train.py`` (its best.json's choice, else its
+newest good checkpoint), one of its checkpoint folders, or a Hugging Face folder of any model kind minitf reads
+(:mod:`minitf.kinds`: Marian, GPT-2), and returns a :class:`minitf.training.kind.Loaded`: the model, its
+tokenizer and its decoding settings. Every command (``translate``, ``generate``, ``inspect``, ``export``) loads
+through here, so each takes ``--checkpoint PATH`` for all of them, and a damaged folder is named by the reader of
+its kind (a broken config.json is "config.json is not readable JSON: ...")."""
+import json
+import pathlib
+
+from minitf import kinds
+from minitf.training import checkpoint as ckpt
+from minitf.training.errors import DataError, UsageError
+
+WHAT_TO_GIVE = ("a run folder of train.py, one of its checkpoints/step-NNNNNNNN folders, or a Hugging Face folder "
+                f"({', '.join(kinds.hf_model_types())})")
+
+
+def is_hugging_face_folder(path):
+    """Whether ``path`` is a folder with a config.json that is no minitf run's (no meta.json, no checkpoints/)."""
+    path = pathlib.Path(path)
+    return (path.is_dir() and (path / "config.json").is_file() and not (path / "meta.json").is_file()
+            and not (path / "checkpoints").is_dir())
+
+
+def hugging_face_config(folder):
+    """The config.json of a Hugging Face folder; a one-line DataError naming the file if it is not readable."""
+    where = pathlib.Path(folder) / "config.json"
+    try:
+        values = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise DataError(f"{where} is not readable JSON: {error}; download or write the folder again") from None
+    if not isinstance(values, dict):
+        raise DataError(f"{where} holds a JSON {type(values).__name__}, not an object of settings; download or "
+                        "write the folder again")
+    return values
+
+
+def refuse_other_kind(folder, found, wanted):
+    """A one-line UsageError: the Hugging Face ``folder`` holds a model of the kind ``found``, the command reads
+    ``wanted``'s."""
+    return UsageError(f"{folder} is a {found.hf_what} (a {found.title}), not a {wanted.title}: "
+                      f"{found.use_a_run.replace('RUN', str(folder))}")
+
+
+def load(path, warn=None, kind=None, hugging_face=False):
+    """The :class:`minitf.training.kind.Loaded` model of ``path`` (module doc); ``kind``: the one kind the
+    caller reads (a :class:`minitf.training.kind.Kind`; a model of another kind is refused in one line saying
+    which command reads it), None for any; ``hugging_face``: ``path`` must be a Hugging Face folder (read by
+    ``kind``'s reader, which names what is missing). ``warn(message)`` hears of skipped damaged checkpoints."""
+    path = pathlib.Path(path)
+    if hugging_face or is_hugging_face_folder(path):
+        return load_hugging_face_folder(path, warn, kind)
+    model, tokenizer, meta, config, checkpoint = ckpt.load_run(path, warn, kind=kind)
+    run = checkpoint.parent.parent
+    run_dir = path if (path / "metrics.jsonl").is_file() else run if (run / "metrics.jsonl").is_file() else None
+    return kinds.get(config.model).loaded_run(model, tokenizer, config, path, checkpoint, meta, run_dir)
+
+
+def load_hugging_face_folder(folder, warn=None, kind=None):
+    """A Hugging Face folder, read by the kind of its config.json's ``model_type`` (without a config.json: by
+    ``kind``'s reader, which says what such a folder holds)."""
+    if kind is not None and not (pathlib.Path(folder) / "config.json").is_file():
+        return _read_folder(kind, folder, warn)
+    hf = hugging_face_config(folder)
+    if "schema_version" in hf and "model_type" not in hf:  # a run's config.json: started, not yet saved
+        raise DataError(f"{folder} is a run folder of train.py without a checkpoint yet (it stopped before its "
+                        f"first save): resume it with python train.py --resume {folder}, or give {WHAT_TO_GIVE}")
+    model_type = hf.get("model_type")
+    found = kinds.for_model_type(model_type)
+    if found is None:
+        raise DataError(f"{folder} is a Hugging Face folder of model_type {model_type!r}; minitf reads "
+                        f"{', '.join(kinds.hf_model_types())} folders, minitf runs and their checkpoints")
+    if kind is not None and found is not kind:
+        raise refuse_other_kind(folder, found, kind)
+    return _read_folder(found, folder, warn)
+
+
+def _read_folder(kind, folder, warn):
+    try:
+        return kind.load_folder(folder, warn)
+    except ValueError as error:
+        raise DataError(str(error)) from None

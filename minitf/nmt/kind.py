@@ -1,0 +1,81 @@
+"""The translation kind (``train.py --model transformer``, the default): the paper's encoder-decoder
+(:class:`minitf.Transformer`) and the Hugging Face Marian (opus-mt) folders it reads. What the shared machinery
+asks of a kind (:class:`minitf.training.kind.Kind`): its presets, its own run-config fields and their checks,
+its model and tokenizer from a checkpoint, a Marian folder read whole, and its ``train.py`` task."""
+import pathlib
+
+from minitf import marian
+from minitf.nmt import config as config_checks
+from minitf.nmt.config import PRESETS
+from minitf.training.errors import DataError
+from minitf.training.kind import Kind, Loaded
+
+
+class TranslationKind(Kind):
+    name = "transformer"
+    title = "translation model"
+    hf_model_types = marian.MODEL_TYPES
+    hf_what = marian.WHAT
+    presets = PRESETS
+    # lexicon: dictionary pairs mixed into each epoch; beam, alpha, bleu_sentences: the run's BLEU decoding;
+    # marian: {"config": the folder's config.json, "generation": its generation_config.json or None} of a run
+    # fine-tuned from a Marian folder (--init-from), kept so that the run needs the folder no more
+    config_fields = ("lexicon", "src_lang", "tgt_lang", "beam", "alpha", "bleu_sentences", "marian")
+    model_fields = ("marian",)  # a checkpoint of the same Marian model only
+    page = "translation"
+    use_a_run = "translate with python -m minitf.translate --checkpoint RUN"
+
+    def task(self):
+        from minitf.nmt.task import TranslationTask
+        return TranslationTask()
+
+    def validate(self, config):
+        config_checks.validate(config)
+
+    def model_config(self, config, vocab_size):
+        return config_checks.model_config(config, vocab_size)
+
+    def read_tokenizer(self, data, origin="tokenizer.model"):
+        from minitf.nmt.translation_trainer import read_tokenizer
+        return read_tokenizer(data, origin)
+
+    def build_model(self, config, vocab_size):
+        """The Transformer of a run (a run fine-tuned from a Marian folder: that folder's model, which keeps the
+        folder's config.json as ``hf_config`` for an export, as ``Transformer.from_pretrained`` does)."""
+        from minitf.transformer import Transformer
+        model = Transformer.from_config(self.model_config(config, vocab_size))
+        if config.marian is not None:
+            model.hf_config = dict(config.marian["config"])
+        return model
+
+    def min_parameters(self, config, vocab_size):
+        d, f = config.d_model, config.d_ff  # embeddings, each layer's attentions (4 D x D each) and feed-forward
+        return (vocab_size * d + config.num_encoder_layers * (4 * d * d + 2 * d * f)
+                + config.num_decoder_layers * (8 * d * d + 2 * d * f))
+
+    def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
+        from minitf.nmt.decode import DecodingSettings
+        return Loaded(model, tokenizer, self, pathlib.Path(source), DecodingSettings(), run_dir, checkpoint, meta,
+                      config.max_len, "the cap on its training sentences, --max-len")
+
+    def load_folder(self, folder, warn=None):
+        """A Marian folder: the tokenizer's files first (a missing one is named before the weights are read),
+        then the model, then generation_config.json's decoding settings."""
+        from minitf.nmt.decode import DecodingSettings
+        from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config
+        from minitf.transformer import Transformer
+        folder = pathlib.Path(folder)
+        tokenizer = MarianTokenizer.from_folder(folder)
+        try:
+            model = Transformer.from_pretrained(folder)
+        except ImportError as error:  # no safetensors package: one line saying what to install
+            raise DataError(str(error)) from None
+        tokenizer.check_fits(model.config, folder)
+        settings = read_generation_config(folder, model.hf_config)
+        decoding = DecodingSettings(beam_size=settings.num_beams, alpha=settings.rules.length_penalty,
+                                    max_len=settings.max_len, min_len=settings.min_len, rules=settings.rules)
+        return Loaded(model, tokenizer, self, folder, decoding, context=marian.max_positions(model.hf_config),
+                      context_why="its position table, max_position_embeddings")
+
+
+KIND = TranslationKind()

@@ -1,0 +1,83 @@
+"""What a model kind tells the shared machinery (:class:`Kind`), and what the one loader returns
+(:class:`Loaded`). A kind's package defines one ``KIND`` (its module is named in :mod:`minitf.kinds`); the
+run config, the checkpoint reader, the ``train.py`` command, :func:`minitf.loader.load` and the study tools ask
+it, and branch on nothing else. Its ``train.py`` part is its :class:`minitf.training.task.Task` (``task()``)."""
+import dataclasses
+import pathlib
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A model ready to use, from any folder the loader reads: ``model`` (in eval mode), its ``tokenizer``, its
+    ``decoding`` settings (the kind's: a translation model's :class:`minitf.nmt.decode.DecodingSettings`, a
+    language model's None), ``kind`` (the :class:`Kind`), where it came from (``source``; ``run_dir`` the run
+    folder whose metrics.jsonl holds its curves, or None for a Hugging Face folder; ``checkpoint`` the folder read
+    and its ``meta``, or None), and ``context``: its longest input in tokens and why (for the study tools)."""
+    model: object
+    tokenizer: object
+    kind: object
+    source: pathlib.Path
+    decoding: object = None
+    run_dir: pathlib.Path | None = None
+    checkpoint: pathlib.Path | None = None
+    meta: dict | None = None
+    context: int | None = None
+    context_why: str = ""
+
+    @property
+    def step(self):
+        """The training step of the checkpoint read (None for a Hugging Face folder)."""
+        return None if self.meta is None else self.meta.get("step")
+
+
+class Kind:
+    """One model kind: the class attributes describe it, the methods build and read it. Subclasses:
+    :class:`minitf.nmt.kind.TranslationKind`, :class:`minitf.lm.kind.LanguageModelKind`."""
+    #: ``train.py --model``'s value and the registry's key.
+    name = None
+    #: What it is called in a sentence ("translation model").
+    title = None
+    #: The ``model_type`` values of Hugging Face config.json files it reads (``minitf.load(FOLDER)``).
+    hf_model_types = ()
+    #: What its Hugging Face folders are called in a sentence ("Hugging Face Marian folder").
+    hf_what = ""
+    #: The presets of ``--preset`` for this kind: {name: {RunConfig field: value}}.
+    presets = {}
+    #: The RunConfig fields only this kind uses: its config.json records them, another kind's never does.
+    config_fields = ()
+    #: Of those, the fields that shape its model (a checkpoint fits a run only if they agree).
+    model_fields = ()
+    #: Which page ``python -m minitf.inspect`` draws for it: "translation" (source, target, cross-attention) or
+    #: "gpt" (one text, each next token).
+    page = None
+    #: The command that uses a run of this kind (said when another command is given one).
+    use_a_run = ""
+
+    def task(self):
+        """Its part of the ``train.py`` command (a :class:`minitf.training.task.Task`)."""
+        raise NotImplementedError
+
+    def validate(self, config):
+        """Refuse (a one-line UsageError naming the flag or key) what does not fit in ``config``'s own fields."""
+
+    def read_tokenizer(self, data, origin="tokenizer.model"):
+        """The tokenizer kept in a checkpoint's tokenizer.model (``data``: its bytes)."""
+        raise NotImplementedError
+
+    def build_model(self, config, vocab_size):
+        """The model a run of ``config`` trains, for a tokenizer of ``vocab_size`` ids."""
+        raise NotImplementedError
+
+    def min_parameters(self, config, vocab_size):
+        """A lower bound of the parameters of :meth:`build_model`'s model (weights only), computed without
+        building it: a checkpoint whose model.npz is too small for them is refused before any memory is asked."""
+        raise NotImplementedError
+
+    def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
+        """The :class:`Loaded` of a checkpoint of this kind (model and tokenizer read and checked)."""
+        raise NotImplementedError
+
+    def load_folder(self, folder, warn=None):
+        """The :class:`Loaded` of a Hugging Face folder of one of :attr:`hf_model_types`: every value checked
+        before the model is built; a one-line ValueError, DataError or UsageError names the file and key."""
+        raise NotImplementedError
