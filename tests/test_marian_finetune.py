@@ -100,8 +100,8 @@ def test_init_from_starts_from_the_folders_weights_and_keeps_its_tokenizer(folde
     config = RunConfig.read(run)
     hf = json.loads((folder / "config.json").read_text())
     assert (config.init_from, config.tokenizer, config.marian["config"], config.d_model, config.num_encoder_layers,
-            config.vocab_size, config.activation) == (str(folder.resolve()), "pretrained", hf, 16, 1, hf["vocab_size"],
-                                                      "silu")
+            config.vocab_size, model_config(config, hf["vocab_size"]).activation) == (
+                str(folder.resolve()), "pretrained", hf, 16, 1, hf["vocab_size"], "silu")
     assert config.marian["generation"] == json.loads((folder / "generation_config.json").read_text())
     kept, theirs = load_tokenizer(run / "tokenizer.model"), MarianTokenizer.from_folder(folder)
     text = ["Ich habe Hunger .", "Der Hund läuft ! 2024", ">>deu<< Was ist das ?"]

@@ -41,7 +41,7 @@ def validate(config):
                          f"(init_from) and its config.json (marian) together; got init_from {config.init_from!r} "
                          f"and marian {'set' if config.marian is not None else 'null'}: start a new run")
     if config.marian is not None:
-        self._validate_marian(config)
+        _validate_marian(config)
 
 def _validate_marian(config):
     """A run fine-tuned from a Marian folder: its kept config.json describes a model minitf computes, whose
