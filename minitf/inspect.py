@@ -345,6 +345,9 @@ def build_parser():
 
 def run(argv=None):
     args = build_parser().parse_args(argv)
+    for flag, value in (("--text", args.text), ("--reference", args.reference)):  # bytes not UTF-8 come as surrogates
+        if value is not None and any("\ud800" <= char <= "\udfff" for char in value):
+            raise DataError(f"{flag} is not valid UTF-8 (the command line holds other bytes); give the text in UTF-8")
     if args.reference is not None and args.text is None:
         raise UsageError("--reference goes with --text (one sentence and its reference)")
     if args.serve and (args.text is not None or args.open):

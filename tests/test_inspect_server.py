@@ -8,7 +8,8 @@ every wait bounded:
 3. a run file that cannot be read while serving gives the 500 page, not an empty reply; a failing error page
    gives a short 500 page;
 4. control characters of a request reach the log escaped; raw bytes that are not UTF-8 in the request line are
-   a 400, raw UTF-8 is read as UTF-8.
+   a 400, raw UTF-8 is read as UTF-8;
+5. ``--text`` or ``--reference`` bytes that are not UTF-8 on the command line are one line and exit 1.
 
 The page's numbers and the server's ordinary errors are in tests/test_inspect.py.
 """
@@ -24,6 +25,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+
+import pytest
 
 from minitf.inspection import page, serve
 from tests.runs import CPU_ENV, ROOT, copy_run, read_line
@@ -209,3 +212,19 @@ def test_raw_bytes_that_are_not_utf8_are_a_400_and_raw_utf8_is_read_as_utf8():
         reply = raw_request(server.server_port, b"GET /?text=H\xc3\xbcnd HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
         assert status_of(reply) == 200 and reply.endswith('page {"text": "Hünd"}'.encode())
     assert queries == [{"text": "Hünd"}]
+
+
+# --------------------------------------------------------------------------- 5. the command line
+@pytest.mark.parametrize("flag", ["--text", "--reference"])
+def test_command_line_text_that_is_not_utf8_is_one_line(flag, world, tmp_path):
+    out = tmp_path / "page.html"
+    given = {"--text": b"Der \xff hund.", "--reference": b"The \xff dog."}
+    argv = [sys.executable, "-m", "minitf.inspect", "--checkpoint", str(world["ref"]), "--out", str(out),
+            "--beam", "1", "--text", given["--text"] if flag == "--text" else b"Der hund."]
+    if flag == "--reference":
+        argv += ["--reference", given["--reference"]]
+    done = subprocess.run(argv, cwd=ROOT, env=CPU_ENV, capture_output=True, timeout=120)
+    err = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+    assert done.returncode == 1 and len(err) == 1, err
+    assert err[0].startswith("minitf.inspect: error: ") and flag in err[0] and "UTF-8" in err[0], err
+    assert not out.exists()
