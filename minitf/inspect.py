@@ -228,10 +228,12 @@ def _finite(value):
 # --------------------------------------------------------------------------- #
 # The page
 # --------------------------------------------------------------------------- #
-def page_data(loaded, examples, warnings=(), error=None, serve=None):
-    """The JSON of a whole page (see :func:`minitf.inspection.page.render`)."""
-    curves = read_curves(loaded.run_dir, loaded.kind) if loaded.run_dir is not None else None
-    note = ("No training curves: a Hugging Face folder has no metrics.jsonl." if loaded.run_dir is None and
+def page_data(loaded, examples, warnings=(), error=None, serve=None, read_run=True):
+    """The JSON of a whole page (see :func:`minitf.inspection.page.render`); ``read_run=False``: no run file is
+    read (the server's error page: the error may be that file)."""
+    curves = read_curves(loaded.run_dir, loaded.kind) if loaded.run_dir is not None and read_run else None
+    note = ("No training curves on an error page." if not read_run else
+            "No training curves: a Hugging Face folder has no metrics.jsonl." if loaded.run_dir is None and
             is_hugging_face_folder(loaded.source) else
             "No training curves: the checkpoint was given without its run folder's metrics.jsonl." if curves is None
             and loaded.run_dir is None else "No training curves: the run's metrics.jsonl has no training step yet.")
@@ -294,6 +296,9 @@ def build_parser():
 
 def run(argv=None):
     args = build_parser().parse_args(argv)
+    for flag, value in (("--text", args.text), ("--reference", args.reference)):  # bytes not UTF-8 come as surrogates
+        if value is not None and any("\ud800" <= char <= "\udfff" for char in value):
+            raise DataError(f"{flag} is not valid UTF-8 (the command line holds other bytes); give the text in UTF-8")
     if args.reference is not None and args.text is None:
         raise UsageError("--reference goes with --text (one sentence and its reference)")
     if args.serve and (args.text is not None or args.open):
@@ -338,7 +343,7 @@ def serve(args, warn):
 
     def page(query, examples=(), warnings=(), error=None):
         shown = dict(form, text=query.get("text", ""), reference_text=query.get("reference", ""))
-        return render(page_data(loaded, list(examples), warnings, error, shown), served=True)
+        return render(page_data(loaded, list(examples), warnings, error, shown, read_run=error is None), served=True)
 
     def respond(query):
         text = query.get("text")

@@ -1,9 +1,13 @@
 """``python -m minitf.inspect --serve``: the inspection page on http://127.0.0.1:PORT/ with a text box;
-each sentence sent is computed by the one model the command loaded. Bound to 127.0.0.1 only, one
-request at a time (one model, no threads), the query capped in size; a bad request is answered with
-an error in the page (status 400) and the server goes on."""
+each sentence sent is computed by the one model the command loaded. Bound to 127.0.0.1 only; requests are
+served in threads (an idle or slow client holds only its own, and each read waits at most READ_TIMEOUT
+seconds) while the model computes one sentence at a time (a lock); the query capped in size. A request for
+another host name gets a short refusal holding nothing of the run; a bad request is answered with an error
+in the page (status 400) and the server goes on. The security model: docs/inspect.md#security-model."""
+import html
 import http.server
 import sys
+import threading
 import urllib.parse
 
 HOST = "127.0.0.1"  # localhost only: never another interface
@@ -11,6 +15,12 @@ HOST = "127.0.0.1"  # localhost only: never another interface
 MAX_URL = 16384
 #: The names a query may carry.
 FIELDS = ("text", "reference")
+#: Seconds one read from (or write to) a client may wait before its connection is closed.
+READ_TIMEOUT = 10
+#: The whole answer to a request for another host name: nothing of the run, nothing of the request.
+REFUSAL = f"this server answers requests for {HOST} or localhost only\n"
+#: C0 and C1 control characters (a terminal's escape sequences) as \xNN in the log, as http.server's own log does.
+CONTROL_ESCAPES = str.maketrans({c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))})
 
 
 class BadRequest(ValueError):
@@ -22,6 +32,10 @@ def parse_query(path, max_chars):
     ``max_chars`` characters each. BadRequest for anything else."""
     if len(path) > MAX_URL:
         raise BadRequest(f"the request is {len(path)} characters long; at most {MAX_URL} are read")
+    try:  # http.server reads the request line as Latin-1: its raw bytes back, then read as UTF-8
+        path = path.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise BadRequest("the request is not valid UTF-8; send the sentence as UTF-8 text") from None
     url = urllib.parse.urlsplit(path)
     if url.path != "/":
         raise BadRequest(f"there is no page {url.path!r} here; the inspection page is at /")
@@ -44,45 +58,65 @@ def parse_query(path, max_chars):
     return query
 
 
-def make_server(respond, error_page, max_chars, port=0, log=None):
-    """An HTTPServer on 127.0.0.1:``port`` (0: any free port; ``server.server_port`` says which).
-    ``respond(query)`` -> (status, html) answers a parsed query ({} for the empty form);
+def make_server(respond, error_page, max_chars, port=0, log=None, timeout=READ_TIMEOUT):
+    """A threading HTTP server on 127.0.0.1:``port`` (0: any free port; ``server.server_port`` says which).
+    ``respond(query)`` -> (status, html) answers a parsed query ({} for the empty form), one call at a time;
     ``error_page(message, query)`` -> html answers a BadRequest (400) and anything ``respond`` raises
-    (500, the server goes on). ``log(line)`` gets one line per request (default: none)."""
+    (500, the server goes on); if it fails too, a short page of the message answers. A request for another
+    host is refused (400) with :data:`REFUSAL` alone. Each read from a client waits at most ``timeout``
+    seconds. ``log(line)`` gets one line per request, control characters escaped (default: none)."""
+    one_at_a_time = threading.Lock()  # one model: its work is never concurrent
+
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version = "minitf-inspect"
 
+        def setup(self):
+            self.timeout = timeout  # StreamRequestHandler sets it on the socket: an idle client is dropped
+            super().setup()
+
         def do_GET(self):
+            if not self._host_is_ours():
+                return self._send(400, REFUSAL, "text/plain")
             query = {}
             try:
-                self._check_host()
                 query = parse_query(self.path, max_chars)
-                status, page = respond(query)
+                with one_at_a_time:
+                    status, page = respond(query)
             except BadRequest as error:
-                status, page = 400, error_page(str(error), query)
+                status, page = 400, self._error_page(str(error), query)
             except Exception as error:  # noqa: BLE001 -- one bad request must not stop the server
-                status, page = 500, error_page(f"the page could not be computed ({type(error).__name__}: {error})",
-                                               query)
-            body = page.encode("utf-8")
+                status, page = 500, self._error_page(
+                    f"the page could not be computed ({type(error).__name__}: {error})", query)
+            self._send(status, page)
+
+        def _error_page(self, message, query):
+            try:
+                return error_page(message, query)
+            except Exception as error:  # noqa: BLE001 -- every request gets an answer, this one a short page
+                return (f"<!DOCTYPE html>\n<title>minitf inspect: error</title>\n<p>{html.escape(message)}</p>\n"
+                        f"<p>(the error page failed too: {html.escape(type(error).__name__)})</p>\n")
+
+        def _send(self, status, text, kind="text/html"):
+            body = text.encode("utf-8")
             self.send_response(status)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Type", f"{kind}; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
             self.send_header("X-Content-Type-Options", "nosniff")
             self.end_headers()
             self.wfile.write(body)
 
-        def _check_host(self):
+        def _host_is_ours(self):
             # a page elsewhere cannot reach this server through a name that resolves to 127.0.0.1 (DNS rebinding)
-            host = (self.headers.get("Host") or "").rsplit(":", 1)[0]
-            if host not in (HOST, "localhost"):
-                raise BadRequest(f"this server answers requests for {HOST} or localhost only, not {host!r}")
+            return (self.headers.get("Host") or "").rsplit(":", 1)[0] in (HOST, "localhost")
 
         def log_message(self, format, *args):  # noqa: A002 (the base class's name)
-            if log is not None:
-                log(f"{self.address_string()} {format % args}")
+            if log is not None:  # a request's escape sequences must not reach the terminal raw
+                log(f"{self.address_string()} {format % args}".translate(CONTROL_ESCAPES))
 
-    return http.server.HTTPServer((HOST, port), Handler)
+    server = http.server.ThreadingHTTPServer((HOST, port), Handler)
+    server.daemon_threads = True  # a client still connected does not hold up Ctrl-C
+    return server
 
 
 def serve_forever(server, out=None):

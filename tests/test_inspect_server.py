@@ -1,0 +1,230 @@
+"""The inspection page's server (``python -m minitf.inspect --serve``, minitf/inspection/serve.py,
+docs/inspect.md#security-model) against hostile and broken requests, with real HTTP clients on 127.0.0.1 and
+every wait bounded:
+
+1. a request for another host name (DNS rebinding) is refused with a short body holding nothing of the run;
+2. a connection that sends nothing blocks nobody else and is closed after the read timeout; requests are served
+   concurrently while the model computes one sentence at a time;
+3. a run file that cannot be read while serving gives the 500 page, not an empty reply; a failing error page
+   gives a short 500 page;
+4. control characters of a request reach the log escaped; raw bytes that are not UTF-8 in the request line are
+   a 400, raw UTF-8 is read as UTF-8;
+5. ``--text`` or ``--reference`` bytes that are not UTF-8 on the command line are one line and exit 1.
+
+The page's numbers and the server's ordinary errors are in tests/test_inspect.py.
+"""
+import contextlib
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from minitf.inspection import page, serve
+from tests.runs import CPU_ENV, ROOT, copy_run, read_line
+
+TIMEOUT = 30  # s: the longest any answer may take here (a blocked server fails the test, never hangs it)
+
+
+def get(url, headers=None, timeout=TIMEOUT):
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, answer.read().decode("utf-8")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode("utf-8")
+
+
+def raw_request(port, data, timeout=TIMEOUT):
+    """Send ``data`` (bytes, as they are) and return the whole reply (the server closes after one)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as connection:
+        connection.sendall(data)
+        reply = b""
+        while chunk := connection.recv(65536):
+            reply += chunk
+    return reply
+
+
+def status_of(reply):
+    return int(reply.split(b" ", 2)[1])
+
+
+@contextlib.contextmanager
+def in_process(respond=None, error_page=None, **options):
+    """A server of ``serve.make_server`` in a thread: (server, base url, its log lines)."""
+    lines = []
+    respond = respond or (lambda query: (200, "page " + json.dumps(query)))
+    error_page = error_page or (lambda message, query: "error " + message)
+    server = serve.make_server(respond, error_page, max_chars=50, log=lines.append, **options)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server, f"http://127.0.0.1:{server.server_port}/", lines
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=TIMEOUT)
+
+
+@contextlib.contextmanager
+def serving(run):
+    """``python -m minitf.inspect --checkpoint RUN --serve`` on a free port: its base url."""
+    child = subprocess.Popen([sys.executable, "-m", "minitf.inspect", "--checkpoint", str(run), "--serve",
+                              "--port", "0", "--beam", "1"], cwd=ROOT, env=CPU_ENV, stderr=subprocess.PIPE)
+    try:
+        line = read_line(child.stderr.fileno())
+        yield re.fullmatch(r"serving (http://127\.0\.0\.1:\d+/) \(Ctrl-C stops\)", line).group(1)
+    finally:
+        child.send_signal(signal.SIGINT)
+        try:
+            assert child.wait(timeout=TIMEOUT) == 0
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            child.stderr.close()
+
+
+# --------------------------------------------------------------------------- 1. DNS rebinding
+def test_a_foreign_host_is_refused_with_nothing_of_the_run(world):
+    run = world["ref"]
+    with serving(run) as base:
+        status, html = get(base)
+        data = page.read_data(html)
+        shape = data["model"]["facts"][0][1]                       # "Transformer (encoder-decoder), ... d_model 16"
+        losses = [json.dumps(loss) for loss in data["curves"]["train"]["loss"]]
+        secrets = [str(run), shape, *losses, page.DATA_ID]
+        assert status == 200 and all(secret in html for secret in secrets)  # what a refusal must not carry
+        for host in ("rebound.example:8000", "127.0.0.1.rebound.example", ""):
+            status, body = get(base + "?text=Der+hund.", headers={"Host": host})
+            assert status == 400 and "127.0.0.1 or localhost only" in body, (host, body[:300])
+            assert len(body) < 200 and [s for s in secrets if s in body] == [], (host, body[:300])
+        assert get(base, headers={"Host": "localhost"})[0] == 200  # the names it serves still work
+
+
+# --------------------------------------------------------------------------- 2. idle connections, concurrency
+def test_an_idle_connection_blocks_nobody_else():
+    with in_process() as (server, base, _):
+        with socket.create_connection(("127.0.0.1", server.server_port), timeout=TIMEOUT) as idle:
+            idle.sendall(b"GET /?te")  # a request begun and never finished
+            with socket.create_connection(("127.0.0.1", server.server_port), timeout=TIMEOUT):  # and one silent
+                started = time.monotonic()
+                assert get(base + "?text=hello", timeout=5) == (200, 'page {"text": "hello"}')
+                assert time.monotonic() - started < 5
+
+
+def test_an_idle_connection_is_closed_after_the_read_timeout():
+    with in_process(timeout=1) as (server, base, _):
+        with socket.create_connection(("127.0.0.1", server.server_port), timeout=TIMEOUT) as idle:
+            started = time.monotonic()
+            assert idle.recv(1024) == b""  # the server closed it without an answer
+            assert 0.5 < time.monotonic() - started < 10
+
+
+def test_requests_are_concurrent_but_the_model_computes_one_at_a_time():
+    busy, overlaps, lock = [0], [], threading.Lock()
+
+    def respond(query):
+        with lock:
+            busy[0] += 1
+            overlaps.append(busy[0])
+        time.sleep(0.2)  # the model's work
+        with lock:
+            busy[0] -= 1
+        return 200, "page " + json.dumps(query)
+
+    with in_process(respond) as (server, base, _):
+        answers = {}
+        clients = [threading.Thread(target=lambda i=i: answers.update({i: get(base + f"?text={i}")}))
+                   for i in range(4)]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join(timeout=TIMEOUT)
+    assert answers == {i: (200, f'page {{"text": "{i}"}}') for i in range(4)}
+    assert overlaps == [1, 1, 1, 1]  # never two sentences in the model at once
+
+
+# --------------------------------------------------------------------------- 3. broken run files, broken error pages
+def test_an_unreadable_metrics_file_while_serving_gives_the_500_page(world, tmp_path):
+    run = copy_run(world["ref"], tmp_path / "run")
+    with serving(run) as base:
+        status, html = get(base)
+        assert status == 200 and page.read_data(html)["curves"] is not None
+        (run / "metrics.jsonl").unlink()
+        (run / "metrics.jsonl").mkdir()  # unreadable, even for root
+        for query in ("", "?text=Der+hund."):
+            status, html = get(base + query)
+            data = page.read_data(html)
+            assert status == 500 and "metrics.jsonl" in data["error"] and data["curves"] is None, (query, data)
+        status, html = get(base + "?text=+")  # a bad request's page reads no run file either
+        assert status == 400 and "empty" in page.read_data(html)["error"]
+        shutil.rmtree(run / "metrics.jsonl")
+        shutil.copy(world["ref"] / "metrics.jsonl", run / "metrics.jsonl")
+        status, html = get(base + "?text=Der+hund.")  # the server went on
+        assert status == 200 and page.read_data(html)["examples"][0]["text"] == "Der hund."
+
+
+def test_an_error_page_that_fails_still_answers_500_with_the_message():
+    def respond(query):
+        raise RuntimeError("deep <trouble>")
+
+    def error_page(message, query):
+        raise OSError("the error page cannot be made either")
+
+    with in_process(respond, error_page) as (server, base, _):
+        status, body = get(base + "?text=a")
+        assert status == 500 and "RuntimeError: deep &lt;trouble&gt;" in body and len(body) < 500, body
+        status, body = get(base + "?other=1")  # a 400 whose page fails: still its status and message
+        assert status == 400 and "unknown field" in body
+
+
+# --------------------------------------------------------------------------- 4. what a request can carry
+def test_control_characters_reach_the_log_escaped():
+    with in_process() as (server, base, lines):
+        for target in (b"/\x1b[2J\x1b]0;owned\x07", b"/?text=\x9b31m"):  # ESC..., and CSI as one raw byte
+            reply = raw_request(server.server_port, b"GET " + target + b" HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.0 "), reply
+    log = " ".join(lines)
+    assert len(lines) >= 2 and not re.search(r"[\x00-\x1f\x7f-\x9f]", log), lines
+    assert "\\x1b[2J\\x1b]0;owned\\x07" in log and "\\x9b31m" in log
+
+
+def test_raw_bytes_that_are_not_utf8_are_a_400_and_raw_utf8_is_read_as_utf8():
+    queries = []
+
+    def respond(query):
+        queries.append(query)
+        return 200, "page " + json.dumps(query, ensure_ascii=False)
+
+    with in_process(respond) as (server, base, _):
+        for target in (b"/?text=\xff", b"/?text=caf\xe9", b"/?text=\xc3"):
+            reply = raw_request(server.server_port, b"GET " + target + b" HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            assert status_of(reply) == 400 and b"not valid UTF-8" in reply, (target, reply)
+        reply = raw_request(server.server_port, b"GET /?text=H\xc3\xbcnd HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        assert status_of(reply) == 200 and reply.endswith('page {"text": "Hünd"}'.encode())
+    assert queries == [{"text": "Hünd"}]
+
+
+# --------------------------------------------------------------------------- 5. the command line
+@pytest.mark.parametrize("flag", ["--text", "--reference"])
+def test_command_line_text_that_is_not_utf8_is_one_line(flag, world, tmp_path):
+    out = tmp_path / "page.html"
+    given = {"--text": b"Der \xff hund.", "--reference": b"The \xff dog."}
+    argv = [sys.executable, "-m", "minitf.inspect", "--checkpoint", str(world["ref"]), "--out", str(out),
+            "--beam", "1", "--text", given["--text"] if flag == "--text" else b"Der hund."]
+    if flag == "--reference":
+        argv += ["--reference", given["--reference"]]
+    done = subprocess.run(argv, cwd=ROOT, env=CPU_ENV, capture_output=True, timeout=120)
+    err = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+    assert done.returncode == 1 and len(err) == 1, err
+    assert err[0].startswith("minitf.inspect: error: ") and flag in err[0] and "UTF-8" in err[0], err
+    assert not out.exists()
