@@ -322,8 +322,7 @@ def read_torch_weights(path):
     try:
         loaded = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as error:  # torch's unpickler: damaged, truncated, or holding more than tensors
-        raise ValueError(f"{path} is not a readable PyTorch state dict ({type(error).__name__}: "
-                         f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); "
+        raise ValueError(f"{path} is not a readable PyTorch state dict ({pretrained.quoted_message(error)}); "
                          "download or write it again") from None
     if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
         raise ValueError(f"{path} holds a {type(loaded).__name__}, not a state dict of tensors; "

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import stat
 
 from minitf import backend
@@ -185,3 +186,15 @@ def write_json(path, values):
     """Write a JSON file as Hugging Face does (indented, sorted keys), atomically."""
     write_atomic(path, json.dumps(values, indent=2, sort_keys=True) + "\n")
 
+
+#: Terminal escape sequences a library may put in its messages (torch's bold, colours, links): CSI (ESC [ or its
+#: one-character form), OSC (ESC ] ... up to BEL or ESC \\), the two-character escapes, and other control characters.
+_TERMINAL_CODES = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?"
+                             r"|[\x00-\x08\x0e-\x1f\x7f]")
+
+
+def quoted_message(error):
+    """``Type: first line`` of a library's ``error`` for quoting in a one-line error, without terminal escape
+    sequences (printed to a log or a page they are noise: ``[1m...[0m``); ``Type`` alone if it says nothing."""
+    lines = _TERMINAL_CODES.sub("", str(error)).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0].strip()}" if lines else type(error).__name__

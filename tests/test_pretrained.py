@@ -209,3 +209,31 @@ def test_save_pretrained_refuses_non_finite_weights_naming_the_tensor_before_wri
         write_weights(tmp_path / "w.safetensors", {"a": np.ones(2), "b": np.array([1.0, -np.inf, 2.0])})
     assert not (tmp_path / "w.safetensors").exists()
 
+
+# --------------------------------------------------------------------------- quoted messages
+def test_a_quoted_message_loses_its_terminal_escape_sequences():
+    from minitf.pretrained import quoted_message
+    coloured = ("Weights only load failed. \x1b[1mdo those steps only if you trust\x1b[0m it. \x1b[31;1mred\x1b[m "
+                "\x1b[2Kcleared \x1b]8;;https://x.org\x1b\\link\x1b]8;;\x1b\\ \x9b1mend\x1b(B\nsecond line")
+    assert quoted_message(UnicodeError(coloured)) == ("UnicodeError: Weights only load failed. do those steps only if "
+                                                     "you trust it. red cleared link end")
+    assert quoted_message(KeyError()) == "KeyError"
+
+
+@pytest.mark.extra("torch", "bench")
+def test_a_refused_pytorch_pickle_is_quoted_without_escape_sequences(tmp_path):
+    import torch
+
+    from minitf.marian import read_torch_weights
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.ones(2), "odd": Odd()}, path)  # a class torch's weights-only unpickler refuses
+    with pytest.raises(ValueError) as error:
+        read_torch_weights(path)
+    message = str(error.value)
+    assert message.startswith(f"{path} is not a readable PyTorch state dict (UnpicklingError: Weights only load "
+                              "failed.") and message.endswith("; download or write it again"), message
+    assert "\x1b" not in message and "\n" not in message
+
+
+class Odd:
+    """A class no weights-only loader knows."""
