@@ -54,6 +54,27 @@ def writable_target(path):
     return path
 
 
+def umask():
+    """This process's umask: from /proc (Linux), else set and put back (with 077 meanwhile, the safe side)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode(path):
+    """The permission bits a rewrite of ``path`` gets: those of the file it replaces, else what ``open()``
+    would make (0666 less the umask), not ``mkstemp``'s 0600."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~umask()
+
+
 def fsync_dir(path):
     """Flush a folder's entries (a rename inside it) to disk, where the OS allows it."""
     with contextlib.suppress(OSError):
@@ -69,7 +90,8 @@ def atomic_writer(path, temp_dir=None):
     """A binary handle whose bytes become ``path`` in one step when the block ends (temp file
     ``.<name>.<random>.tmp`` beside it, or in ``temp_dir`` on the same file system; fsync;
     rename). If the block raises (KeyboardInterrupt included) the temp file is removed; with
-    ``temp_dir``, ``path``'s folders are made only once the file is complete. What ``path`` may be:
+    ``temp_dir``, ``path``'s folders are made only once the file is complete. The file keeps the permission
+    bits of the one it replaces (:func:`new_file_mode`). What ``path`` may be:
     :func:`writable_target` (checked before anything is written, and again before the rename)."""
     path = pathlib.Path(path)
     target = writable_target(path)
@@ -80,6 +102,8 @@ def atomic_writer(path, temp_dir=None):
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=temp_dir or path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
+            if hasattr(os, "fchmod"):  # not on Windows before Python 3.13
+                os.fchmod(handle.fileno(), new_file_mode(path))
             yield handle
             handle.flush()
             os.fsync(handle.fileno())

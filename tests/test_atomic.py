@@ -94,3 +94,19 @@ def test_inspect_refuses_a_fifo_out_in_one_line_before_reading_the_model(tmp_pat
     assert code != 0 and err == (f"minitf.inspect: error: {pipe} is a FIFO (named pipe), not a regular file; "
                                  "give a file path\n"), err  # said before the missing model
     assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_a_written_file_has_the_mode_of_the_file_it_replaces_or_the_umasks(tmp_path):
+    old_umask = os.umask(0o027)
+    try:
+        atomic.write_atomic(tmp_path / "new.txt", "a")  # not mkstemp's 0600: what open() would give
+        assert stat.S_IMODE(os.stat(tmp_path / "new.txt").st_mode) == 0o640
+        kept = tmp_path / "kept.txt"
+        kept.write_text("old")
+        os.chmod(kept, 0o604)
+        (tmp_path / "link").symlink_to("kept.txt")
+        atomic.write_atomic(kept, "b")
+        atomic.write_atomic(tmp_path / "link", "c")
+        assert stat.S_IMODE(os.stat(kept).st_mode) == 0o604 and kept.read_text() == "c"
+    finally:
+        os.umask(old_umask)
