@@ -175,8 +175,10 @@ class GPT(Module):
     def save_pretrained(self, folder):
         """Write this model as a Hugging Face GPT-2 folder (``config.json`` and ``model.safetensors``
         in the model's dtype), each file atomically. Only GPT-2's shape can be written: pre-LN,
-        learned positions, no embedding scale."""
+        learned positions, no embedding scale. A ValueError before anything is written for a ``folder`` that is a
+        file (:func:`pretrained.check_save_folder`) or weights holding NaN or infinity (naming the tensor)."""
         folder = pathlib.Path(folder)
+        pretrained.check_save_folder(folder)
         hf = _hf_config_from(self.config, getattr(self, "hf_config", {}), str(self.embed.weight.data.dtype))
         pretrained.write_weights(folder / "model.safetensors", minitf_to_hf_state(self.state_dict(), self.config))
         pretrained.write_json(folder / "config.json", hf)

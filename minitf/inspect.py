@@ -20,7 +20,7 @@ import unicodedata
 import webbrowser
 
 from minitf import backend
-from minitf.atomic import write_atomic
+from minitf.atomic import writable_target, write_atomic
 from minitf.inspection import numbers
 from minitf.inspection.page import example_data, render
 from minitf.inspection.serve import BadRequest, make_server, serve_forever
@@ -266,6 +266,7 @@ def check_out(out):
     """Refuse at once an --out that cannot be a file (the write itself is atomic: nothing half-written)."""
     if out.is_dir():
         raise UsageError(f"--out {out} is a folder; give the path of the HTML file to write")
+    writable_target(out)  # a device, FIFO or socket: refused now, not after the model ran
     for parent in out.parents:
         if parent.exists():
             if not parent.is_dir():

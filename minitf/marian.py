@@ -322,8 +322,7 @@ def read_torch_weights(path):
     try:
         loaded = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as error:  # torch's unpickler: damaged, truncated, or holding more than tensors
-        raise ValueError(f"{path} is not a readable PyTorch state dict ({type(error).__name__}: "
-                         f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); "
+        raise ValueError(f"{path} is not a readable PyTorch state dict ({pretrained.quoted_message(error)}); "
                          "download or write it again") from None
     if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
         raise ValueError(f"{path} holds a {type(loaded).__name__}, not a state dict of tensors; "
@@ -432,8 +431,10 @@ def write(model, folder, decoder_start_id=None, eos_id=None, generation=None, to
     ``tokenizer_files`` ({name: bytes}) or those of the folder it was read from. A model with the paper's
     interleaved sinusoids is written exactly in Marian's halves (:func:`permute_model_axis`). ``decoder_start_id``
     and ``eos_id`` fill in a model whose config names none (a minitf run's: its tokenizer's BOS and EOS).
-    Everything is checked before the first file is written; each file is written atomically."""
+    Everything is checked before the first file is written (:func:`pretrained.check_save_folder`, every tensor
+    finite in :func:`pretrained.write_weights`, which makes the folder); each file is written atomically."""
     folder = pathlib.Path(folder)
+    pretrained.check_save_folder(folder)
     source = getattr(model, "pretrained_folder", None)
     hf = hf_config(model, getattr(model, "hf_config", None), decoder_start_id, eos_id)
     c = model.config
@@ -449,7 +450,6 @@ def write(model, folder, decoder_start_id=None, eos_id=None, generation=None, to
     if source is not None and tokenizer_files is None:
         files = {name: (source / name).read_bytes() for name in TOKENIZER_FILES if (source / name).is_file()}
     pretrained.safetensors_numpy()  # the missing extra is an ImportError before anything is written
-    folder.mkdir(parents=True, exist_ok=True)
     pretrained.write_weights(folder / "model.safetensors", tensors)
     pretrained.write_json(folder / "config.json", hf)
     if generation_bytes is not None:

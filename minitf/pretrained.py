@@ -8,10 +8,13 @@ Errors are ``ValueError`` (a folder that does not fit) or ``ImportError`` (a mis
 """
 import json
 import math
+import os
 import pathlib
+import re
+import stat
 
 from minitf import backend
-from minitf.atomic import write_atomic
+from minitf.atomic import kind_of, write_atomic
 
 np = backend.host  # files are read and written on the host
 
@@ -144,13 +147,54 @@ def check_shapes(weights, expected, path):
         raise ValueError(f"{path}: tensors of the wrong shape for its config.json: {'; '.join(wrong)}")
 
 
+def check_save_folder(folder):
+    """A ValueError, before anything is written, for a ``folder`` to save a model into that cannot be one: a
+    file, device or FIFO at it or at a folder above it, or a link to nothing. A missing folder is fine (the
+    writers make it); what the OS refuses (permissions) is the write's error."""
+    folder = pathlib.Path(folder)
+    for path in (folder, *folder.parents):
+        try:
+            mode = os.stat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            if os.path.islink(path):
+                raise ValueError(f"cannot save the model into {folder}: {path} is a symbolic link to nothing "
+                                 f"({os.readlink(path)}); give a folder (it is made if missing)") from None
+            continue  # missing: made by the writers (a file further up is found there)
+        except OSError:
+            return
+        if not stat.S_ISDIR(mode):
+            raise ValueError(f"cannot save the model into {folder}: {path} is {kind_of(mode)}, not a folder; "
+                             "give a folder (it is made if missing)")
+        return
+
+
 def write_weights(path, tensors):
     """Write ``{name: array}`` as a safetensors file (contiguous host arrays, metadata format "pt", as
-    transformers writes it), atomically."""
+    transformers writes it), atomically. A ValueError naming the first tensor holding NaN or infinity (which
+    :func:`read_weights` refuses) before anything is written, the file's folder included."""
     host = {name: np.ascontiguousarray(backend.to_numpy(array)) for name, array in tensors.items()}
+    for name, array in host.items():
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = int(array.size - np.isfinite(array).sum())
+            raise ValueError(f"cannot write {path}: tensor {name} holds {bad} NaN or infinite value(s) of "
+                             f"{array.size}, which from_pretrained would refuse; nothing was written (save the "
+                             "weights of an earlier checkpoint)")
     write_atomic(path, safetensors_numpy().save(host, metadata={"format": "pt"}))
 
 
 def write_json(path, values):
     """Write a JSON file as Hugging Face does (indented, sorted keys), atomically."""
     write_atomic(path, json.dumps(values, indent=2, sort_keys=True) + "\n")
+
+
+#: Terminal escape sequences a library may put in its messages (torch's bold, colours, links): CSI (ESC [ or its
+#: one-character form), OSC (ESC ] ... up to BEL or ESC \\), the two-character escapes, and other control characters.
+_TERMINAL_CODES = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?"
+                             r"|[\x00-\x08\x0e-\x1f\x7f]")
+
+
+def quoted_message(error):
+    """``Type: first line`` of a library's ``error`` for quoting in a one-line error, without terminal escape
+    sequences (printed to a log or a page they are noise: ``[1m...[0m``); ``Type`` alone if it says nothing."""
+    lines = _TERMINAL_CODES.sub("", str(error)).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0].strip()}" if lines else type(error).__name__

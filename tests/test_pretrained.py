@@ -3,6 +3,7 @@ presence, type and range naming the key (every branch of config_value), config.j
 files read with every tensor checked finite (a truncated file, a NaN, an infinity), shapes, the dtype's range,
 and the atomic writers. Tests that read or write safetensors need the ``hf`` extra."""
 import math
+import os
 import sys
 
 import pytest
@@ -118,7 +119,8 @@ def test_read_weights_refuses_a_truncated_file_and_names_a_non_finite_tensor(tmp
     for bad, count in [(np.nan, 1), (np.inf, 2), (-np.inf, 1)]:
         w = np.ones((4, 4), dtype=np.float32)
         w.flat[:count] = bad
-        write_weights(path, {"fine": np.ones(2), "h.0.w": w, "ids": np.arange(3)})
+        tensors = {"fine": np.ones(2), "h.0.w": w, "ids": np.arange(3)}
+        path.write_bytes(safetensors_numpy().save(tensors))  # as another writer would: write_weights refuses it
         with pytest.raises(ValueError, match=f"model.safetensors: tensor h.0.w holds {count} NaN or infinite "
                                              "value\\(s\\) of 16; the weights are damaged"):
             read_weights(path)
@@ -147,3 +149,91 @@ def test_without_safetensors_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
     with pytest.raises(ImportError, match=r'needs the safetensors package: pip install -e "\.\[hf\]"'):
         safetensors_numpy()
+
+
+# --------------------------------------------------------------------------- save_pretrained's refusals
+def gpt2_and_marian_models():
+    """A small model of each kind save_pretrained writes, with the Hugging Face name of one of its tensors
+    (``poison(model)`` puts a NaN and an infinity there)."""
+    import minitf
+    from minitf import marian
+    from minitf.gpt import GPT
+    backend.manual_seed(0)
+    gpt = GPT.preset("gpt2", 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8)
+    translation = minitf.Transformer(**marian.transformer_config(
+        {"model_type": "marian", "d_model": 8, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+         "decoder_attention_heads": 2, "encoder_ffn_dim": 16, "decoder_ffn_dim": 16, "activation_function": "swish",
+         "scale_embedding": True, "vocab_size": 20, "decoder_vocab_size": 20, "pad_token_id": 19,
+         "decoder_start_token_id": 19, "eos_token_id": 0, "max_position_embeddings": 64,
+         "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True, "dropout": 0.1}))
+    return [(gpt, lambda m: m.decoder.layers[0].feed_forward.linear1.weight.data, "transformer.h.0.mlp.c_fc.weight"),
+            (translation, lambda m: m.decoder.layers[0].feed_forward.linear1.weight.data,
+             "model.decoder.layers.0.fc1.weight")]
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@needs_safetensors
+def test_save_pretrained_to_a_file_or_below_one_is_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "file").write_text("mine")
+    os.mkfifo(tmp_path / "pipe")
+    for model, _, _ in gpt2_and_marian_models():
+        for where, what, blocker in [("file", "a regular file", "file"), ("file/model", "a regular file", "file"),
+                                     ("pipe", "a FIFO (named pipe)", "pipe")]:
+            with pytest.raises(ValueError) as error:
+                model.save_pretrained(tmp_path / where)
+            assert str(error.value) == (f"cannot save the model into {tmp_path / where}: {tmp_path / blocker} is "
+                                        f"{what}, not a folder; give a folder (it is made if missing)")
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "pipe"]
+            assert (tmp_path / "file").read_text() == "mine"
+
+
+@needs_safetensors
+def test_save_pretrained_refuses_non_finite_weights_naming_the_tensor_before_writing(tmp_path):
+    for number, (model, weight, name) in enumerate(gpt2_and_marian_models()):
+        folder = tmp_path / str(number)
+        model.save_pretrained(folder / "earlier")
+        earlier = snapshot(folder / "earlier")
+        weight(model)[0, :2] = [np.nan, np.inf]
+        size = weight(model).size
+        for out in (folder / "new", folder / "earlier"):
+            with pytest.raises(ValueError) as error:
+                model.save_pretrained(out)
+            assert str(error.value) == (f"cannot write {out / 'model.safetensors'}: tensor {name} holds 2 NaN or "
+                                        f"infinite value(s) of {size}, which from_pretrained would refuse; nothing was "
+                                        "written (save the weights of an earlier checkpoint)"), str(error.value)
+        assert not (folder / "new").exists() and snapshot(folder / "earlier") == earlier
+    with pytest.raises(ValueError, match=r"tensor b holds 1 NaN or infinite value\(s\) of 3"):
+        write_weights(tmp_path / "w.safetensors", {"a": np.ones(2), "b": np.array([1.0, -np.inf, 2.0])})
+    assert not (tmp_path / "w.safetensors").exists()
+
+
+# --------------------------------------------------------------------------- quoted messages
+def test_a_quoted_message_loses_its_terminal_escape_sequences():
+    from minitf.pretrained import quoted_message
+    coloured = ("Weights only load failed. \x1b[1mdo those steps only if you trust\x1b[0m it. \x1b[31;1mred\x1b[m "
+                "\x1b[2Kcleared \x1b]8;;https://x.org\x1b\\link\x1b]8;;\x1b\\ \x9b1mend\x1b(B\nsecond line")
+    assert quoted_message(UnicodeError(coloured)) == ("UnicodeError: Weights only load failed. do those steps only if "
+                                                     "you trust it. red cleared link end")
+    assert quoted_message(KeyError()) == "KeyError"
+
+
+@pytest.mark.extra("torch", "bench")
+def test_a_refused_pytorch_pickle_is_quoted_without_escape_sequences(tmp_path):
+    import torch
+
+    from minitf.marian import read_torch_weights
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.ones(2), "odd": Odd()}, path)  # a class torch's weights-only unpickler refuses
+    with pytest.raises(ValueError) as error:
+        read_torch_weights(path)
+    message = str(error.value)
+    assert message.startswith(f"{path} is not a readable PyTorch state dict (UnpicklingError: Weights only load "
+                              "failed.") and message.endswith("; download or write it again"), message
+    assert "\x1b" not in message and "\n" not in message
+
+
+class Odd:
+    """A class no weights-only loader knows."""
