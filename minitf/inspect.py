@@ -23,7 +23,7 @@ from minitf import backend, marian
 from minitf.atomic import write_atomic
 from minitf.transformer import Transformer
 from minitf.inspection import numbers
-from minitf.inspection.page import example_data, render
+from minitf.inspection.page import example_data, loaded_note, render
 from minitf.inspection.serve import BadRequest, make_server, serve_forever
 from minitf.lm.generate import load_pretrained, load_run
 from minitf.nmt.data import pad_batch
@@ -50,9 +50,11 @@ class Loaded:
     ``piece(id)`` a token's text as the model sees it, ``facts`` [(label, value)] for the page's header,
     ``run_dir`` the run folder whose metrics.jsonl holds its curves (None for a Hugging Face folder)."""
 
-    def __init__(self, model, tokenizer, kind, source, context, context_why, run_dir=None, step=None):
+    def __init__(self, model, tokenizer, kind, source, context, context_why, run_dir=None, step=None,
+                 averaged_from=None):
         self.model, self.tokenizer, self.kind, self.source = model, tokenizer, kind, source
         self.context, self.context_why, self.run_dir, self.step = context, context_why, run_dir, step
+        self.averaged_from = averaged_from  # the checkpoints a run's averaged model was made of (its meta.json)
         self.piece, self.source_piece = piece_function(tokenizer, target=True), piece_function(tokenizer)
         if kind == "translation":  # the ids the decoder starts and ends with: the model's (Marian), else the tokenizer's
             config = model.config
@@ -72,7 +74,7 @@ class Loaded:
         else:
             shape = (f"Transformer (encoder-decoder), {self.layout}, {c['num_encoder_layers']} + "
                      f"{c['num_decoder_layers']} layers, d_model {c['d_model']}, {c['num_heads']} heads, d_ff {c['d_ff']}")
-        where = str(self.source) + ("" if self.step is None else f" (step {self.step})")
+        where = str(self.source) + loaded_note(self.step, self.averaged_from)
         return [("model", shape), ("vocabulary", f"{self.tokenizer.vocab_size} tokens"),
                 ("parameters", f"{self.model.num_parameters():,}"), ("loaded from", where),
                 ("context", f"{self.context} tokens ({self.context_why})")]
@@ -147,7 +149,8 @@ def load(path, warn):
                       meta.get("config", {}).get("block_size", 128), "its training blocks", run_dir, meta.get("step"))
     model, tokenizer, meta = load_model(path, warn, read_tokenizer=read_tokenizer)  # minitf's or a Marian start's
     return Loaded(model, tokenizer, "translation", path, int(meta["config"].get("max_len", 100)),
-                  "the longest sentence of its training, --max-len", run_dir, meta.get("step"))
+                  "its training's cap, --max-len: longer sentences were skipped", run_dir, meta.get("step"),
+                  meta.get("averaged_from"))
 
 
 def _meta(checkpoint):
@@ -329,15 +332,18 @@ def build_parser():
                         "Face Marian (opus-mt) or GPT-2 folder")
     p.add_argument("--text", help="the sentence (default: one per line from stdin)")
     p.add_argument("--reference", help="translation: the target to score (default: the model's own translation)")
-    p.add_argument("--beam", type=positive(int), default=4, help="beam size of the model's own translation (1: greedy)")
-    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("inspect.html"), help="the HTML file to write")
+    p.add_argument("--beam", type=positive(int), default=4,
+                   help="beam size of the model's own translation (1: greedy) (default: 4)")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("inspect.html"),
+                   help="the HTML file to write (default: inspect.html)")
     p.add_argument("--open", action="store_true", help="open the page in the browser")
     p.add_argument("--max-tokens", type=positive(int), default=100,
-                   help="the longest input shown (also capped by the model's context)")
+                   help="the longest input shown (also capped by the model's context) (default: 100)")
     p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 with a text box instead")
-    p.add_argument("--port", type=int, default=8000, help="--serve's port (0: any free one)")
-    p.add_argument("--max-chars", type=positive(int), default=1000, help="--serve: the longest sentence accepted")
-    p.add_argument("--device", choices=["cpu", "gpu"], default=None)
+    p.add_argument("--port", type=int, default=8000, help="--serve's port (0: any free one) (default: 8000)")
+    p.add_argument("--max-chars", type=positive(int), default=1000,
+                   help="--serve: the longest sentence accepted (default: 1000)")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=None, help="(default: MINITF_DEVICE, else cpu)")
     return p
 
 
