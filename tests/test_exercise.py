@@ -185,7 +185,8 @@ def test_a_gelu_backward_without_one_term_in_each_form_is_told_which_per_form(tm
     assert exercise.main(["check", str(filled(tmp_path, "gelu", body))]) == 1
     out = capsys.readouterr().out
     hints = [line for line in out.splitlines() if line.startswith("  hint:")]
-    assert hints == ["  hint: numeric - analytic = dy x phi(x) in every entry: the product rule's second term is missing",
+    assert hints == ["  hint: numeric - analytic = dy x phi(x) in every entry: the product rule's second term is "
+                     "missing",
                      "  hint: numeric - analytic = dy (1 + t) / 2 in every entry: the product rule's first term is "
                      "missing"], out
 
