@@ -33,6 +33,8 @@ class Exercise:
     summary: str
     page: str
     build: object  # build(cls, rng) -> (forward, backward, inputs, module)
+    term_hint: str = ""  # what may be missing or wrong when a gradient is off everywhere by no one factor
+    terms: object = None  # terms(inputs, upstream) -> {array: {name: (formula, array)}}, the right gradient's terms
 
 
 def _arr(rng, *shape, scale=1.0):
@@ -92,24 +94,60 @@ def _embedding(cls, rng):
     return (lambda: module.forward(ids)), module.backward, {}, module
 
 
+def _silu_terms(inputs, upstream):
+    from minitf.layers import sigmoid
+    x, (dy,) = inputs["x"], upstream
+    s = sigmoid(x)
+    return {"x": {"the product rule's first term": ("dy sigmoid(x)", dy * s),
+                  "the product rule's second term": ("dy x sigmoid(x) (1 - sigmoid(x))", dy * x * s * (1.0 - s))}}
+
+
+def _gelu_terms(inputs, upstream):
+    import math
+
+    from minitf.layers import GELU_CUBIC, SQRT_2_OVER_PI
+    xp = backend.xp
+    (dy,) = upstream  # the two forms' outputs stacked: dy[0] for x_erf, dy[1] for x_tanh
+    x, z = inputs["x_erf"], inputs["x_tanh"]
+    cdf = 0.5 * (1.0 + backend.erf(x / math.sqrt(2.0)))
+    pdf = xp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    t = xp.tanh(SQRT_2_OVER_PI * (z + GELU_CUBIC * z ** 3))
+    du_dz = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * z * z)
+    return {"x_erf": {"the product rule's first term": ("dy Phi(x)", dy[0] * cdf),
+                      "the product rule's second term": ("dy x phi(x)", dy[0] * x * pdf)},
+            "x_tanh": {"the product rule's first term": ("dy (1 + t) / 2", dy[1] * 0.5 * (1.0 + t)),
+                       "the product rule's second term": ("dy x (1 - t^2) / 2 du/dx",
+                                                          dy[1] * 0.5 * z * (1.0 - t * t) * du_dz)}}
+
+
 EXERCISES = {e.name: e for e in [
     Exercise("linear", "Linear", "y = x W + b: dW, db and dx", "layers/linear.md",
-             _plain(lambda cls, rng: (_randomize(cls(D, 3), rng), {"x": _arr(rng, B, T, D)}))),
+             _plain(lambda cls, rng: (_randomize(cls(D, 3), rng), {"x": _arr(rng, B, T, D)})),
+             "dx = dy W^T; dW = x^T dy and db = dy, each summed over every position"),
     Exercise("relu", "ReLU", "y = max(x, 0): dx", "layers/relu.md",
-             _plain(lambda cls, rng: (cls(), {"x": _relu_input(rng)}))),
+             _plain(lambda cls, rng: (cls(), {"x": _relu_input(rng)})),
+             "dx = dy where x > 0 and 0 elsewhere"),
     Exercise("softmax", "Softmax", "y = softmax(x): dx without the Jacobian", "layers/softmax.md",
-             _plain(lambda cls, rng: (cls(), {"x": _arr(rng, B, T, 5, scale=2.0)}))),
+             _plain(lambda cls, rng: (cls(), {"x": _arr(rng, B, T, 5, scale=2.0)})),
+             "dx = y (dy - sum(dy y) over the row): the part through the row's sum"),
     Exercise("layernorm", "LayerNorm", "LayerNorm: dgamma, dbeta and the three terms of dx", "layers/layernorm.md",
-             _plain(lambda cls, rng: (_randomize(cls(D), rng), {"x": _arr(rng, B, T, D)}))),
+             _plain(lambda cls, rng: (_randomize(cls(D), rng), {"x": _arr(rng, B, T, D)})),
+             "dx's three terms: dxhat, the part through the row's mean, the part through its rstd"),
     Exercise("attention", "Attention", "softmax(Q K^T / sqrt(dk)) U with a padding mask: dQ, dK, dU",
-             "layers/attention.md", _attention),
+             "layers/attention.md", _attention,
+             "the softmax's backward from dP to dS, the part through each row's sum"),
     Exercise("loss", "LabelSmoothedCrossEntropy", "label-smoothed cross-entropy over non-pad tokens: dlogits",
-             "layers/loss.md", _loss),
+             "layers/loss.md", _loss,
+             "dlogits = (softmax(z) - q) / (non-pad tokens), q the smoothed target"),
     Exercise("embedding", "Embedding", "y = W[ids] sqrt(D): the scatter-add into dW", "layers/embedding.md",
-             _embedding),
-    Exercise("gelu", "GELU", "y = x Phi(x), exact (erf) and GPT-2's tanh form: dx", "gpt.md", _gelu),
+             _embedding, "dW[id] = sqrt(D) times the sum of dy over the positions of that id"),
+    Exercise("gelu", "GELU", "y = x Phi(x), exact (erf) and GPT-2's tanh form: dx", "gpt.md", _gelu,
+             "y' = Phi(x) + x phi(x), tanh form (1 + t) / 2 + x (1 - t^2) / 2 du/dx: the product rule's second "
+             "term, with tanh' = 1 - t^2 and du/dx, holds the usual slips", _gelu_terms),
     Exercise("silu", "SiLU", "y = x sigmoid(x), Marian's activation: dx", "pretrained.md",
-             _plain(lambda cls, rng: (cls(), {"x": _arr(rng, B, T, D, scale=3.0)}))),
+             _plain(lambda cls, rng: (cls(), {"x": _arr(rng, B, T, D, scale=3.0)})),
+             "y' = s + x s (1 - s) with s = sigmoid(x): the product rule's two terms, and sigmoid' = s (1 - s) "
+             "written with s, not with SiLU's output", _silu_terms),
 ]}
 
 
@@ -144,8 +182,9 @@ def check(path, seed=0, time_limit=TIME_LIMIT):
 
     def run():
         forward, backward, inputs, module = exercise.build(cls, rng)
+        terms = (lambda upstream: exercise.terms(inputs, upstream)) if exercise.terms is not None else None
         return print_check(forward, backward, inputs, dict(module.named_parameters()), seed=seed, entries=3,
-                           caches=True)
+                           caches=True, terms=terms, term_hint=exercise.term_hint)
 
     with backend.default_dtype("float64"):
         backend.manual_seed(seed)

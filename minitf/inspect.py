@@ -22,7 +22,7 @@ import webbrowser
 from minitf import backend
 from minitf.atomic import writable_target, write_atomic
 from minitf.inspection import numbers
-from minitf.inspection.page import example_data, render
+from minitf.inspection.page import example_data, loaded_note, render
 from minitf.inspection.serve import BadRequest, make_server, serve_forever
 from minitf.loader import is_hugging_face_folder, load as load_any
 from minitf.nmt.data import pad_batch
@@ -53,6 +53,8 @@ class Loaded:
             loaded.source
         self.context, self.context_why, self.run_dir, self.step = loaded.context, loaded.context_why, \
             loaded.run_dir, loaded.step
+        # the checkpoints a run's averaged model was made of (its meta.json)
+        self.averaged_from = (loaded.meta or {}).get("averaged_from")
         self.piece, self.source_piece = piece_function(self.tokenizer, target=True), piece_function(self.tokenizer)
         if self.kind == "translation":  # the ids the decoder starts and ends with: the model's (Marian), else the tokenizer's
             config = self.model.config
@@ -73,7 +75,7 @@ class Loaded:
         else:
             shape = (f"Transformer (encoder-decoder), {self.layout}, {c['num_encoder_layers']} + "
                      f"{c['num_decoder_layers']} layers, d_model {c['d_model']}, {c['num_heads']} heads, d_ff {c['d_ff']}")
-        where = str(self.source) + ("" if self.step is None else f" (step {self.step})")
+        where = str(self.source) + loaded_note(self.step, self.averaged_from)
         return [("model", shape), ("vocabulary", f"{self.tokenizer.vocab_size} tokens"),
                 ("parameters", f"{self.model.num_parameters():,}"), ("loaded from", where),
                 ("context", f"{self.context} tokens ({self.context_why})")]
@@ -284,14 +286,16 @@ def build_parser():
     p.add_argument("--beam", type=positive(int), default=None,
                    help="beam size of the model's own translation, 1: greedy (default: the model's, as translate "
                         "decodes: 4 for a run, generation_config.json's num_beams for a Marian folder)")
-    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("inspect.html"), help="the HTML file to write")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("inspect.html"),
+                   help="the HTML file to write (default: inspect.html)")
     p.add_argument("--open", action="store_true", help="open the page in the browser")
     p.add_argument("--max-tokens", type=positive(int), default=100,
-                   help="the longest input shown (also capped by the model's context)")
+                   help="the longest input shown (also capped by the model's context) (default: 100)")
     p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 with a text box instead")
-    p.add_argument("--port", type=int, default=8000, help="--serve's port (0: any free one)")
-    p.add_argument("--max-chars", type=positive(int), default=1000, help="--serve: the longest sentence accepted")
-    p.add_argument("--device", choices=["cpu", "gpu"], default=None)
+    p.add_argument("--port", type=int, default=8000, help="--serve's port (0: any free one) (default: 8000)")
+    p.add_argument("--max-chars", type=positive(int), default=1000,
+                   help="--serve: the longest sentence accepted (default: 1000)")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=None, help="(default: MINITF_DEVICE, else cpu)")
     return p
 
 

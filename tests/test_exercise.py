@@ -138,6 +138,70 @@ def test_each_usual_slip_in_silus_backward_fails_the_check(wrong, tmp_path, caps
     assert exercise.main(["check", str(filled(tmp_path, "silu", body))]) == 1
     out = capsys.readouterr().out
     assert "furthest off: x[" in out and "SiLU.backward is wrong" in out and "docs/pretrained.md" in out, out
+    assert "mean" not in out and "normaliser" not in out, out  # SiLU has neither: the hint fits the layer
+
+
+@pytest.mark.parametrize("name, body", [
+    ("silu", """def backward(self, dy):
+        x, s = self.saved_tensors()
+        return s + x * s * (1.0 - s)             # y'(x), never multiplied by dy"""),
+    ("relu", """def backward(self, dy):
+        (y,) = self.saved_tensors()
+        return (y > 0) * 1.0                     # the mask alone, never multiplied by dy"""),
+])
+def test_a_backward_that_never_multiplies_by_the_upstream_gradient_is_told_so(name, body, tmp_path, capsys):
+    """y'(x) returned as it is: analytic x G = numeric in every entry (G the upstream gradient). No
+    term is missing, so the hint says that dy was not applied, and names no term."""
+    assert exercise.main(["check", str(filled(tmp_path, name, body))]) == 1
+    out = capsys.readouterr().out
+    assert "hint: analytic x dy = numeric in every entry" in out and "upstream gradient dy is not applied" in out, out
+    assert "term" not in out, out
+
+
+@pytest.mark.parametrize("body, missing, present", [
+    ("dy * x * s * (1.0 - s)", "= dy sigmoid(x) in every entry: the product rule's first term", "second term"),
+    ("dy * s", "= dy x sigmoid(x) (1 - sigmoid(x)) in every entry: the product rule's second term", "first term"),
+])
+def test_a_silu_backward_without_one_product_rule_term_is_told_which(body, missing, present, tmp_path, capsys):
+    """Each term of y' = s + x s (1 - s) forgotten in turn: the hint names the one that is missing,
+    not the one that is there, and nothing SiLU does not have (a mean, a normaliser of the row)."""
+    body = f"""def backward(self, dy):
+        x, s = self.saved_tensors()
+        return {body}"""
+    assert exercise.main(["check", str(filled(tmp_path, "silu", body))]) == 1
+    out = capsys.readouterr().out
+    assert f"hint: numeric - analytic {missing} is missing" in out, out
+    assert present not in out and "mean" not in out and "normaliser" not in out, out
+
+
+def test_a_gelu_backward_without_one_term_in_each_form_is_told_which_per_form(tmp_path, capsys):
+    """GELU's two forms, each without one product-rule term: each array's hint names its own."""
+    body = """def backward(self, dy):
+        x, cdf, t = self.saved_tensors()
+        if t is None:
+            return dy * cdf                      # x phi(x) forgotten
+        du_dx = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x)
+        return dy * (0.5 * x * (1.0 - t * t) * du_dx)  # (1 + t) / 2 forgotten"""
+    assert exercise.main(["check", str(filled(tmp_path, "gelu", body))]) == 1
+    out = capsys.readouterr().out
+    hints = [line for line in out.splitlines() if line.startswith("  hint:")]
+    assert hints == ["  hint: numeric - analytic = dy x phi(x) in every entry: the product rule's second term is "
+                     "missing",
+                     "  hint: numeric - analytic = dy (1 + t) / 2 in every entry: the product rule's first term is "
+                     "missing"], out
+
+
+def test_a_gradient_of_the_wrong_shape_gets_one_verdict(tmp_path, capsys):
+    """dx summed over the batch axis: the protocol's FAIL names the shape, the array's row says it
+    was not compared, and no "nothing was checked" contradicts it (x is there to check)."""
+    body = """def backward(self, dy):
+        x, s = self.saved_tensors()
+        return (dy * (s + x * s * (1.0 - s))).sum(axis=0)"""
+    assert exercise.main(["check", str(filled(tmp_path, "silu", body))]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL input x: its gradient has shape (3, 4), x has (2, 3, 4)" in out, out
+    assert "nothing was checked" not in out and "0 of 0" not in out, out
+    assert "0 of 1 arrays match" in out and "not compared" in out and "SiLU.backward is wrong" in out, out
 
 
 @pytest.mark.parametrize("seed", [0, 4])

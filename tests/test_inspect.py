@@ -219,6 +219,52 @@ def test_the_gpt_page_holds_the_models_own_numbers(preset, float64):
     np.testing.assert_allclose(data["embedding_grad"]["norms"], embedding, rtol=1e-10)
 
 
+# --------------------------------------------------------------------------- the page's words
+def test_a_probability_shows_three_digits_and_below_one_never_shows_as_one():
+    """0.998 was shown as "1" (two digits): three significant digits, more where those would round to 1."""
+    shown = [page.probability_text(p) for p in (0.998, 0.9996, 0.99999994, 1.0, 0.5, 0.012345, 2.5e-5, 0.0,
+                                                 float("nan"), None)]
+    assert shown == ["0.998", "0.9996", "0.9999999", "1", "0.5", "0.0123", "2.5e-05", "0", None, None]
+
+
+def test_the_page_gives_each_probability_its_text(float64):
+    model = gpt("gpt2")
+    _, data = page_of(model, numbers.language_model(model, GPT_IDS), GPT_IDS)
+    assert data["probability_text"] == [page.probability_text(p) for p in data["probability"]]
+    assert data["probability_text"][-1] is None  # the last position predicts nothing
+    assert data["top_text"] == [[page.probability_text(p) for _, p in top] for top in data["top"]]
+    script = (pathlib.Path(page.__file__).parent / page.SCRIPT).read_text(encoding="utf-8")
+    assert "ex.probability_text[" in script and "ex.top_text[" in script  # what the chips and the panel show
+
+
+def test_the_residual_chart_does_not_join_the_decoder_to_the_encoder(float64):
+    """No gradient flows from the decoder's layer 0 to the encoder's output: the memory's gradient is the sum of
+    the decoder layers' cross-attention. The page's lines break there, and the caption's note says why."""
+    model = transformer(False)
+    _, data = page_of(model, numbers.translation(model, SRC, TGT_IN, TGT_OUT), TGT_IN, SRC)
+    names = [name for name, _ in data["points"]]
+    assert [names[start:stop + 1] for start, stop in data["point_lines"]] == [
+        ["decoder out", "decoder.layers.2 in", "decoder.layers.1 in", "decoder.layers.0 in"],
+        ["encoder out", "encoder.layers.1 in", "encoder.layers.0 in"]]
+    assert "not joined" in data["points_note"] and "sum" in data["points_note"] \
+        and "cross-attention" in data["points_note"], data["points_note"]
+    model = gpt("gpt2")
+    _, data = page_of(model, numbers.language_model(model, GPT_IDS), GPT_IDS)
+    assert data["point_lines"] == [[0, len(data["points"]) - 1]] and data["points_note"] is None
+
+
+def test_a_gpt_page_says_why_its_last_embedding_gradient_is_zero(float64):
+    model = gpt("gpt2")
+    _, data = page_of(model, numbers.language_model(model, GPT_IDS), GPT_IDS)
+    norms = data["embedding_grad"]["norms"]
+    assert norms[-1] == 0 and min(norms[:-1]) > 0
+    note = data["embedding_grad"]["note"]
+    assert "predicts nothing" in note and "causal" in note and "no later position" in note, note
+    model = transformer(False)
+    _, data = page_of(model, numbers.translation(model, SRC, TGT_IN, TGT_OUT), TGT_IN, SRC)
+    assert data["embedding_grad"]["note"] is None
+
+
 # --------------------------------------------------------------------------- the walk is trace --walk's
 def _steps(steps):
     return [s[0] if len(s) == 1 else (s[0], float(np.linalg.norm(s[1]))) for s in steps]
@@ -328,6 +374,35 @@ def test_a_translation_run_gives_a_page_with_its_curves(world, tmp_path, capsys)
     code, err, _ = run_inspect(["--checkpoint", alone, "--text", "Der hund.", "--out", out], capsys)
     data = page.read_data(out.read_text(encoding="utf-8"))
     assert code == 0 and data["curves"] is None and "without its run folder" in data["curves_note"]
+
+
+def test_the_page_says_which_checkpoint_and_what_its_context_is(world, tmp_path, capsys):
+    """A run whose best.json chose the average of its last checkpoints is loaded from that average, not from
+    the step in its meta.json; the context is the --max-len cap of its training, not its longest sentence."""
+    from minitf.training import checkpoint as ckpt
+    out = tmp_path / "page.html"
+    code, err, _ = run_inspect(["--checkpoint", world["ref"], "--text", "Der hund.", "--beam", 1, "--out", out], capsys)
+    facts = dict(page.read_data(out.read_text(encoding="utf-8"))["model"]["facts"])
+    assert code == 0 and facts["loaded from"] == f"{world['ref']} (step 6)", facts
+    assert facts["context"] == "100 tokens (its training's cap, --max-len: longer sentences were skipped)", facts
+    run = copy_run(world["ref"], tmp_path / "run")
+    ckpt.average_checkpoints(ckpt.list_checkpoints(run)[-2:], run / "checkpoints" / "averaged")
+    (run / "best.json").write_text(json.dumps({"model": "average of last 2", "checkpoint": "checkpoints/averaged"}))
+    code, err, _ = run_inspect(["--checkpoint", run, "--text", "Der hund.", "--beam", 1, "--out", out], capsys)
+    facts = dict(page.read_data(out.read_text(encoding="utf-8"))["model"]["facts"])
+    assert code == 0 and facts["loaded from"] == f"{run} (the average of 2 checkpoints: steps 4, 6)", facts
+
+
+def test_inspect_help_shows_every_default():
+    import argparse
+
+    from minitf.inspect import build_parser
+    parser = build_parser()
+    defaults = [a for a in parser._actions if a.option_strings and a.default not in (None, False, argparse.SUPPRESS)]
+    assert len(defaults) == 5  # --beam, --out, --max-tokens, --port, --max-chars
+    for action in defaults:
+        assert f"(default: {action.default})" in action.help, action.option_strings
+    assert "(default: MINITF_DEVICE, else cpu)" in parser.format_help()
 
 
 def test_sentences_from_stdin_and_a_gpt_run(gpt_run, tmp_path, capsys, monkeypatch):

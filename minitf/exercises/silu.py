@@ -7,7 +7,7 @@ needs no exponential. Check it:
 
     python -m minitf.exercise check silu.py
 """
-from minitf.layers import sigmoid  # 1 / (1 + exp(-x)), elementwise, without overflow
+from minitf.layers import sigmoid  # 1 / (1 + exp(-x)), elementwise; exp(-x) = inf gives the limit 0
 from minitf.module import Module
 
 EXERCISE = "silu"

@@ -276,7 +276,7 @@
       if (!next) {
         chip.style.background = colour(GREENS, p);
         chip.style.color = darkOn(p) ? "#fff" : "#1b1f24";
-        h("small", {}, chip, fmt(p, 2));
+        h("small", {}, chip, ex.probability_text[position]);  // 3 digits; never "1" below 1 (page.probability_text)
       } else {
         h("small", {}, chip, "after the text");
       }
@@ -306,17 +306,17 @@
     const context = gpt ? ex.input.slice(Math.max(0, position - 5), position + 1).map(show).join("")
       : ex.input.slice(Math.max(0, position - 5), position + 1).map(show).join(" ");
     const title = next ? `After the whole text, the model expects next:`
-      : `Position ${position}: after “…${context}” the model gave “${show(wanted)}” probability ${fmt(ex.probability[position], 3)}.` +
+      : `Position ${position}: after “…${context}” the model gave “${show(wanted)}” probability ${ex.probability_text[position]}.` +
         " Its five most likely tokens here:";
     h("p", {}, panel, title);
     const table = h("table", {class: "alts"}, panel);
-    for (const [piece, p] of ex.top[position]) {
+    ex.top[position].forEach(([piece, p], k) => {
       const tr = h("tr", {class: piece === wanted ? "chosen" : ""}, table);
       h("td", {class: "piece"}, tr, show(piece));
       const bar = h("div", {class: "bar"}, h("td", {}, tr));
       bar.style.width = Math.max(1, Math.round(220 * p)) + "px";
-      h("td", {}, tr, fmt(p, 3) + (piece === wanted ? "  (the shown token)" : ""));
-    }
+      h("td", {}, tr, ex.top_text[position][k] + (piece === wanted ? "  (the shown token)" : ""));
+    });
     if (!next && !ex.top[position].some(([piece]) => piece === wanted)) {
       h("p", {class: "muted"}, panel, `The shown token “${show(wanted)}” is not among them.`);
     }
@@ -487,10 +487,17 @@
       id: "points", title: "The gradient down the residual stream",
       caption: "|dL/dx| at the decoder's output, at each layer's input (the top layer first)" +
         (gpt ? ", down to the embeddings." : ", at the encoder's output (the memory: its gradient sums the " +
-          "cross-attention of every decoder layer) and at each encoder layer's input."),
+          "cross-attention of every decoder layer) and at each encoder layer's input.") +
+        (ex.points_note ? " " + ex.points_note : ""),
       xcats: ex.points.map(([name]) => name), ylabel: "gradient norm", logy: true,
-      series: [{name: "|dL/d(residual stream)|", xs: ex.points.map((_, i) => i), ys: ex.points.map(([, v]) => v),
-                colour: KIND_COLOURS.stream, marker: true}],
+      // one line per stack (ex.point_lines): nothing joins the decoder's layer 0 to the encoder's output
+      series: ex.point_lines.map(([first, last], k) => {
+        const xs = [];
+        for (let i = first; i <= last; i++) xs.push(i);
+        const stack = ex.point_lines.length === 1 ? "" : (k === 0 ? "decoder: " : "encoder: ");
+        return {name: stack + "|dL/d(residual stream)|", xs: xs, ys: xs.map((i) => ex.points[i][1]),
+                colour: k === 0 ? KIND_COLOURS.stream : "#1a7f37", marker: true};
+      }),
       width: Math.max(420, 60 * ex.points.length + 120), height: 330,
     });
     embeddingChart(charts, ex);
@@ -503,7 +510,8 @@
     h("h3", {}, figure, gpt ? "Which tokens the loss is most sensitive to" : "Which source tokens the loss is most sensitive to");
     h("p", {class: "caption"}, figure, "|dL/d(embedding row)| at each " + (gpt ? "position" : "source position") +
       ": the gradient that reaches the embedding of the token read there (× the embedding's scale, as " +
-      "Embedding.backward adds it into the tied matrix). A taller bar: a small change of that token's vector moves the loss more.");
+      "Embedding.backward adds it into the tied matrix). A taller bar: a small change of that token's vector moves the loss more." +
+      (ex.embedding_grad.note ? " " + ex.embedding_grad.note : ""));
     const bar = Math.max(10, Math.min(36, Math.floor(560 / tokens.length)));
     const m = {l: 70, r: 10, t: 10, b: 90}, W = m.l + bar * tokens.length + m.r, H = 300;
     const svg = s("svg", {class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",

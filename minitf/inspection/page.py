@@ -42,6 +42,50 @@ def _number(value):
     return None if math.isnan(value) else value
 
 
+def probability_text(p):
+    """A probability as the page shows it: three significant digits ("0.998", "0.0123"), more where three would
+    round a probability below 1 up to "1" ("0.9996"); "1" only for 1 itself. None for none (NaN)."""
+    if p is None or math.isnan(p):
+        return None
+    for digits in range(3, 18):  # 17 significant digits tell every float64 below 1 from 1
+        text = f"{p:.{digits}g}"
+        if p >= 1 or float(text) < 1:
+            return text
+    return text
+
+
+def loaded_note(step, averaged_from=None):
+    """What follows "loaded from RUN" in the page's header: " (step N)", or for the average of a run's last
+    checkpoints (the ``averaged_from`` of its meta.json, their paths) the steps it averages; "" with neither."""
+    if averaged_from:
+        steps = [int(m.group(1)) for m in (re.fullmatch(r"step-(\d+)", pathlib.PurePath(str(p)).name)
+                                           for p in averaged_from) if m]
+        if len(steps) != len(averaged_from):
+            return f" (the average of {len(averaged_from)} checkpoints)"
+        listed = ", ".join(map(str, steps)) if len(steps) <= 5 else f"{steps[0]} to {steps[-1]}"
+        return f" (the average of {len(steps)} checkpoints: steps {listed})"
+    return "" if step is None else f" (step {step})"
+
+
+def point_lines(points):
+    """[[first, last]]: the ranges of ``points`` (name, norm) that the residual-stream chart joins by a line.
+    Each stack's output starts a line of its own: the gradient at the encoder's output (the memory) does not
+    come from the decoder's layer 0 below it in the list but from every decoder layer's cross-attention."""
+    starts = [i for i, (name, _) in enumerate(points) if name.endswith(" out")] or [0]
+    starts = sorted({0, *starts})
+    return [[start, stop - 1] for start, stop in zip(starts, starts[1:] + [len(points)])]
+
+
+#: The residual-stream chart's note on its broken line (an encoder-decoder).
+POINTS_NOTE = ("The decoder's line and the encoder's are not joined: no gradient flows from the decoder's layer 0 "
+               "to the encoder's output. The memory's gradient is the sum of what the cross-attention of every "
+               "decoder layer sends to it.")
+#: The embedding chart's note for a GPT, whose last bar is always 0.
+LAST_TOKEN_NOTE = ("The last bar is always 0: the text's last token predicts nothing (there is no next token, so "
+                   "its position is left out of the loss and its dlogits row is 0), and the causal mask lets no "
+                   "later position read it, so no gradient reaches its embedding.")
+
+
 #: Which tokens label the rows and the columns of each attention (``source``: the encoder's input;
 #: ``input``: the decoder's, or a GPT's, input tokens).
 AXES = {"encoder self-attention": ("source", "source"), "decoder masked self-attention": ("input", "input"),
@@ -63,8 +107,10 @@ def example_data(inspection, text, input_ids, piece, source_ids=None, target_fro
         "input": [piece(int(i)) for i in input_ids],
         "predicted": [piece(t) if t >= 0 else None for t in targets],
         "probability": [_number(p) for p in inspection.probability],
+        "probability_text": [probability_text(float(p)) for p in inspection.probability],
         "top": [[[piece(int(i)), float(p)] for i, p in zip(ids, probs)]
                 for ids, probs in zip(inspection.top_ids, inspection.top_probs)],
+        "top_text": [[probability_text(float(p)) for p in probs] for probs in inspection.top_probs],
         "loss": float(inspection.loss), "num_tokens": inspection.num_tokens, "smoothing": inspection.smoothing,
         "attention": [dict(name=name, rows=AXES[name][0], cols=AXES[name][1], causal=name in CAUSAL,
                            **encode_array(weights)) for name, weights in inspection.attention.items()],
@@ -72,8 +118,11 @@ def example_data(inspection, text, input_ids, piece, source_ids=None, target_fro
                  {"label": step.label, "norm": step.norm, "shape": list(step.shape), "kind": step.kind}
                  for step in inspection.walk],
         "points": [[name, float(norm)] for name, norm in inspection.points],
+        "point_lines": point_lines(inspection.points),
+        "points_note": None if source_ids is None else POINTS_NOTE,
         "embedding_grad": {"axis": "input" if source_ids is None else "source",
-                           "norms": [float(n) for n in inspection.embedding_grad]},
+                           "norms": [float(n) for n in inspection.embedding_grad],
+                           "note": LAST_TOKEN_NOTE if source_ids is None else None},
     }
 
 

@@ -56,7 +56,7 @@ class TranslationKind(Kind):
     def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
         from minitf.nmt.decode import DecodingSettings
         return Loaded(model, tokenizer, self, pathlib.Path(source), DecodingSettings(), run_dir, checkpoint, meta,
-                      config.max_len, "the cap on its training sentences, --max-len")
+                      config.max_len, "its training's cap, --max-len: longer sentences were skipped")
 
     def load_folder(self, folder, warn=None):
         """A Marian folder: the tokenizer's files first (a missing one is named before the weights are read),
