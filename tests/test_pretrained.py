@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import minitf
 from minitf import backend
 from minitf.pretrained import (REQUIRED, check_dtype_range, check_shapes, config_value, read_config, read_weights,
                                safetensors_numpy, write_json, write_weights)
@@ -388,3 +389,53 @@ def test_from_pretrained_refuses_bfloat16_and_other_dtypes_in_one_line(tmp_path)
                                                                                       np.float16]
     with backend.default_dtype("float64"):
         assert pretrained.model_dtype(None) is np.float64
+
+
+# --------------------------------------------------------------------------- folders transformers writes
+@pytest.mark.extra("torch", "bench")
+@pytest.mark.extra("transformers", "bench")
+@pytest.mark.parametrize("kind", ["gpt2", "marian"])
+def test_a_bfloat16_folder_in_shards_from_transformers_reads_as_torch_widens_it(tmp_path, kind):
+    """A folder as transformers writes one in bfloat16, sharded (save_pretrained(max_shard_size=...)): every
+    tensor read equals torch's own float32 widening bit for bit, and the model's logits equal transformers' on
+    the same weights rounded to bfloat16 (float32; the sinusoid tables, which minitf computes, kept exact)."""
+    import copy
+
+    import torch
+    import transformers
+
+    from minitf import GPT, Transformer
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(vocab_size=11, n_positions=6, n_embd=8, n_head=2, n_layer=2, bos_token_id=0,
+                                         eos_token_id=0)
+        model, inputs, read = transformers.GPT2LMHeadModel(config), dict(input_ids=torch.tensor([[1, 2, 3, 10]])), GPT
+    else:
+        config = transformers.MarianConfig(
+            vocab_size=20, d_model=8, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=64,
+            activation_function="swish", scale_embedding=True, pad_token_id=19, decoder_start_token_id=19,
+            eos_token_id=0, forced_eos_token_id=0, bos_token_id=0, dropout=0.0, attention_dropout=0.0,
+            activation_dropout=0.0)
+        model, read = transformers.MarianMTModel(config), Transformer
+        inputs = dict(input_ids=torch.tensor([[3, 5, 7, 0]]), decoder_input_ids=torch.tensor([[19, 4, 6]]))
+    model.eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_positions" not in name:
+                p.normal_(0.0, 0.3)  # values bfloat16 rounds visibly
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in [*rounded.named_parameters(), *rounded.named_buffers()]:
+            if "embed_positions" not in name and p.is_floating_point():
+                p.copy_(p.to(torch.bfloat16).float())
+        expected = rounded(**inputs).logits.numpy()
+    model.to(torch.bfloat16).save_pretrained(tmp_path, max_shard_size="2KB")
+    assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) >= 2 and not (tmp_path / "model.safetensors").exists()
+    weights = read_weights(tmp_path / "model.safetensors.index.json")
+    widened = {name: t.float().numpy() for name, t in model.state_dict().items()}
+    assert weights and all(weights[name].tobytes() == widened[name].tobytes() for name in weights)
+    ours = read.from_pretrained(tmp_path).eval()  # GPT.from_pretrained gives a model in training mode (dropout)
+    with minitf.no_grad():
+        logits = backend.to_numpy(ours(*(x.numpy() for x in inputs.values())))
+    assert np.abs(logits - expected).max() < 1e-5 * np.abs(expected).max()
