@@ -221,3 +221,19 @@ def test_damaged_shards_and_values_beyond_the_models_dtype_are_one_line(tmp_path
     big = dict(tensors, **{"model.encoder.layers.0.fc1.weight": ("BF16", np.full((16, 8), 1e5))})
     with pytest.raises(ValueError, match="model.encoder.layers.0.fc1.weight holds values beyond float16's range"):
         minitf.Transformer.from_pretrained(_rewritten(tmp_path, "big", big), dtype="float16")
+
+
+@pytest.mark.extra("torch", "bench")
+@pytest.mark.extra("safetensors", "hf")
+def test_a_bfloat16_pytorch_model_bin_reads_as_the_same_weights_in_bfloat16_safetensors(tmp_path):
+    """torch's weights-only loader widens bfloat16 as minitf's safetensors reader does: the two folders agree."""
+    import torch
+
+    from minitf import pretrained
+    weights = pretrained.read_weights(good_folder(tmp_path) / "model.safetensors")
+    low = _rewritten(tmp_path, "BF16", {name: ("BF16", a) for name, a in weights.items()})
+    pickled = _rewritten(tmp_path, "bin", {})
+    (pickled / "model.safetensors").unlink()
+    torch.save({name: torch.from_numpy(a).to(torch.bfloat16) for name, a in weights.items()},
+               pickled / "pytorch_model.bin")
+    assert _logits(pickled).tobytes() == _logits(low).tobytes()

@@ -1,7 +1,9 @@
 """minitf.pretrained, the reader and writer of Hugging Face folders every model uses: config values checked for
-presence, type and range naming the key (every branch of config_value), config.json's messages, safetensors
-files read with every tensor checked finite (a truncated file, a NaN, an infinity), shapes, the dtype's range,
-and the atomic writers. Tests that read or write safetensors need the ``hf`` extra."""
+presence, type and range naming the key (every branch of config_value), config.json's messages, minitf's own
+safetensors reader (F64, F32, F16, BF16 widened exactly, sharded folders; every damaged header, shard and
+non-finite tensor one line naming the file and tensor; files written here byte by byte), shapes, the dtype's
+range, the model dtype's check, and the atomic writers. Tests that write with the safetensors package need the
+``hf`` extra; those comparing with folders transformers writes need torch and transformers."""
 import json
 import math
 import re
