@@ -240,7 +240,11 @@ def _read_file(path, buffers):
             for begin, stop, name, dtype, shape in entries:
                 if name.endswith(buffers):  # not a weight: left out whatever its dtype
                     continue
-                array = np.empty(shape, dtype=FLOAT_DTYPES[dtype])  # within the file's size: checked above
+                try:  # within the file's size (checked above), but a shape NumPy cannot hold may remain
+                    array = np.empty(shape, dtype=FLOAT_DTYPES[dtype])
+                except (ValueError, OverflowError, MemoryError) as error:
+                    raise _Damaged(f"tensor {name}: shape {list(shape)} is not an array NumPy can hold ({error})") \
+                        from None
                 file.seek(start + begin)
                 if file.readinto(array.reshape(-1).view(np.uint8)) != stop - begin:
                     raise _Damaged(f"tensor {name}: the file ended inside its data (it changed while read)")
