@@ -158,11 +158,11 @@ class _Damaged(ValueError):
 
 def _unique_keys(pairs):
     """A JSON object's dict, refusing a name given twice (json keeps the last one silently)."""
-    names = [name for name, _ in pairs]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise _Damaged(f"its header names {repeated[0]!r} twice")
-    return dict(pairs)
+    values = dict(pairs)
+    if len(values) < len(pairs):  # a set, not counts: a hostile header of a million names stays linear
+        seen = set()
+        raise _Damaged(f"its header names {next(name for name, _ in pairs if name in seen or seen.add(name))!r} twice")
+    return values
 
 
 def _is_count(value):
@@ -293,7 +293,7 @@ def _read_sharded(index, buffers):
             weights[name] = array
     missing = [name for name in places if name not in weights and not name.endswith(buffers)]
     if missing:
-        raise ValueError(f"{index.parent / places[missing[0]]}: has no tensor {missing[0]}, which {index.name} places "
+        raise ValueError(f"{index.parent / places[missing[0]]} has no tensor {missing[0]}, which {index.name} places "
                          "there; the shards and the index are of different saves: download them again")
     return weights
 
