@@ -151,13 +151,14 @@ class GPT(Module):
     # -- Hugging Face GPT-2 folders ---------------------------------------------------
     @classmethod
     def from_pretrained(cls, folder, dtype=None):
-        """The GPT of a Hugging Face GPT-2 folder: ``config.json`` and ``model.safetensors``, read
-        with the ``safetensors`` package's NumPy API (no torch, no pickle), built under ``dtype``
-        (default: minitf's default float dtype). Every config value and tensor is checked
-        (:func:`pretrained_config`, :func:`read_pretrained_state`, values within ``dtype``'s range)
-        before the model is built; a ValueError names the file and the key or tensor that does not fit."""
+        """The GPT of a Hugging Face GPT-2 folder: ``config.json`` and ``model.safetensors`` (or sharded
+        weights), read by :func:`minitf.pretrained.read_weights` (no torch, no pickle; float16 and bfloat16
+        weights widened), built under ``dtype`` (default: minitf's default float dtype; float32, float64 or
+        float16). Every config value and tensor is checked (:func:`pretrained_config`,
+        :func:`read_pretrained_state`, values within ``dtype``'s range) before the model is built; a
+        ValueError names the file and the key or tensor that does not fit."""
+        dtype = pretrained.model_dtype(dtype)  # "bfloat16" or another dtype: one line, before any file is read
         config, hf = pretrained_config(folder)
-        dtype = dtype or backend.get_default_dtype()
         state = read_pretrained_state(folder, config, dtype)
         with backend.default_dtype(dtype):
             model = cls(**(config | {"init": "xavier"}))  # the weights come next: no second random draw
@@ -226,6 +227,10 @@ def expected_shapes(config):
     return {hf: shapes[hf] for hf, _ in name_map(config)}
 
 
+#: Older files' attention-mask buffers (float32, uint8 or bool): constants, not parameters, left out
+MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")
+
+
 def hf_to_minitf_state(weights, config, path="the weights"):
     """``{minitf name: array}`` from a GPT-2 state dict ``{name: array}`` (with or without the
     ``transformer.`` prefix; the attention-mask buffers ``attn.bias``/``attn.masked_bias`` of older
@@ -234,7 +239,7 @@ def hf_to_minitf_state(weights, config, path="the weights"):
     found, names = {}, {}
     for name, array in weights.items():
         short = name.removeprefix("transformer.")
-        if short.endswith((".attn.bias", ".attn.masked_bias")):  # constant causal masks, not parameters
+        if short.endswith(MASK_BUFFERS):  # constant causal masks, not parameters
             continue
         if short == "lm_head.weight" and config.get("tie_embeddings", True):  # the same matrix as wte
             continue
@@ -262,11 +267,12 @@ def minitf_to_hf_state(state, config):
 
 
 def read_pretrained_state(folder, config, dtype=None):
-    """``{minitf name: host array}`` of ``folder``'s ``model.safetensors`` for a GPT of ``config`` (a dict of
-    ``GPT``'s arguments), in the file's dtype. A ValueError for a damaged file, a tensor holding NaN or
-    infinity, weights of another shape, or (given ``dtype``, the model's) values beyond that dtype's range."""
-    path = pathlib.Path(folder) / "model.safetensors"
-    weights = pretrained.read_weights(path)  # every tensor finite
+    """``{minitf name: host array}`` of ``folder``'s ``model.safetensors`` (or its shards) for a GPT of ``config``
+    (a dict of ``GPT``'s arguments), in the file's dtype (bfloat16 as float32). A ValueError for a damaged file,
+    a tensor holding NaN or infinity, weights of another shape, or (given ``dtype``, the model's) values beyond
+    that dtype's range."""
+    path = pretrained.weights_path(folder)
+    weights = pretrained.read_weights(path, buffers=MASK_BUFFERS)  # every tensor finite
     state = hf_to_minitf_state(weights, config, path)
     if dtype is not None:
         pretrained.check_dtype_range(weights, dtype, path)

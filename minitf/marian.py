@@ -301,10 +301,10 @@ def _refuse_run_folder(folder):
 
 
 def _weights_file(folder):
-    for name in ("model.safetensors", "pytorch_model.bin"):
+    for name in (pretrained.WEIGHTS, pretrained.SHARD_INDEX, "pytorch_model.bin"):  # transformers' preference
         if (folder / name).is_file():
             return name
-    return "model.safetensors"  # read_config names it as missing
+    return pretrained.WEIGHTS  # read_config names it as missing
 
 
 def read_torch_weights(path):
@@ -347,31 +347,38 @@ def read_folder_config(folder):
     if folder.is_dir():
         _refuse_run_folder(folder)
     weights_name = _weights_file(folder)
-    hf = pretrained.read_config(folder, MODEL_TYPES, WHAT, weights=weights_name)
+    hf = pretrained.read_config(folder, MODEL_TYPES, WHAT,
+                                weights=pretrained.WEIGHTS if weights_name == pretrained.SHARD_INDEX else weights_name)
     where = str(folder / "config.json")
     config = transformer_config(hf, where)
     max_positions(hf, where)
     return hf, config, folder / weights_name
 
 
-def read_state(folder):
+def read_state(folder, dtype=None):
     """(config.json's dict, the :class:`minitf.Transformer` arguments, ``{minitf name: host array}``) of a Marian
-    folder, every value and tensor checked (finite, of the config's shapes), without building a model: what
-    :func:`read` builds, and what ``train.py --init-from`` checks before it makes a run folder. A ValueError
-    (one line, naming the file) for anything that does not fit; ImportError for a missing safetensors package."""
+    folder, every value and tensor checked (finite, of the config's shapes; given ``dtype``, the model's, within
+    its range), without building a model: what :func:`read` builds, and what ``train.py --init-from`` checks
+    before it makes a run folder. The weights: model.safetensors or its shards (float64, float32, float16,
+    bfloat16 widened to float32; :func:`minitf.pretrained.read_weights`), else pytorch_model.bin. A ValueError
+    (one line, naming the file) for anything that does not fit."""
     hf, config, path = read_folder_config(folder)
-    weights = pretrained.read_weights(path) if path.name == "model.safetensors" else read_torch_weights(path)
+    weights = read_torch_weights(path) if path.name == "pytorch_model.bin" else pretrained.read_weights(path)
+    if dtype is not None:
+        pretrained.check_dtype_range(weights, dtype, path)
     return hf, config, hf_to_minitf_state(weights, config, path)
 
 
 def read(folder, cls, dtype=None):
     """The model (``cls``: :class:`minitf.Transformer`, whose ``from_pretrained`` calls this) of a Marian folder, in eval mode,
-    built under ``dtype`` (default: minitf's default float dtype); it keeps the folder's config.json
-    (``hf_config``) and path (``pretrained_folder``) for :func:`write`. Nothing is written. A ValueError (one
-    line, naming the file) for anything that does not fit; ImportError for a missing safetensors package."""
+    built under ``dtype`` (default: minitf's default float dtype; float32, float64 or float16: bfloat16 weights
+    are widened as they are read); it keeps the folder's config.json (``hf_config``) and path
+    (``pretrained_folder``) for :func:`write`. Nothing is written. A ValueError (one line, naming the file) for
+    anything that does not fit."""
+    dtype = pretrained.model_dtype(dtype)  # "bfloat16" or another dtype: one line, before any file is read
     folder = pathlib.Path(folder)
-    hf, config, state = read_state(folder)
-    with backend.default_dtype(dtype or backend.get_default_dtype()):
+    hf, config, state = read_state(folder, dtype)
+    with backend.default_dtype(dtype):
         model = cls(**config)
     model.load_state_dict(state)
     model.hf_config, model.pretrained_folder = hf, folder

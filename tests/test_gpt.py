@@ -422,5 +422,40 @@ def test_from_pretrained_refuses_non_finite_weights_naming_the_tensor(tmp_path):
                                                                            "holds values beyond float32"):
         GPT.from_pretrained(huge)
     ints = _gpt2_folder(tmp_path, weights=lambda t: t.update({"transformer.ln_f.bias": np.zeros(4, dtype=np.int64)}))
-    with pytest.raises(ValueError, match="tensor transformer.ln_f.bias is int64; expected floating-point weights"):
+    with pytest.raises(ValueError, match="tensor transformer.ln_f.bias is I64, not floating-point weights"):
         GPT.from_pretrained(ints)
+
+
+@pytest.mark.extra("safetensors", "hf")
+def test_a_bfloat16_float16_or_sharded_folder_reads_as_its_weights_rounded(tmp_path):
+    """Before: a bfloat16 model.safetensors was "not a readable safetensors file" (NumPy has no bfloat16) and a
+    sharded folder (model.safetensors.index.json and its shards) had "no model.safetensors"."""
+    from minitf import pretrained
+    from tests.test_pretrained import bf16_round, safetensors_bytes, write_sharded
+    small_gpt2().save_pretrained(tmp_path / "float32")
+    weights = pretrained.read_weights(tmp_path / "float32" / "model.safetensors")
+    ids = np.array([[1, 2, 3, 10]])
+
+    def folder(name, tensors, shards=1):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_bytes((tmp_path / "float32" / "config.json").read_bytes())
+        if shards == 1:
+            (path / "model.safetensors").write_bytes(safetensors_bytes(tensors))
+        else:
+            write_sharded(path, tensors, shards)
+        return path
+
+    def logits(path, dtype=None):
+        with minitf.no_grad():
+            return backend.to_numpy(GPT.from_pretrained(path, dtype=dtype).eval()(ids))
+
+    original = logits(tmp_path / "float32")
+    for dtype, rounded in [("BF16", bf16_round), ("F16", lambda a: a.astype(np.float16).astype(np.float32))]:
+        low = folder(dtype, {name: (dtype, a) for name, a in weights.items()})
+        expected = folder(f"{dtype} as F32", {name: ("F32", rounded(a)) for name, a in weights.items()})
+        assert np.array_equal(logits(low), logits(expected)) and not np.array_equal(logits(low), original)
+        assert np.array_equal(logits(low, "float64"), logits(expected, "float64"))
+        sharded = folder(f"{dtype} in 3 shards", {name: (dtype, a) for name, a in weights.items()}, shards=3)
+        assert not (sharded / "model.safetensors").exists()
+        assert logits(sharded).tobytes() == logits(low).tobytes()

@@ -221,6 +221,25 @@ def test_a_nan_tensor_is_refused_naming_it(pretrained, tmp_path, capsys):
     assert "model.safetensors: tensor transformer.h.1.ln_2.bias holds 1 NaN or infinite value(s)" in line, line
 
 
+def test_a_sharded_folder_is_read_and_its_nan_refused_naming_the_shard(pretrained, tmp_path, capsys):
+    """Before: a folder of model.safetensors.index.json and its shards passed the config's checks, then the command
+    looked for model.safetensors to read it once: "No such file or directory"."""
+    from minitf import pretrained as hf
+    from tests.test_pretrained import write_sharded
+    folder, texts = pretrained
+    shutil.copytree(folder, tmp_path / "sharded")
+    weights = hf.read_weights(tmp_path / "sharded" / "model.safetensors")
+    (tmp_path / "sharded" / "model.safetensors").unlink()
+    weights["transformer.ln_f.bias"][0] = np.nan
+    write_sharded(tmp_path / "sharded", {name: ("F32", a) for name, a in weights.items()}, shards=2)
+    argv = text_flags(texts) + FINE_TUNE + ["--max-steps", "1", "--out", str(tmp_path / "run"),
+                                            "--init-from", str(tmp_path / "sharded")]
+    assert train_main(argv) == 1
+    line = one_error_line(capsys.readouterr().err.splitlines())
+    assert "-of-00002.safetensors: tensor transformer.ln_f.bias holds 1 NaN or infinite value(s)" in line, line
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
 def test_resume_refuses_init_from(pretrained, tmp_path, capsys):
     folder, texts = pretrained
     assert train_main(text_flags(texts) + FINE_TUNE + ["--init-from", str(folder), "--max-steps", "1",

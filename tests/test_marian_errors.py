@@ -158,3 +158,82 @@ def test_a_tied_alias_equal_to_the_embedding_and_the_sinusoid_table_are_accepted
     rewrite(folder, lambda t: t.update({"lm_head.weight": t["model.shared.weight"].copy(),
                                         "model.decoder.embed_positions.weight": table}))
     minitf.Transformer.from_pretrained(folder)
+
+
+# --------------------------------------------------------------------------- #
+# Weights in bfloat16, float16 and shards (written here byte by byte: tests/test_pretrained.py's writer)
+# --------------------------------------------------------------------------- #
+def _logits(folder, dtype=None):
+    model = minitf.Transformer.from_pretrained(folder, dtype=dtype)
+    with minitf.no_grad():
+        return backend.to_numpy(model(np.array([[3, 5, 7, 0]]), np.array([[19, 4, 6]])))
+
+
+def _rewritten(tmp_path, name, tensors, shards=1):
+    """A copy of a good folder's config.json beside ``tensors`` ({name: (dtype, array)}), in ``shards`` files."""
+    from tests.test_pretrained import safetensors_bytes, write_sharded
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_bytes((tmp_path / "marian" / "config.json").read_bytes())
+    if shards == 1:
+        (folder / "model.safetensors").write_bytes(safetensors_bytes(tensors))
+    else:
+        write_sharded(folder, tensors, shards)
+    return folder
+
+
+@pytest.mark.extra("safetensors", "hf")
+def test_a_bfloat16_float16_or_sharded_folder_reads_as_its_weights_rounded(tmp_path):
+    """Before: bfloat16 weights were "not a readable safetensors file" and a sharded folder "has no
+    model.safetensors"."""
+    from minitf import pretrained
+    from tests.test_pretrained import bf16_round
+    weights = pretrained.read_weights(good_folder(tmp_path) / "model.safetensors")
+    original = _logits(tmp_path / "marian")
+    for dtype, rounded in [("BF16", bf16_round), ("F16", lambda a: a.astype(np.float16).astype(np.float32))]:
+        low = _rewritten(tmp_path, dtype, {name: (dtype, a) for name, a in weights.items()})
+        expected = _rewritten(tmp_path, f"{dtype} as F32", {name: ("F32", rounded(a)) for name, a in weights.items()})
+        assert np.array_equal(_logits(low), _logits(expected)) and not np.array_equal(_logits(low), original)
+        sharded = _rewritten(tmp_path, f"{dtype} in 4 shards", {name: (dtype, a) for name, a in weights.items()}, 4)
+        assert _logits(sharded).tobytes() == _logits(low).tobytes()
+
+
+@pytest.mark.extra("safetensors", "hf")
+def test_damaged_shards_and_values_beyond_the_models_dtype_are_one_line(tmp_path):
+    """Before: a float64 file's 1e39 became infinity in a float32 Marian model, silently (GPT's reader checked)."""
+    from minitf import pretrained
+    weights = pretrained.read_weights(good_folder(tmp_path) / "model.safetensors")
+    tensors = {name: ("F32", a) for name, a in weights.items()}
+    sharded = _rewritten(tmp_path, "sharded", tensors, shards=2)
+    shard = sharded / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-7])
+    refused(sharded, "model-00002-of-00002.safetensors is not a readable safetensors file", "truncated",
+            "download or write it again")
+    index = sharded / "model.safetensors.index.json"
+    hf = json.loads(index.read_text())
+    hf["weight_map"]["model.shared.weight"] = "../model.safetensors"
+    index.write_text(json.dumps(hf))
+    refused(sharded, "model.safetensors.index.json: tensor model.shared.weight is placed in '../model.safetensors'")
+    huge = dict(tensors, **{"model.encoder.layers.0.fc1.weight": ("F64", np.full((16, 8), 1e39))})
+    refused(_rewritten(tmp_path, "huge", huge), "tensor model.encoder.layers.0.fc1.weight holds values beyond "
+                                                "float32's range")
+    assert np.isfinite(_logits(tmp_path / "huge", "float64")).all()
+    big = dict(tensors, **{"model.encoder.layers.0.fc1.weight": ("BF16", np.full((16, 8), 1e5))})
+    with pytest.raises(ValueError, match="model.encoder.layers.0.fc1.weight holds values beyond float16's range"):
+        minitf.Transformer.from_pretrained(_rewritten(tmp_path, "big", big), dtype="float16")
+
+
+@pytest.mark.extra("torch", "bench")
+@pytest.mark.extra("safetensors", "hf")
+def test_a_bfloat16_pytorch_model_bin_reads_as_the_same_weights_in_bfloat16_safetensors(tmp_path):
+    """torch's weights-only loader widens bfloat16 as minitf's safetensors reader does: the two folders agree."""
+    import torch
+
+    from minitf import pretrained
+    weights = pretrained.read_weights(good_folder(tmp_path) / "model.safetensors")
+    low = _rewritten(tmp_path, "BF16", {name: ("BF16", a) for name, a in weights.items()})
+    pickled = _rewritten(tmp_path, "bin", {})
+    (pickled / "model.safetensors").unlink()
+    torch.save({name: torch.from_numpy(a).to(torch.bfloat16) for name, a in weights.items()},
+               pickled / "pytorch_model.bin")
+    assert _logits(pickled).tobytes() == _logits(low).tobytes()

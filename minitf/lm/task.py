@@ -7,7 +7,7 @@ import os
 import pathlib
 
 from minitf import backend
-from minitf.pretrained import model_type
+from minitf.pretrained import model_type, weights_path
 from minitf.gpt import pretrained_config, read_pretrained_state
 from minitf.lm.corpus import default_text_splits
 from minitf.lm.data import (CharTokenizer, TextCorpus, load_tokenizer, pretrained_eos_id, read_pretrained_tokenizer,
@@ -86,7 +86,7 @@ class LanguageModelTask(Task):
             raise UsageError(f"--init-from {args.init_from}: its output projection is not tied to the embedding "
                              "(tie_word_embeddings false); train.py fine-tunes GPT-2's tied shape only")
         try:  # damaged weights (truncated, a NaN): refused here, before any run folder; the trainer gets these
-            self.read_once(args.init_from / "model.safetensors", lambda: read_pretrained_state(args.init_from, model))
+            self.read_once(weights_path(args.init_from), lambda: read_pretrained_state(args.init_from, model))
         except ValueError as error:
             raise DataError(f"--init-from {args.init_from}: {error}") from None
         return dict(d_model=model["d_model"], num_heads=model["num_heads"], num_decoder_layers=model["num_layers"],
