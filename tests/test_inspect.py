@@ -399,10 +399,12 @@ def test_inspect_help_shows_every_default():
     from minitf.inspect import build_parser
     parser = build_parser()
     defaults = [a for a in parser._actions if a.option_strings and a.default not in (None, False, argparse.SUPPRESS)]
-    assert len(defaults) == 5  # --beam, --out, --max-tokens, --port, --max-chars
+    assert len(defaults) == 4  # --out, --max-tokens, --port, --max-chars
     for action in defaults:
         assert f"(default: {action.default})" in action.help, action.option_strings
     assert "(default: MINITF_DEVICE, else cpu)" in parser.format_help()
+    beam = next(a for a in parser._actions if "--beam" in a.option_strings)  # the model's own, as translate decodes
+    assert "(default: the model's" in beam.help and "4 for a run" in beam.help
 
 
 def test_sentences_from_stdin_and_a_gpt_run(gpt_run, tmp_path, capsys, monkeypatch):
