@@ -58,37 +58,55 @@ def clip_grad_norm(params, max_norm):
     return norm
 
 
-class Adam:
-    """m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
-    p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+class Optimizer:
+    """What the trainer and the checkpoint use of an optimizer, whatever its rule: the parameters moved into one
+    flat buffer (:class:`minitf.module.FlatBuffers`: ``self.flat.data`` and ``self.flat.grad``; every ``p.data``
+    and ``p.grad`` becomes a view into them, so that a step, ``zero_grad`` and clipping are whole-buffer
+    operations: the one place where parameters are flattened), its state as named arrays of the buffer's size
+    (:attr:`state_names`; a checkpoint's optimizer.npz holds them by name), its step count, and :meth:`step`.
+    A rule is a subclass giving :attr:`state_names` and :meth:`update` (:class:`Adam`); :data:`OPTIMIZERS` names
+    them for ``train.py --optimizer``; :func:`mixed_precision` wraps any of them for a float16 model.
 
-    ``lr`` is a number or a callable ``step -> lr`` (e.g. :class:`WarmupSchedule`).
-    Defaults are the paper's: beta1 0.9, beta2 0.98, eps 1e-9.
+    ``lr`` is a number or a callable ``step -> lr`` (e.g. :class:`WarmupSchedule`). ``shard`` (lo, hi): the range
+    of the flat buffer this optimizer updates (ZeRO-1: this rank's), after which ``gather(flat.data)`` brings every
+    rank's updated shard to every rank; the state covers the range only."""
+    #: The state arrays, one element per parameter of the range (Adam: its two moments).
+    state_names = ()
+    #: Of those, the ones that can never be negative (a checkpoint holding a negative one is damaged).
+    non_negative_state = ()
 
-    Adam first moves ``params`` into two flat buffers (:class:`minitf.module.FlatBuffers`:
-    ``self.flat.data`` and ``self.flat.grad``; every ``p.data`` and ``p.grad`` becomes a
-    view into them), so that a step, ``zero_grad`` and gradient clipping are a few
-    whole-buffer operations. This is the one place where parameters are flattened.
-    """
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, fused=True, shard=None, gather=None):
+    def __init__(self, params, lr=1e-3, shard=None, gather=None):
         params = list(params)
         if not params:
-            raise ValueError("Adam got an empty parameter list")
-        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
-        self.fused = fused                                 # GPU only: one CuPy kernel (see _fused_adam)
+            raise ValueError(f"{type(self).__name__} got an empty parameter list")
+        self.params, self.lr = params, lr
         self.flat = FlatBuffers.flatten(params)            # every p.data / p.grad becomes a view
         n = self.flat.data.size
-        # the range [lo, hi) of the flat buffer this optimizer updates: all of it, or (ZeRO-1) this rank's
-        # shard, after which ``gather(flat.data)`` brings every rank's updated shard to every rank
         self.lo, self.hi = (0, n) if shard is None else (int(shard[0]), int(shard[1]))
         if not 0 <= self.lo <= self.hi <= n:
             raise ValueError(f"shard {shard} is not a range of the {n}-element parameter buffer")
         self.gather = gather
-        self.m = xp.zeros(self.hi - self.lo, dtype=self.flat.data.dtype)   # moments of the range only
-        self.v = xp.zeros_like(self.m)
-        self._scratch = None                               # one reused chunk (made at the first step)
+        self.state = self.new_state(self.flat.data.dtype)  # {name: array of the range}
         self.step_count = 0
+
+    def new_state(self, dtype):
+        """Zeroed state arrays of the range, of ``dtype``."""
+        return {name: xp.zeros(self.hi - self.lo, dtype=dtype) for name in self.state_names}
+
+    def step(self, grad=None):
+        """One update of the range ``[lo, hi)`` of the parameters with ``grad`` (default: that range of the flat
+        gradient buffer; ZeRO-1 passes the reduce-scattered shard)."""
+        self.step_count += 1
+        data = self.flat.data[self.lo:self.hi]
+        self.update_range(data, self.flat.grad[self.lo:self.hi] if grad is None else grad,
+                          self.current_lr(self.step_count))
+        if self.gather is not None:                        # ZeRO-1: every rank's shard to every rank
+            self.gather(self.flat.data)
+
+    def update_range(self, data, grad, lr):
+        """The rule: update ``data`` (the range of the parameters) and :attr:`state` from ``grad`` at rate ``lr``
+        (step :attr:`step_count`, already counted)."""
+        raise NotImplementedError
 
     def current_lr(self, step=None):
         step = self.step_count if step is None else step
@@ -100,14 +118,44 @@ class Adam:
         check_parameters_saved_consumed(self.params)
         self.flat.grad.fill(0)
 
-    def step(self, grad=None):
-        """One update of the range ``[lo, hi)`` of the parameters with ``grad`` (default:
-        that range of the flat gradient buffer; ZeRO-1 passes the reduce-scattered shard)."""
-        self.step_count += 1
+    def state_dict(self):
+        return dict(self.state, step=self.step_count)
+
+    def load_state_dict(self, state):
+        for key in self.state_names:
+            if tuple(state[key].shape) != tuple(self.state[key].shape):
+                raise ValueError(f"optimizer state {key!r} has shape {tuple(state[key].shape)}, "
+                                 f"expected {tuple(self.state[key].shape)}")
+            self.state[key][...] = xp.asarray(state[key])
+        self.step_count = int(state["step"])
+
+
+class Adam(Optimizer):
+    """m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+    p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+
+    Defaults are the paper's: beta1 0.9, beta2 0.98, eps 1e-9. The state is the two moments ``m`` and ``v``
+    (of the range the optimizer updates); the rest is :class:`Optimizer`'s.
+    """
+    state_names = ("m", "v")
+    non_negative_state = ("v",)
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, fused=True, shard=None, gather=None):
+        super().__init__(params, lr, shard, gather)
+        self.betas, self.eps = betas, eps
+        self.fused = fused                                 # GPU only: one CuPy kernel (see _fused_adam)
+        self._scratch = None                               # one reused chunk (made at the first step)
+
+    @property
+    def m(self):
+        return self.state["m"]
+
+    @property
+    def v(self):
+        return self.state["v"]
+
+    def update_range(self, data, g, lr):
         t, (b1, b2) = self.step_count, self.betas
-        lr = self.current_lr(t)
-        data = self.flat.data[self.lo:self.hi]
-        g = self.flat.grad[self.lo:self.hi] if grad is None else grad
         m, v = self.m, self.v
         # bias corrections folded into the step size and eps (one fewer pass over the buffer)
         step_size = lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
@@ -123,8 +171,6 @@ class Adam:
                 end = start + self.CHUNK
                 self._update(g[start:end], m[start:end], v[start:end], data[start:end],
                              self._scratch[:min(end, data.size) - start], b1, b2, step_size, eps_hat)
-        if self.gather is not None:                        # ZeRO-1: every rank's shard to every rank
-            self.gather(self.flat.data)
 
     #: elements per chunk of :meth:`step` (64K float32: its five arrays take about 1.3 MB of cache)
     CHUNK = 1 << 16
@@ -145,25 +191,15 @@ class Adam:
         update *= step_size
         p -= update                                        # p -= step_size * m / (sqrt(v) + eps)
 
-    def state_dict(self):
-        return {"m": self.m, "v": self.v, "step": self.step_count}
 
-    def load_state_dict(self, state):
-        for key in ("m", "v"):
-            if tuple(state[key].shape) != tuple(self.m.shape):
-                raise ValueError(f"optimizer state {key!r} has shape {tuple(state[key].shape)}, "
-                                 f"expected {tuple(self.m.shape)}")
-            getattr(self, key)[...] = xp.asarray(state[key])
-        self.step_count = int(state["step"])
-
-
-class MixedPrecisionAdam(Adam):
-    """Adam for a float16 model, with float32 master weights and dynamic loss scaling
+class MixedPrecision:
+    """Any :class:`Optimizer` for a float16 model (:func:`mixed_precision` makes the class: ``MixedPrecisionAdam
+    = mixed_precision(Adam)``), with float32 master weights and dynamic loss scaling
     (Micikevicius et al. 2018, "Mixed Precision Training").
 
     The model's parameters and gradients are float16 (build it under
     ``backend.default_dtype("float16")``); this optimizer keeps a float32 copy of the
-    whole flat parameter buffer (the *master* weights) and float32 Adam moments. One step:
+    whole flat parameter buffer (the *master* weights) and float32 optimizer state. One step:
 
     1. the caller back-propagates ``loss * scale`` in float16 (``loss_fn.backward(opt.scale)``),
        so that small gradients do not flush to zero;
@@ -178,9 +214,9 @@ class MixedPrecisionAdam(Adam):
     Parameters
     ----------
     params : list of Parameter
-        float16 parameters (they are moved into one flat buffer, as with :class:`Adam`).
-    lr, betas, eps, fused
-        as for :class:`Adam`; the update runs on the float32 master buffer.
+        float16 parameters (they are moved into one flat buffer, as with any :class:`Optimizer`).
+    init_scale, growth_interval (keywords), the rest
+        the rest as for the wrapped optimizer; its update runs on the float32 master buffer.
     init_scale : float
         the first loss scale, 2**16 by default (a power of two, so unscaling is exact).
     growth_interval : int
@@ -203,16 +239,14 @@ class MixedPrecisionAdam(Adam):
     INIT_SCALE = 2.0 ** 16
     GROWTH_INTERVAL = 2000
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, fused=True, shard=None, gather=None,
-                 init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL):
-        super().__init__(params, lr, betas, eps, fused, shard, gather)
+    def __init__(self, params, *args, init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL, **kwargs):
+        super().__init__(params, *args, **kwargs)
         if init_scale < 1 or growth_interval < 1:
             raise ValueError(f"init_scale and growth_interval must be >= 1, got {init_scale} and {growth_interval}")
         self.model_flat = self.flat                                    # float16 parameters and gradients
         master = self.model_flat.data.astype(xp.float32)               # float32 master weights
         self.flat = FlatBuffers(self.params, master, xp.zeros_like(master))   # what Adam.step updates
-        self.m = xp.zeros(self.hi - self.lo, dtype=xp.float32)         # float32 moments (of the range)
-        self.v = xp.zeros_like(self.m)
+        self.state = self.new_state(xp.float32)                        # float32 state (of the range)
         self.scale, self.growth_interval = float(init_scale), int(growth_interval)
         self.good_steps, self.overflows = 0, 0
 
@@ -243,7 +277,7 @@ class MixedPrecisionAdam(Adam):
         return True
 
     def step(self, grad=None):
-        """Adam on the float32 master weights, then the float16 parameters from them."""
+        """The wrapped rule on the float32 master weights, then the float16 parameters from them."""
         super().step(grad)
         self.model_flat.data[...] = self.flat.data                     # one cast, float32 -> float16
 
@@ -264,6 +298,20 @@ class MixedPrecisionAdam(Adam):
     def load_scaler_state(self, state):
         self.scale, self.good_steps, self.overflows = float(state["scale"]), int(state["good_steps"]), \
             int(state["overflows"])
+
+
+
+
+def mixed_precision(optimizer):
+    """The class of ``optimizer`` (an :class:`Optimizer` subclass) for a float16 model: :class:`MixedPrecision`'s
+    master weights and loss scaling around its rule."""
+    return type(f"MixedPrecision{optimizer.__name__}", (MixedPrecision, optimizer), {})
+
+
+MixedPrecisionAdam = mixed_precision(Adam)
+
+#: The optimizers ``train.py --optimizer`` offers: another rule is its class above and one line here.
+OPTIMIZERS = {"adam": Adam}
 
 
 # --------------------------------------------------------------------------- #

@@ -15,6 +15,7 @@ import sys
 import time
 
 from minitf import backend, kinds
+from minitf.optim import OPTIMIZERS
 from minitf.training import checkpoint as ckpt, files, trainer as training
 from minitf.training.config import INVOCATION_OPTIONS, PRECISIONS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig
 from minitf.training.distributed import get_world, launched_by_mpi
@@ -29,11 +30,11 @@ TASKS = {kind.name: kind.task() for kind in kinds.every()}
 #: own, :attr:`minitf.training.task.Task.resume_fixed`).
 RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
                 "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "preset",
-                "precision", "corpus_dir", "prepare_again", "model", "init_from")
+                "precision", "corpus_dir", "prepare_again", "model", "init_from", "optimizer")
 #: The flags of every model copied into a new run's config (with the tasks' own, ``Task.config_flags``).
 CONFIG_FLAGS = ("d_model", "num_heads", "d_ff", "dropout", "pre_norm", "vocab_size", "warmup", "lr_scale",
                 "max_tokens", "max_minutes", "max_steps", "epochs", "max_len", "seed", "label_smoothing",
-                "bpe_dropout", "clip_norm", "skip_nonfinite", "precision", "accumulate", "zero",
+                "bpe_dropout", "clip_norm", "optimizer", "skip_nonfinite", "precision", "accumulate", "zero",
                 "model") + RUN_OPTIONS
 
 
@@ -64,6 +65,8 @@ def build_parser():
     g.add_argument("--bpe-dropout", type=float, help="BPE-dropout on the training side: probability of "
                    "dropping a merge, sampled anew each epoch from (seed, epoch) (0 = off; the preset's value)")
     g.add_argument("--clip-norm", type=float, help=f"global gradient-norm clipping (0 = off; {default('clip_norm')})")
+    g.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
+                   help=f"the update rule ({default('optimizer')}: the paper's, beta1 0.9, beta2 0.98, eps 1e-9)")
     g.add_argument("--accumulate", type=positive(int), metavar="K",
                    help=f"batches of --max-tokens per update (gradient accumulation; {default('accumulate')})")
     g.add_argument("--zero", type=int, choices=[0, 1],

@@ -152,3 +152,53 @@ def test_a_tiny_gradient_is_not_clipped_and_the_first_step_has_the_papers_rate()
     schedule = minitf.WarmupSchedule(d_model=512, warmup=4000)
     assert schedule(1) == pytest.approx(512 ** -0.5 * min(1 ** -0.5, 1 * 4000 ** -1.5), rel=1e-12)
     assert schedule(0) == schedule(1)
+
+
+# --------------------------------------------------------------------------- the optimizer interface
+class MomentumSGD(minitf.optim.Optimizer):
+    """A rule written as a user would add one: velocity = mu velocity + g; p -= lr velocity."""
+    state_names = ("velocity",)
+
+    def update_range(self, data, grad, lr):
+        velocity = self.state["velocity"]
+        velocity *= 0.9
+        velocity += grad
+        data -= lr * velocity
+
+
+def test_another_optimizer_is_its_class_and_one_line_for_the_trainer_the_checkpoint_and_resume(tmp_path, corpus,
+                                                                                                 monkeypatch):
+    """A rule registered in OPTIMIZERS trains through train.py --optimizer, its state is saved by name and a resumed
+    run equals an uninterrupted one; fp16 wraps it (mixed_precision) with float32 master weights and state."""
+    from minitf.optim import OPTIMIZERS, mixed_precision
+    from minitf.training import checkpoint as ckpt
+    from minitf.train import main as train_main
+    from tests.runs import TINY
+    monkeypatch.setitem(OPTIMIZERS, "momentum", MomentumSGD)
+    flags = corpus + TINY + ["--optimizer", "momentum", "--eval-every", "100", "--save-every", "2", "--average", "0",
+                             "--bleu-sentences", "0"]
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    assert train_main(flags + ["--max-steps", "4", "--out", str(whole)]) == 0
+    state = ckpt.read_checkpoint(ckpt.checkpoint_path(whole, 4))
+    assert set(state["optimizer"]) == {"velocity"} and state["meta"]["config"]["optimizer"] == "momentum"
+    assert float(np.abs(state["optimizer"]["velocity"]).max()) > 0
+    assert train_main(flags + ["--max-steps", "2", "--out", str(halves)]) == 0
+    assert train_main(["--resume", str(halves), "--max-steps", "4", "--no-progress"]) == 0
+    ours, theirs = (ckpt.read_checkpoint(ckpt.checkpoint_path(run, 4)) for run in (halves, whole))
+    assert all(np.array_equal(ours["params"][name], theirs["params"][name]) for name in theirs["params"])
+    assert np.array_equal(ours["optimizer"]["velocity"], theirs["optimizer"]["velocity"])
+
+    layer = minitf.Linear(3, 2)
+    with backend.default_dtype("float16"):
+        half = minitf.Linear(3, 2)
+    opt = mixed_precision(MomentumSGD)(half.parameters(), lr=0.1, init_scale=4.0)
+    assert opt.state["velocity"].dtype == np.float32 and opt.flat.data.dtype == np.float32
+    half.weight.grad[...] = 4.0  # the loss was scaled by 4: the unscaled gradient is 1
+    before = backend.to_numpy(opt.flat.data).copy()
+    assert opt.update(bool(np.isfinite(backend.to_numpy(opt.unscale_grads())).all()))
+    assert np.allclose(backend.to_numpy(opt.flat.data)[:6], before[:6] - 0.1)
+    master = backend.to_numpy(opt.flat.data)[:6].reshape(3, 2)
+    assert np.array_equal(backend.to_numpy(half.weight.data), master.astype(np.float16))
+    with pytest.raises(ValueError, match="empty parameter list"):
+        MomentumSGD([], lr=0.1)
+    assert layer.weight.data.dtype != np.float16

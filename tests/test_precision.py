@@ -12,7 +12,7 @@ from minitf.nmt.translation_trainer import TranslationTrainer
 from minitf.training import checkpoint as ckpt, trainer as trainer_module
 from minitf.backend import host as np
 from minitf.backend import to_numpy
-from minitf.optim import MixedPrecisionAdam, buffer_norm
+from minitf.optim import MixedPrecisionAdam, buffer_norm, mixed_precision
 from minitf.training.config import RunConfig
 from minitf.nmt.data import Corpus, read_splits
 from minitf.training.tokenizer import Tokenizer
@@ -50,7 +50,8 @@ def test_fp16_run_learns_and_saves_float32_master_weights(tmp_path, corpus):
 def test_fp16_overflow_backs_off_and_the_run_goes_on(tmp_path, corpus, monkeypatch):
     """A loss scale far too large overflows float16: those batches are skipped (no step),
     the scale halves each time, and the run still reaches its steps."""
-    monkeypatch.setattr(trainer_module, "MixedPrecisionAdam", functools.partial(MixedPrecisionAdam, init_scale=2.0 ** 40))
+    monkeypatch.setattr(trainer_module, "mixed_precision",
+                        lambda rule: functools.partial(mixed_precision(rule), init_scale=2.0 ** 40))
     run = tmp_path / "run"
     assert train_main(corpus + TINY + ["--max-steps", "4", "--eval-every", "100", "--save-every", "100",
                                        "--average", "0", "--bleu-sentences", "0", "--precision", "fp16",

@@ -47,7 +47,8 @@ def _write_synced(path, write):
 
 def write_checkpoint(path, params, meta, tokenizer_bytes, optimizer=None):
     """Write one checkpoint folder at ``path`` atomically from ``params`` ({name: host array}),
-    ``meta`` (a JSON-able dict), the tokenizer's bytes and ``optimizer`` ({"m", "v"} or None).
+    ``meta`` (a JSON-able dict), the tokenizer's bytes and ``optimizer`` (its state by name, Adam's
+    {"m", "v"}, or None).
     CheckpointError (with the reason) if the disk refuses; nothing is left behind."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,9 @@ def read_checkpoint(path, load_optimizer=True, expect=None):
 
     ``expect(partial_state, path)``, if given, sees ``meta`` and ``tokenizer_bytes`` (checksums
     verified, no array read) and returns ``{"model.npz": {name: (shape, dtype)}, "optimizer.npz":
-    {...}}``, compared with every array header before any data is read; it may raise itself.
+    {...}}``, compared with every array header before any data is read, and optionally
+    ``"non_negative": {"optimizer.npz": names}`` (the optimizer's state that is never negative:
+    Adam's ``v``; without ``expect``, ``v``); it may raise itself.
     CheckpointError names the problem: a missing folder or file, a checksum mismatch, an
     unreadable archive or one that would need pickle, an array that does not fit, non-finite
     parameters or moments, a negative second moment."""
@@ -123,7 +126,8 @@ def read_checkpoint(path, load_optimizer=True, expect=None):
     check_finite(path / "model.npz", result["params"])
     if load_optimizer and (path / "optimizer.npz").is_file() and "optimizer.npz" in meta["sha256"]:
         result["optimizer"] = read_npz(path / "optimizer.npz", expected.get("optimizer.npz"))
-        check_finite(path / "optimizer.npz", result["optimizer"], non_negative=("v",))
+        never_negative = expected.get("non_negative", {"optimizer.npz": ("v",)}).get("optimizer.npz", ())
+        check_finite(path / "optimizer.npz", result["optimizer"], non_negative=never_negative)
     return result
 
 
@@ -228,7 +232,8 @@ def check_finite(path, arrays, non_negative=()):
         if not bool(np.isfinite(array).all()):
             raise _damaged(path, f"array {name!r} holds NaN or inf")
         if name in non_negative and bool((array < 0).any()):
-            raise _damaged(path, f"array {name!r} (Adam's second moment) holds negative values")
+            raise _damaged(path, f"array {name!r} (an optimizer state that is never negative: Adam's second "
+                           "moment) holds negative values")
 
 
 def checkpoint_step(path):

@@ -11,6 +11,7 @@ import pathlib
 import sys
 
 from minitf import kinds
+from minitf.optim import OPTIMIZERS
 from minitf.training.errors import UsageError
 from minitf.training.files import write_json_atomic
 
@@ -21,17 +22,18 @@ from minitf.training.files import write_json_atomic
 #: 7: ``init_from``, ``n_positions``, ``activation``, ``layer_norm_eps`` (a GPT fine-tuned from a pretrained one).
 #: 8: ``marian`` (a translation model fine-tuned from a Hugging Face Marian folder; ``init_from`` then names it).
 #: 9: config.json holds the shared fields and its kind's own only (8 held every kind's; read as 9 by dropping
-#: the other kinds' fields, which that run did not compute).
+#: the other kinds' fields, which that run did not compute), and ``optimizer`` (minitf.optim.OPTIMIZERS).
 SCHEMA_VERSION = 9
 #: Fields added since an older schema, with the values that keep the old meaning (a file's own values win).
-_ADDED_SINCE_7 = {"marian": None}
+_ADDED_SINCE_8 = {"optimizer": "adam"}
+_ADDED_SINCE_7 = {"marian": None, **_ADDED_SINCE_8}
 _ADDED_SINCE_6 = {"init_from": None, "n_positions": None, "activation": "gelu_tanh", "layer_norm_eps": 1e-5,
                   **_ADDED_SINCE_7}
 _ADDED_SINCE_5 = {"model": "transformer", "block_size": 128, "tokenizer": "bpe", **_ADDED_SINCE_6}
 _ADDED_SINCE_4 = {"lexicon": 0.0, **_ADDED_SINCE_5}
 _ADDED_SINCE_2 = {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0, **_ADDED_SINCE_4}
 ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2, 4: _ADDED_SINCE_4, 5: _ADDED_SINCE_5, 6: _ADDED_SINCE_6,
-                7: _ADDED_SINCE_7, 8: {}}
+                7: _ADDED_SINCE_7, 8: _ADDED_SINCE_8}
 
 TOKENIZERS = ("bpe", "char")  # --tokenizer's choices; "pretrained" is the tokenizer of --init-from's folder
 PRECISIONS = ("fp32", "tf32", "fp16")
@@ -119,6 +121,7 @@ class RunConfig:
     bpe_dropout: float = 0.0
     lexicon: float = 0.0  # dictionary pairs mixed into each epoch, per training sentence (--lexicon)
     clip_norm: float = 0.0
+    optimizer: str = "adam"  # the update rule (minitf.optim.OPTIMIZERS); the paper's Adam (0.9, 0.98, 1e-9)
     precision: str = "fp32"
     seed: int = 1
     skip_nonfinite: bool = False
@@ -198,6 +201,8 @@ class RunConfig:
             raise UsageError(f"--vocab-size must be at least 8, got {self.vocab_size}")
         if self.zero not in (0, 1) or isinstance(self.zero, bool):
             raise UsageError(f"--zero must be 0 (off) or 1 (shard Adam's moments over the ranks), got {self.zero!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"--optimizer must be one of {tuple(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.average < 0:

@@ -27,7 +27,7 @@ import time
 from minitf import backend
 from minitf.backend import host as np
 from minitf.backend import xp
-from minitf.optim import Adam, MixedPrecisionAdam, WarmupSchedule, clip_factor
+from minitf.optim import OPTIMIZERS, WarmupSchedule, clip_factor, mixed_precision
 from minitf.training import checkpoint as ckpt
 from minitf.training.config import with_added_fields
 from minitf.training.distributed import get_world, rank_share, shard_range
@@ -252,8 +252,9 @@ class Trainer:
         self.collectives = self.world.device_collectives() if self.world.size > 1 else None
         n = sum(p.data.size for p in self.model.parameters())
         zero = bool(config.zero) and self.world.size > 1  # --zero 1: Adam updates this rank's shard only
-        self.optimizer = (MixedPrecisionAdam if self.mixed else Adam)(
-            self.model.parameters(), lr=self.schedule, betas=(0.9, 0.98), eps=1e-9,
+        rule = OPTIMIZERS[config.optimizer]  # the paper's Adam (0.9, 0.98, 1e-9): its defaults
+        self.optimizer = (mixed_precision(rule) if self.mixed else rule)(
+            self.model.parameters(), lr=self.schedule,
             shard=shard_range(n, self.world.size, self.world.rank) if zero else None,
             gather=self.collectives.allgather if zero else None)
         if self.mixed and pretrained is not None:  # fp16: the master weights are the folder's, not rounded
@@ -467,13 +468,14 @@ class Trainer:
                  f"({self.skipped_nonfinite} skipped so far)")
 
     def optimizer_state(self):
-        """Adam's moments as full host arrays on rank 0 (None elsewhere); every rank calls it (--zero 1 gathers)."""
+        """The optimizer's state (Adam's moments) as full host arrays by name on rank 0 (None elsewhere); every
+        rank calls it (--zero 1 gathers)."""
         opt = self.optimizer
         if not self.sharded:
-            return {"m": backend.to_numpy(opt.m), "v": backend.to_numpy(opt.v)} if self.world.is_root else None
+            return {name: backend.to_numpy(a) for name, a in opt.state.items()} if self.world.is_root else None
         n = opt.flat.data.size
-        m, v = self.world.gather_shards(opt.m, n), self.world.gather_shards(opt.v, n)
-        return {"m": m, "v": v} if self.world.is_root else None
+        state = {name: self.world.gather_shards(a, n) for name, a in opt.state.items()}
+        return state if self.world.is_root else None
 
     def save(self):
         """Write the checkpoint of the current step (once: a step already saved is not rewritten)."""
@@ -544,20 +546,21 @@ class Trainer:
         if "optimizer.npz" not in state["meta"]["sha256"]:
             raise CheckpointError(f"{path} has no optimizer state (an averaged checkpoint?); "
                                   "resume needs a step-NNNNNNNN checkpoint of the run")
-        dtype = backend.host.dtype(self.optimizer.flat.data.dtype)
+        dtype, opt = backend.host.dtype(self.optimizer.flat.data.dtype), self.optimizer
         return {"model.npz": {name: (tuple(p.shape), dtype) for name, p in self.model.named_parameters()},
-                "optimizer.npz": {key: (tuple(self.optimizer.flat.data.shape), dtype) for key in ("m", "v")}}
+                "optimizer.npz": {key: (tuple(opt.flat.data.shape), dtype) for key in opt.state_names},
+                "non_negative": {"optimizer.npz": opt.non_negative_state}}
 
     def restore(self, state):
         """Continue from a checkpoint read with :meth:`expected_arrays` (shapes already checked)."""
         meta, opt = state["meta"], self.optimizer
-        if state["optimizer"] is None or set(state["optimizer"]) != {"m", "v"}:
+        if state["optimizer"] is None or set(state["optimizer"]) != set(opt.state_names):
             raise CheckpointError("the checkpoint has no optimizer state (an averaged checkpoint?); "
                                   "resume needs a step-NNNNNNNN checkpoint of the run")
         try:
             self.model.load_state_dict(state["params"])
-            opt.load_state_dict({key: state["optimizer"][key][opt.lo:opt.hi] for key in ("m", "v")}
-                                | {"step": meta["step"]})  # this rank's range of the full moments
+            opt.load_state_dict({key: state["optimizer"][key][opt.lo:opt.hi] for key in opt.state_names}
+                                | {"step": meta["step"]})  # this rank's range of the full state
             if self.mixed:  # the saved float32 parameters are the master weights, exactly
                 opt.load_master([state["params"][name] for name, _ in self.model.named_parameters()])
                 opt.load_scaler_state(meta["loss_scale"])
