@@ -1,6 +1,5 @@
-"""The small layers: Linear, Embedding, positional encoding (sinusoidal or learned), Dropout,
-LayerNorm, RMSNorm, ReLU, GELU, SiLU, the SwiGLU feed-forward and softmax. Each forward sits next
-to its backward.
+"""The small layers: Linear, Embedding, positional encoding (sinusoidal or learned), Dropout, LayerNorm,
+ReLU, GELU, SiLU, softmax; Llama's RMSNorm and SwiGLU feed-forward. Each forward sits next to its backward.
 
 Dimension glossary (used in every docstring of the package):
     B batch, S source length, T target length, L any sequence length,
@@ -257,39 +256,6 @@ class LayerNorm(Module):
 
 
 # --------------------------------------------------------------------------- #
-# RMSNorm (Zhang and Sennrich 2019): Llama's LayerNorm, without the centring and the bias
-# --------------------------------------------------------------------------- #
-class RMSNorm(Module):
-    """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last axis (D): no mean subtracted, no bias
-    (Hugging Face's ``LlamaRMSNorm``, which computes in float32 inside; this one in x's dtype).
-
-    Parameter ``weight`` (D,) = 1; input and output (..., D).
-    """
-
-    def __init__(self, d_model, eps=1e-6):
-        self.weight = Parameter(init_array(backend.host.ones(d_model)))
-        self.eps = eps
-
-    def forward(self, x):
-        rstd = 1.0 / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # 1 / rms  (..., 1)
-        xhat = x * rstd                                          # normalised  (..., D)
-        self.save_for_backward(xhat, rstd)
-        return xhat * self.weight.data
-
-    def backward(self, dy):
-        """dy (..., D) -> dx (..., D); adds dweight."""
-        xhat, rstd = self.saved_tensors()
-        D = xhat.shape[-1]
-        # y = xhat * weight  =>  dweight = sum dy * xhat over every row,  dxhat = dy * weight
-        self.weight.grad += (dy * xhat).reshape(-1, D).sum(axis=0)
-        dxhat = dy * self.weight.data
-        # xhat = x * rstd, rstd = (mean(x^2) + eps)^-1/2 depends on every x of the row:
-        # dx = rstd * (dxhat - xhat * mean(dxhat * xhat)), LayerNorm's backward less its mean term
-        # -mean(dxhat): no mean is subtracted, so no path runs through one (docs/layers/rmsnorm.md)
-        return rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
-
-
-# --------------------------------------------------------------------------- #
 # ReLU
 # --------------------------------------------------------------------------- #
 class ReLU(Module):
@@ -455,6 +421,39 @@ def make_activation(name):
     if name not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}")
     return ACTIVATIONS[name]()
+
+
+# --------------------------------------------------------------------------- #
+# RMSNorm (Zhang and Sennrich 2019): Llama's LayerNorm, without the centring and the bias
+# --------------------------------------------------------------------------- #
+class RMSNorm(Module):
+    """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last axis (D): no mean subtracted, no bias
+    (Hugging Face's ``LlamaRMSNorm``, which computes in float32 inside; this one in x's dtype).
+
+    Parameter ``weight`` (D,) = 1; input and output (..., D).
+    """
+
+    def __init__(self, d_model, eps=1e-6):
+        self.weight = Parameter(init_array(backend.host.ones(d_model)))
+        self.eps = eps
+
+    def forward(self, x):
+        rstd = 1.0 / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # 1 / rms  (..., 1)
+        xhat = x * rstd                                          # normalised  (..., D)
+        self.save_for_backward(xhat, rstd)
+        return xhat * self.weight.data
+
+    def backward(self, dy):
+        """dy (..., D) -> dx (..., D); adds dweight."""
+        xhat, rstd = self.saved_tensors()
+        D = xhat.shape[-1]
+        # y = xhat * weight  =>  dweight = sum dy * xhat over every row,  dxhat = dy * weight
+        self.weight.grad += (dy * xhat).reshape(-1, D).sum(axis=0)
+        dxhat = dy * self.weight.data
+        # xhat = x * rstd, rstd = (mean(x^2) + eps)^-1/2 depends on every x of the row:
+        # dx = rstd * (dxhat - xhat * mean(dxhat * xhat)), LayerNorm's backward less its mean term
+        # -mean(dxhat): no mean is subtracted, so no path runs through one (docs/layers/rmsnorm.md)
+        return rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
 
 
 # --------------------------------------------------------------------------- #
