@@ -38,7 +38,7 @@ even_head_dims = st.integers(1, 4).map(lambda half: 2 * half)
 
 
 @st.composite
-def rope_settings(draw, head_dim):
+def rope_settings(draw):
     """(rope_type, theta, llama3 parameters): the llama3 ones spread so that wavelengths fall below, inside
     and above the band that is interpolated."""
     rope_type = draw(st.sampled_from(ROPE_TYPES))
@@ -84,7 +84,7 @@ def test_rmsnorm_rows_have_unit_root_mean_square_and_keep_their_mean(D, seed, sc
 @given(data=st.data(), B=small, T=small, h=st.integers(1, 3), head_dim=even_head_dims, start=st.integers(0, 40),
        seed=seeds)
 def test_rotary_gradients(data, B, T, h, head_dim, start, seed):
-    rope_type, theta, scaling = data.draw(rope_settings(head_dim))
+    rope_type, theta, scaling = data.draw(rope_settings())
     rotary = RotaryEmbedding(head_dim, theta, rope_type, **scaling)
     assert_gradients_match(rotary, random_array(seed, (B, T, h, head_dim)), start=start, seed=seed)
 
@@ -94,7 +94,7 @@ def test_rotary_gradients(data, B, T, h, head_dim, start, seed):
 def test_rotary_is_a_rotation_whose_dot_products_see_only_the_distance(data, T, head_dim, start, shift, seed):
     """Each plane (x[i], x[dk/2 + i]) keeps its length; the backward, the turn by minus the angle, undoes the
     forward; and q . k of positions m, n equals that of m + s, n + s: attention sees only m - n."""
-    rope_type, theta, scaling = data.draw(rope_settings(head_dim))
+    rope_type, theta, scaling = data.draw(rope_settings())
     rotary = RotaryEmbedding(head_dim, theta, rope_type, **scaling)
     x = random_array(seed, (2, T, 1, head_dim))
     with no_grad():
@@ -178,7 +178,7 @@ def gqa_shapes(draw):
        seed=seeds)
 def test_grouped_query_attention_gradients(data, B, T, D, shape, qkv_bias, causal, seed):
     H, Hkv, head_dim = shape
-    rope_type, theta, scaling = data.draw(rope_settings(head_dim))
+    rope_type, theta, scaling = data.draw(rope_settings())
     layer = randomize(GroupedQueryAttention(D, H, Hkv, head_dim, qkv_bias=qkv_bias,
                                             rotary=RotaryEmbedding(head_dim, theta, rope_type, **scaling)), seed + 1)
     pad = data.draw(st.none() | padding_masks(B, T, allow_all_padded=True))
@@ -368,7 +368,7 @@ def test_rotary_matches_hugging_face_apply_rotary_pos_emb(data, B, T, h, head_di
     """Against LlamaRotaryEmbedding's cos, sin for position_ids start .. start+T-1 and apply_rotary_pos_emb
     (unsqueeze_dim=2: positions on axis 1, as here), default and llama3: values and gradients."""
     torch, _ = _hf()
-    rope_type, theta, scaling = data.draw(rope_settings(head_dim))
+    rope_type, theta, scaling = data.draw(rope_settings())
     rope = {"rope_type": rope_type, "rope_theta": theta} | scaling
     config = llama_config(D=head_dim * h, H=h, Hkv=h, head_dim=head_dim, rope=rope)
     from transformers.models.llama import modeling_llama
@@ -426,7 +426,7 @@ def test_grouped_query_attention_matches_hugging_face(data, B, T, shape, family,
     torch, transformers = _hf()
     H, Hkv, E = shape
     D = H * data.draw(st.integers(1, 3), label="D / H")  # their config wants D a multiple of H
-    rope_type, theta, scaling = data.draw(rope_settings(E))
+    rope_type, theta, scaling = data.draw(rope_settings())
     rope = {"rope_type": rope_type, "rope_theta": theta} | scaling
     torch.manual_seed(seed % 2**31)
     if family == "llama":
