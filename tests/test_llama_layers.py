@@ -15,7 +15,6 @@ from hypothesis import given, settings, strategies as st
 
 from minitf import backend
 from minitf.attention import GroupedQueryAttention
-from minitf.backend import xp
 from minitf.layers import RMSNorm, SwiGLU
 from minitf.module import no_grad
 from minitf.rotary import ROPE_TYPES, RotaryEmbedding, default_inv_freq, llama3_inv_freq, rotate_half
@@ -256,6 +255,21 @@ def test_grouped_query_attention_refuses_bad_shapes_and_a_cache_with_gradients()
     assert layer.head_dim == 2 and layer.o_proj.bias is None and layer.q_proj.bias is None
     with pytest.raises(ValueError, match="cache is for decoding under no_grad"):
         layer(random_array(0, (1, 2, 8)), cache={})
+
+
+def test_a_float32_model_stays_float32():
+    """The rotary tables are computed in float64 but cast to the input's dtype, so none of the four layers
+    promotes a float32 model's activations or gradients to float64 (twice the memory, silently)."""
+    with backend.default_dtype("float32"):
+        x = backend.asarray(np.random.default_rng(0).normal(size=(2, 3, 8)), dtype=np.float32)
+        rotary = RotaryEmbedding(4, 500.0, "llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                 original_max_position_embeddings=8)
+        for layer, inputs in [(RMSNorm(8), x), (SwiGLU(8, 5), x), (rotary, x.reshape(2, 3, 2, 4)),
+                              (GroupedQueryAttention(8, 2, 1, rotary=rotary), x)]:
+            y = layer(inputs)
+            dx = layer.backward(y)
+            assert y.dtype == np.float32 and dx.dtype == np.float32, type(layer).__name__
+            assert all(p.grad.dtype == np.float32 for p in layer.parameters())
 
 
 # --------------------------------------------------------------------------- #
