@@ -1,6 +1,6 @@
-"""Scaled dot-product attention and multi-head attention (paper 3.2), forward
-and backward side by side, so one gradient can be followed from the output
-projection back to the queries, keys and values in this one file.
+"""Scaled dot-product and multi-head attention (paper 3.2), and Llama's grouped-query attention, forward
+and backward side by side, so one gradient can be followed from the output projection back to the
+queries, keys and values in this one file.
 
 Masks are boolean "keep" arrays, True where a query may attend to a key,
 broadcastable to (B, H, Tq, Tk). ``key_padding_mask`` follows PyTorch: True
@@ -10,7 +10,7 @@ import math
 
 from minitf import backend
 from minitf.backend import xp
-from minitf.layers import init_array, matmul_rows
+from minitf.layers import Linear, init_array, matmul_rows
 from minitf.module import Module, Parameter, is_grad_enabled
 
 
@@ -203,3 +203,98 @@ class MultiHeadAttention(Module):
         self.b_qkv.grad[D:] += dkv.reshape(-1, 2 * D).sum(axis=0)               # (2D,)
         dmemory = matmul_rows(dkv, W[:, D:].T)                                  # (B, Tk, D)
         return dx, dmemory
+
+
+# imported beside its one user, so that the lines above keep the numbers docs/walk.md and docs/gpt.md show
+from minitf.rotary import RotaryEmbedding  # noqa: E402
+
+
+# --------------------------------------------------------------------------- #
+# Grouped-query attention (Ainslie et al. 2023): Llama's, Qwen2's, Mistral's self-attention
+#   H query heads share Hkv key/value heads, G = H / Hkv each; rotary positions on q and k
+# --------------------------------------------------------------------------- #
+class GroupedQueryAttention(Module):
+    """Causal self-attention of ``num_heads`` query heads over ``num_kv_heads`` key/value heads: query
+    head j reads key/value head j // G, G = num_heads / num_kv_heads (G = 1: multi-head attention; Hkv = 1:
+    multi-query attention). Queries and keys are turned by the rotary embedding before they meet.
+
+    Submodules (Hugging Face's names): ``q_proj`` (D -> H*dk), ``k_proj`` and ``v_proj`` (D -> Hkv*dk), with
+    biases when ``qkv_bias`` (Qwen2), ``o_proj`` (H*dk -> D) without; ``rotary`` a
+    :class:`minitf.rotary.RotaryEmbedding` (default: rope_type "default", theta 10000). ``head_dim``
+    defaults to D / H.
+    """
+
+    def __init__(self, d_model, num_heads, num_kv_heads=None, head_dim=None, qkv_bias=False, rotary=None):
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"num_heads must be a multiple of num_kv_heads, got num_heads={num_heads}, "
+                             f"num_kv_heads={num_kv_heads}")
+        if head_dim is None and d_model % num_heads:
+            raise ValueError(f"d_model must be divisible by num_heads (or give head_dim), got d_model={d_model}, "
+                             f"num_heads={num_heads}")
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = head_dim or d_model // num_heads
+        self.q_proj = Linear(d_model, num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = Linear(d_model, num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = Linear(d_model, num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = Linear(num_heads * self.head_dim, d_model, bias=False)
+        self.rotary = rotary if rotary is not None else RotaryEmbedding(self.head_dim)
+        if self.rotary.head_dim != self.head_dim:
+            raise ValueError(f"the rotary embedding's head_dim {self.rotary.head_dim} is not the heads' "
+                             f"{self.head_dim}")
+
+    def forward(self, x, key_padding_mask=None, causal=True, cache=None):
+        """x (B, T, D); key_padding_mask (B, Tk) bool, True = padding, over the cached positions and these
+        (Tk = cache length + T); cache: a dict for decoding (the rotated keys and values of earlier steps;
+        these go on at the positions after them), only under no_grad().
+
+        Returns y (B, T, D).
+        """
+        if cache is not None and is_grad_enabled():
+            raise ValueError("the key/value cache is for decoding under no_grad(): its earlier positions get no "
+                             "gradient; run the whole sequence without a cache to train")
+        B, T, _ = x.shape
+        H, Hkv, E, G = self.num_heads, self.num_kv_heads, self.head_dim, self.num_heads // self.num_kv_heads
+        start = cache.get("length", 0) if cache is not None else 0  # positions already in the cache
+        q = self.rotary(self.q_proj(x).reshape(B, T, H, E), start)      # (B, T, H, dk), turned
+        k = self.rotary(self.k_proj(x).reshape(B, T, Hkv, E), start)    # (B, T, Hkv, dk), turned
+        k = k.reshape(B, T, Hkv * E)                                    # (B, T, Hkv*dk)
+        v = self.v_proj(x)                                              # (B, T, Hkv*dk)
+        if cache is not None:                                           # earlier steps' keys/values, then these
+            k, v = append_to_cache(cache, k, v)                         # each (B, Tk, Hkv*dk)
+        Tk = k.shape[1]
+        Q = q.transpose(0, 2, 1, 3)                                     # (B, H, T, dk)
+        K = k.reshape(B, Tk, Hkv, E).transpose(0, 2, 1, 3)              # (B, Hkv, Tk, dk)
+        U = v.reshape(B, Tk, Hkv, E).transpose(0, 2, 1, 3)              # (B, Hkv, Tk, dk)
+        # each key/value head serves G query heads in a row: query head j reads key/value head j // G
+        K_rep, U_rep = xp.repeat(K, G, axis=1), xp.repeat(U, G, axis=1)  # (B, H, Tk, dk) each
+        keep = attention_keep_mask(key_padding_mask, causal, T, Tk)
+        O, P = scaled_dot_product_attention(Q, K_rep, U_rep, keep)      # each query head attends
+        o = O.transpose(0, 2, 1, 3).reshape(B, T, H * E)                # (B, T, H, dk) -> (B, T, H*dk)
+        self.save_for_backward(Q=Q, K_rep=K_rep, U_rep=U_rep, P=P)
+        return self.o_proj(o)                                           # y = o W^O  (B, T, D)
+
+    def backward(self, dy):
+        """dy (B, T, D) -> dx (B, T, D); adds the gradients of the four projections."""
+        saved = self.saved_tensors()
+        B, T, _ = dy.shape
+        H, Hkv, E, G = self.num_heads, self.num_kv_heads, self.head_dim, self.num_heads // self.num_kv_heads
+        # y = o W^O  =>  do = dy W^O^T (and dW^O)
+        do = self.o_proj.backward(dy)                                   # (B, T, H*dk)
+        # o = O.transpose(0, 2, 1, 3).reshape(B, T, H * E)  =>  the reshape, then the transpose, undone
+        dO = do.reshape(B, T, H, E).transpose(0, 2, 1, 3)               # (B, H, T, dk)
+        dQ, dK_rep, dU_rep = scaled_dot_product_attention_backward(dO, saved.Q, saved.K_rep, saved.U_rep, saved.P)
+        # K_rep = repeat(K, G, axis=1)  =>  dK = the sum over the G query heads that read each key/value head
+        dK = dK_rep.reshape(B, Hkv, G, T, E).sum(axis=2)                # (B, Hkv, G, T, dk) -> (B, Hkv, T, dk)
+        dU = dU_rep.reshape(B, Hkv, G, T, E).sum(axis=2)                # (B, Hkv, G, T, dk) -> (B, Hkv, T, dk)
+        # U = v.reshape(B, Tk, Hkv, E).transpose(0, 2, 1, 3), Tk = T without a cache  =>  dv
+        dv = dU.transpose(0, 2, 1, 3).reshape(B, T, Hkv * E)            # (B, T, Hkv, dk) -> (B, T, Hkv*dk)
+        # K = k.reshape(B, Tk, Hkv, E).transpose(0, 2, 1, 3), k = rotary(k_proj(x)...)  =>  turned back
+        # (k was turned after q, so its cache is the one on top of the rotary's stack)
+        dk = self.rotary.backward(dK.transpose(0, 2, 1, 3))             # (B, T, Hkv, dk)
+        dk = dk.reshape(B, T, Hkv * E)                                  # (B, T, Hkv*dk)
+        # Q = q.transpose(0, 2, 1, 3), q = rotary(q_proj(x)...)  =>  turned back
+        dq = self.rotary.backward(dQ.transpose(0, 2, 1, 3))             # (B, T, H, dk)
+        dq = dq.reshape(B, T, H * E)                                    # (B, T, H*dk)
+        # q, k and v are all projections of x  =>  dx is the sum of the three paths
+        return self.q_proj.backward(dq) + self.k_proj.backward(dk) + self.v_proj.backward(dv)

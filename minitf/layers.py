@@ -1,5 +1,5 @@
-"""The small layers: Linear, Embedding, positional encoding (sinusoidal or learned), Dropout,
-LayerNorm, ReLU, GELU, SiLU and softmax. Each forward sits next to its backward.
+"""The small layers: Linear, Embedding, positional encoding (sinusoidal or learned), Dropout, LayerNorm,
+ReLU, GELU, SiLU, softmax; Llama's RMSNorm and SwiGLU feed-forward. Each forward sits next to its backward.
 
 Dimension glossary (used in every docstring of the package):
     B batch, S source length, T target length, L any sequence length,
@@ -421,3 +421,69 @@ def make_activation(name):
     if name not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}")
     return ACTIVATIONS[name]()
+
+
+# --------------------------------------------------------------------------- #
+# RMSNorm (Zhang and Sennrich 2019): Llama's LayerNorm, without the centring and the bias
+# --------------------------------------------------------------------------- #
+class RMSNorm(Module):
+    """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last axis (D): no mean subtracted, no bias
+    (Hugging Face's ``LlamaRMSNorm``, which computes in float32 inside; this one in x's dtype).
+
+    Parameter ``weight`` (D,) = 1; input and output (..., D).
+    """
+
+    def __init__(self, d_model, eps=1e-6):
+        self.weight = Parameter(init_array(backend.host.ones(d_model)))
+        self.eps = eps
+
+    def forward(self, x):
+        rstd = 1.0 / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # 1 / rms  (..., 1)
+        xhat = x * rstd                                          # normalised  (..., D)
+        self.save_for_backward(xhat, rstd)
+        return xhat * self.weight.data
+
+    def backward(self, dy):
+        """dy (..., D) -> dx (..., D); adds dweight."""
+        xhat, rstd = self.saved_tensors()
+        D = xhat.shape[-1]
+        # y = xhat * weight  =>  dweight = sum dy * xhat over every row,  dxhat = dy * weight
+        self.weight.grad += (dy * xhat).reshape(-1, D).sum(axis=0)
+        dxhat = dy * self.weight.data
+        # xhat = x * rstd, rstd = (mean(x^2) + eps)^-1/2 depends on every x of the row:
+        # dx = rstd * (dxhat - xhat * mean(dxhat * xhat)), LayerNorm's backward less its mean term
+        # -mean(dxhat): no mean is subtracted, so no path runs through one (docs/layers/rmsnorm.md)
+        return rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+
+
+# --------------------------------------------------------------------------- #
+# SwiGLU feed-forward (Shazeer 2020): Llama's, Qwen's, Mistral's MLP
+# --------------------------------------------------------------------------- #
+class SwiGLU(Module):
+    """``y = down(silu(gate(x)) * up(x))``: two projections to F, one gated by the other's SiLU,
+    and one back to D (Hugging Face's ``LlamaMLP``, names as there).
+
+    Submodules ``gate_proj`` (D -> F), ``up_proj`` (D -> F), ``down_proj`` (F -> D), each a
+    :class:`Linear`, without biases unless ``bias=True``; input and output (..., D).
+    """
+
+    def __init__(self, d_model, d_ff, bias=False):
+        self.gate_proj = Linear(d_model, d_ff, bias=bias)
+        self.up_proj = Linear(d_model, d_ff, bias=bias)
+        self.down_proj = Linear(d_ff, d_model, bias=bias)
+        self.act = SiLU()
+
+    def forward(self, x):
+        a = self.act(self.gate_proj(x))                          # a = silu(x W_gate)  (..., F)
+        u = self.up_proj(x)                                      # u = x W_up  (..., F)
+        self.save_for_backward(a, u)
+        return self.down_proj(a * u)                             # y = (a * u) W_down  (..., D)
+
+    def backward(self, dy):
+        """dy (..., D) -> dx (..., D); adds the gradients of the three projections."""
+        a, u = self.saved_tensors()
+        dh = self.down_proj.backward(dy)                         # y = h W_down, h = a * u  (..., F)
+        # h = a * u  =>  da = dh * u,  du = dh * a  (the product rule)
+        da, du = dh * u, dh * a
+        # u = x W_up and a = silu(x W_gate) both read x  =>  dx is the sum of the two paths
+        return self.up_proj.backward(du) + self.gate_proj.backward(self.act.backward(da))
