@@ -20,7 +20,7 @@ from minitf.training import checkpoint as ckpt, files, trainer as training
 from minitf.training.config import INVOCATION_OPTIONS, PRECISIONS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig
 from minitf.training.distributed import get_world, launched_by_mpi
 from minitf.training.download import DEFAULT_CACHE, sigterm_raises
-from minitf.training.errors import CheckpointError, OneLineParser, UsageError, non_negative, positive, report_errors
+from minitf.training.errors import CheckpointError, OneLineParser, UsageError, positive, report_errors
 from minitf.training.files import check_output_folder, check_resumable, file_sha256
 from minitf.training.task import default, log
 
@@ -35,7 +35,7 @@ RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num
 CONFIG_FLAGS = ("d_model", "num_heads", "d_ff", "dropout", "pre_norm", "vocab_size", "warmup", "lr_scale",
                 "max_tokens", "max_minutes", "max_steps", "epochs", "max_len", "seed", "label_smoothing",
                 "bpe_dropout", "clip_norm", "optimizer", "skip_nonfinite", "precision", "accumulate", "zero",
-                "model") + RUN_OPTIONS
+                "model") + RUN_OPTIONS  # and each task's config_flags
 
 
 def build_parser():
@@ -93,10 +93,6 @@ def build_parser():
     g.add_argument("--keep", type=positive(int), help=f"checkpoints kept ({default('keep')})")
     g.add_argument("--average", type=int, help=f"average the last N checkpoints at the end (0/1 = off; "
                    f"{default('average')})")
-    g.add_argument("--bleu-sentences", type=int,
-                   help=f"validation sentences decoded for BLEU ({default('bleu_sentences')})")
-    g.add_argument("--beam", type=positive(int), help=f"beam size ({default('beam')})")
-    g.add_argument("--alpha", type=non_negative, help=f"length penalty exponent ({default('alpha')})")
     g.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     for task in TASKS.values():
         task.add_arguments(p)
@@ -183,27 +179,39 @@ def run(argv=None):
     return trainer.train_and_finish()
 
 
-def check_resume_flags(args, given):
-    """Refuse the flags that belong to the run being resumed."""
-    fixed = [k for k in RESUME_FIXED + tuple(k for task in TASKS.values() for k in task.resume_fixed) if k in given]
+def resume_changeable(task):
+    """What ``--resume`` of a run of ``task`` may change: every kind's and the task's own (its BLEU decoding)."""
+    return RESUME_CHANGEABLE + RUN_OPTIONS + task.resume_changeable
+
+
+def check_resume_flags(args, given, task=None):
+    """Refuse the flags that belong to the run being resumed, or (``task``: the run's, once its config.json is
+    read) to another kind's runs."""
+    others = tuple(k for each in TASKS.values() for k in each.resume_fixed
+                   + (each.resume_changeable if task is not None else ()))
+    allowed = resume_changeable(task) if task is not None else ()
+    fixed = [k for k in dict.fromkeys(RESUME_FIXED + others) if k in given and k not in allowed]
     if args.out is not None and pathlib.Path(args.out).resolve() != pathlib.Path(args.resume).resolve():
         fixed.append("out")
     if fixed:
         flags = ", ".join("--" + k.replace("_", "-") for k in fixed)
         raise UsageError(f"--resume continues a run with its own settings, so {flags} cannot be given; allowed with "
-                         "--resume: " + ", ".join("--" + k.replace("_", "-") for k in RESUME_CHANGEABLE + RUN_OPTIONS)
+                         "--resume: " + ", ".join("--" + k.replace("_", "-") for k in allowed or RESUME_CHANGEABLE
+                                                  + RUN_OPTIONS + tuple(dict.fromkeys(
+                                                      k for each in TASKS.values() for k in each.resume_changeable)))
                          + ", --device, --skip-nonfinite, --no-progress")
 
 
 def resume_run(args, given):
     run_dir = args.resume
     check_resume_flags(args, given)
-    config = RunConfig.read(run_dir)
+    config = RunConfig.read(run_dir)  # reads only: the run's kind decides which of its flags --resume takes
+    check_resume_flags(args, given, TASKS[config.model])
     world = get_world()
     if world.is_root:  # before anything is written; refused while another process trains here
         files.lock_run_folder(run_dir)
     check_resumable(run_dir)
-    changed = {k: getattr(args, k) for k in RESUME_CHANGEABLE + RUN_OPTIONS
+    changed = {k: getattr(args, k) for k in resume_changeable(TASKS[config.model])
                if k in given and getattr(args, k) != getattr(config, k)}
     lengths = ("max_steps", "epochs", "max_minutes")
     if changed.keys() & set(lengths):  # a new length replaces the old one
@@ -264,7 +272,8 @@ def check_command(args, argv):
     if args.resume is not None:
         check_resume_flags(args, given_options(argv))
         with contextlib.redirect_stderr(io.StringIO()):  # its notes: said once, by rank 0
-            RunConfig.read(args.resume)
+            config = RunConfig.read(args.resume)
+        check_resume_flags(args, given_options(argv), TASKS[config.model])
         check_resumable(args.resume)
         return 0
     task = TASKS[args.model]

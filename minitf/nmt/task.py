@@ -15,7 +15,7 @@ from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
 from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config, read_generation_json
 from minitf.nmt.translation_trainer import TranslationTrainer, load_tokenizer
 from minitf.training import files
-from minitf.training.errors import DataError, UsageError, non_negative
+from minitf.training.errors import DataError, UsageError, non_negative, positive
 from minitf.training.files import file_sha256
 from minitf.training.task import (RunData, Task, before_training, default, log, new_run_folder, prepare_tokenizer,
                                   refuse_with_init_from, start_prepared_run)
@@ -46,7 +46,8 @@ class TranslationTask(Task):
     summary = "the paper's translation model (default)"
     presets_help = "tiny (CPU default), base and big (paper, Table 3)"
     trainer = TranslationTrainer
-    config_flags = ("lexicon", "src_lang", "tgt_lang")
+    config_flags = ("lexicon", "src_lang", "tgt_lang", "bleu_sentences", "beam", "alpha")
+    resume_changeable = ("bleu_sentences", "beam", "alpha")
     resume_fixed = ("src_lang", "tgt_lang", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src",
                     "test_tgt", "phrases", "lexicon", "corpus")
     pretrained = "Marian (opus-mt) translation model"
@@ -56,6 +57,11 @@ class TranslationTask(Task):
                       f"{FINE_TUNE_LR_SCALE:g} unless given; the data must be the folder's language pair)")
 
     def add_arguments(self, parser):
+        g = parser.add_argument_group("translation's BLEU (validation and the end of the run)")
+        g.add_argument("--bleu-sentences", type=int,
+                       help=f"validation sentences decoded for BLEU ({default('bleu_sentences')})")
+        g.add_argument("--beam", type=positive(int), help=f"beam size ({default('beam')})")
+        g.add_argument("--alpha", type=non_negative, help=f"length penalty exponent ({default('alpha')})")
         g = parser.add_argument_group("data (default: the Ding de-en example sentences, fetched with apt)")
         for split in SPLITS:
             g.add_argument(f"--{split}-src", type=pathlib.Path)
@@ -78,7 +84,9 @@ class TranslationTask(Task):
     def given_flags(self, args):
         flags = [f"--{s}-{side}" for s in SPLITS for side in ("src", "tgt") if getattr(args, f"{s}_{side}")]
         return flags + [flag for flag, given in (("--corpus", args.corpus != "ding"), ("--phrases", args.phrases),
-                                                 ("--lexicon", args.lexicon)) if given]
+                                                 ("--lexicon", args.lexicon), ("--beam", args.beam is not None),
+                                                 ("--alpha", args.alpha is not None),
+                                                 ("--bleu-sentences", args.bleu_sentences is not None)) if given]
 
     def foreign_flags_error(self, flags, owner):
         return f"{', '.join(flags)} belong to {owner.title}: add --model {owner.name} (or use --train-src ... for " \

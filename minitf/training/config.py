@@ -43,7 +43,7 @@ MODEL_FIELDS = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layer
 #: What ``--resume`` may change: the run's length and a few recipe knobs.
 RESUME_CHANGEABLE = ("max_steps", "epochs", "max_minutes", "max_tokens", "lr_scale", "clip_norm", "accumulate")
 #: How often to evaluate and save, and what to report: a resumed run keeps them unless given again.
-RUN_OPTIONS = ("eval_every", "save_every", "keep", "average", "bleu_sentences", "beam", "alpha")
+RUN_OPTIONS = ("eval_every", "save_every", "keep", "average")  # and a kind's own (Task.resume_changeable)
 #: Flags that only steer this invocation (never refused with --resume).
 INVOCATION_OPTIONS = ("skip_nonfinite", "zero")  # --zero 1 only shards Adam's state: same trajectory
 

@@ -60,6 +60,8 @@ class Task:
     config_flags = ()
     #: This task's options that ``--resume`` refuses (they name the run's model or data).
     resume_fixed = ()
+    #: This task's options that ``--resume`` may change (how the run reports: translation's BLEU decoding).
+    resume_changeable = ()
     #: What ``--init-from FOLDER`` starts this model from ("GPT"), or None: this model has no pretrained start.
     pretrained = None
     #: ``--init-from``'s help for this model (a task with ``pretrained``).
