@@ -88,7 +88,7 @@ class Embedding(Module):
         """dy (B, L, D) -> None (ids have no gradient); adds dW."""
         (ids,) = self.saved_tensors()
         D = self.weight.shape[1]
-        padding_idx = getattr(self, "padding_idx", None)          # (the exercise's Embedding has none)
+        padding_idx = self.padding_idx
         if padding_idx is not None:
             dy = dy * (ids != padding_idx)[..., None]            # the padding row's lookups add nothing
         # y = W[ids] * scale  =>  dW[v] += scale * sum of dy over the positions where ids == v
