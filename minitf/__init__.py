@@ -9,8 +9,7 @@ from minitf.backend import (get_default_dtype, get_device, manual_seed, set_defa
                             to_numpy)
 from minitf.module import Module, ModuleList, Parameter, no_grad
 from minitf.layers import (GELU, Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding, Linear,
-                           OutputProjection, PositionalEncoding, ReLU, SiLU, Softmax, TiedOutputProjection, softmax,
-                           softmax_backward)
+                           OutputProjection, PositionalEncoding, ReLU, SiLU, Softmax, softmax, softmax_backward)
 from minitf.attention import MultiHeadAttention, scaled_dot_product_attention, scaled_dot_product_attention_backward
 from minitf.transformer import (Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward, SublayerConnection,
                                 Transformer, TransformerConfig)

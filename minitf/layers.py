@@ -130,9 +130,6 @@ class OutputProjection(Module):
         return matmul_rows(dlogits, self.weight.data)
 
 
-TiedOutputProjection = OutputProjection  # the older name, from when the projection was always tied
-
-
 # --------------------------------------------------------------------------- #
 # Sinusoidal positional encoding (paper 3.5)
 # --------------------------------------------------------------------------- #
