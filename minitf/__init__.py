@@ -10,7 +10,7 @@ from minitf.backend import (get_default_dtype, get_device, manual_seed, set_defa
 from minitf.module import Module, ModuleList, Parameter, no_grad
 from minitf.layers import (GELU, Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding, Linear,
                            OutputProjection, PositionalEncoding, ReLU, RMSNorm, SiLU, Softmax, SwiGLU,
-                           TiedOutputProjection, softmax, softmax_backward)
+                           softmax, softmax_backward)
 from minitf.rotary import RotaryEmbedding
 from minitf.attention import (GroupedQueryAttention, MultiHeadAttention, scaled_dot_product_attention,
                               scaled_dot_product_attention_backward)

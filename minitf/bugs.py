@@ -16,6 +16,7 @@ import math
 
 from minitf import backend
 from minitf.backend import xp
+from minitf.gradcheck.numeric import random_array, randomize
 from minitf.module import no_grad
 
 B, S, T, D, H, F, V = 2, 4, 3, 4, 2, 6, 7
@@ -34,22 +35,12 @@ class Bug:
     build: object  # build(rng, buggy) -> (forward, backward, inputs, params)
 
 
-def _arr(rng, *shape, scale=1.0):
-    return backend.asarray(rng.normal(0.0, scale, shape), dtype=backend.get_default_dtype())
-
-
-def _randomize(module, rng):
-    for p in module.parameters():  # random gains and biases: every gradient term matters
-        p.data[...] = _arr(rng, *p.shape, scale=0.5)
-    return module
-
-
 # --------------------------------------------------------------------------- #
 # 1. LayerNorm: the term through the variance forgotten
 # --------------------------------------------------------------------------- #
 def _layernorm(rng, buggy):
     from minitf.layers import LayerNorm
-    ln = _randomize(LayerNorm(D, eps=EPS), rng)
+    ln = randomize(LayerNorm(D, eps=EPS), rng)
     saved = {}
 
     def forward(x):
@@ -71,7 +62,8 @@ def _layernorm(rng, buggy):
             dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
         return dx
 
-    return forward, backward, {"x": _arr(rng, B, T, D)}, {"gamma": ln.gamma, "beta": ln.beta}
+    x = random_array(rng, (B, T, D), dtype=None)
+    return forward, backward, {"x": x}, {"gamma": ln.gamma, "beta": ln.beta}
 
 
 # --------------------------------------------------------------------------- #
@@ -101,7 +93,8 @@ def _attention_scale(rng, buggy):
             dQ, dK = (dA @ K) * scale, (dA.swapaxes(-1, -2) @ Q) * scale
         return dQ, dK, dU
 
-    inputs = {"Q": _arr(rng, B, H, T, DK), "K": _arr(rng, B, H, S, DK), "U": _arr(rng, B, H, S, DK)}
+    inputs = {name: random_array(rng, (B, H, length, DK), dtype=None)
+              for name, length in (("Q", T), ("K", S), ("U", S))}
     return forward, backward, inputs, {}
 
 
@@ -137,7 +130,8 @@ def _attention_causal(rng, buggy):
         scale = 1.0 / math.sqrt(Q.shape[-1])
         return (dA @ K) * scale, (dA.swapaxes(-1, -2) @ Q) * scale, dU
 
-    inputs = {"Q": _arr(rng, B, H, T, DK), "K": _arr(rng, B, H, T, DK), "U": _arr(rng, B, H, T, DK)}
+    inputs = {name: random_array(rng, (B, H, length, DK), dtype=None)
+              for name, length in (("Q", T), ("K", T), ("U", T))}
     return forward, backward, inputs, {}
 
 
@@ -148,7 +142,7 @@ def _residual(rng, buggy):
     """A pre-LN block y = x + FFN(LayerNorm(x)) from the library's own layers."""
     from minitf.layers import LayerNorm
     from minitf.transformer import FeedForward
-    norm, ff = _randomize(LayerNorm(D, eps=EPS), rng), _randomize(FeedForward(D, F), rng)
+    norm, ff = randomize(LayerNorm(D, eps=EPS), rng), randomize(FeedForward(D, F), rng)
 
     def forward(x):
         return x + ff(norm(x))
@@ -162,7 +156,7 @@ def _residual(rng, buggy):
         return dx
 
     params = {f"norm.{n}": p for n, p in norm.named_parameters()} | {f"ff.{n}": p for n, p in ff.named_parameters()}
-    return forward, backward, {"x": _arr(rng, B, T, D)}, params
+    return forward, backward, {"x": random_array(rng, (B, T, D), dtype=None)}, params
 
 
 # --------------------------------------------------------------------------- #
@@ -197,7 +191,7 @@ def _embedding(rng, buggy):
 def _mha(rng, buggy):
     from minitf.attention import MultiHeadAttention, attention_keep_mask, scaled_dot_product_attention
     from minitf.attention import scaled_dot_product_attention_backward
-    mha = _randomize(MultiHeadAttention(D, H), rng)
+    mha = randomize(MultiHeadAttention(D, H), rng)
     keep = attention_keep_mask(None, True, T, T)
     saved = {}
 
@@ -232,7 +226,7 @@ def _mha(rng, buggy):
         mha.b_qkv.grad += dqkv.sum(axis=0)
         return (dqkv @ W.T).reshape(B, T, D)
 
-    return forward, backward, {"x": _arr(rng, B, T, D)}, dict(mha.named_parameters())
+    return forward, backward, {"x": random_array(rng, (B, T, D), dtype=None)}, dict(mha.named_parameters())
 
 
 # --------------------------------------------------------------------------- #
@@ -264,7 +258,7 @@ def _loss(rng, buggy):
             n = keep.sum()  # only the non-pad tokens
         return dloss * (softmax(z) - q) * keep / n
 
-    return forward, backward, {"logits": _arr(rng, B, T, V, scale=2.0)}, {}
+    return forward, backward, {"logits": random_array(rng, (B, T, V), 2.0, dtype=None)}, {}
 
 
 # --------------------------------------------------------------------------- #
@@ -286,7 +280,7 @@ def _softmax(rng, buggy):
             dx = y * (dy - (dy * y).sum(axis=-1, keepdims=True))
         return dx
 
-    return forward, backward, {"x": _arr(rng, B, T, D, scale=2.0)}, {}
+    return forward, backward, {"x": random_array(rng, (B, T, D), 2.0, dtype=None)}, {}
 
 
 # --------------------------------------------------------------------------- #
@@ -325,7 +319,7 @@ def _tied(rng, buggy):
 def _learned_positions(rng, buggy):
     """y = x + P[start : start + T] on B sequences: every sequence reads the same rows."""
     from minitf.layers import LearnedPositionalEmbedding
-    table = _randomize(LearnedPositionalEmbedding(T + 2, D), rng)  # max_len 5: rows 0 and 4 are not read
+    table = randomize(LearnedPositionalEmbedding(T + 2, D), rng)  # max_len 5: rows 0 and 4 are not read
     start = 1
 
     def forward(x):
@@ -339,7 +333,7 @@ def _learned_positions(rng, buggy):
             table.weight.grad[start:start + T] += dy.sum(axis=0)   # each sequence read the row: all add
         return dy
 
-    return forward, backward, {"x": _arr(rng, B, T, D)}, {"weight": table.weight}
+    return forward, backward, {"x": random_array(rng, (B, T, D), dtype=None)}, {"weight": table.weight}
 
 
 # --------------------------------------------------------------------------- #
@@ -363,7 +357,7 @@ def _gelu(rng, buggy):
         pdf = xp.exp(-0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi))    # phi(x) = Phi'(x)
         return dy * (cdf + x * pdf)
 
-    return forward, backward, {"x": _arr(rng, B, T, D, scale=2.0)}, {}
+    return forward, backward, {"x": random_array(rng, (B, T, D), 2.0, dtype=None)}, {}
 
 
 BUGS = {bug.name: bug for bug in [

@@ -18,6 +18,7 @@ import shutil
 import sys
 
 from minitf import backend
+from minitf.gradcheck.numeric import random_array, randomize
 from minitf.gradcheck.report import print_check
 from minitf.study_tools import (TIME_LIMIT, add_time_limit, check_time_limit, guarded, load_object, one_line_parser,
                                 run_tool)
@@ -37,16 +38,6 @@ class Exercise:
     terms: object = None  # terms(inputs, upstream) -> {array: {name: (formula, array)}}, the right gradient's terms
 
 
-def _arr(rng, *shape, scale=1.0):
-    return backend.asarray(rng.normal(0.0, scale, shape), dtype=backend.host.float64)
-
-
-def _randomize(module, rng):
-    for p in module.parameters():  # random biases and gains too: every gradient term matters
-        p.data[...] = _arr(rng, *p.shape, scale=0.5)
-    return module
-
-
 def _plain(make):
     """An exercise whose forward takes float inputs only: f(cls, rng) -> (module, inputs)."""
     def build(cls, rng):
@@ -56,8 +47,8 @@ def _plain(make):
 
 
 def _relu_input(rng):
-    x = rng.normal(0.0, 1.0, (B, T, D))
-    return backend.asarray(x + 0.1 * ((x >= 0) * 2.0 - 1.0))  # |x| >= 0.1: no difference straddles the kink
+    x = random_array(rng, (B, T, D))
+    return x + 0.1 * ((x >= 0) * 2.0 - 1.0)  # |x| >= 0.1: no difference straddles the kink
 
 
 def _attention(cls, rng):
@@ -66,7 +57,7 @@ def _attention(cls, rng):
     pad = backend.asarray(backend.host.arange(S)[None, :] >= backend.host.array([[S], [S - 1]]))  # row 1: last key pads
     keep = attention_keep_mask(pad, False, T, S)
     module = cls()
-    inputs = {"Q": _arr(rng, B, H, T, dk), "K": _arr(rng, B, H, S, dk), "U": _arr(rng, B, H, S, dk)}
+    inputs = {name: random_array(rng, (B, H, length, dk)) for name, length in (("Q", T), ("K", S), ("U", S))}
     return (lambda Q, K, U: module.forward(Q, K, U, keep)), module.backward, inputs, module
 
 
@@ -76,18 +67,18 @@ def _loss(cls, rng):
     target[0, -1] = target[1, -2:] = 0  # padding: 3 real tokens of 6
     target = backend.asarray(target)
     return (lambda z: backend.asarray(module.forward(z, target))), (lambda g: module.backward(float(g))), \
-        {"logits": _arr(rng, B, T, V, scale=2.0)}, module
+        {"logits": random_array(rng, (B, T, V), 2.0)}, module
 
 
 def _gelu(cls, rng):
     exact, tanh = cls(), cls("tanh")  # both forms, each on its own input: a wrong one is named
     return (lambda x_erf, x_tanh: backend.xp.stack([exact.forward(x_erf), tanh.forward(x_tanh)])), \
         (lambda dy: (exact.backward(dy[0]), tanh.backward(dy[1]))), \
-        {"x_erf": _arr(rng, B, T, D, scale=2.0), "x_tanh": _arr(rng, B, T, D, scale=2.0)}, exact
+        {"x_erf": random_array(rng, (B, T, D), 2.0), "x_tanh": random_array(rng, (B, T, D), 2.0)}, exact
 
 
 def _embedding(cls, rng):
-    module = _randomize(cls(V, D), rng)
+    module = randomize(cls(V, D), rng)
     ids = rng.integers(0, V, (B, T))
     ids[1, 0] = ids[0, 0] = ids[0, 2]  # one id three times
     ids = backend.asarray(ids)
@@ -122,16 +113,16 @@ def _gelu_terms(inputs, upstream):
 
 EXERCISES = {e.name: e for e in [
     Exercise("linear", "Linear", "y = x W + b: dW, db and dx", "layers/linear.md",
-             _plain(lambda cls, rng: (_randomize(cls(D, 3), rng), {"x": _arr(rng, B, T, D)})),
+             _plain(lambda cls, rng: (randomize(cls(D, 3), rng), {"x": random_array(rng, (B, T, D))})),
              "dx = dy W^T; dW = x^T dy and db = dy, each summed over every position"),
     Exercise("relu", "ReLU", "y = max(x, 0): dx", "layers/relu.md",
              _plain(lambda cls, rng: (cls(), {"x": _relu_input(rng)})),
              "dx = dy where x > 0 and 0 elsewhere"),
     Exercise("softmax", "Softmax", "y = softmax(x): dx without the Jacobian", "layers/softmax.md",
-             _plain(lambda cls, rng: (cls(), {"x": _arr(rng, B, T, 5, scale=2.0)})),
+             _plain(lambda cls, rng: (cls(), {"x": random_array(rng, (B, T, 5), 2.0)})),
              "dx = y (dy - sum(dy y) over the row): the part through the row's sum"),
     Exercise("layernorm", "LayerNorm", "LayerNorm: dgamma, dbeta and the three terms of dx", "layers/layernorm.md",
-             _plain(lambda cls, rng: (_randomize(cls(D), rng), {"x": _arr(rng, B, T, D)})),
+             _plain(lambda cls, rng: (randomize(cls(D), rng), {"x": random_array(rng, (B, T, D))})),
              "dx's three terms: dxhat, the part through the row's mean, the part through its rstd"),
     Exercise("attention", "Attention", "softmax(Q K^T / sqrt(dk)) U with a padding mask: dQ, dK, dU",
              "layers/attention.md", _attention,
@@ -145,7 +136,7 @@ EXERCISES = {e.name: e for e in [
              "y' = Phi(x) + x phi(x), tanh form (1 + t) / 2 + x (1 - t^2) / 2 du/dx: the product rule's second "
              "term, with tanh' = 1 - t^2 and du/dx, holds the usual slips", _gelu_terms),
     Exercise("silu", "SiLU", "y = x sigmoid(x), Marian's activation: dx", "pretrained.md",
-             _plain(lambda cls, rng: (cls(), {"x": _arr(rng, B, T, D, scale=3.0)})),
+             _plain(lambda cls, rng: (cls(), {"x": random_array(rng, (B, T, D), 3.0)})),
              "y' = s + x s (1 - s) with s = sigmoid(x): the product rule's two terms, and sigmoid' = s (1 - s) "
              "written with s, not with SiLU's output", _silu_terms),
 ]}

@@ -167,12 +167,6 @@ class GPT(Module):
         model.load_state_dict(state)
         return model
 
-    def load_pretrained(self, folder):
-        """Replace every parameter by the weights of ``folder``'s ``model.safetensors`` (a Hugging Face GPT-2
-        folder whose config this model was built from; fine-tuning starts here). A ValueError names what
-        does not fit."""
-        self.load_state_dict(read_pretrained_state(folder, self.config, self.embed.weight.data.dtype))
-
     def save_pretrained(self, folder):
         """Write this model as a Hugging Face GPT-2 folder (``config.json`` and ``model.safetensors``
         in the model's dtype), each file atomically. Only GPT-2's shape can be written: pre-LN,

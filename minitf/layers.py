@@ -88,7 +88,7 @@ class Embedding(Module):
         """dy (B, L, D) -> None (ids have no gradient); adds dW."""
         (ids,) = self.saved_tensors()
         D = self.weight.shape[1]
-        padding_idx = getattr(self, "padding_idx", None)          # (the exercise's Embedding has none)
+        padding_idx = self.padding_idx
         if padding_idx is not None:
             dy = dy * (ids != padding_idx)[..., None]            # the padding row's lookups add nothing
         # y = W[ids] * scale  =>  dW[v] += scale * sum of dy over the positions where ids == v
@@ -128,9 +128,6 @@ class OutputProjection(Module):
             self.bias.grad += dlogits.reshape(-1, V).sum(axis=0)
         # logits = h @ W^T  =>  dh = dlogits W
         return matmul_rows(dlogits, self.weight.data)
-
-
-TiedOutputProjection = OutputProjection  # the older name, from when the projection was always tied
 
 
 # --------------------------------------------------------------------------- #

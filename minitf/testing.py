@@ -27,7 +27,10 @@ import inspect
 from hypothesis import strategies as st
 
 from minitf import backend
-from minitf.gradcheck.numeric import compare_gradients, gradients_match, upstream_gradients as _upstream
+# random_array and randomize live with the central differences, which need no hypothesis: the study tools
+# (python -m minitf.gradcheck, python -m minitf.exercise) draw their arrays with them too
+from minitf.gradcheck.numeric import (compare_gradients, gradients_match, random_array,  # noqa: F401 (the API)
+                                      randomize, upstream_gradients as _upstream)
 from minitf.gradcheck.protocol import protocol_problems
 from minitf.gradcheck.report import describe_worst, diagnose
 from minitf.module import Module, no_grad
@@ -43,20 +46,6 @@ LN_RTOL = 1e-5  #: for anything containing a LayerNorm: steep rows at small d_mo
 seeds = st.integers(0, 2**32 - 1)
 #: small sizes (batch, length, width): central differences cost two forwards per entry
 small = st.integers(1, 4)
-
-
-def random_array(seed, shape, scale=1.0):
-    """Normal values N(0, scale^2) of ``shape`` from ``seed``, as a float64 device array."""
-    return backend.asarray(np.random.default_rng(seed).normal(0.0, scale, shape), dtype=np.float64)
-
-
-def randomize(module, seed, scale=0.5):
-    """Random N(0, scale^2) values in every parameter of ``module`` (biases and LayerNorm gains
-    too), so that no gradient is checked only at its initial zero/one value or at a ReLU kink.
-    Returns the module."""
-    for i, p in enumerate(module.parameters()):
-        p.data[...] = random_array(seed + 101 * i, p.shape, scale)
-    return module
 
 
 @st.composite

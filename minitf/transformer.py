@@ -328,12 +328,6 @@ class Transformer(Module):
         """Build the model a :class:`TransformerConfig` describes."""
         return cls(**dataclasses.asdict(config))
 
-    # -- input checks at the boundary -----------------------------------------
-    def check_ids(self, ids, name, vocab_size):
-        """:func:`check_ids` (kept as a method for the callers that use it)."""
-        return check_ids(ids, name, vocab_size)
-
-
     # -- forward / backward ---------------------------------------------------------
     def encode(self, src_ids):
         """src_ids (B, S) -> memory (B, S, D) and the source padding mask (B, S)."""
@@ -353,8 +347,8 @@ class Transformer(Module):
 
     def forward(self, src_ids, tgt_in_ids):
         """src_ids (B, S), tgt_in_ids (B, T) integer arrays -> logits (B, T, V)."""
-        src_ids = self.check_ids(src_ids, "src_ids", self.config["src_vocab_size"])
-        tgt_in_ids = self.check_ids(tgt_in_ids, "tgt_in_ids", self.config["tgt_vocab_size"])
+        src_ids = check_ids(src_ids, "src_ids", self.config["src_vocab_size"])
+        tgt_in_ids = check_ids(tgt_in_ids, "tgt_in_ids", self.config["tgt_vocab_size"])
         if src_ids.shape[0] != tgt_in_ids.shape[0]:
             raise ValueError(f"src_ids and tgt_in_ids must have the same batch size, "
                              f"got {src_ids.shape[0]} and {tgt_in_ids.shape[0]}")

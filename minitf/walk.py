@@ -1,15 +1,19 @@
-"""Views of the trace that follow the gradient (``python -m minitf.trace --walk``,
+"""The backward walk, and the views of the trace that follow the gradient (``python -m minitf.trace --walk``,
 ``--norm-terms``, ``--grad-norms``):
 
-- ``print_walk``: the example of ``minitf.tracer`` from dL/dlogits down to the tied
-  embedding, one step per line of code, with the file and line computed from the source
-  at run time (docs/walk.md); ``print_gpt_walk``: the same for the GPT example
-  (``--model gpt --walk``: pre-LN, GELU, learned positions; docs/gpt.md);
+- :func:`backward_walk`: the gradient of one backward from dL/dlogits down to the embeddings, step by
+  step (:class:`Walk`), for any number of layers, post-LN or pre-LN; one walk per model shape
+  (:func:`translation_walk`, :func:`language_model_walk`), found by the model's class. ``trace --walk``
+  prints it, the inspection page draws its norms (:mod:`minitf.inspection.numbers`);
+- ``print_walk``: the walk of the example of ``minitf.tracer``, one step per line of code, with the
+  file and line computed from the source at run time (docs/walk.md); ``print_gpt_walk``: the same for
+  the GPT example (``--model gpt --walk``: pre-LN, GELU, learned positions; docs/gpt.md);
 - ``print_norm_terms``: the mean and variance terms of every LayerNorm backward, per row
   (docs/trace.md: where the variance term vanishes, and why);
 - ``print_gradient_norms``: the gradient norm reaching each layer of a freshly
   initialised 6+6-layer model, post-LN and pre-LN (docs/layers/residual.md).
 """
+import dataclasses
 import inspect
 import os
 
@@ -17,8 +21,11 @@ import minitf
 from minitf import backend
 from minitf.attention import MultiHeadAttention
 from minitf.backend import host as numpy  # host arrays for printing
-from minitf.layers import GELU, Embedding, LayerNorm, LearnedPositionalEmbedding, OutputProjection
-from minitf.transformer import Decoder, FeedForward, SublayerConnection, Transformer
+from minitf.gpt import GPT
+from minitf.layers import (GELU, Embedding, LayerNorm, LearnedPositionalEmbedding, OutputProjection, ReLU,
+                           SiLU)
+from minitf.loss import LabelSmoothedCrossEntropy
+from minitf.transformer import Decoder, Encoder, FeedForward, SublayerConnection, Transformer
 from minitf.tracer import GPT_IDS, GPT_NEXT, SMOOTHING, Tracer, format_values
 
 # --------------------------------------------------------------------------- #
@@ -46,7 +53,7 @@ def print_norm_terms(tracer):
 
 
 # --------------------------------------------------------------------------- #
-# --walk: the gradient from the loss down to the tied embedding, step by step
+# --walk: the gradient from the loss down to the embeddings, step by step
 # --------------------------------------------------------------------------- #
 def source_line(function, snippet):
     """("minitf/<file>.py:<line>", the line) for the one line of ``function``'s source
@@ -61,117 +68,234 @@ def source_line(function, snippet):
     return f"{os.path.relpath(path, root).replace(os.sep, '/')}:{start + found[0]}", code
 
 
-def walk_steps(tracer, model):
-    """The steps of the walk: (section title, None, None, None) or (label, array, function,
-    snippet), from the records of ``run()`` (post-LN, one layer per stack)."""
-    def out(name, key, call=0):
-        for r in tracer.records:
-            if r.kind == "backward" and r.name == name and r.call == call:
-                return dict(r.outputs + r.inputs)[key] if key in dict(r.outputs + r.inputs) else dict(r.grads)[key]
-        raise LookupError(f"no backward call {call} of {name!r}")
-
-    norm = (LayerNorm.backward, "return rstd * (dxhat")
-    block_sum = (SublayerConnection.backward, "dx = dx_skip +")
-    ffn = (FeedForward.backward, "return self.linear1.backward")
-
-    def block(prefix, sublayer, sublayer_code, extra=()):
-        # the names of SublayerConnection.backward (post-LN, dropout 0: Dropout'(g) = g)
-        return [(f"{prefix}.norm: dx_skip = LN'(dy)", out(f"{prefix}.norm", "dx")) + norm,
-                (f"{sublayer}: dh = Sublayer'(dx_skip)", out(sublayer, "dx")) + sublayer_code,
-                *extra,
-                (f"{prefix}: dx = dx_skip + dh", out(prefix, "dx")) + block_sum]
-
-    dec, enc = "decoder.layers.0", "encoder.layers.0"
-    uses = [out("generator", "weight"), out("src_embed", "weight", 0), out("src_embed", "weight", 1)]
-    return [
-        ("the loss and the output projection (logits = h W^T, W the tied (V, D) matrix)",),
-        ("loss: dlogits = (p - q) / N", out("loss", "dlogits"),
-         minitf.LabelSmoothedCrossEntropy.backward, "dlogits *= "),
-        ("generator: dh = dlogits W, for the decoder output h (dy of the next step)", out("generator", "dh"),
-         OutputProjection.backward, "return matmul_rows(dlogits, self.weight.data)"),
-        ("generator: W.grad += dlogits^T h (tied use 1 of 3)", uses[0],
-         OutputProjection.backward, "self.weight.grad +="),
-        ("decoder layer 0, top block first: feed-forward",),
-        *block(f"{dec}.ff_block", f"{dec}.feed_forward", ffn),
-        ("decoder layer 0: cross-attention, queries from the decoder, keys and values from the memory",),
-        *block(f"{dec}.cross_attn_block", f"{dec}.cross_attn",
-               (MultiHeadAttention.backward, "dx = matmul_rows(dq"),
-               [(f"{dec}.cross_attn: dmemory = [dk dv] W_kv^T", out(f"{dec}.cross_attn", "dmemory"),
-                 MultiHeadAttention.backward, "dmemory = matmul_rows(dkv")]),
-        ("decoder layer 0: masked self-attention",),
-        *block(f"{dec}.self_attn_block", f"{dec}.self_attn",
-               (MultiHeadAttention.backward, "return (dqkv @ W.T)")),
-        ("decoder stack: the memory's gradient, summed over the decoder layers (one here)",),
-        ("decoder: dmemory = sum over layers", out("decoder", "dmemory"), Decoder.backward, "dmemory = dmemory +"),
-        ("target embedding (positional encoding and dropout pass dy through)",),
-        ("tgt_embed: d(target embedding) = dx of decoder layer 0", out(dec, "dx"),
-         Transformer.backward, "dtgt_embedded = self.positional.backward"),
-        ("tgt_embed: W.grad[ids] += sqrt(D) dy (tied use 2 of 3)", uses[1], Embedding.backward, "xp.add.at("),
-        ("encoder layer 0, from the memory down: feed-forward",),
-        ("encoder: dy = dmemory", out("encoder", "dy"), Transformer.backward, "dx = self.encoder.backward(dmemory)"),
-        *block(f"{enc}.ff_block", f"{enc}.feed_forward", ffn),
-        ("encoder layer 0: self-attention",),
-        *block(f"{enc}.attn_block", f"{enc}.self_attn", (MultiHeadAttention.backward, "return (dqkv @ W.T)")),
-        ("source embedding and the tied matrix",),
-        ("src_embed: W.grad[ids] += sqrt(D) dy (tied use 3 of 3)", uses[2], Embedding.backward, "xp.add.at("),
-        ("src_embed.weight.grad = use 1 + use 2 + use 3 (the three += above, into one Parameter)",
-         backend.to_numpy(model.src_embed.weight.grad), None, None),
-    ]
+@dataclasses.dataclass
+class Step:
+    """One step of the walk: ``label`` what it computes, ``array`` the gradient (a host array), ``kind``:
+    "loss" (dL/dlogits), "stream" (the residual stream between blocks: dL/d(a block's input), the decoder's
+    output, the memory), "branch" (inside a block: LayerNorm', a sublayer's backward) or "weight" (what a
+    backward adds to a weight matrix's ``.grad``), and ``code``: (function, snippet), the line of minitf that
+    computes it (:func:`source_line`), or None (a sum of the steps above)."""
+    label: str
+    array: object
+    kind: str
+    code: tuple = None
 
 
-def gpt_walk_steps(tracer, model):
-    """The steps of the GPT walk (``--model gpt --walk``), as :func:`walk_steps`, from the
-    records of ``run_gpt()`` (pre-LN, one layer, tied embedding)."""
-    def out(name, key):
-        for r in tracer.records:
-            if r.kind == "backward" and r.name == name:
-                found = dict(r.outputs + r.inputs + r.grads)
-                return found[key]
-        raise LookupError(f"no backward of {name!r}")
-
-    norm = (LayerNorm.backward, "return rstd * (dxhat")
-    skip = (SublayerConnection.backward, "dx_skip = dy\n")  # the code line, not the comment above it
-    block_sum = (SublayerConnection.backward, "dx = dx_skip +")
-    layer = "decoder.layers.0"
-
-    def block(prefix, sublayer, sublayer_code, inner=()):
-        # pre-LN: y = x + s(LN(x)), so dx = dy (the skip) + LN'(s'(dy)) (dropout 0: Dropout'(g) = g)
-        return [(f"{prefix}: dx_skip = dy (pre-LN: the skip passes dy on unchanged)", out(prefix, "dy")) + skip,
-                *inner,
-                (f"{sublayer}: dh = Sublayer'(dy)", out(sublayer, "dx")) + sublayer_code,
-                (f"{prefix}.norm: LN'(dh)", out(f"{prefix}.norm", "dx")) + norm,
-                (f"{prefix}: dx = dx_skip + LN'(dh)", out(prefix, "dx")) + block_sum]
-
-    gelu = [(f"{layer}.feed_forward.activation: GELU'(x) dy, inside the feed-forward",
-             out(f"{layer}.feed_forward.activation", "dx"), GELU.backward, "return dy * (cdf + 0.5")]
-    uses = [out("generator", "weight"), out("embed", "weight")]
-    return [
-        ("the next-token loss and the output projection (logits = h W^T, W the tied (V, D) matrix)",),
-        ("loss: dlogits = (softmax - onehot(next)) / N, 0 on the last position", out("loss", "dlogits"),
-         minitf.LabelSmoothedCrossEntropy.backward, "dlogits *= "),
-        ("generator: dh = dlogits W", out("generator", "dh"),
-         OutputProjection.backward, "return matmul_rows(dlogits, self.weight.data)"),
-        ("generator: W.grad += dlogits^T h (tied use 1 of 2)", uses[0], OutputProjection.backward,
-         "self.weight.grad +="),
-        ("the final LayerNorm (pre-LN)",),
-        ("decoder.final_norm: dy of the last block = LN'(dh)", out("decoder.final_norm", "dx"),
-         Decoder.backward, "dx = self.final_norm.backward(dy)"),
-        ("layer 0, top block first: feed-forward (Linear, GELU, Linear)",),
-        *block(f"{layer}.ff_block", f"{layer}.feed_forward",
-               (FeedForward.backward, "return self.linear1.backward"), gelu),
-        ("layer 0: masked self-attention (no cross-attention: no encoder)",),
-        *block(f"{layer}.self_attn_block", f"{layer}.self_attn", (MultiHeadAttention.backward, "return (dqkv @ W.T)")),
-        ("learned positions and the tied embedding",),
-        ("positional: P.grad[0:L] += dy summed over the batch (a scatter-add onto the rows read)",
-         out("positional", "weight"), LearnedPositionalEmbedding.backward, "self.weight.grad[start:start + L] +="),
-        ("positional: dx = dy", out("positional", "dx"), LearnedPositionalEmbedding.backward, "return dy"),
-        ("embed: W.grad[ids] += dy, summed where an id repeats (tied use 2 of 2)", uses[1], Embedding.backward,
-         "xp.add.at("),
-        ("embed.weight.grad = use 1 + use 2 (the two += above, into one Parameter)",
-         backend.to_numpy(model.embed.weight.grad), None, None),
-    ]
+def backward_record(tracer, name, call=0):
+    """The record of backward call ``call`` of the module named ``name``."""
+    for record in tracer.records:
+        if record.kind == "backward" and record.name == name and record.call == call:
+            return record
+    raise LookupError(f"no backward call {call} of {name!r}")
 
 
+# the lines that compute the steps: (function, a snippet of the one line)
+LOSS = (LabelSmoothedCrossEntropy.backward, "dlogits *= ")
+PROJECTION_DH = (OutputProjection.backward, "return matmul_rows(dlogits, self.weight.data)")
+PROJECTION_DW = (OutputProjection.backward, "self.weight.grad +=")
+NORM = (LayerNorm.backward, "return rstd * (dxhat")
+SKIP = (SublayerConnection.backward, "dx_skip = dy\n")  # the pre-LN code line, not the comment above it
+BLOCK_SUM = (SublayerConnection.backward, "dx = dx_skip +")
+FEED_FORWARD = (FeedForward.backward, "return self.linear1.backward")
+SELF_ATTENTION = (MultiHeadAttention.backward, "return (dqkv @ W.T)")
+CROSS_ATTENTION = (MultiHeadAttention.backward, "dx = matmul_rows(dq")
+EMBEDDING = (Embedding.backward, "xp.add.at(")
+
+
+def activation_line(activation):
+    """(function, snippet) of the line of ``activation``'s backward that computes dx, None for an unknown one."""
+    snippets = {ReLU: "return dy * (y > 0)", SiLU: "return dy * (s + x * ds_dx)",
+                GELU: "return dy * (cdf + 0.5" if getattr(activation, "approximate", None) == "tanh"
+                else "return dy * (cdf + x * pdf)"}
+    snippet = snippets.get(type(activation))
+    return None if snippet is None else (type(activation).backward, snippet)
+
+
+class Walk:
+    """The walk of one backward, read from the records of a :class:`minitf.tracer.Tracer`: ``steps``
+    ([section title (str) or :class:`Step`], from dL/dlogits down) and ``points`` ([(name, |dL/d(point)|)]
+    down the residual stream: the stacks' outputs and each layer's input, from the top down)."""
+
+    def __init__(self, tracer):
+        self.tracer, self.steps, self.points = tracer, [], []
+
+    def array(self, name, key, call=0):
+        """The array ``key`` (an input, an output or a parameter's added gradient) of backward call ``call``
+        of the module named ``name``."""
+        record = backward_record(self.tracer, name, call)
+        return dict(record.outputs + record.inputs + record.grads)[key]
+
+    def section(self, title):
+        self.steps.append(title)
+
+    def step(self, label, name, key, kind, code=None, call=0):
+        self.add(label, self.array(name, key, call), kind, code)
+
+    def add(self, label, array, kind, code=None):
+        self.steps.append(Step(label, array, kind, code))
+
+    def point(self, point, name, key):
+        self.points.append((point, float(numpy.linalg.norm(self.array(name, key)))))
+
+    def block(self, prefix, sublayer, sublayer_code, pre_norm, inner=(), extra=()):
+        """One residual block, in the names of SublayerConnection.backward (dropout 0: Dropout'(g) = g);
+        ``inner`` and ``extra``: the arguments of more steps, before and after the sublayer's."""
+        if pre_norm:  # y = x + s(LN(x)): dx = dy (the skip) + LN'(s'(dy))
+            self.step(f"{prefix}: dx_skip = dy (pre-LN: the skip passes dy on unchanged)", prefix, "dy", "branch",
+                      SKIP)
+            for args in inner:
+                self.step(*args)
+            self.step(f"{sublayer}: dh = Sublayer'(dy)", sublayer, "dx", "branch", sublayer_code)
+            for args in extra:
+                self.step(*args)
+            self.step(f"{prefix}.norm: LN'(dh)", f"{prefix}.norm", "dx", "branch", NORM)
+            self.step(f"{prefix}: dx = dx_skip + LN'(dh)", prefix, "dx", "stream", BLOCK_SUM)
+            return
+        # y = LN(x + s(x)): dx = LN'(dy) (the skip) + s'(LN'(dy))
+        self.step(f"{prefix}.norm: dx_skip = LN'(dy)", f"{prefix}.norm", "dx", "branch", NORM)
+        for args in inner:
+            self.step(*args)
+        self.step(f"{sublayer}: dh = Sublayer'(dx_skip)", sublayer, "dx", "branch", sublayer_code)
+        for args in extra:
+            self.step(*args)
+        self.step(f"{prefix}: dx = dx_skip + dh", prefix, "dx", "stream", BLOCK_SUM)
+
+
+def _uses(count, tied):
+    return (lambda k: f"tied use {k} of {count}") if tied else (lambda k: "its own matrix")
+
+
+def _count(n):
+    return "one here" if n == 1 else f"{n} here"
+
+
+def translation_walk(tracer, model):
+    """The :class:`Walk` of a :class:`minitf.Transformer`'s backward (the encoder-decoder), for every layer
+    from the top down, post-LN or pre-LN (with each stack's final LayerNorm)."""
+    w, config = Walk(tracer), model.config
+    pre_norm = config["pre_norm"]
+    tied = model.generator.weight is model.src_embed.weight and model.tgt_embed is model.src_embed
+    use = _uses(3, tied)
+    scale = " sqrt(D)" if model.src_embed.scale != 1.0 else ""
+    target_embed = "src_embed" if model.tgt_embed is model.src_embed else "tgt_embed"
+    w.section("the loss and the output projection (logits = h W^T, W the tied (V, D) matrix)" if tied
+              else "the loss and the output projection (logits = h W^T)")
+    w.step("loss: dlogits = (p - q) / N", "loss", "dlogits", "loss", LOSS)
+    w.step("generator: dh = dlogits W, for the decoder output h (dy of the next step)", "generator", "dh", "stream",
+           PROJECTION_DH)
+    w.step(f"generator: W.grad += dlogits^T h ({use(1)})", "generator", "weight", "weight", PROJECTION_DW)
+    w.point("decoder out", "decoder", "dy")
+    if pre_norm:
+        w.section("the decoder's final LayerNorm (pre-LN)")
+        w.step("decoder.final_norm: dy of the last block = LN'(dh)", "decoder.final_norm", "dx", "stream",
+               (Decoder.backward, "dx = self.final_norm.backward(dy)"))
+    layers = config["num_decoder_layers"]
+    for l in reversed(range(layers)):
+        dec = f"decoder.layers.{l}"
+        w.section(f"decoder layer {l}, top block first: feed-forward")
+        w.block(f"{dec}.ff_block", f"{dec}.feed_forward", FEED_FORWARD, pre_norm)
+        w.section(f"decoder layer {l}: cross-attention, queries from the decoder, keys and values from the memory")
+        w.block(f"{dec}.cross_attn_block", f"{dec}.cross_attn", CROSS_ATTENTION, pre_norm,
+                extra=[(f"{dec}.cross_attn: dmemory = [dk dv] W_kv^T", f"{dec}.cross_attn", "dmemory", "branch",
+                        (MultiHeadAttention.backward, "dmemory = matmul_rows(dkv"))])
+        w.section(f"decoder layer {l}: masked self-attention")
+        w.block(f"{dec}.self_attn_block", f"{dec}.self_attn", SELF_ATTENTION, pre_norm)
+        w.point(f"decoder.layers.{l} in", dec, "dx")
+    w.section(f"decoder stack: the memory's gradient, summed over the decoder layers ({_count(layers)})")
+    w.step("decoder: dmemory = sum over layers", "decoder", "dmemory", "stream",
+           (Decoder.backward, "dmemory = dmemory +"))
+    w.section("target embedding (positional encoding and dropout pass dy through)")
+    w.step("tgt_embed: d(target embedding) = dx of decoder layer 0", "decoder.layers.0", "dx", "stream",
+           (Transformer.backward, "dtgt_embedded = self.positional.backward"))
+    w.step(f"tgt_embed: W.grad[ids] +={scale} dy ({use(2)})", target_embed, "weight", "weight", EMBEDDING)
+    w.point("encoder out", "encoder", "dy")
+    top = config["num_encoder_layers"] - 1
+    w.section(f"encoder layer {top}, from the memory down: feed-forward")
+    w.step("encoder: dy = dmemory", "encoder", "dy", "stream",
+           (Transformer.backward, "dx = self.encoder.backward(dmemory)"))
+    if pre_norm:
+        w.step("encoder.final_norm: dy of the last block = LN'(dmemory)", "encoder.final_norm", "dx", "stream",
+               (Encoder.backward, "dx = self.final_norm.backward(dy)"))
+    for l in reversed(range(top + 1)):
+        enc = f"encoder.layers.{l}"
+        if l != top:
+            w.section(f"encoder layer {l}: feed-forward")
+        w.block(f"{enc}.ff_block", f"{enc}.feed_forward", FEED_FORWARD, pre_norm)
+        w.section(f"encoder layer {l}: self-attention")
+        w.block(f"{enc}.attn_block", f"{enc}.self_attn", SELF_ATTENTION, pre_norm)
+        w.point(f"encoder.layers.{l} in", enc, "dx")
+    w.section("source embedding and the tied matrix" if tied else "source embedding")
+    # a shared embedding runs backward twice, the target's first (Transformer.backward): the source's is call 1
+    w.step(f"src_embed: W.grad[ids] +={scale} dy ({use(3)})", "src_embed", "weight", "weight", EMBEDDING,
+           call=1 if target_embed == "src_embed" else 0)
+    if tied:
+        w.add("src_embed.weight.grad = use 1 + use 2 + use 3 (the three += above, into one Parameter)",
+              backend.to_numpy(model.src_embed.weight.grad), "weight")
+    return w
+
+
+def language_model_walk(tracer, model):
+    """The :class:`Walk` of a :class:`minitf.GPT`'s backward (decoder-only), for every layer from the top
+    down, post-LN or pre-LN, learned or sinusoidal positions."""
+    w, config = Walk(tracer), model.config
+    pre_norm, tied = config["pre_norm"], model.generator.weight is model.embed.weight
+    use = _uses(2, tied)
+    w.section("the next-token loss and the output projection (logits = h W^T, W the tied (V, D) matrix)" if tied
+              else "the next-token loss and the output projection (logits = h W^T)")
+    w.step("loss: dlogits = (softmax - onehot(next)) / N, 0 on the last position", "loss", "dlogits", "loss", LOSS)
+    w.step("generator: dh = dlogits W", "generator", "dh", "stream", PROJECTION_DH)
+    w.step(f"generator: W.grad += dlogits^T h ({use(1)})", "generator", "weight", "weight", PROJECTION_DW)
+    w.point("decoder out", "decoder", "dy")
+    if pre_norm:
+        w.section("the final LayerNorm (pre-LN)")
+        w.step("decoder.final_norm: dy of the last block = LN'(dh)", "decoder.final_norm", "dx", "stream",
+               (Decoder.backward, "dx = self.final_norm.backward(dy)"))
+    for l in reversed(range(config["num_layers"])):
+        layer = f"decoder.layers.{l}"
+        activation = model.decoder.layers[l].feed_forward.activation
+        name = type(activation).__name__
+        w.section(f"layer {l}, top block first: feed-forward (Linear, {name}, Linear)")
+        w.block(f"{layer}.ff_block", f"{layer}.feed_forward", FEED_FORWARD, pre_norm,
+                inner=[(f"{layer}.feed_forward.activation: {name}'(x) dy, inside the feed-forward",
+                        f"{layer}.feed_forward.activation", "dx", "branch", activation_line(activation))])
+        w.section(f"layer {l}: masked self-attention (no cross-attention: no encoder)")
+        w.block(f"{layer}.self_attn_block", f"{layer}.self_attn", SELF_ATTENTION, pre_norm)
+        w.point(f"decoder.layers.{l} in", layer, "dx")
+    learned = config["positions"] == "learned"
+    w.section(("learned positions" if learned else "sinusoidal positions") + (" and the tied embedding" if tied
+                                                                              else " and the embedding"))
+    if learned:
+        w.step("positional: P.grad[0:L] += dy summed over the batch (a scatter-add onto the rows read)",
+               "positional", "weight", "weight",
+               (LearnedPositionalEmbedding.backward, "self.weight.grad[start:start + L] +="))
+    w.step("positional: dx = dy", "positional", "dx", "stream", (type(model.positional).backward, "return dy"))
+    scale = " sqrt(D)" if model.embed.scale != 1.0 else ""
+    w.step(f"embed: W.grad[ids] +={scale} dy, summed where an id repeats ({use(2)})", "embed", "weight", "weight",
+           EMBEDDING)
+    if tied:
+        w.add("embed.weight.grad = use 1 + use 2 (the two += above, into one Parameter)",
+              backend.to_numpy(model.embed.weight.grad), "weight")
+    return w
+
+
+#: the walk of each model class: one per shape (the trace and the inspection page find it here by the model's class;
+#: the model kinds' packages sit above these study tools, which import none of them)
+WALKS = {Transformer: translation_walk, GPT: language_model_walk}
+
+
+def backward_walk(tracer, model):
+    """The :class:`Walk` of ``model``'s backward from the records of ``tracer`` (a Tracer that recorded a forward,
+    the loss as "loss" and a backward): :func:`translation_walk` or :func:`language_model_walk`, by its class."""
+    for cls in type(model).__mro__:
+        if cls in WALKS:
+            return WALKS[cls](tracer, model)
+    raise TypeError(f"no backward walk for a {type(model).__name__}; minitf.walk.WALKS has "
+                    f"{', '.join(cls.__name__ for cls in WALKS)}")
+
+
+# --------------------------------------------------------------------------- #
+# Printing the walk of the trace's examples
+# --------------------------------------------------------------------------- #
 def print_gpt_walk(tracer, model, loss):
     print("walk: the GPT example of python -m minitf.trace --model gpt (pre-LN, tanh GELU, learned")
     print(f"positions, one layer, B=1, L=4, D=4, V=5; ids {GPT_IDS}, targets {GPT_NEXT}; loss {loss:.6f}),")
@@ -180,30 +304,26 @@ def print_gpt_walk(tracer, model, loss):
     print("positions 0 and 2 and predicted at 1; row 0 of the position table), and the line of minitf")
     print("that computes it. The last position's dlogits row is 0: it has no next token, and no earlier")
     print("position reads it (the causal mask), so its row is 0 in every gradient below the loss.")
-    _print_steps(gpt_walk_steps(tracer, model), lambda array: array[3] if array.shape == model.embed.weight.shape
+    _print_steps(backward_walk(tracer, model).steps, lambda array: array[3] if array.shape == model.embed.weight.shape
                  else array[0] if array.ndim == 2 else array[0, 0])
-    last = backend.to_numpy(dict(_backward_arrays(tracer, "loss"))["dlogits"])[0, -1]
+    last = backend.to_numpy(dict(backward_record(tracer, "loss").outputs)["dlogits"])[0, -1]
     print()
     print(f"dlogits at the last position: {format_values(last)}")
-
-
-def _backward_arrays(tracer, name):
-    return next(r.outputs for r in tracer.records if r.kind == "backward" and r.name == name)
 
 
 def _print_steps(steps, row_of):
     number = 0
     for step in steps:
-        if len(step) == 1:
+        if isinstance(step, str):
             print()
-            print(f"-- {step[0]}")
+            print(f"-- {step}")
             continue
-        label, array, function, snippet = step
         number += 1
-        print(f"{number:2d} {label}")
-        print(f"   {str(tuple(array.shape)):10s} norm {numpy.linalg.norm(array):.4f}  row {format_values(row_of(array))}")
-        if function is not None:
-            print("   {}  {}".format(*source_line(function, snippet)))
+        print(f"{number:2d} {step.label}")
+        print(f"   {str(tuple(step.array.shape)):10s} norm {numpy.linalg.norm(step.array):.4f}  "
+              f"row {format_values(row_of(step.array))}")
+        if step.code is not None:
+            print("   {}  {}".format(*source_line(*step.code)))
 
 
 def print_walk(tracer, model, loss):
@@ -213,7 +333,7 @@ def print_walk(tracer, model, loss):
     print("row 4 of a (V, D) weight gradient: token 4 is in the source, the target and the output),")
     print("and the line of minitf that computes it; in a residual block, dx_skip, dh and dx are")
     print("the names of SublayerConnection.backward (dropout 0, so Dropout'(g) = g)")
-    _print_steps(walk_steps(tracer, model),
+    _print_steps(backward_walk(tracer, model).steps,
                  lambda array: array[4] if array.shape == model.src_embed.weight.shape else array[0, 0])
 
 

@@ -116,3 +116,20 @@ def count():
 """)
     assert gradcheck.main([f"{path}:count"]) == 1
     assert "FAIL nothing was checked" in capsys.readouterr().out
+
+
+def test_the_study_tools_run_without_hypothesis(tmp_path):
+    """hypothesis is a test extra: python -m minitf.gradcheck (a layer, a bug, FILE.py:NAME) and python -m
+    minitf.exercise draw their random arrays with minitf.gradcheck.numeric's (minitf.testing's public names,
+    without its hypothesis strategies), so a plain install runs them."""
+    import subprocess
+    import sys
+    (tmp_path / "mine.py").write_text("import minitf\n\n\ndef make():\n    return minitf.LayerNorm(4)\n")
+    runs = [("minitf.gradcheck", ["linear"]), ("minitf.gradcheck", ["--bug", "no-variance-term", "--fixed"]),
+            ("minitf.gradcheck", [f"{tmp_path / 'mine.py'}:make"]), ("minitf.exercise", ["list"])]
+    for module, argv in runs:
+        blocked = ("import runpy, sys; sys.modules['hypothesis'] = None; "  # import hypothesis raises ImportError
+                   f"sys.argv = ['{module}'] + {argv!r}; runpy.run_module('{module}', run_name='__main__')")
+        done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "hypothesis" not in done.stderr, (module, argv, done.stderr[-2000:])
+        assert "FAIL" not in done.stdout

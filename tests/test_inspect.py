@@ -266,8 +266,8 @@ def test_a_gpt_page_says_why_its_last_embedding_gradient_is_zero(float64):
 
 
 # --------------------------------------------------------------------------- the walk is trace --walk's
-def _steps(steps):
-    return [s[0] if len(s) == 1 else (s[0], float(np.linalg.norm(s[1]))) for s in steps]
+def _steps(walk_of_trace):
+    return [s if isinstance(s, str) else (s.label, float(np.linalg.norm(s.array))) for s in walk_of_trace.steps]
 
 
 def _walk(inspection):
@@ -280,10 +280,10 @@ def test_the_walk_is_the_walk_of_trace_for_its_examples(float64):
     traced, model, _ = tracer.run()
     inspection = numbers.translation(tracer.build_model(), np.array(tracer.SRC[0]), np.array(tracer.TGT_IN[0]),
                                      np.array(tracer.TGT_OUT[0]), smoothing=tracer.SMOOTHING)
-    assert _walk(inspection) == _steps(walk.walk_steps(traced, model))
+    assert _walk(inspection) == _steps(walk.backward_walk(traced, model))
     traced, model, _ = tracer.run_gpt()
     inspection = numbers.language_model(tracer.build_model("gpt"), np.array(tracer.GPT_IDS[0]))
-    assert _walk(inspection) == _steps(walk.gpt_walk_steps(traced, model))
+    assert _walk(inspection) == _steps(walk.backward_walk(traced, model))
 
 
 @pytest.mark.parametrize("pre_norm", [False, True], ids=["post-LN", "pre-LN"])

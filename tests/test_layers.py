@@ -13,7 +13,7 @@ import minitf
 from minitf import backend
 from minitf.backend import xp
 from minitf.layers import (ACTIVATIONS, Dropout, Embedding, LayerNorm, Linear, OutputProjection, PositionalEncoding,
-                           ReLU, SiLU, Softmax, TiedOutputProjection, make_activation, sigmoid, sinusoidal_table,
+                           ReLU, SiLU, Softmax, make_activation, sigmoid, sinusoidal_table,
                            softmax)
 from minitf.module import Parameter
 from tests.helpers import assert_gradients_match, np, random_array, seeds, small
@@ -49,7 +49,7 @@ def test_embedding_is_scaled_by_sqrt_d_model():
 @given(B=small, T=small, V=small, D=small, seed=seeds)
 def test_tied_projection_gradients(B, T, V, D, seed):
     weight = Parameter(random_array(seed + 1, (V, D)))
-    layer = TiedOutputProjection(weight)
+    layer = OutputProjection(weight)
     h = random_array(seed, (B, T, D))
     assert_gradients_match(layer.forward, layer.backward, {"h": h}, {"weight": weight}, seed=seed)
 
@@ -91,7 +91,7 @@ def test_output_projection_with_a_bias_gradients(B, T, V, D, seed, tied):
 def test_tied_weight_accumulates_both_uses():
     """One Parameter used by an Embedding and the projection gets the sum of both gradients."""
     embedding = Embedding(7, 4)
-    projection = TiedOutputProjection(embedding.weight)
+    projection = OutputProjection(embedding.weight)
     ids = backend.asarray(np.array([[1, 2, 2]]))
     G = random_array(1, (1, 3, 7))
     projection.forward(embedding.forward(ids))

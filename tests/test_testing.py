@@ -315,3 +315,25 @@ def test_a_rebound_grad_or_a_stale_cache_fails_with_its_own_message(mistake, mes
     assert not any(re.search(m, str(error.value)) for m in others), str(error.value)
     assert _harm(mistake) == 0 if mistake == "grad-rebound" else _harm(mistake) > 0.1
     testing.assert_gradients_match(_Affine(), _x())  # the right version passes
+
+
+def test_random_array_and_randomize_draw_from_a_seed_or_from_one_generators_stream():
+    """The one random-array helper (the study tools' too): an int seed gives the same array every time, parameter
+    i of randomize its own seed + 101 i; a Generator gives its next draws, in turn (the study tools' instances);
+    dtype None is the backend's default dtype (minitf.bugs builds its layers in it)."""
+    a = testing.random_array(7, (2, 3), 0.5)
+    np.testing.assert_array_equal(backend.to_numpy(a), np.random.default_rng(7).normal(0.0, 0.5, (2, 3)))
+    assert a.dtype == np.float64 and not np.array_equal(backend.to_numpy(testing.random_array(8, (2, 3), 0.5)),
+                                                        backend.to_numpy(a))
+    rng, again = np.random.default_rng(5), np.random.default_rng(5)
+    layer = testing.randomize(minitf.Linear(3, 2), rng)
+    x = testing.random_array(rng, (4,), 2.0)
+    np.testing.assert_array_equal(backend.to_numpy(layer.weight.data), again.normal(0.0, 0.5, (3, 2)))
+    np.testing.assert_array_equal(backend.to_numpy(layer.bias.data), again.normal(0.0, 0.5, (2,)))
+    np.testing.assert_array_equal(backend.to_numpy(x), again.normal(0.0, 2.0, (4,)))
+    layer = testing.randomize(minitf.Linear(3, 2), 11)
+    bias = np.random.default_rng(11 + 101).normal(0.0, 0.5, 2)  # the second parameter's seed
+    np.testing.assert_array_equal(backend.to_numpy(layer.bias.data), bias)
+    with backend.default_dtype("float32"):
+        assert testing.random_array(0, (2,), dtype=None).dtype == np.float32
+        assert testing.random_array(0, (2,)).dtype == np.float64

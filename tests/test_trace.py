@@ -274,6 +274,44 @@ def test_source_line_needs_exactly_one_match():
         walk.source_line(LayerNorm.backward, "dxhat")
 
 
+WALKED_MODELS = {  # the shapes of model the trace's examples do not have, each traced on its example's ids
+    "transformer pre-LN": dict(pre_norm=True),
+    "transformer untied": dict(share_embeddings=False),
+    **{f"gpt {activation}": dict(activation=activation) for activation in ("relu", "gelu", "gelu_tanh", "silu")},
+    "gpt post-LN, sinusoidal, untied": dict(pre_norm=False, positions="sinusoidal", tie_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("name", list(WALKED_MODELS))
+def test_every_step_of_the_walk_names_its_line_for_every_shape_of_model(name):
+    """The one walk (minitf.walk.backward_walk: trace --walk prints it, the inspection page draws it) names the
+    line of minitf that computes each step for every layout, activation and kind of positions, not only for the
+    trace's examples: each names exactly one line, and only a tied matrix's sum of uses names none."""
+    import minitf
+    root = pathlib.Path(__file__).resolve().parents[1]
+    with default_dtype("float64"):
+        if name.startswith("gpt"):
+            tracer, model, _ = trace.run_gpt(minitf.GPT(**dict(trace.GPT_CONFIG, **WALKED_MODELS[name])))
+        else:
+            tracer, model, _ = trace.run(minitf.Transformer(**dict(trace.CONFIG, **WALKED_MODELS[name])))
+    steps = [s for s in walk.backward_walk(tracer, model).steps if not isinstance(s, str)]
+    assert len(steps) >= 12
+    for step in steps:
+        if step.code is not None:
+            path, number = walk.source_line(*step.code)[0].split(":")
+            line = (root / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
+            assert line.strip().startswith(walk.source_line(*step.code)[1]), (step.label, line)
+    tied = "untied" not in name
+    assert [s.label for s in steps if s.code is None] == ([steps[-1].label] if tied else []), name
+    assert all("= use 1 + use 2" in s.label for s in steps if s.code is None)
+
+
+def test_the_walk_refuses_a_model_it_has_no_walk_for(traced):
+    import minitf
+    with pytest.raises(TypeError, match="no backward walk for a Linear; minitf.walk.WALKS has Transformer, GPT"):
+        walk.backward_walk(traced[0], minitf.Linear(2, 2))
+
+
 def test_the_trace_views_take_no_other_option(capsys):
     with pytest.raises(SystemExit) as error:
         trace.main(["--walk", "--no-params"])

@@ -14,6 +14,7 @@ A new elementwise activation is one line (see :func:`elementwise`)::
 import minitf
 from minitf import backend
 from minitf.attention import attention_keep_mask
+from minitf.gradcheck.numeric import random_array, randomize
 
 #: name -> build(rng) -> (forward, backward, inputs, module), in the order of ``--help``
 BUILDERS = {}
@@ -39,18 +40,6 @@ def build(name, rng):
     return BUILDERS[name](rng)
 
 
-def arr(rng, *shape, scale=1.0):
-    """N(0, scale^2) values of ``shape`` from ``rng``, in the backend's default dtype."""
-    return backend.asarray(rng.normal(0.0, scale, shape))
-
-
-def randomize(module, rng):
-    """Random N(0, 0.25) values in every parameter of ``module``; returns it."""
-    for p in module.parameters():  # random biases/gains too: every gradient term matters
-        p.data[...] = arr(rng, *p.shape, scale=0.5)
-    return module
-
-
 def source_padding():
     """(B, S) True = padding: row 0 has none, row 1 pads its last position."""
     return backend.asarray(backend.host.arange(S)[None, :] >= backend.host.array([[S], [S - 1]]))
@@ -58,13 +47,13 @@ def source_padding():
 
 def elementwise(module, rng, scale=1.0):
     """An elementwise layer without parameters on one (B, T, D) input of N(0, scale^2) values."""
-    return module.forward, module.backward, {"x": arr(rng, B, T, D, scale=scale)}, None
+    return module.forward, module.backward, {"x": random_array(rng, (B, T, D), scale)}, None
 
 
 @layer("linear")
 def _linear(rng):
     m = randomize(minitf.Linear(D, F), rng)
-    return m.forward, m.backward, {"x": arr(rng, B, T, D)}, m
+    return m.forward, m.backward, {"x": random_array(rng, (B, T, D))}, m
 
 
 @layer("embedding")
@@ -87,7 +76,7 @@ def _dropout(rng):
 @layer("layernorm")
 def _layernorm(rng):
     m = randomize(minitf.LayerNorm(D), rng)
-    return m.forward, m.backward, {"x": arr(rng, B, T, D)}, m
+    return m.forward, m.backward, {"x": random_array(rng, (B, T, D))}, m
 
 
 @layer("relu")
@@ -102,7 +91,7 @@ def _softmax(rng):
 
 @layer("attention")
 def _attention(rng):
-    Q, K, U = arr(rng, B, H, T, D), arr(rng, B, H, S, D), arr(rng, B, H, S, D)
+    Q, K, U = random_array(rng, (B, H, T, D)), random_array(rng, (B, H, S, D)), random_array(rng, (B, H, S, D))
     keep = attention_keep_mask(source_padding(), False, T, S)
     saved = {}
 
@@ -116,7 +105,7 @@ def _attention(rng):
 @layer("mha")
 def _self_attention(rng):
     m = randomize(minitf.MultiHeadAttention(D, H), rng)
-    return (lambda x: m.forward(x, causal=True)), (lambda dy: m.backward(dy)[0]), {"x": arr(rng, B, T, D)}, m
+    return (lambda x: m.forward(x, causal=True)), (lambda dy: m.backward(dy)[0]), {"x": random_array(rng, (B, T, D))}, m
 
 
 @layer("cross")
@@ -124,24 +113,24 @@ def _cross_attention(rng):
     m = randomize(minitf.MultiHeadAttention(D, H), rng)
     src_pad = source_padding()
     return (lambda x, mem: m.forward(x, mem, key_padding_mask=src_pad)), m.backward, \
-        {"x": arr(rng, B, T, D), "memory": arr(rng, B, S, D)}, m
+        {"x": random_array(rng, (B, T, D)), "memory": random_array(rng, (B, S, D))}, m
 
 
 @layer("feedforward")
 def _feedforward(rng):
     m = randomize(minitf.FeedForward(D, F), rng)
-    return m.forward, m.backward, {"x": arr(rng, B, T, D)}, m
+    return m.forward, m.backward, {"x": random_array(rng, (B, T, D))}, m
 
 
 def _encoder(m, rng):
     src_pad = source_padding()
-    return (lambda x: m.forward(x, src_pad)), m.backward, {"x": arr(rng, B, S, D)}, m
+    return (lambda x: m.forward(x, src_pad)), m.backward, {"x": random_array(rng, (B, S, D))}, m
 
 
 def _decoder(m, rng):
     src_pad = source_padding()
     return (lambda y, mem: m.forward(y, mem, src_pad)), m.backward, \
-        {"y": arr(rng, B, T, D), "memory": arr(rng, B, S, D)}, m
+        {"y": random_array(rng, (B, T, D)), "memory": random_array(rng, (B, S, D))}, m
 
 
 @layer("encoder_layer")
@@ -169,7 +158,7 @@ def _loss(rng):
     m = minitf.LabelSmoothedCrossEntropy(0.1, ignore_index=0)
     target = backend.asarray(rng.integers(0, V, (B, T)))
     return (lambda z: backend.asarray(m.forward(z, target))), (lambda g: m.backward(float(g))), \
-        {"logits": arr(rng, B, T, V, scale=2.0)}, None
+        {"logits": random_array(rng, (B, T, V), 2.0)}, None
 
 
 @layer("model")
@@ -196,7 +185,7 @@ def _gelu_tanh(rng):
 @layer("learned_positions")
 def _learned_positions(rng):
     m = randomize(minitf.LearnedPositionalEmbedding(T + 2, D), rng)
-    return (lambda x: m.forward(x, start=1)), m.backward, {"x": arr(rng, B, T, D)}, m
+    return (lambda x: m.forward(x, start=1)), m.backward, {"x": random_array(rng, (B, T, D))}, m
 
 
 @layer("gpt")

@@ -8,6 +8,7 @@ import inspect
 
 from minitf import backend, bugs
 from minitf.gradcheck.catalogue import LAYERS, build
+from minitf.gradcheck.numeric import random_array
 from minitf.gradcheck.report import print_check
 from minitf.module import Module
 from minitf.study_tools import add_time_limit, check_time_limit, guarded, load_object, one_line_parser, user_error
@@ -26,7 +27,7 @@ def _build_user(spec, shapes, rng):
     module, *given = made if isinstance(made, tuple) else (made,)
     if not isinstance(module, Module):
         raise ValueError(f"{spec}() returned {type(module).__name__}, not a minitf Module")
-    arrays = given or [backend.asarray(rng.normal(0.0, 1.0, shape)) for shape in shapes]
+    arrays = given or [random_array(rng, shape) for shape in shapes]
     positional = [(n, p) for n, p in inspect.signature(module.forward).parameters.items()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = [n for n, p in positional if p.default is p.empty]

@@ -1,9 +1,9 @@
 """The numbers of the inspection page, from the model's own arrays: one forward with every
 :class:`~minitf.attention.MultiHeadAttention` keeping its softmax weights ``P``, the loss of the
 shown target, and one backward under a :class:`~minitf.tracer.Tracer` that records the gradient at
-each step of the walk from dL/dlogits down to the embeddings, in the order of ``python -m
-minitf.trace --walk`` (:func:`minitf.walk.walk_steps`; for a GPT, ``--model gpt --walk``), for any
-number of layers, post-LN or pre-LN.
+each step of the walk from dL/dlogits down to the embeddings: the walk of ``python -m minitf.trace --walk``
+(:func:`minitf.walk.backward_walk`, the same steps for the trace's examples), for any number of layers,
+post-LN or pre-LN.
 
 Shapes: S source length, T target length (a GPT: L tokens), H heads, V vocabulary size.
 """
@@ -15,6 +15,7 @@ from minitf import backend
 from minitf.backend import host as np  # every number here ends on the host, for the page
 from minitf.gpt import GPT
 from minitf.tracer import Tracer
+from minitf.walk import backward_record, backward_walk
 
 #: Alternatives shown for each predicted token.
 TOP = 5
@@ -130,9 +131,9 @@ def translation(model, src_ids, tgt_in_ids, tgt_out_ids, smoothing=0.0, top=TOP)
     src, tgt_in, tgt_out = (np.asarray(a, dtype=np.int64) for a in (src_ids, tgt_in_ids, tgt_out_ids))
     loss_fn = minitf.LabelSmoothedCrossEntropy(smoothing, ignore_index=model.pad_id)
     logits, loss, attention, tracer = _run(model, loss_fn, lambda: model(src[None], tgt_in[None]), tgt_out, top)
-    walk, points = transformer_walk(tracer, model)
-    embed = "src_embed"
-    source_dy = _record(tracer, embed, 1 if model.tgt_embed is model.src_embed else 0).inputs  # the source's use
+    walk, points = _walk(tracer, model)
+    source_call = 1 if model.tgt_embed is model.src_embed else 0  # a shared embedding: the source's use is call 1
+    source_dy = backward_record(tracer, "src_embed", source_call).inputs
     embedding_grad = np.linalg.norm(dict(source_dy)["dy"][0], axis=-1) * model.src_embed.scale        # (S,)
     return _inspection(logits, tgt_out, top, loss, loss_fn, smoothing, attention, walk, points, embedding_grad)
 
@@ -144,8 +145,8 @@ def language_model(model, ids, top=TOP):
     targets = np.concatenate([ids[1:], [-1]])                            # (L,): the next token; -1 none
     loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
     logits, loss, attention, tracer = _run(model, loss_fn, lambda: model(ids[None]), targets, top)
-    walk, points = gpt_walk(tracer, model)
-    embedding_grad = np.linalg.norm(dict(_record(tracer, "embed").inputs)["dy"][0], axis=-1) * model.embed.scale
+    walk, points = _walk(tracer, model)
+    embedding_grad = np.linalg.norm(dict(backward_record(tracer, "embed").inputs)["dy"][0], axis=-1) * model.embed.scale
     return _inspection(logits, targets, top, loss, loss_fn, 0.0, attention, walk, points, embedding_grad)
 
 
@@ -156,163 +157,10 @@ def _inspection(logits, targets, top, loss, loss_fn, smoothing, attention, walk,
                       attention=attention, walk=walk, points=points, embedding_grad=embedding_grad)
 
 
-# --------------------------------------------------------------------------- #
-# The walk, for any number of layers and either layout
-# --------------------------------------------------------------------------- #
-def _record(tracer, name, call=0):
-    for record in tracer.records:
-        if record.kind == "backward" and record.name == name and record.call == call:
-            return record
-    raise LookupError(f"no backward call {call} of {name!r}")
-
-
-class _Walk:
-    """Collects the steps: ``step(label, name, key, kind, call)`` reads the array ``key`` (an input,
-    an output or a parameter's added gradient) of backward call ``call`` of module ``name``."""
-
-    def __init__(self, tracer):
-        self.tracer, self.steps = tracer, []
-
-    def section(self, title):
-        self.steps.append(title)
-
-    def array(self, name, key, call=0):
-        record = _record(self.tracer, name, call)
-        found = dict(record.outputs + record.inputs + record.grads)
-        return found[key]
-
-    def step(self, label, name, key, kind, call=0):
-        self.add(label, self.array(name, key, call), kind)
-
-    def add(self, label, array, kind):
-        self.steps.append(Step(label, float(np.linalg.norm(array)), tuple(array.shape), kind))
-
-    def norm(self, name, key, call=0):
-        return float(np.linalg.norm(self.array(name, key, call)))
-
-    def block(self, prefix, sublayer, pre_norm, inner=(), extra=()):
-        """One residual block, in the names of SublayerConnection.backward (dropout is the identity here)."""
-        if pre_norm:  # y = x + s(LN(x)): dx = dy (the skip) + LN'(s'(dy))
-            self.step(f"{prefix}: dx_skip = dy (pre-LN: the skip passes dy on unchanged)", prefix, "dy", "branch")
-            for args in inner:
-                self.step(*args)
-            self.step(f"{sublayer}: dh = Sublayer'(dy)", sublayer, "dx", "branch")
-            for args in extra:
-                self.step(*args)
-            self.step(f"{prefix}.norm: LN'(dh)", f"{prefix}.norm", "dx", "branch")
-            self.step(f"{prefix}: dx = dx_skip + LN'(dh)", prefix, "dx", "stream")
-            return
-        # y = LN(x + s(x)): dx = LN'(dy) (the skip) + s'(LN'(dy))
-        self.step(f"{prefix}.norm: dx_skip = LN'(dy)", f"{prefix}.norm", "dx", "branch")
-        for args in inner:
-            self.step(*args)
-        self.step(f"{sublayer}: dh = Sublayer'(dx_skip)", sublayer, "dx", "branch")
-        for args in extra:
-            self.step(*args)
-        self.step(f"{prefix}: dx = dx_skip + dh", prefix, "dx", "stream")
-
-
-def _uses(count, tied):
-    return (lambda k: f"tied use {k} of {count}") if tied else (lambda k: "its own matrix")
-
-
-def transformer_walk(tracer, model):
-    """(steps, points) of the encoder-decoder's backward from the records of ``tracer``: the steps of
-    :func:`minitf.walk.walk_steps` (the same labels, and for one post-LN layer per stack the same steps),
-    repeated for every layer from the top down, with each stack's final LayerNorm when pre-LN."""
-    w, pre_norm = _Walk(tracer), model.config["pre_norm"]
-    tied = model.generator.weight is model.src_embed.weight and model.tgt_embed is model.src_embed
-    use = _uses(3, tied)
-    scale = " sqrt(D)" if model.src_embed.scale != 1.0 else ""
-    target_embed = "src_embed" if model.tgt_embed is model.src_embed else "tgt_embed"
-    points = []
-    w.section("the loss and the output projection (logits = h W^T, W the tied (V, D) matrix)" if tied
-              else "the loss and the output projection (logits = h W^T)")
-    w.step("loss: dlogits = (p - q) / N", "loss", "dlogits", "loss")
-    w.step("generator: dh = dlogits W, for the decoder output h (dy of the next step)", "generator", "dh", "stream")
-    w.step(f"generator: W.grad += dlogits^T h ({use(1)})", "generator", "weight", "weight")
-    points.append(("decoder out", w.norm("decoder", "dy")))
-    if pre_norm:
-        w.section("the decoder's final LayerNorm (pre-LN)")
-        w.step("decoder.final_norm: dy of the last block = LN'(dh)", "decoder.final_norm", "dx", "stream")
-    layers = model.config["num_decoder_layers"]
-    for l in reversed(range(layers)):
-        dec = f"decoder.layers.{l}"
-        w.section(f"decoder layer {l}, top block first: feed-forward")
-        w.block(f"{dec}.ff_block", f"{dec}.feed_forward", pre_norm)
-        w.section(f"decoder layer {l}: cross-attention, queries from the decoder, keys and values from the memory")
-        w.block(f"{dec}.cross_attn_block", f"{dec}.cross_attn", pre_norm,
-                extra=[(f"{dec}.cross_attn: dmemory = [dk dv] W_kv^T", f"{dec}.cross_attn", "dmemory", "branch")])
-        w.section(f"decoder layer {l}: masked self-attention")
-        w.block(f"{dec}.self_attn_block", f"{dec}.self_attn", pre_norm)
-        points.append((f"decoder.layers.{l} in", w.norm(dec, "dx")))
-    w.section(f"decoder stack: the memory's gradient, summed over the decoder layers ({_count(layers)})")
-    w.step("decoder: dmemory = sum over layers", "decoder", "dmemory", "stream")
-    w.section("target embedding (positional encoding and dropout pass dy through)")
-    w.step("tgt_embed: d(target embedding) = dx of decoder layer 0", "decoder.layers.0", "dx", "stream")
-    w.step(f"tgt_embed: W.grad[ids] +={scale} dy ({use(2)})", target_embed, "weight", "weight")
-    points.append(("encoder out", w.norm("encoder", "dy")))
-    w.section(f"encoder layer {model.config['num_encoder_layers'] - 1}, from the memory down: feed-forward")
-    w.step("encoder: dy = dmemory", "encoder", "dy", "stream")
-    if pre_norm:
-        w.step("encoder.final_norm: dy of the last block = LN'(dmemory)", "encoder.final_norm", "dx", "stream")
-    for l in reversed(range(model.config["num_encoder_layers"])):
-        enc = f"encoder.layers.{l}"
-        if l != model.config["num_encoder_layers"] - 1:
-            w.section(f"encoder layer {l}: feed-forward")
-        w.block(f"{enc}.ff_block", f"{enc}.feed_forward", pre_norm)
-        w.section(f"encoder layer {l}: self-attention")
-        w.block(f"{enc}.attn_block", f"{enc}.self_attn", pre_norm)
-        points.append((f"encoder.layers.{l} in", w.norm(enc, "dx")))
-    w.section("source embedding and the tied matrix" if tied else "source embedding")
-    w.step(f"src_embed: W.grad[ids] +={scale} dy ({use(3)})", "src_embed", "weight", "weight",
-           call=1 if target_embed == "src_embed" else 0)
-    if tied:
-        w.add("src_embed.weight.grad = use 1 + use 2 + use 3 (the three += above, into one Parameter)",
-              backend.to_numpy(model.src_embed.weight.grad), "weight")
-    return w.steps, points
-
-
-def gpt_walk(tracer, model):
-    """(steps, points) of a GPT's backward: the steps of :func:`minitf.walk.gpt_walk_steps` (the same labels,
-    and for one pre-LN layer the same steps), for every layer from the top down, post-LN or pre-LN."""
-    w, config = _Walk(tracer), model.config
-    pre_norm, tied = config["pre_norm"], model.generator.weight is model.embed.weight
-    use = _uses(2, tied)
-    points = []
-    w.section("the next-token loss and the output projection (logits = h W^T, W the tied (V, D) matrix)" if tied
-              else "the next-token loss and the output projection (logits = h W^T)")
-    w.step("loss: dlogits = (softmax - onehot(next)) / N, 0 on the last position", "loss", "dlogits", "loss")
-    w.step("generator: dh = dlogits W", "generator", "dh", "stream")
-    w.step(f"generator: W.grad += dlogits^T h ({use(1)})", "generator", "weight", "weight")
-    points.append(("decoder out", w.norm("decoder", "dy")))
-    if pre_norm:
-        w.section("the final LayerNorm (pre-LN)")
-        w.step("decoder.final_norm: dy of the last block = LN'(dh)", "decoder.final_norm", "dx", "stream")
-    for l in reversed(range(config["num_layers"])):
-        layer = f"decoder.layers.{l}"
-        activation = f"{layer}.feed_forward.activation"
-        name = type(model.decoder.layers[l].feed_forward.activation).__name__
-        w.section(f"layer {l}, top block first: feed-forward (Linear, {name}, Linear)")
-        w.block(f"{layer}.ff_block", f"{layer}.feed_forward", pre_norm,
-                inner=[(f"{activation}: {name}'(x) dy, inside the feed-forward", activation, "dx", "branch")])
-        w.section(f"layer {l}: masked self-attention (no cross-attention: no encoder)")
-        w.block(f"{layer}.self_attn_block", f"{layer}.self_attn", pre_norm)
-        points.append((f"decoder.layers.{l} in", w.norm(layer, "dx")))
-    learned = config["positions"] == "learned"
-    w.section(("learned positions" if learned else "sinusoidal positions") + (" and the tied embedding" if tied
-                                                                              else " and the embedding"))
-    if learned:
-        w.step("positional: P.grad[0:L] += dy summed over the batch (a scatter-add onto the rows read)",
-               "positional", "weight", "weight")
-    w.step("positional: dx = dy", "positional", "dx", "stream")
-    scale = " sqrt(D)" if model.embed.scale != 1.0 else ""
-    w.step(f"embed: W.grad[ids] +={scale} dy, summed where an id repeats ({use(2)})", "embed", "weight", "weight")
-    if tied:
-        w.add("embed.weight.grad = use 1 + use 2 (the two += above, into one Parameter)",
-              backend.to_numpy(model.embed.weight.grad), "weight")
-    return w.steps, points
-
-
-def _count(n):
-    return "one here" if n == 1 else f"{n} here"
+def _walk(tracer, model):
+    """(steps, points) of the page: :func:`minitf.walk.backward_walk`'s, each step's gradient as its norm and shape."""
+    walk = backward_walk(tracer, model)
+    steps = [step if isinstance(step, str) else
+             Step(step.label, float(np.linalg.norm(step.array)), tuple(step.array.shape), step.kind)
+             for step in walk.steps]
+    return steps, walk.points

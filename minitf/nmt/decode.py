@@ -26,6 +26,7 @@ from minitf.gpt import non_finite_logits_error, nonfinite_rows
 from minitf.module import no_grad
 from minitf.nmt.data import pad_batch
 from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from minitf.transformer import check_ids
 
 
 def length_penalty(length, alpha):
@@ -160,7 +161,7 @@ def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
         for i, row in enumerate(rows):
             padded[i, :len(row)] = row
         src_ids = padded
-    src = model.check_ids(src_ids, "src_ids", model.config["src_vocab_size"])
+    src = check_ids(src_ids, "src_ids", model.config["src_vocab_size"])
     B = src.shape[0]
     if max_len is None:
         # one small copy to the host: the caps drive the host-side loop
