@@ -2,7 +2,6 @@
 run on the default corpus (the Ding dictionary, fetched once), on the user's parallel files or on a prepared
 corpus (WMT 2014 or ``--corpus-dir``), a Hugging Face Marian folder to fine-tune (``--init-from``), a resumed
 run's data, and :class:`TranslationTrainer`. The interface is :class:`minitf.training.task.Task`."""
-import importlib.util
 import os
 import pathlib
 
@@ -53,7 +52,7 @@ class TranslationTask(Task):
     pretrained = "Marian (opus-mt) translation model"
     init_from_help = ("fine-tune a pretrained translation model: a Hugging Face Marian folder (an opus-mt model: "
                       "config.json, model.safetensors, source.spm, target.spm, vocab.json) gives the model's shape, "
-                      "its weights and its tokenizer, kept in the run (needs pip install -e '.[hf]'; --lr-scale "
+                      "its weights and its tokenizer, kept in the run (--lr-scale "
                       f"{FINE_TUNE_LR_SCALE:g} unless given; the data must be the folder's language pair)")
 
     def add_arguments(self, parser):
@@ -101,8 +100,6 @@ class TranslationTask(Task):
             raise UsageError("--init-from reads the training text with its folder's tokenizer: give the files as "
                              "--train-src ... (or none, for the default corpus), not a prepared corpus "
                              "(--corpus-dir, --corpus wmt14-en-de: minitf's own tokenizer's ids)")
-        if importlib.util.find_spec("safetensors") is None:
-            raise UsageError("--init-from needs the safetensors package, not installed here: pip install -e '.[hf]'")
         if model_type(folder) == "gpt2":
             raise UsageError(f"--init-from {folder} is a Hugging Face GPT-2 folder (a language model), not a "
                              "translation model: to fine-tune it, add --model gpt")
