@@ -238,8 +238,9 @@ class MarianTokenizer:
         wrong += [f"the target vocabulary's {key[:-9]} {target[key]} (the source's: {ours[key]})" for key in ours
                   if target[key] != ours[key]]
         if wrong:
-            raise DataError(f"{folder}: {', '.join(wrong)} do not fit its tokenizer's files (vocab.json, "
-                            "tokenizer_config.json); they belong to different models: copy the model's own files")
+            raise DataError(f"{folder}: {', '.join(wrong)} {'do' if len(wrong) > 1 else 'does'} not fit its "
+                            "tokenizer's files (vocab.json, tokenizer_config.json); they belong to different "
+                            "models: copy the model's own files")
 
     def pieces(self, text, target=False):
         """The pieces of one text as ``MarianTokenizer.tokenize`` gives them (no ``</s>``)."""
