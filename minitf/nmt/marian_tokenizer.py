@@ -231,7 +231,8 @@ class MarianTokenizer:
                 raise DataError(f"{folder / what} has ids up to {ids - 1} but the model's vocabulary "
                                 f"has {vocab}; the tokenizer's files belong to another model: copy this model's")
         ours = {"pad_token_id": self.pad_id, "eos_token_id": self.eos_id}
-        theirs = {"pad_token_id": model["pad_id"], "eos_token_id": self.eos_id if model.get("eos_id") is None else model["eos_id"]}
+        eos = model.get("eos_id")
+        theirs = {"pad_token_id": model["pad_id"], "eos_token_id": self.eos_id if eos is None else eos}
         target = {"pad_token_id": self.target_pad_id, "eos_token_id": self.target_eos_id}
         wrong = [f"config.json's {key} {theirs[key]} (the tokenizer's: {ours[key]})" for key in ours
                  if ours[key] != theirs[key]]
