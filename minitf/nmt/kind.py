@@ -59,8 +59,9 @@ class TranslationKind(Kind):
 
     def load_folder(self, folder, warn=None):
         """A Marian folder: the tokenizer's files first (a missing one is named before the weights are read),
-        checked against config.json as ``train.py --init-from`` checks them (:func:`minitf.nmt.marian_tokenizer.
-        check_tokenizer`), then the model, then generation_config.json's decoding settings."""
+        checked against config.json by the check of ``train.py --init-from`` (:meth:`MarianTokenizer.check_fits`,
+        which :func:`minitf.nmt.marian_tokenizer.check_tokenizer` runs), then the model, then
+        generation_config.json's decoding settings."""
         from minitf.nmt.decode import DecodingSettings
         from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config
         from minitf.transformer import Transformer
