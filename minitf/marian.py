@@ -38,8 +38,9 @@ _HF_NAME_OF_ACTIVATION = {"silu": "swish", "relu": "relu", "gelu": "gelu", "gelu
 #: value minitf (and the code transformers runs) computes: any other value is refused, never ignored.
 LEGACY_FIXED = {"normalize_before": False, "add_final_layer_norm": False, "normalize_embedding": False,
                 "static_position_embeddings": True, "add_bias_logits": False}
-#: Training-only entries minitf has no place for: refused unless 0 (minitf drops out sublayer outputs and
-#: embeddings only, as the paper; ``dropout`` is read as that).
+#: Training-only entries minitf has no place for (it drops out sublayer outputs and embeddings only, as the
+#: paper; ``dropout`` is read as that): off in eval mode, so accepted for translating; refused unless 0 for
+#: fine-tuning, where minitf would train without them.
 ZERO_ONLY = ("attention_dropout", "activation_dropout", "encoder_layerdrop", "decoder_layerdrop")
 #: LayerNorm's epsilon in Hugging Face's Marian (torch.nn.LayerNorm's default; not in config.json)
 LAYER_NORM_EPS = 1e-5
@@ -54,9 +55,10 @@ POSITION_TABLE_ATOL = 1e-6
 # --------------------------------------------------------------------------- #
 # config.json -> the Transformer's arguments
 # --------------------------------------------------------------------------- #
-def transformer_config(hf, where="config.json"):
+def transformer_config(hf, where="config.json", training=False):
     """The :class:`minitf.Transformer` arguments of a Marian config.json dict. A ValueError (one line,
-    naming the key, its value and the fix) for a missing or mistyped value or one minitf does not compute."""
+    naming the key, its value and the fix) for a missing or mistyped value or one minitf does not compute
+    (with ``training``, fine-tuning's: also a training-only dropout of :data:`ZERO_ONLY` above 0)."""
     def value(key, kind, default=pretrained.REQUIRED, **checks):
         return pretrained.config_value(hf, key, kind, default, where=where, **checks)
 
@@ -87,9 +89,10 @@ def transformer_config(hf, where="config.json"):
             raise ValueError(f"{where}: {key} is {hf[key]!r}; minitf (like transformers' MarianMTModel) computes "
                              f"only {key} {str(fixed).lower()}: this is not an opus-mt model's config")
     for key in ZERO_ONLY:
-        if value(key, "float", default=0.0, low=0.0) != 0:
-            raise ValueError(f"{where}: {key} is {hf[key]!r}; minitf has no such dropout (it drops out sublayer "
-                             f"outputs and embeddings, 'dropout'): set {key} to 0.0 to use the model")
+        if value(key, "float", default=0.0, low=0.0, high=1.0) != 0 and training:
+            raise ValueError(f"{where}: {key} is {hf[key]!r}; minitf cannot compute it when training (it drops out "
+                             f"sublayer outputs and embeddings only, 'dropout'): set {key} to 0.0 to fine-tune "
+                             "(translating ignores it: dropout is off there)")
     min_vocab = min(vocab, tgt_vocab)
     return dict(
         src_vocab_size=vocab, tgt_vocab_size=tgt_vocab, d_model=d_model, num_heads=heads["encoder"],
@@ -340,9 +343,10 @@ def read_torch_weights(path):
     return weights
 
 
-def read_folder_config(folder):
+def read_folder_config(folder, training=False):
     """(config.json's dict, the :class:`minitf.Transformer` arguments, the weights file's path) of a Marian
-    folder, every value checked; the weights are not read. A ValueError (one line, naming the file)."""
+    folder, every value checked (``training``: for fine-tuning, :func:`transformer_config`); the weights are not
+    read. A ValueError (one line, naming the file)."""
     folder = pathlib.Path(folder)
     if folder.is_dir():
         _refuse_run_folder(folder)
@@ -350,7 +354,7 @@ def read_folder_config(folder):
     hf = pretrained.read_config(folder, MODEL_TYPES, WHAT,
                                 weights=pretrained.WEIGHTS if weights_name == pretrained.SHARD_INDEX else weights_name)
     where = str(folder / "config.json")
-    config = transformer_config(hf, where)
+    config = transformer_config(hf, where, training)
     max_positions(hf, where)
     return hf, config, folder / weights_name
 
@@ -409,8 +413,8 @@ def hf_config(model, previous=None, decoder_start_id=None, eos_id=None, max_posi
               encoder_attention_heads=c["num_heads"], decoder_attention_heads=c["num_heads"],
               encoder_ffn_dim=c["d_ff"], decoder_ffn_dim=c["d_ff"],
               activation_function=_HF_NAME_OF_ACTIVATION[c.get("activation", "relu")],
-              scale_embedding=c.get("scale_embedding", True), dropout=c["dropout"], attention_dropout=0.0,
-              activation_dropout=0.0, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+              scale_embedding=c.get("scale_embedding", True), dropout=c["dropout"],
+              **{key: hf.get(key, 0.0) for key in ZERO_ONLY},  # training-only, off when translating: the folder's kept
               pad_token_id=c["pad_id"], eos_token_id=eos, forced_eos_token_id=eos, decoder_start_token_id=start,
               share_encoder_decoder_embeddings=share, tie_word_embeddings=share or c.get("tie_target_output", False),
               dtype=str(model.src_embed.weight.data.dtype))

@@ -55,7 +55,7 @@ def refused(folder, *words):
     (lambda c: c.update(add_final_layer_norm=True), ["add_final_layer_norm is True"]),
     (lambda c: c.update(normalize_embedding=True), ["normalize_embedding is True"]),
     (lambda c: c.update(static_position_embeddings=False), ["static_position_embeddings is False"]),
-    (lambda c: c.update(attention_dropout=0.1), ["attention_dropout is 0.1", "set attention_dropout to 0.0"]),
+    (lambda c: c.update(attention_dropout=-0.1), ["attention_dropout is -0.1", "at least 0"]),
     (lambda c: c.update(tie_word_embeddings=False), ["tie_word_embeddings is false"]),
     (lambda c: c.update(decoder_vocab_size=30), ["decoder_vocab_size 30 differs from vocab_size 20"]),
 ])

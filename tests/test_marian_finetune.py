@@ -8,6 +8,7 @@ input is one line before any run folder is made. Needs safetensors (the ``hf`` e
 import json
 import random
 import shutil
+import sys
 
 import pytest
 
@@ -279,6 +280,13 @@ def _truncated(copy):
     (copy / "model.safetensors").write_bytes(data[:len(data) - 100])
 
 
+def _swapped(vocab, token, other_id):
+    """``vocab`` with ``token`` and the piece of ``other_id`` exchanging their ids."""
+    other = next(piece for piece, i in vocab.items() if i == other_id)
+    vocab[token], vocab[other] = other_id, vocab[token]
+    return vocab
+
+
 def _edit_config(**changes):
     def edit(copy):
         values = json.loads((copy / "config.json").read_text())
@@ -317,6 +325,22 @@ BAD_FINE_TUNES = {
         json.loads((c / "vocab.json").read_text()) | {"\u2581extra": 500}))), 1, "vocab.json has ids up to 500"),
     "a tokenizer of another model": (_changed(_edit_config(pad_token_id=5, decoder_start_token_id=5)), 1,
                                      "config.json's pad_token_id 5 (the tokenizer's: 83)"),
+    # before: a 38-line traceback at encoding time, after the run folder and its config.json were written
+    "an empty source.spm": (_changed(lambda c: (c / "source.spm").write_bytes(b"")), 1,
+                            "source.spm is empty (0 bytes), not a sentencepiece model"),
+    "an empty target.spm": (_changed(lambda c: (c / "target.spm").write_bytes(b"")), 1,
+                            "target.spm is empty (0 bytes), not a sentencepiece model"),
+    # the same check as translate's (tests/test_translate.py)
+    "a vocab.json whose </s> is another id": (_changed(lambda c: (c / "vocab.json").write_text(json.dumps(
+        _swapped(json.loads((c / "vocab.json").read_text()), "</s>", 5)))), 1,
+        "config.json's eos_token_id 0 (the tokenizer's: 5)"),
+    "a tokenizer_config.json of another pad token": (_changed(lambda c: (c / "tokenizer_config.json").write_text(
+        json.dumps({"source_lang": "de", "target_lang": "en", "pad_token": "<unk>"}))), 1,
+        "config.json's pad_token_id 83 (the tokenizer's: 1)"),
+    # translating accepts it (dropout off); training would leave it out
+    "a training-only dropout minitf does not compute": (_changed(_edit_config(attention_dropout=0.1)), 2,
+                                                        "attention_dropout is 0.1; minitf cannot compute it when "
+                                                        "training"),
     # before: refused when the trainer built the model, after the run folder and its config.json were written
     "NaN weights": (_changed(_nan), 1, "tensor model.decoder.layers.0.fc2.bias holds 1 NaN or infinite value(s)"),
     "truncated weights": (_changed(_truncated), 1, "is not a readable safetensors file"),
@@ -387,3 +411,75 @@ def test_a_fine_tuned_run_opens_in_inspect_with_its_marian_tokenizer(folder, dat
     vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
     assert example["input"][0] == "<pad>" and example["source"][-1] == "</s>"
     assert all(piece in vocab for piece in example["source"] + example["input"])
+
+
+# --------------------------------------------------------------------------- without the hf extra, a restart, the end
+def test_fine_tuning_needs_no_safetensors_package_and_export_says_what_to_install(folder, data, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """minitf reads model.safetensors with its own reader: --init-from runs without the package (before: refused,
+    "needs the safetensors package"); export writes model.safetensors with it, and says so in one line (before:
+    a traceback ending in the ImportError)."""
+    from minitf.nmt.export import main as export_main
+    for module in ("safetensors", "safetensors.numpy"):
+        monkeypatch.setitem(sys.modules, module, None)  # its import raises ImportError, installed or not
+    code, err = train(data + FINE_TUNE + ["--init-from", folder, "--max-steps", "1", "--eval-every", "100",
+                                          "--out", tmp_path / "run"], capsys)
+    assert code == 0 and ckpt.list_checkpoints(tmp_path / "run"), err
+    assert export_main([str(tmp_path / "run"), str(tmp_path / "exported")]) == 2
+    line = one_error_line(capsys.readouterr().err.strip().splitlines(), "minitf.export")
+    assert "safetensors" in line and "pip install -e '.[hf]'" in line, line
+    assert not (tmp_path / "exported").exists()
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_starts_again_with_the_same_command(folder, data, tmp_path,
+                                                                                        capsys, monkeypatch):
+    """A run stopped right after it wrote config.json (here: Ctrl-C as its data is encoded) holds no step and no
+    checkpoint: the same command with the same --out starts it again (before: "--out ... already holds a run",
+    and --resume read the run's kept files again, those of a folder since repaired). A folder that holds a
+    trained step is still refused."""
+    from minitf.nmt import task as task_module
+    run = tmp_path / "run"
+    argv = data + FINE_TUNE + ["--init-from", folder, "--max-steps", "1", "--eval-every", "100", "--out", run]
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as patch:
+        patch.setattr(task_module, "Corpus", stopped)
+        code, err = train(argv, capsys)
+    assert code == 130 and (run / "config.json").is_file() and not ckpt.list_checkpoints(run), err
+    code, err = train(argv, capsys)
+    assert code == 0 and [p.name for p in ckpt.list_checkpoints(run)] == ["step-00000001"], err
+    assert [r["step"] for r in metrics(run)] == [1]
+    code, err = train(argv, capsys)
+    assert code == 2 and "already holds a run" in one_error_line(err), err
+
+
+def test_a_hand_edited_marian_entry_is_refused_in_a_short_line_naming_the_key(folder, data, tmp_path, capsys):
+    """config.json's kept Marian config changed by hand (here its activation): --resume refuses it in one line
+    that names the key (before: a 2.5 KB line of both whole configs that named none)."""
+    run = tmp_path / "run"
+    assert train(data + FINE_TUNE + ["--init-from", folder, "--max-steps", "1", "--out", run], capsys)[0] == 0
+    values = json.loads((run / "config.json").read_text())
+    values["marian"]["config"]["activation_function"] = "relu"
+    (run / "config.json").write_text(json.dumps(values))
+    code, err = train(["--resume", run, "--max-steps", "2"], capsys)
+    line = one_error_line(err, lines=3)
+    assert code == 1 and "marian.config.activation_function 'swish' (run: 'relu')" in line, line
+    assert len(line.replace(str(run), "RUN")) < 300, line  # its paths aside
+
+
+def test_the_end_of_a_run_translates_its_own_sources_unless_they_are_german(folder, data, tmp_path, capsys):
+    """A fine-tuned run of another language pair (its folder's tokenizer_config.json says French) ends with a
+    few of its own test sources translated, not minitf's everyday German sentences (before: the German ones)."""
+    from minitf.nmt.translation_trainer import EVERYDAY_GERMAN
+    french = tmp_path / "opus-mt-fr-en"
+    shutil.copytree(folder, french)
+    (french / "tokenizer_config.json").write_text(json.dumps({"source_lang": "fr", "target_lang": "en"}))
+    code, err = train(data + FINE_TUNE + ["--init-from", french, "--max-steps", "1", "--eval-every", "100",
+                                          "--out", tmp_path / "run"], capsys)
+    assert code == 0, err
+    examples = err[err.index("for example:") + 1:][:5]
+    sources = (RunConfig.read(tmp_path / "run").data["test_src"])
+    own = open(sources, encoding="utf-8").read().splitlines()[:5]
+    assert [line.split("  ->  ")[0].strip() for line in examples] == own, examples
+    assert not any(sentence in "\n".join(err) for sentence in EVERYDAY_GERMAN)

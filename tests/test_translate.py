@@ -272,3 +272,73 @@ def test_tokenizer_files_of_another_model_are_one_line(marian, tmp_path, capsys,
     code, err, out = translate(["--checkpoint", folder], capsys, b"Hallo\n", monkeypatch, tmp_path)
     line = one_error_line(err, "minitf.translate")
     assert code == 1 and out == "" and f"{folder / 'vocab.json'} has ids up to {len(vocab) + 9}" in line
+
+
+def _copy_changed(marian, tmp_path, name, change):
+    """A copy of the Marian folder with its JSON file ``name`` changed by ``change(values)``."""
+    folder = tmp_path / "changed"
+    shutil.copytree(marian["folder"], folder)
+    values = json.loads((folder / name).read_text(encoding="utf-8"))
+    change(values)
+    (folder / name).write_text(json.dumps(values), encoding="utf-8")
+    return folder
+
+
+def _swap(vocab, token, other_id):
+    """vocab.json with ``token`` and the piece of ``other_id`` exchanging their ids."""
+    other = next(piece for piece, i in vocab.items() if i == other_id)
+    vocab[token], vocab[other] = other_id, vocab[token]
+
+
+@pytest.mark.extra("transformers", "bench")
+@pytest.mark.parametrize("case, name, change, words", [
+    ("vocab.json's <pad> another id", "vocab.json", lambda v: _swap(v, "<pad>", 5), "pad_token_id"),
+    ("vocab.json's </s> another id", "vocab.json", lambda v: _swap(v, "</s>", 5), "eos_token_id"),
+    ("tokenizer_config.json's pad_token another token", "tokenizer_config.json",
+     lambda c: c.update(pad_token="<unk>"), "pad_token_id"),
+])
+def test_tokenizer_files_whose_pad_or_eos_is_not_the_models_are_one_line(marian, tmp_path, capsys, monkeypatch,
+                                                                        case, name, change, words):
+    """The same check as ``train.py --init-from`` (tests/test_marian_finetune.py): the tokenizer's pad or eos id
+    not config.json's is refused before any sentence is translated; before, translate padded with the tokenizer's
+    id while the model masked config.json's, and printed wrong translations with exit 0."""
+    import minitf
+    from minitf.training.errors import DataError
+    folder = _copy_changed(marian, tmp_path, name, change)
+    code, err, out = translate(["--checkpoint", folder], capsys, b"Ich habe Hunger .\n", monkeypatch, tmp_path)
+    line = one_error_line(err, "minitf.translate")
+    assert code == 1 and out == "" and f"config.json's {words}" in line and "tokenizer" in line, line
+    with pytest.raises(DataError, match=words):  # every command's loader: inspect, export's --checkpoint too
+        minitf.load(folder)
+
+
+@pytest.mark.parametrize("name", ["source.spm", "target.spm"])
+@pytest.mark.parametrize("content", [b"", b"\x08\x01garbage"])
+def test_an_empty_or_damaged_sentencepiece_file_is_one_line_naming_it(tmp_path, capsys, monkeypatch, name, content):
+    """Refused when the tokenizer is read: before, an empty source.spm ended translate in a 34-line traceback
+    ("Model is not initialized") at encoding time and an empty target.spm was accepted without a word."""
+    folder = _marian_tokenizer_folder(tmp_path / "opus")
+    (folder / name).write_bytes(content)
+    code, err, out = translate(["--checkpoint", folder], capsys, b"Hallo\n", monkeypatch, tmp_path)
+    line = one_error_line(err, "minitf.translate")
+    assert code == 1 and out == "" and f"{folder / name} is " in line and "sentencepiece model" in line, line
+
+
+@pytest.mark.extra("transformers", "bench")
+@pytest.mark.parametrize("key", ["attention_dropout", "activation_dropout", "encoder_layerdrop"])
+def test_a_training_only_dropout_is_no_reason_to_refuse_translating(marian, tmp_path, capsys, monkeypatch, key):
+    """Dropout is off when translating: a folder whose config.json sets attention_dropout (or another dropout
+    that acts only in training) above 0 translates as the same folder without it; before, it was refused.
+    (Fine-tuning refuses it: tests/test_marian_finetune.py.)"""
+    folder = _copy_changed(marian, tmp_path, "config.json", lambda c: c.update({key: 0.1}))
+    code, err, out = translate(["--checkpoint", folder, "--src", marian["src"]], capsys)
+    assert code == 0 and out.splitlines() == marian["expected"][4], err
+
+
+@pytest.mark.extra("transformers", "bench")
+def test_translate_reads_a_marian_folder_without_the_safetensors_package(marian, tmp_path, capsys, monkeypatch):
+    """minitf reads model.safetensors with its own reader: the hf extra is no longer needed to translate."""
+    for module in ("safetensors", "safetensors.numpy"):
+        monkeypatch.setitem(sys.modules, module, None)  # its import raises ImportError, installed or not
+    code, err, out = translate(["--checkpoint", marian["folder"], "--src", marian["src"]], capsys)
+    assert code == 0 and out.splitlines() == marian["expected"][4], err

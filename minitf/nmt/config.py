@@ -52,7 +52,7 @@ def _validate_marian(config):
         raise UsageError(f"{where} must be {{\"config\": the folder's config.json, \"generation\": its "
                          "generation_config.json or null}; start a new run")
     try:
-        args = marian.transformer_config(config.marian["config"], where)
+        args = marian.transformer_config(config.marian["config"], where, training=True)
         positions = marian.max_positions(config.marian["config"], where)
     except ValueError as error:
         raise UsageError(str(error)) from None

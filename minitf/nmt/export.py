@@ -74,7 +74,11 @@ def export(run, folder, warn=None):
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise UsageError(f"{folder} {'is a file' if not folder.is_dir() else 'is not empty'}; give a new or empty "
                          "folder for the Hugging Face files (nothing was written)")
-    pretrained.safetensors_numpy()  # the missing extra: an ImportError before the run is read
+    try:  # the missing extra: one line before the run is read (minitf reads safetensors without it)
+        pretrained.safetensors_numpy()
+    except ImportError:
+        raise UsageError("python -m minitf.export writes model.safetensors with the safetensors package, not "
+                         "installed here: pip install -e '.[hf]' (nothing was written)") from None
     if is_hugging_face_folder(run):
         raise UsageError(f"{run} is already a Hugging Face folder, not a run of train.py: there is nothing to "
                          "export (use it as it is, or copy it)")

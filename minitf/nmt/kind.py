@@ -7,7 +7,6 @@ import pathlib
 from minitf import marian
 from minitf.nmt import config as config_checks
 from minitf.nmt.config import PRESETS
-from minitf.training.errors import DataError
 from minitf.training.kind import Kind, Loaded
 
 
@@ -60,17 +59,16 @@ class TranslationKind(Kind):
 
     def load_folder(self, folder, warn=None):
         """A Marian folder: the tokenizer's files first (a missing one is named before the weights are read),
-        then the model, then generation_config.json's decoding settings."""
+        checked against config.json by the check of ``train.py --init-from`` (:meth:`MarianTokenizer.check_fits`,
+        which :func:`minitf.nmt.marian_tokenizer.check_tokenizer` runs), then the model, then
+        generation_config.json's decoding settings."""
         from minitf.nmt.decode import DecodingSettings
         from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config
         from minitf.transformer import Transformer
         folder = pathlib.Path(folder)
         tokenizer = MarianTokenizer.from_folder(folder)
-        try:
-            model = Transformer.from_pretrained(folder)
-        except ImportError as error:  # no safetensors package: one line saying what to install
-            raise DataError(str(error)) from None
-        tokenizer.check_fits(model.config, folder)
+        tokenizer.check_fits(marian.read_folder_config(folder)[1], folder)  # before the weights are read
+        model = Transformer.from_pretrained(folder)  # minitf's own safetensors reader: no package needed
         settings = read_generation_config(folder, model.hf_config)
         decoding = DecodingSettings(beam_size=settings.num_beams, alpha=settings.rules.length_penalty,
                                     max_len=settings.max_len, min_len=settings.min_len, rules=settings.rules)

@@ -72,13 +72,31 @@ def _check_vocab(vocab, name):
     return vocab
 
 
+def _processor(spm, data, name, fix):
+    """A loaded sentencepiece model of ``data``; a one-line DataError naming ``name`` for bytes it cannot load (an
+    empty file loads nothing without a word and fails only at the first encoding: refused here)."""
+    try:
+        processor = spm.SentencePieceProcessor(model_proto=data) if data else None
+        loaded = processor is not None and processor.get_piece_size() > 0
+    except (RuntimeError, OSError, TypeError) as error:
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        raise DataError(f"{name} is not a sentencepiece model ({reason}); {fix}") from None
+    if not loaded:
+        raise DataError(f"{name} is {'empty (0 bytes)' if not data else 'a sentencepiece model of no pieces'}, "
+                        f"not a sentencepiece model; {fix}")
+    return processor
+
+
 class MarianTokenizer:
     """The tokenizer of a Marian folder (see the module's docstring). Build it with :meth:`from_folder` (a
     Hugging Face folder) or :meth:`from_bytes` (a run's tokenizer.model)."""
 
-    def __init__(self, source_spm, target_spm, vocab, target_vocab=None, config=None, origin="a Marian folder"):
+    def __init__(self, source_spm, target_spm, vocab, target_vocab=None, config=None, origin="a Marian folder",
+                 spm_names=None, fix="copy it again from the model's Hugging Face folder"):
         """``source_spm``, ``target_spm``: the serialized sentencepiece models (bytes); ``vocab`` (and
-        ``target_vocab`` with separate vocabularies): piece -> id; ``config``: tokenizer_config.json's dict."""
+        ``target_vocab`` with separate vocabularies): piece -> id; ``config``: tokenizer_config.json's dict;
+        ``spm_names``: how an error names the two models (default: "ORIGIN: source.spm"); ``fix``: what it says
+        to do."""
         spm = _spm()
         config = dict(config or {})
         self.separate_vocabs = bool(config.get("separate_vocabs", False))
@@ -86,15 +104,9 @@ class MarianTokenizer:
             raise DataError(f"{origin}: tokenizer_config.json sets separate_vocabs but there is no "
                             "target_vocab.json; copy it from the model's Hugging Face folder")
         self._source_bytes, self._target_bytes = bytes(source_spm), bytes(target_spm)
-        processors = []
-        for name, data in (("source.spm", self._source_bytes), ("target.spm", self._target_bytes)):
-            try:
-                processors.append(spm.SentencePieceProcessor(model_proto=data))
-            except (RuntimeError, OSError, TypeError) as error:
-                reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-                raise DataError(f"{origin}: {name} is not a sentencepiece model ({reason}); "
-                                "copy it again from the model's Hugging Face folder") from None
-        self._source, self._target = processors
+        names = spm_names or (f"{origin}: source.spm", f"{origin}: target.spm")
+        self._source, self._target = (_processor(spm, data, name, fix) for name, data in
+                                      zip(names, (self._source_bytes, self._target_bytes)))
         self.vocab = _check_vocab(vocab, "vocab.json")
         self.target_vocab = _check_vocab(target_vocab, "target_vocab.json") if self.separate_vocabs else self.vocab
         self.config = config
@@ -161,7 +173,8 @@ class MarianTokenizer:
             raise DataError(f"cannot read {error.filename} ({error.strerror or error}); check its "
                             "permissions") from None
         vocab = read_json("vocab.json")
-        return cls(source, target, vocab, target_vocab, config, origin=str(folder))
+        return cls(source, target, vocab, target_vocab, config, origin=str(folder),
+                   spm_names=(str(folder / "source.spm"), str(folder / "target.spm")))
 
     @classmethod
     def from_bytes(cls, data, origin="tokenizer.model"):
@@ -175,7 +188,8 @@ class MarianTokenizer:
         except (ValueError, UnicodeDecodeError, KeyError, TypeError) as error:
             raise DataError(f"{origin} is not a Marian tokenizer written by minitf ({error}); use the run's own "
                             "tokenizer.model") from None
-        return cls(source, target, vocab, target_vocab, config, origin=origin)
+        return cls(source, target, vocab, target_vocab, config, origin=origin,
+                   fix="restore the run's tokenizer.model from one of its checkpoints")
 
     def model_bytes(self):
         """Everything the tokenizer is (both sentencepiece models, the vocabularies, the config) as JSON bytes."""
@@ -204,14 +218,30 @@ class MarianTokenizer:
         return max(self.target_vocab.values()) + 1
 
     def check_fits(self, model, folder):
-        """A one-line DataError, naming the file, where an id of vocab.json (target_vocab.json) is beyond the
-        source (target) vocabulary of ``model`` (the Transformer's arguments): another model's files."""
+        """A one-line DataError, naming the file, where the tokenizer does not fit ``model`` (the Transformer's
+        arguments, from the folder's config.json): an id of vocab.json (target_vocab.json) beyond the source
+        (target) vocabulary; a pad or eos id (vocab.json's id of tokenizer_config.json's token) not
+        config.json's pad_token_id, eos_token_id; the target vocabulary's special ids not the source's. Each is
+        another model's files; the model would mask one pad and the batches pad with another."""
+        folder = pathlib.Path(folder)
         for what, ids, vocab in (("vocab.json", self.vocab_size, model["src_vocab_size"]),
                                  ("target_vocab.json" if self.separate_vocabs else "vocab.json",
                                   self.target_vocab_size, model["tgt_vocab_size"])):
             if ids > vocab:
-                raise DataError(f"{pathlib.Path(folder) / what} has ids up to {ids - 1} but the model's vocabulary "
+                raise DataError(f"{folder / what} has ids up to {ids - 1} but the model's vocabulary "
                                 f"has {vocab}; the tokenizer's files belong to another model: copy this model's")
+        ours = {"pad_token_id": self.pad_id, "eos_token_id": self.eos_id}
+        eos = model.get("eos_id")
+        theirs = {"pad_token_id": model["pad_id"], "eos_token_id": self.eos_id if eos is None else eos}
+        target = {"pad_token_id": self.target_pad_id, "eos_token_id": self.target_eos_id}
+        wrong = [f"config.json's {key} {theirs[key]} (the tokenizer's: {ours[key]})" for key in ours
+                 if ours[key] != theirs[key]]
+        wrong += [f"the target vocabulary's {key[:-9]} {target[key]} (the source's: {ours[key]})" for key in ours
+                  if target[key] != ours[key]]
+        if wrong:
+            raise DataError(f"{folder}: {', '.join(wrong)} {'do' if len(wrong) > 1 else 'does'} not fit its "
+                            "tokenizer's files (vocab.json, tokenizer_config.json); they belong to different "
+                            "models: copy the model's own files")
 
     def pieces(self, text, target=False):
         """The pieces of one text as ``MarianTokenizer.tokenize`` gives them (no ``</s>``)."""
@@ -270,6 +300,16 @@ class MarianTokenizer:
 
     def __repr__(self):
         return f"MarianTokenizer(vocab_size={self.vocab_size}, sha256={self.sha256[:12]}...)"
+
+
+def check_tokenizer(folder, model):
+    """The Marian tokenizer of ``folder``, checked against its model (``model``: the Transformer's arguments of
+    its config.json; :meth:`MarianTokenizer.check_fits`). The one check of every command that reads a Marian
+    folder: ``translate``, ``inspect``, ``export`` (:meth:`minitf.nmt.kind.TranslationKind.load_folder`) and
+    ``train.py --init-from``. A one-line DataError names the file."""
+    tokenizer = MarianTokenizer.from_folder(folder)
+    tokenizer.check_fits(model, folder)
+    return tokenizer
 
 
 def _clean_up(text):

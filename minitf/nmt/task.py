@@ -2,7 +2,6 @@
 run on the default corpus (the Ding dictionary, fetched once), on the user's parallel files or on a prepared
 corpus (WMT 2014 or ``--corpus-dir``), a Hugging Face Marian folder to fine-tune (``--init-from``), a resumed
 run's data, and :class:`TranslationTrainer`. The interface is :class:`minitf.training.task.Task`."""
-import importlib.util
 import os
 import pathlib
 
@@ -12,7 +11,8 @@ from minitf.nmt import corpora, prepare
 from minitf.nmt.corpora import default_corpus_splits
 from minitf.nmt.config import model_config
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
-from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config, read_generation_json
+from minitf.nmt.marian_tokenizer import (MarianTokenizer, check_tokenizer, read_generation_config,
+                                        read_generation_json)
 from minitf.nmt.translation_trainer import TranslationTrainer, load_tokenizer
 from minitf.training import files
 from minitf.training.errors import DataError, UsageError, non_negative, positive
@@ -53,7 +53,7 @@ class TranslationTask(Task):
     pretrained = "Marian (opus-mt) translation model"
     init_from_help = ("fine-tune a pretrained translation model: a Hugging Face Marian folder (an opus-mt model: "
                       "config.json, model.safetensors, source.spm, target.spm, vocab.json) gives the model's shape, "
-                      "its weights and its tokenizer, kept in the run (needs pip install -e '.[hf]'; --lr-scale "
+                      "its weights and its tokenizer, kept in the run (--lr-scale "
                       f"{FINE_TUNE_LR_SCALE:g} unless given; the data must be the folder's language pair)")
 
     def add_arguments(self, parser):
@@ -108,13 +108,11 @@ class TranslationTask(Task):
             raise UsageError("--init-from reads the training text with its folder's tokenizer: give the files as "
                              "--train-src ... (or none, for the default corpus), not a prepared corpus "
                              "(--corpus-dir, --corpus wmt14-en-de: minitf's own tokenizer's ids)")
-        if importlib.util.find_spec("safetensors") is None:
-            raise UsageError("--init-from needs the safetensors package, not installed here: pip install -e '.[hf]'")
         if model_type(folder) == "gpt2":
             raise UsageError(f"--init-from {folder} is a Hugging Face GPT-2 folder (a language model), not a "
                              "translation model: to fine-tune it, add --model gpt")
         try:
-            hf, model, weights = marian.read_folder_config(folder)
+            hf, model, weights = marian.read_folder_config(folder, training=True)
             generation = read_generation_json(folder)  # kept in the run: an export writes it again
         except ValueError as error:
             raise UsageError(f"--init-from {folder}: {error}") from None
@@ -194,24 +192,6 @@ def start_id(config):
     """The decoder's start token of a run's model: a Marian folder's decoder_start_token_id (its pad in opus-mt,
     minitf's BOS in an exported minitf run), else None (the tokenizer's BOS)."""
     return model_config(config, 1).decoder_start_id if config.marian is not None else None
-
-
-def check_tokenizer(folder, model):
-    """The Marian tokenizer of ``folder``, checked against its model (the Transformer's arguments): ids within
-    the model's vocabulary, the pad and eos ids the model's, one set of special ids for both sides (the decoder's
-    start is the model's own, :func:`start_id`). A one-line DataError names the file."""
-    tokenizer = MarianTokenizer.from_folder(folder)
-    tokenizer.check_fits(model, folder)
-    ours = {"pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id}
-    theirs = {"pad_token_id": model["pad_id"], "eos_token_id": model["eos_id"]}
-    target = {"pad_token_id": tokenizer.target_pad_id, "eos_token_id": tokenizer.target_eos_id}
-    wrong = [f"{key} {theirs[key]} (the tokenizer's: {ours[key]})" for key in ours if ours[key] != theirs[key]]
-    wrong += [f"the target vocabulary's {key[:-9]} {target[key]} (the source's: {ours[key]})" for key in ours
-              if target[key] != ours[key]]
-    if wrong:
-        raise DataError(f"--init-from {folder}: config.json's {', '.join(wrong)} do not fit its tokenizer's files; "
-                        "they belong to different models: copy the model's own files")
-    return tokenizer
 
 
 def data_paths(args, lexicon=0.0):

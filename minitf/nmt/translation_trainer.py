@@ -20,9 +20,11 @@ from minitf.training.files import write_json_atomic
 from minitf.training.tokenizer import Tokenizer
 from minitf.training.trainer import Trainer, perplexity
 
-#: Short everyday German sentences shown at the end of a German-English run.
+#: Short everyday German sentences shown at the end of a run whose source language is German.
 EVERYDAY_GERMAN = ("Ich habe Hunger.", "Die Tür ist geschlossen.", "Das Wetter ist heute schön.",
                    "Wo ist der Bahnhof?", "Kannst du mir helfen?")
+#: Codes of German as --src-lang or a Marian folder's tokenizer_config.json's source_lang give it.
+GERMAN = ("de", "deu", "ger")
 
 
 def read_tokenizer(data, origin="tokenizer.model"):
@@ -228,14 +230,26 @@ class TranslationTrainer(Trainer):
         if not world.is_root:
             return
         self.log(f"translate with: python -m minitf.translate --checkpoint {run_dir}")
-        if config.src_lang == "de":
-            outputs = translate_texts(self.model, self.tokenizer, list(EVERYDAY_GERMAN), config.beam, config.alpha)
-            width = max(map(len, EVERYDAY_GERMAN))
+        examples = self.end_examples()
+        if examples:
+            outputs = translate_texts(self.model, self.tokenizer, examples, config.beam, config.alpha)
+            width = max(map(len, examples))
             self.log("for example:\n" + "\n".join(f"  {src:<{width}}  ->  {out}"
-                                                  for src, out in zip(EVERYDAY_GERMAN, outputs)))
+                                                  for src, out in zip(examples, outputs)))
         spent = self.budget.elapsed()
         budget = f" (--max-minutes {config.max_minutes:g})" if config.max_minutes is not None else ""
         self.log(f"whole command: {int(spent // 60)} min {int(spent % 60):02d} s wall time{budget}")
+
+    def end_examples(self, count=len(EVERYDAY_GERMAN)):
+        """The sentences translated at the end of the run: the everyday German ones where the run's source
+        language is German (a Marian folder's tokenizer_config.json's source_lang, else --src-lang), else the
+        first ``count`` of the run's own test sources (or validation sources): never German sentences to a
+        model of another language pair."""
+        language = getattr(self.tokenizer, "config", {}).get("source_lang") or self.config.src_lang
+        if str(language).lower() in GERMAN:
+            return list(EVERYDAY_GERMAN)
+        split = "test" if "test" in self.corpus.text else "valid"
+        return [text for text in self.corpus.text.get(split, ([],))[0] if text.strip()][:count]
 
     def _why_no_average(self, recent):
         """Why the end of the run found fewer than two checkpoints to average (``recent``: the kept ones)."""

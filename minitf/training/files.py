@@ -45,13 +45,26 @@ def check_output_folder(out):
     out = pathlib.Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder; expected a run folder, choose another --out")
-    if (out / "config.json").exists():
+    if (out / "config.json").exists() and not never_trained(out):
         raise UsageError(f"--out {out} already holds a run; continue it with --resume {out} or choose another --out")
     probe = out if out.exists() else next((p for p in out.parents if p.exists()), pathlib.Path("."))
     if not probe.is_dir():
         raise UsageError(f"--out {out} lies below {probe}, which is a file, not a folder; choose another --out")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write to {probe} (for --out {out}); choose a writable --out")
+
+
+def never_trained(run_dir):
+    """Whether a run folder holds a config.json and nothing trained: no checkpoint, no metrics (a run stopped or
+    failed right after it wrote config.json). A new run may start there again: nothing of it is lost, and its
+    kept files (tokenizer.model) may be those of a folder repaired since, which --resume would read again."""
+    run_dir = pathlib.Path(run_dir)
+    checkpoints, metrics = run_dir / "checkpoints", run_dir / "metrics.jsonl"
+    try:
+        return ((not checkpoints.exists() or (checkpoints.is_dir() and not any(checkpoints.iterdir())))
+                and (not metrics.exists() or (metrics.is_file() and metrics.stat().st_size == 0)))
+    except OSError:  # unreadable: not known to be empty
+        return False
 
 
 def check_resumable(run_dir):

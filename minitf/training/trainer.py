@@ -20,6 +20,7 @@ import json
 import math
 import os
 import pathlib
+import reprlib
 import signal
 import sys
 import time
@@ -63,6 +64,23 @@ _MAX_LOG_PERPLEXITY = 50.0
 def perplexity(nll_per_token):
     """exp(mean negative log-likelihood per token), clamped at exp(50)."""
     return math.exp(min(nll_per_token, _MAX_LOG_PERPLEXITY))
+
+
+def differences(theirs, ours, name):
+    """``["NAME THEIRS (run: OURS)"]`` of a field that differs; of a dict (a fine-tuned run's kept Marian config),
+    one entry per differing key, named by its path ("marian.config.activation_function"): never both whole
+    dicts in one line. Values longer than 60 characters are cut."""
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        keys = sorted(set(theirs) | set(ours), key=str)
+        return [line for k in keys if theirs.get(k, _ABSENT) != ours.get(k, _ABSENT)
+                for line in differences(theirs.get(k, _ABSENT), ours.get(k, _ABSENT), f"{name}.{k}")]
+    if theirs == ours:
+        return []
+    short = lambda value: "absent" if value is _ABSENT else reprlib.repr(value)  # noqa: E731
+    return [f"{name} {short(theirs)} (run: {short(ours)})"]
+
+
+_ABSENT = object()
 
 
 class MetricsLog:
@@ -526,8 +544,10 @@ class Trainer:
         ours = self.config.model_fields()
         theirs = {k: with_added_fields(meta["config"]).get(k) for k in ours}  # an older run's: its meaning kept
         if theirs != ours:
-            diff = ", ".join(f"{k} {theirs[k]} (run: {ours[k]})" for k in ours if theirs[k] != ours[k])
-            raise CheckpointError(f"{path} belongs to another model ({diff}); resume it from its own run folder")
+            diff = [line for k in ours for line in differences(theirs[k], ours[k], k)]
+            more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
+            raise CheckpointError(f"{path} belongs to another model ({', '.join(diff[:3])}{more}); resume it from "
+                                  "its own run folder")
         theirs, ours = meta["config"].get("precision"), self.config.precision
         if theirs != ours:
             raise CheckpointError(f"{path} was trained with --precision {theirs}, the run with {ours}; "
