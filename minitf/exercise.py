@@ -20,7 +20,7 @@ import sys
 from minitf import backend
 from minitf.gradcheck.numeric import random_array, randomize
 from minitf.gradcheck.report import print_check
-from minitf.study_tools import (TIME_LIMIT, add_time_limit, check_time_limit, guarded, load_object, one_line_parser,
+from minitf.study.tools import (TIME_LIMIT, add_time_limit, check_time_limit, guarded, load_object, one_line_parser,
                                 run_tool)
 
 EXERCISES_DIR = pathlib.Path(__file__).resolve().parent / "exercises"
@@ -145,7 +145,7 @@ EXERCISES = {e.name: e for e in [
 def check(path, seed=0, time_limit=TIME_LIMIT):
     """Check the exercise in the file ``path``; prints the report, returns 0 (right) or 1. A file that
     is no exercise is one line on stderr (2); the learner's code failing, running past ``time_limit``
-    seconds or Ctrl-C raise :class:`minitf.study_tools.UserCodeError` (one line)."""
+    seconds or Ctrl-C raise :class:`minitf.study.tools.UserCodeError` (one line)."""
     path = pathlib.Path(path)
 
     def refuse(message):

@@ -10,7 +10,7 @@ translation run or a Hugging Face Marian (opus-mt) folder scores ``--reference``
 own translation (beam search), teacher-forced; a GPT run (``train.py --model gpt``) or a Hugging Face GPT-2
 folder scores each next token of the text. ``--serve`` serves the page on http://127.0.0.1:PORT/ with a text box instead (docs/inspect.md).
 
-The numbers and the page are the core's (:mod:`minitf.inspection`); this command loads runs (with the
+The numbers and the page are the core's (:mod:`minitf.study.inspection`); this command loads runs (with the
 checkpoint readers of the application), tokenizes and checks the input.
 """
 import json
@@ -21,9 +21,9 @@ import webbrowser
 
 from minitf import backend
 from minitf.atomic import writable_target, write_atomic
-from minitf.inspection import numbers
-from minitf.inspection.page import example_data, loaded_note, render
-from minitf.inspection.serve import BadRequest, make_server, serve_forever
+from minitf.study.inspection import numbers
+from minitf.study.inspection.page import example_data, loaded_note, render
+from minitf.study.inspection.serve import BadRequest, make_server, serve_forever
 from minitf.loader import is_hugging_face_folder, load as load_any
 from minitf.nmt.data import pad_batch
 from minitf.nmt.decode import beam_search, greedy_decode
@@ -231,7 +231,7 @@ def _finite(value):
 # The page
 # --------------------------------------------------------------------------- #
 def page_data(loaded, examples, warnings=(), error=None, serve=None, read_run=True):
-    """The JSON of a whole page (see :func:`minitf.inspection.page.render`); ``read_run=False``: no run file is
+    """The JSON of a whole page (see :func:`minitf.study.inspection.page.render`); ``read_run=False``: no run file is
     read (the server's error page: the error may be that file)."""
     curves = read_curves(loaded.run_dir, loaded.kind) if loaded.run_dir is not None and read_run else None
     note = ("No training curves on an error page." if not read_run else

@@ -11,17 +11,17 @@ Transformer, printing every activation and every gradient with its name and shap
     python -m minitf.trace --model gpt --no-params   # the same for a one-layer GPT (docs/gpt.md)
     python -m minitf.trace --model gpt --walk        # its gradient from the loss to the embedding
 
-The example and how it is recorded: ``minitf.tracer``; the three views that follow the
-gradient: ``minitf.walk``.
+The example and how it is recorded: ``minitf.study.tracer``; the three views that follow the
+gradient: ``minitf.study.walk``.
 """
 import argparse
 
 from minitf import backend
-from minitf.study_tools import run_tool
-from minitf.tracer import (CONFIG, GPT_CONFIG, GPT_IDS, GPT_NEXT, SMOOTHING, SRC, TGT_IN,  # noqa: F401 (the API)
+from minitf.study.tools import run_tool
+from minitf.study.tracer import (CONFIG, GPT_CONFIG, GPT_IDS, GPT_NEXT, SMOOTHING, SRC, TGT_IN,  # noqa: F401 (the API)
                            TGT_OUT, Record, Tracer, build_model, format_array, named_modules, round_numbers, run,
                            run_gpt)
-from minitf.walk import print_gpt_walk, print_gradient_norms, print_norm_terms, print_walk
+from minitf.study.walk import print_gpt_walk, print_gradient_norms, print_norm_terms, print_walk
 
 def first_of_class(tracer, class_name):
     """The dotted name of the first module of class ``class_name`` that ran a forward."""

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from minitf.atomic import write_atomic  # noqa: E402
 from minitf.inspect import main as inspect_main  # noqa: E402
-from minitf.inspection.page import read_data  # noqa: E402
+from minitf.study.inspection.page import read_data  # noqa: E402
 
 DEFAULT_TEXT = "Ich habe keine Zeit."
 VIEWS = ("page", "heads", "gradient")

@@ -1,4 +1,4 @@
-"""The realistic bugs of ``python -m minitf.gradcheck --bug NAME`` (minitf/bugs.py):
+"""The realistic bugs of ``python -m minitf.gradcheck --bug NAME`` (minitf/study/bugs.py):
 each is caught, the same hand-written backward with the right line passes, and the
 pattern each hint describes is really there.
 
@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from minitf import backend, bugs, gradcheck
+from minitf import backend, gradcheck
+from minitf.study import bugs
 from minitf.gradcheck import compare_gradients, gradients_match
 
 np = backend.host

@@ -1,4 +1,4 @@
-"""The inspection page (``python -m minitf.inspect``, minitf/inspection/, docs/inspect.md), without a browser:
+"""The inspection page (``python -m minitf.inspect``, minitf/study/inspection/, docs/inspect.md), without a browser:
 
 1. the numbers in the page equal the model's own: the attention weights of every layer and head (against the
    weights the model's attention keeps, and, for the first encoder layer, softmax(Q K^T / sqrt(dk)) worked out
@@ -34,9 +34,10 @@ import numpy as np
 import pytest
 
 import minitf
-from minitf import backend, tracer, walk
+from minitf import backend
+from minitf.study import tracer, walk
 from minitf.inspect import main as inspect_main, read_curves
-from minitf.inspection import numbers, page, serve
+from minitf.study.inspection import numbers, page, serve
 from tests.runs import CPU_ENV, ROOT, copy_run, read_line, train
 from tests.test_lm_train import TINY_GPT, make_text
 

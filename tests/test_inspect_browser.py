@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from minitf.inspect import main as inspect_main
-from minitf.inspection import page
+from minitf.study.inspection import page
 from tests.runs import CPU_ENV, QUIET, ROOT, TINY, make_corpus, read_line, train
 from tests.test_lm_train import TINY_GPT, make_text
 

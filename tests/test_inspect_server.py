@@ -1,4 +1,4 @@
-"""The inspection page's server (``python -m minitf.inspect --serve``, minitf/inspection/serve.py,
+"""The inspection page's server (``python -m minitf.inspect --serve``, minitf/study/inspection/serve.py,
 docs/inspect.md#security-model) against hostile and broken requests, with real HTTP clients on 127.0.0.1 and
 every wait bounded:
 
@@ -28,7 +28,7 @@ import urllib.request
 
 import pytest
 
-from minitf.inspection import page, serve
+from minitf.study.inspection import page, serve
 from tests.runs import CPU_ENV, ROOT, copy_run, read_line
 
 TIMEOUT = 30  # s: the longest any answer may take here (a blocked server fails the test, never hangs it)

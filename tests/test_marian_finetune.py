@@ -401,7 +401,7 @@ def test_a_fine_tuned_run_opens_in_inspect_with_its_marian_tokenizer(folder, dat
     """``minitf.inspect --checkpoint RUN`` of a fine-tuned Marian run: the run keeps the folder's tokenizer as JSON
     in tokenizer.model, which the page reads (its pieces are vocab.json's), and the decoder starts from <pad>."""
     from minitf.inspect import main as inspect_main
-    from minitf.inspection import page
+    from minitf.study.inspection import page
     assert train(data + FINE_TUNE + ["--init-from", folder, "--max-steps", "1", "--eval-every", "100",
                                      "--out", tmp_path / "run"], capsys)[0] == 0
     out = tmp_path / "page.html"

@@ -2,7 +2,7 @@
 checks inputs and parameters, refuses float32, and fails every layer of a catalogue of wrong
 backward passes with a message that names what is wrong (a None or missing input gradient,
 = instead of +=, a changed upstream gradient, an input changed by forward or backward, a
-wrong shape, wrong numbers, and the realistic bugs of minitf.bugs), while the right layers
+wrong shape, wrong numbers, and the realistic bugs of minitf.study.bugs), while the right layers
 pass; the strategies draw what they promise.
 Tolerances: the defaults RTOL 1e-6, ATOL 1e-7 (float64 central differences)."""
 import re
@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 import minitf
-from minitf import backend, bugs, testing
+from minitf import backend, testing
+from minitf.study import bugs
 from minitf.backend import xp
 
 np = backend.host
@@ -320,7 +321,7 @@ def test_a_rebound_grad_or_a_stale_cache_fails_with_its_own_message(mistake, mes
 def test_random_array_and_randomize_draw_from_a_seed_or_from_one_generators_stream():
     """The one random-array helper (the study tools' too): an int seed gives the same array every time, parameter
     i of randomize its own seed + 101 i; a Generator gives its next draws, in turn (the study tools' instances);
-    dtype None is the backend's default dtype (minitf.bugs builds its layers in it)."""
+    dtype None is the backend's default dtype (minitf.study.bugs builds its layers in it)."""
     a = testing.random_array(7, (2, 3), 0.5)
     np.testing.assert_array_equal(backend.to_numpy(a), np.random.default_rng(7).normal(0.0, 0.5, (2, 3)))
     assert a.dtype == np.float64 and not np.array_equal(backend.to_numpy(testing.random_array(8, (2, 3), 0.5)),

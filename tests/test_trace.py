@@ -7,7 +7,7 @@
    one head, the loss and its gradient) match a computation from the printed inputs
    with plain NumPy, written here from the formulas and not from minitf;
 3. the wrappers are gone afterwards;
-4. the views of minitf.walk: the LayerNorm variance term is the derivative of the loss
+4. the views of minitf.study.walk: the LayerNorm variance term is the derivative of the loss
    along the row (scale invariance where docs/trace.md says so), the walk's file:line
    references point at the lines it prints and its tied-weight sum adds up, and the
    gradient norms of --grad-norms agree with central differences.
@@ -20,7 +20,8 @@ import re
 import numpy as np
 import pytest
 
-from minitf import backend, trace, walk
+from minitf import backend, trace
+from minitf.study import walk
 from minitf.backend import default_dtype
 from minitf.module import FlatBuffers
 
@@ -196,7 +197,7 @@ def test_printed_loss_and_its_gradient_match_the_formula():
 
 
 # --------------------------------------------------------------------------- #
-# minitf.walk: --norm-terms, --walk, --grad-norms
+# minitf.study.walk: --norm-terms, --walk, --grad-norms
 # --------------------------------------------------------------------------- #
 def scaled_loss(model, name, row, factor):
     """The loss with row ``row`` (batch 0) of the output of module ``name`` multiplied by ``factor``."""
@@ -284,7 +285,7 @@ WALKED_MODELS = {  # the shapes of model the trace's examples do not have, each 
 
 @pytest.mark.parametrize("name", list(WALKED_MODELS))
 def test_every_step_of_the_walk_names_its_line_for_every_shape_of_model(name):
-    """The one walk (minitf.walk.backward_walk: trace --walk prints it, the inspection page draws it) names the
+    """The one walk (minitf.study.walk.backward_walk: trace --walk prints it, the inspection page draws it) names the
     line of minitf that computes each step for every layout, activation and kind of positions, not only for the
     trace's examples: each names exactly one line, and only a tied matrix's sum of uses names none."""
     import minitf
@@ -308,7 +309,7 @@ def test_every_step_of_the_walk_names_its_line_for_every_shape_of_model(name):
 
 def test_the_walk_refuses_a_model_it_has_no_walk_for(traced):
     import minitf
-    with pytest.raises(TypeError, match="no backward walk for a Linear; minitf.walk.WALKS has Transformer, GPT"):
+    with pytest.raises(TypeError, match="no backward walk for a Linear; minitf.study.walk.WALKS has Transformer, GPT"):
         walk.backward_walk(traced[0], minitf.Linear(2, 2))
 
 

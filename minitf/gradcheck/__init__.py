@@ -21,7 +21,7 @@ One module per job:
 - ``catalogue``: the library's layers the command checks (``LAYERS``; add one with ``@layer``);
 - ``command``: the command itself (:func:`main`); ``__main__`` runs it.
 
-The learner's own code is loaded and run under guard by :mod:`minitf.study_tools`.
+The learner's own code is loaded and run under guard by :mod:`minitf.study.tools`.
 """
 from minitf.gradcheck.catalogue import LAYERS  # noqa: F401 (the API)
 from minitf.gradcheck.command import main  # noqa: F401

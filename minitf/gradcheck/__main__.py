@@ -1,6 +1,6 @@
 """``python -m minitf.gradcheck LAYER``: see :mod:`minitf.gradcheck.command`."""
 from minitf.gradcheck.command import main
-from minitf.study_tools import run_tool
+from minitf.study.tools import run_tool
 
 if __name__ == "__main__":
     raise SystemExit(run_tool(main))

@@ -1,17 +1,18 @@
 """``python -m minitf.gradcheck LAYER``: analytical against numerical gradients of one layer,
 side by side, after the protocol checks; LAYER is one of the library's layers
 (:mod:`minitf.gradcheck.catalogue`), a layer with a realistic bug (``--bug NAME``,
-minitf/bugs.py), or the learner's own (``FILE.py:NAME``, run under guard by
-:mod:`minitf.study_tools`).
+minitf/study/bugs.py), or the learner's own (``FILE.py:NAME``, run under guard by
+:mod:`minitf.study.tools`).
 """
 import inspect
 
-from minitf import backend, bugs
+from minitf import backend
+from minitf.study import bugs
 from minitf.gradcheck.catalogue import LAYERS, build
 from minitf.gradcheck.numeric import random_array
 from minitf.gradcheck.report import print_check
 from minitf.module import Module
-from minitf.study_tools import add_time_limit, check_time_limit, guarded, load_object, one_line_parser, user_error
+from minitf.study.tools import add_time_limit, check_time_limit, guarded, load_object, one_line_parser, user_error
 
 
 def _build_user(spec, shapes, rng):
@@ -49,7 +50,7 @@ def main(argv=None):
     LAYER is one of the library's layers, or FILE.py:NAME, your own: NAME() (a Module class
     or a function) returns a Module, or a tuple (module, input, ...); without inputs, random
     arrays of the --shape shapes are drawn. With --bug NAME the layer's backward is replaced
-    by one with a realistic bug (see minitf/bugs.py and docs/bugs.md)."""
+    by one with a realistic bug (see minitf/study/bugs.py and docs/bugs.md)."""
     parser = one_line_parser(prog="python -m minitf.gradcheck", description=main.__doc__)
     parser.add_argument("layer", nargs="?", metavar="LAYER",
                         help="one of: " + ", ".join(LAYERS) + "; or FILE.py:NAME (optional with --bug)")

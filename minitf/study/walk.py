@@ -4,8 +4,8 @@
 - :func:`backward_walk`: the gradient of one backward from dL/dlogits down to the embeddings, step by
   step (:class:`Walk`), for any number of layers, post-LN or pre-LN; one walk per model shape
   (:func:`translation_walk`, :func:`language_model_walk`), found by the model's class. ``trace --walk``
-  prints it, the inspection page draws its norms (:mod:`minitf.inspection.numbers`);
-- ``print_walk``: the walk of the example of ``minitf.tracer``, one step per line of code, with the
+  prints it, the inspection page draws its norms (:mod:`minitf.study.inspection.numbers`);
+- ``print_walk``: the walk of the example of ``minitf.study.tracer``, one step per line of code, with the
   file and line computed from the source at run time (docs/walk.md); ``print_gpt_walk``: the same for
   the GPT example (``--model gpt --walk``: pre-LN, GELU, learned positions; docs/gpt.md);
 - ``print_norm_terms``: the mean and variance terms of every LayerNorm backward, per row
@@ -26,7 +26,7 @@ from minitf.layers import (GELU, Embedding, LayerNorm, LearnedPositionalEmbeddin
                            SiLU)
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.transformer import Decoder, Encoder, FeedForward, SublayerConnection, Transformer
-from minitf.tracer import GPT_IDS, GPT_NEXT, SMOOTHING, Tracer, format_values
+from minitf.study.tracer import GPT_IDS, GPT_NEXT, SMOOTHING, Tracer, format_values
 
 # --------------------------------------------------------------------------- #
 # --norm-terms: the three terms of every LayerNorm backward, per row
@@ -112,7 +112,7 @@ def activation_line(activation):
 
 
 class Walk:
-    """The walk of one backward, read from the records of a :class:`minitf.tracer.Tracer`: ``steps``
+    """The walk of one backward, read from the records of a :class:`minitf.study.tracer.Tracer`: ``steps``
     ([section title (str) or :class:`Step`], from dL/dlogits down) and ``points`` ([(name, |dL/d(point)|)]
     down the residual stream: the stacks' outputs and each layer's input, from the top down)."""
 
@@ -289,7 +289,7 @@ def backward_walk(tracer, model):
     for cls in type(model).__mro__:
         if cls in WALKS:
             return WALKS[cls](tracer, model)
-    raise TypeError(f"no backward walk for a {type(model).__name__}; minitf.walk.WALKS has "
+    raise TypeError(f"no backward walk for a {type(model).__name__}; minitf.study.walk.WALKS has "
                     f"{', '.join(cls.__name__ for cls in WALKS)}")
 
 

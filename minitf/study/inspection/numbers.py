@@ -1,8 +1,8 @@
 """The numbers of the inspection page, from the model's own arrays: one forward with every
 :class:`~minitf.attention.MultiHeadAttention` keeping its softmax weights ``P``, the loss of the
-shown target, and one backward under a :class:`~minitf.tracer.Tracer` that records the gradient at
+shown target, and one backward under a :class:`~minitf.study.tracer.Tracer` that records the gradient at
 each step of the walk from dL/dlogits down to the embeddings: the walk of ``python -m minitf.trace --walk``
-(:func:`minitf.walk.backward_walk`, the same steps for the trace's examples), for any number of layers,
+(:func:`minitf.study.walk.backward_walk`, the same steps for the trace's examples), for any number of layers,
 post-LN or pre-LN.
 
 Shapes: S source length, T target length (a GPT: L tokens), H heads, V vocabulary size.
@@ -14,8 +14,8 @@ import minitf
 from minitf import backend
 from minitf.backend import host as np  # every number here ends on the host, for the page
 from minitf.gpt import GPT
-from minitf.tracer import Tracer
-from minitf.walk import backward_record, backward_walk
+from minitf.study.tracer import Tracer
+from minitf.study.walk import backward_record, backward_walk
 
 #: Alternatives shown for each predicted token.
 TOP = 5
@@ -158,7 +158,7 @@ def _inspection(logits, targets, top, loss, loss_fn, smoothing, attention, walk,
 
 
 def _walk(tracer, model):
-    """(steps, points) of the page: :func:`minitf.walk.backward_walk`'s, each step's gradient as its norm and shape."""
+    """(steps, points) of the page: :func:`minitf.study.walk.backward_walk`'s, each step's gradient as its norm and shape."""
     walk = backward_walk(tracer, model)
     steps = [step if isinstance(step, str) else
              Step(step.label, float(np.linalg.norm(step.array)), tuple(step.array.shape), step.kind)

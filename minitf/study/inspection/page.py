@@ -3,7 +3,7 @@ as base64 float32, exactly the model's values), the script and the style beside 
 Content-Security-Policy (``default-src 'none'``, the one script and style allowed by their hashes)
 keeps the page from loading anything, so it opens from disk with no network and no server.
 
-:func:`example_data` turns an :class:`~minitf.inspection.numbers.Inspection` into the JSON of one
+:func:`example_data` turns an :class:`~minitf.study.inspection.numbers.Inspection` into the JSON of one
 example; :func:`render` writes the page around the examples.
 """
 import base64
