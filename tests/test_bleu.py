@@ -8,8 +8,8 @@ import pytest
 import sacrebleu
 from hypothesis import given, settings, strategies as st
 
-from minitf.nmt.decode import (bleu_from_stats, bleu_stats, bootstrap_wins, report, sacrebleu_score, split_compounds,
-                               tokenized_bleu)
+from minitf.nmt.bleu import (bleu_from_stats, bleu_stats, bootstrap_wins, report, sacrebleu_score, split_compounds,
+                             tokenized_bleu)
 from minitf.nmt.translation_trainer import TranslationTrainer
 
 

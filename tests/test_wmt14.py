@@ -94,7 +94,7 @@ def prepare(cache, archives):
 
 
 def test_fetch_prepare_train_and_evaluate_end_to_end(tmp_path, mirror):
-    from minitf.nmt.decode import report
+    from minitf.nmt.bleu import report
     from minitf.training.config import RunConfig
     from minitf.nmt.decode import translate_texts
     from minitf.nmt.translation_trainer import TranslationTrainer

@@ -12,7 +12,8 @@ from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.transformer import Transformer
 from minitf.nmt.config import model_config
 from minitf.nmt.data import token_batches
-from minitf.nmt.decode import bleu_from_stats, bleu_stats, bootstrap_wins, inference_mode, translate_texts
+from minitf.nmt.bleu import bleu_from_stats, bleu_stats, bootstrap_wins
+from minitf.nmt.decode import inference_mode, translate_texts
 from minitf.nmt.marian_tokenizer import MarianTokenizer
 from minitf.training import checkpoint as ckpt, trainer as base
 from minitf.training.errors import DataError, StepOutOfMemory, pause_for_tests
@@ -163,7 +164,7 @@ class TranslationTrainer(Trainer):
             stats = bleu_stats(hypotheses, references)
             record.update(bleu=round(bleu_from_stats(stats.sum(axis=0)), 2), bleu_sentences=len(sources), beam=beam)
             if split == "test" and self.config.data.get("corpus") == "wmt14-en-de":  # as the field reports it
-                from minitf.nmt.decode import report
+                from minitf.nmt.bleu import report
                 record.update(report(hypotheses, references, lang=self.config.tgt_lang))
         self.metrics.write(**record)
         message = f"step {self.step} {split}: loss {loss:.3f}  ppl {ppl:.2f}" + (
