@@ -20,7 +20,7 @@ from minitf.training import checkpoint as ckpt, files, trainer as training
 from minitf.training.config import INVOCATION_OPTIONS, PRECISIONS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig
 from minitf.training.distributed import get_world, launched_by_mpi
 from minitf.training.download import DEFAULT_CACHE, sigterm_raises
-from minitf.training.errors import CheckpointError, OneLineParser, UsageError, positive, report_errors
+from minitf.training.errors import CheckpointError, Interrupted, OneLineParser, UsageError, positive, report_errors
 from minitf.training.files import check_output_folder, check_resumable, file_sha256
 from minitf.training.task import default, log
 
@@ -324,13 +324,15 @@ def every_core_command(argv, device=None):
         how = (f"MINITF_RANKS={ranks}, more ranks than the {cores} usable cores: they share them and each "
                "runs slower")
     line = f"train.py: {ranks} ranks through mpiexec, {how} (MINITF_RANKS=1 runs one process)"
-    return [mpiexec, "-n", str(ranks), sys.executable, str(pathlib.Path(sys.argv[0]).resolve()), *argv], line
+    # -S: a rank imports site after train.py's Ctrl-C handler (train.StartUp), not before its first line
+    return [mpiexec, "-n", str(ranks), sys.executable, "-S", str(pathlib.Path(sys.argv[0]).resolve()), *argv], line
 
 
-def launch(argv, started):
+def launch(argv, started, start_up=None):
     """The command ``python train.py``, before any rank starts: the flags and the run's config are checked
     here (one line and the exit status of a rank's refusal, without starting ``mpiexec``); then this
-    process becomes ``mpiexec`` with one rank per core (not returning), or returns None to run here."""
+    process becomes ``mpiexec`` with one rank per core (not returning), or returns None to run here.
+    ``start_up``: train.py's Ctrl-C handling until then (one line, 130)."""
     args = build_parser().parse_args(argv)  # --help, an unknown or bad flag: here, as argparse reads them
     status = report_errors("train.py", lambda _: check_command(args, argv), argv, memory_hint="")
     if status:
@@ -346,7 +348,10 @@ def launch(argv, started):
         return None
     print(line, file=sys.stderr, flush=True)
     env = dict(os.environ, MINITF_COMMAND_START=repr(started),  # the ranks count the whole command from here
+               MINITF_SITE_AFTER_HANDLER="1",  # train.py imports site itself in the ranks it started with -S
                **{name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
+    if start_up is not None:
+        start_up.pause("launch")
     os.execve(command[0], command, env)  # mpiexec takes this process's place: signals reach it, and the ranks
 
 
@@ -360,24 +365,38 @@ def command_start(started):
     return started
 
 
-def main(argv=None, started=None):
+def after_start_up(start_up):
+    """``run``, once train.py's start-up hands Ctrl-C over (``train.StartUp``): a Ctrl-C a rank held back
+    while it imported or MPI started ends the run here, before anything is written, as every rank's
+    :class:`Interrupted` (one line, 130)."""
+    def run_after_start_up(argv):
+        held = start_up.end() if start_up is not None else None
+        if held is not None:
+            raise Interrupted(held, start_up.kept)
+        return run(argv)
+    return run_after_start_up
+
+
+def main(argv=None, started=None, start_up=None):
     """Entry point: bad input gives one error line and a non-zero exit. Under ``mpiexec`` every rank
     runs it (data parallelism); as the command on several CPU cores with MPI installed it checks the
     command line and restarts itself under ``mpiexec`` with one rank per core (``MINITF_RANKS=1``: one
     process). ``started``: ``time.time()`` at the command's start (train.py's first line), which the
-    wall time of the whole command and --max-minutes count from."""
+    wall time of the whole command and --max-minutes count from. ``start_up``: train.py's handling of
+    Ctrl-C before the run takes it (``train.StartUp``), ended when the run starts."""
     started = command_start(started)
     training.mark_command_start(started)
     if argv is None and pathlib.Path(sys.argv[0]).name == "train.py" and not launched_by_mpi():
-        status = launch(sys.argv[1:], time.time() if started is None else started)
+        status = launch(sys.argv[1:], time.time() if started is None else started, start_up)
         if status is not None:
             return status
     backend.keep_freed_memory()  # a step's large temporaries reuse freed memory: no page faults (~20% on CPU)
     with files.released_on_exit(), sigterm_raises():  # SIGTERM before training: cleanup runs, one line, 143
         if launched_by_mpi():
             from minitf.training import distributed
-            return distributed.main(run, argv, "train.py", memory_hint="use a smaller --max-tokens",
+            return distributed.main(after_start_up(start_up), argv, "train.py",
+                                    memory_hint="use a smaller --max-tokens",
                                     interrupt_message="interrupted; nothing after the last checkpoint was saved")
-        return report_errors("train.py", run, argv, memory_hint="use a smaller --max-tokens",
+        return report_errors("train.py", after_start_up(start_up), argv, memory_hint="use a smaller --max-tokens",
                              interrupt_message="interrupted; nothing after the last checkpoint was saved "
                              "(continue with --resume RUN_DIR if the run had written config.json)")

@@ -303,6 +303,125 @@ def test_a_signal_during_the_end_of_run_evaluation_ends_every_rank(tmp_path, sig
     assert (run / "best.json").is_file() and not temp_folders(tmp_path)
 
 
+def mpi_loaded(command, rank):
+    """True once rank ``rank`` of the command has loaded MPI's library (which it does only to start MPI)."""
+    for pid, _ in command.note_processes():
+        try:
+            environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"PMI_RANK={rank}".encode() in environ:
+                return "libmpi" in pathlib.Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+    return False
+
+
+#: The moments of the start-up (train.StartUp.pause): the launcher before its imports and after its checks (before
+#: mpiexec), rank 0 before its imports, rank 1 before its imports while rank 0 goes on into MPI_Init and waits there.
+START_UP_PHASES = ["start", "launch", "rank0-start", "rank1-start"]
+
+
+@needs_mpi
+@pytest.mark.parametrize("phase", START_UP_PHASES)
+@pytest.mark.parametrize("target", ["group", "top"])
+def test_ctrl_c_during_the_start_up_is_one_line_and_130(tmp_path, phase, target):
+    """Ctrl-C while the launcher or a rank imports minitf, or between the launcher's checks and mpiexec: one line,
+    status 130, no traceback, nothing written, and the same command then runs. It used to be a KeyboardInterrupt
+    traceback in every process and status 1, 2 or 11 (mpiexec's banner for a rank that Python ended on SIGINT)."""
+    data = make_corpus(tmp_path)
+    run = tmp_path / "run"
+    command = start(tmp_path, data + TINY + ["--max-steps", 2, "--eval-every", 100, "--average", 0,
+                                             "--bleu-sentences", 0, "--out", run], MINITF_TEST_PAUSE=f"{phase}:120")
+    try:
+        command.wait_for(f"test pause: {phase}")
+        if phase.startswith("rank"):  # the other rank past its interpreter's start (see the docs), into MPI_Init
+            other = {"rank0-start": "1", "rank1-start": "0"}[phase]
+            command.wait_until(lambda: mpi_loaded(command, other), f"rank {other} starting MPI")
+        command.signal(signal.SIGINT, target)
+        status, lines = command.finish()
+    finally:
+        command.kill()
+    assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), lines
+    assert_one_clean_line(lines, status, 130, "^train.py: error: interrupted \\(Ctrl-C\\); training had not started: "
+                          "nothing was written, the same command starts again$")
+    assert not run.exists() and not temp_folders(tmp_path)
+    again = start(tmp_path, data + TINY + ["--max-steps", 2, "--eval-every", 100, "--average", 0,
+                                           "--bleu-sentences", 0, "--out", run])
+    try:
+        status, lines = again.finish()
+    finally:
+        again.kill()
+    assert status == 0 and (run / "checkpoints" / "step-00000002").is_dir(), lines
+
+
+@needs_mpi
+def test_ctrl_c_while_a_resume_starts_leaves_the_run_untouched(tmp_path):
+    """Ctrl-C while the ranks of ``--resume RUN_DIR`` import: the run folder is as it was (no lock taken, no
+    metrics cut, no config rewritten), and the same --resume then continues it."""
+    run = tmp_path / "run"
+    finish = ["--eval-every", 100, "--average", 0, "--bleu-sentences", 0]
+    first = start(tmp_path, make_corpus(tmp_path) + TINY + finish + ["--max-steps", 2, "--out", run])
+    try:
+        status, lines = first.finish()
+    finally:
+        first.kill()
+    assert status == 0, lines
+    before = {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in run.rglob("*") if path.is_file()}
+    command = start(tmp_path, ["--resume", run, "--max-steps", 4], MINITF_TEST_PAUSE="rank0-start:120")
+    try:
+        command.wait_for("test pause: rank0-start")
+        command.wait_until(lambda: mpi_loaded(command, "1"), "rank 1 starting MPI")
+        command.signal(signal.SIGINT, "group")
+        status, lines = command.finish()
+    finally:
+        command.kill()
+    assert_one_clean_line(lines, status, 130, "^train.py: error: interrupted \\(Ctrl-C\\); training had not started")
+    after = {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in run.rglob("*") if path.is_file()}
+    assert after == before
+    again = start(tmp_path, ["--resume", run, "--max-steps", 4])
+    try:
+        status, lines = again.finish()
+    finally:
+        again.kill()
+    assert status == 0 and (run / "checkpoints" / "step-00000004").is_dir(), lines
+
+
+#: A sitecustomize that holds rank 0 in its interpreter's start (site's imports: tens of ms, seconds on a busy
+#: machine) until a Ctrl-C: Python's KeyboardInterrupt ends its wait, as it would end site's imports; train.py's
+#: handler (which holds the signal) makes it stop waiting.
+SLOW_SITE = """import os, signal, sys, time
+if os.environ.get("PMI_RANK") == "0":
+    print("test pause: site", file=sys.stderr, flush=True)
+    held = getattr(getattr(signal.getsignal(signal.SIGINT), "__self__", None), "held", None)
+    deadline = time.monotonic() + 120
+    while not held and time.monotonic() < deadline:
+        time.sleep(0.01)
+"""
+
+
+@needs_mpi
+def test_ctrl_c_while_a_rank_imports_site_is_one_line_and_130(tmp_path):
+    """The launcher starts the ranks with ``python -S`` and train.py imports site after its handler: a Ctrl-C
+    while a rank's interpreter imports site (its .pth files, sitecustomize) is the start-up's one line and 130,
+    not Python's fatal error in site."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_SITE)
+    run = tmp_path / "run"
+    env = command_env()
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{ROOT}"
+    command = Command(make_corpus(tmp_path) + TINY + ["--max-steps", 2, "--out", run], env, cwd=tmp_path)
+    try:
+        command.wait_for("test pause: site")
+        command.wait_until(lambda: mpi_loaded(command, "1"), "rank 1 starting MPI")
+        command.signal(signal.SIGINT, "group")
+        status, lines = command.finish()
+    finally:
+        command.kill()
+    assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), lines
+    assert_one_clean_line(lines, status, 130, "^train.py: error: interrupted \\(Ctrl-C\\); training had not started")
+    assert not run.exists()
+
+
 @needs_mpi
 def test_a_waiting_rank_sleeps_instead_of_spinning(tmp_path):
     """While rank 0 tokenizes (or downloads, or prepares for hours), rank 1 waits in a barrier: it takes
