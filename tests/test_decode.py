@@ -10,8 +10,8 @@ from hypothesis import given, settings, strategies as st
 import minitf
 from minitf import backend
 from minitf.backend import xp
-from minitf.nmt.decode import (HuggingFaceRules, beam_search, beam_search_nbest, greedy_decode, length_penalty,
-                               reorder_cache, top_k_columns)
+from minitf.nmt.decode import (HuggingFaceRules, beam_search, beam_search_nbest, greedy_decode, inference_mode,
+                               length_penalty, reorder_cache, top_k_columns, translate_texts)
 from tests.helpers import np, seeds
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -534,3 +534,57 @@ def test_hugging_face_early_stopping_true_stops_once_k_are_finished():
     assert beam_search(model, src, beam_size=2, max_len=max_len, rules=HuggingFaceRules(early_stopping=True)) == [[4]]
     assert beam_search(model, src, beam_size=2, max_len=max_len, rules=HuggingFaceRules()) == [[4, 5]]
     assert reference_hf_beam_search(model, src[0], 2, HuggingFaceRules(early_stopping=True), max_len) == [4]
+
+
+# --------------------------------------------------------------------------- #
+# A pad id inside a sentence
+# --------------------------------------------------------------------------- #
+def by_hand_greedy(model, row, masked, max_len):
+    """Greedy decoding of one sentence written plainly: the encoder run with the key padding mask ``masked``
+    (one bool a position) given by hand, then the argmax (pad excluded) of the whole prefix each step."""
+    src, mask = backend.asarray(np.array([row])), backend.asarray(np.array([masked]))
+    out = []
+    with inference_mode(model):
+        memory = model.encoder(model.positional(model.src_embed(src)), mask)
+        while len(out) < max_len:
+            logits = backend.to_numpy(model.decode(backend.asarray(np.array([[BOS] + out])), memory, mask))[0, -1]
+            logits[PAD] = -np.inf
+            token = int(logits.argmax())
+            if token == EOS:
+                break
+            out.append(token)
+    return out
+
+
+class IdsTokenizer:
+    """Text of space-separated ids, as a tokenizer that reads a written "<pad>" as the pad id gives them."""
+    pad_id, bos_id, eos_id = PAD, BOS, EOS
+
+    def encode(self, texts):
+        return [[int(v) for v in text.split()] for text in texts]
+
+    def decode(self, id_lists):
+        return [" ".join(map(str, ids)) for ids in id_lists]
+
+
+def test_a_pad_id_inside_a_sentence_is_attended_to_not_masked():
+    """A sentence holding the pad id (a "<pad>" written in the text, which a Marian tokenizer reads as that id,
+    as transformers' does) is read whole: the source mask comes from each sentence's length, as transformers'
+    attention_mask does, not from its ids. Its output is the plain loop's with nothing masked, which differs
+    from the loop with that position masked (the test can tell them apart); alone, or batched with longer
+    sentences (padded after it) as an array or as lists, greedy, beam 1 without length penalty and
+    translate_texts."""
+    model = tiny_model(9, 6, logit_bias=1.0)  # seed 6: a model whose output the masked pad changes
+    sentence = [5, PAD, 7, 4, EOS]
+    attended = by_hand_greedy(model, sentence, [False] * 5, max_len=8)
+    assert attended != by_hand_greedy(model, sentence, [False, True, False, False, False], max_len=8)
+    longer = [[6, 4, 5, 7, 8, 6, EOS], [4, 4, 4, 5, 6, 7, 8, 6, EOS]]
+    padded = np.full((3, 9), PAD)
+    for i, row in enumerate([sentence] + longer):
+        padded[i, :len(row)] = row
+    for decode in (greedy_decode, lambda m, s, **kw: beam_search(m, s, beam_size=1, alpha=0.0, **kw)):
+        assert decode(model, np.array([sentence]), max_len=8) == [attended]
+        assert decode(model, padded, max_len=8)[0] == attended
+        assert decode(model, [sentence] + longer, max_len=8)[0] == attended
+    texts = [" ".join(map(str, row[:-1])) for row in longer + [sentence]]  # translate_texts adds the eos
+    assert translate_texts(model, IdsTokenizer(), texts, beam_size=1, max_len=8)[2] == " ".join(map(str, attended))

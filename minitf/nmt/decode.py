@@ -3,9 +3,10 @@
 
 Both decoders are batched: each step runs the decoder once on all live rows (B sentences or B * K beams), one
 position with the key/value cache, and finished sentences leave the batch. ``src_ids`` is a host or device
-int array (B, S), ``pad_id`` after the real tokens, or a list of id lists. A hypothesis has no bos and no
-final eos; its ``|Y|`` counts the eos. ``max_len`` caps its tokens counting eos (default: each sentence's
-non-pad source tokens + ``max_len_offset``, 50); one reaching it without eos is kept. pad is never generated
+int array (B, S), ``pad_id`` after the real tokens, or a list of id lists; the source mask comes from each
+sentence's length (a pad id inside a sentence is attended to, as in transformers). A hypothesis has no bos and
+no final eos; its ``|Y|`` counts the eos. ``max_len`` caps its tokens counting eos (default: each sentence's
+source length + ``max_len_offset``, 50); one reaching it without eos is kept. pad is never generated
 (-inf after the log-softmax, so other scores are the model's log-probabilities). The model runs in eval mode
 under no_grad; every module's training flag is restored afterwards. The start token, eos and pad default to
 the model's (``model.config``: ``decoder_start_id``, ``eos_id``, ``pad_id``; a Marian model's start is its pad),
@@ -152,24 +153,34 @@ def inference_mode(model):
 
 
 def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
-    """The checked source on the device (B, S), and each output's most tokens counting eos (host, (B,))."""
+    """The checked source on the device (B, S), its key padding mask (B, S) and each output's most tokens
+    counting eos (host, (B,)). The mask comes from each sentence's length, as transformers' attention_mask
+    does, not from its ids: a list's own length; an array row's up to its last token that is not pad (the
+    pads after it are the padding). A pad id inside a sentence (a "<pad>" written in its text) is read."""
+    lengths = None
     if isinstance(src_ids, (list, tuple)):  # ragged token lists: pad them here
         rows = [list(map(int, row)) for row in src_ids]
-        width = max([len(row) for row in rows] + [1])
-        padded = backend.host.full((len(rows), width), pad_id, dtype=backend.host.int64)
+        lengths = backend.host.array([len(row) for row in rows], dtype=backend.host.int64)
+        padded = backend.host.full((len(rows), max([len(row) for row in rows] + [1])), pad_id,
+                                   dtype=backend.host.int64)
         for i, row in enumerate(rows):
             padded[i, :len(row)] = row
         src_ids = padded
     src = model.check_ids(src_ids, "src_ids", model.config["src_vocab_size"])
-    B = src.shape[0]
+    B, S = src.shape
+    if lengths is not None:
+        src_mask = backend.asarray(backend.host.arange(S)[None, :] >= lengths[:, None])
+    else:  # a position is padding when no token but pad is at or after it
+        src_mask = xp.cumsum((src != pad_id)[:, ::-1], axis=1)[:, ::-1] == 0
+        if max_len is None:  # one small copy to the host: the caps drive the host-side loop
+            lengths = backend.to_numpy(S - src_mask.sum(axis=1)).astype(backend.host.int64)
     if max_len is None:
-        # one small copy to the host: the caps drive the host-side loop
-        max_lens = backend.to_numpy((src != pad_id).sum(axis=1)).astype(backend.host.int64) + int(max_len_offset)
+        max_lens = lengths + int(max_len_offset)
     else:
         max_lens = backend.host.broadcast_to(backend.host.asarray(max_len, dtype=backend.host.int64), (B,)).copy()
     if (max_lens < 1).any():
         raise ValueError(f"max_len must be at least 1 for every sentence, got {max_lens.tolist()}")
-    return src, max_lens
+    return src, src_mask, max_lens
 
 
 def _step_logits(model, tokens, prefix, memory, src_mask, cache, t):
@@ -271,9 +282,9 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=None, 
     :class:`HuggingFaceRules` (``generate(num_beams=1)``), or None."""
     bos_id, eos_id, pad_id = _special_ids(model, bos_id, eos_id, pad_id)
     with inference_mode(model):
-        src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
+        src, src_mask, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
         B, steps = src.shape[0], int(max_lens.max())
-        memory, src_mask = model.encode(src)                     # (B, S, D), (B, S)
+        memory, src_mask = model.encode(src, src_mask)           # (B, S, D), (B, S)
         cache = {} if use_cache else None
         out = backend.host.full((B, steps), eos_id, dtype=backend.host.int64)
         lengths = backend.host.zeros(B, dtype=backend.host.int64)
@@ -325,9 +336,9 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
     nf = nb if rules is None else K                              # finished hypotheses kept per sentence
     bos_id, eos_id, pad_id = _special_ids(model, bos_id, eos_id, pad_id)
     with inference_mode(model):
-        src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
+        src, src_mask, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
         B, steps = src.shape[0], int(max_lens.max())
-        memory, src_mask = model.encode(src)                     # (B, S, D), (B, S): the K beams of a
+        memory, src_mask = model.encode(src, src_mask)           # (B, S, D), (B, S): the K beams of a
         dtype = memory.dtype                                     # sentence attend to its one memory
         cache = {} if use_cache else None
         width = steps + 1                                        # bos + up to max_len tokens
