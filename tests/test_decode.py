@@ -588,3 +588,52 @@ def test_a_pad_id_inside_a_sentence_is_attended_to_not_masked():
         assert decode(model, [sentence] + longer, max_len=8)[0] == attended
     texts = [" ".join(map(str, row[:-1])) for row in longer + [sentence]]  # translate_texts adds the eos
     assert translate_texts(model, IdsTokenizer(), texts, beam_size=1, max_len=8)[2] == " ".join(map(str, attended))
+
+
+# --------------------------------------------------------------------------- #
+# The model's positions
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("beam", [1, 2])
+def test_translate_texts_stays_within_the_models_positions(beam):
+    """``DecodingSettings.max_positions`` P (10 here): a source of P tokens with its eos is translated, one of
+    P + 1 is refused in one line naming the sentence and the limit (nothing is decoded); every output, with
+    the start token, fits: at most P - 1 tokens counting the eos, also where ``max_len`` or the default
+    (source length + 50) asks for more. None: no limit."""
+    from minitf.nmt.decode import DecodingSettings
+    from minitf.training.errors import DataError
+    model = tiny_model(9, 0)
+    calls = add_to_logits(model, eos_bias(9, -1e9))  # eos never wins: every output runs to its cap
+    fits, longer = "4 5 6 7 8 4 5 6 7", "4 5 6 7 8 4 5 6 7 8"  # 9 and 10 tokens, then the eos
+    for max_len in (None, 30):
+        settings = DecodingSettings(beam_size=beam, max_len=max_len, max_positions=10)
+        out = translate_texts(model, IdsTokenizer(), ["5", fits], settings=settings)
+        assert [len(text.split()) for text in out] == [9, 9]
+        unlimited = translate_texts(model, IdsTokenizer(), ["5", fits], settings=DecodingSettings(beam, max_len=max_len))
+        assert [len(text.split()) for text in unlimited] == ([52, 60] if max_len is None else [30, 30])
+        del calls[:]
+        with pytest.raises(DataError) as refused:
+            translate_texts(model, IdsTokenizer(), [fits, "5", longer], settings=settings)
+        assert str(refused.value).startswith("sentence 3 has 11 tokens with its </s>, longer than the model's "
+                                             "context of 10") and not calls
+    cut = translate_texts(model, IdsTokenizer(), [longer], settings=DecodingSettings(beam, max_positions=10),
+                          cut_long=True)
+    assert cut == translate_texts(model, IdsTokenizer(), [fits], settings=DecodingSettings(beam, max_positions=10))
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_the_trainers_translations_stay_within_the_runs_max_len(beam):
+    """The trainer's BLEU and end-of-run decoding (``translate_shared``) of a run of --max-len 10: an output
+    never passes 9 tokens counting the eos (it was source length + 50), and a validation sentence longer
+    than the run's positions is cut to them (the run cannot stop at its end), translated as its first 9
+    tokens are."""
+    import types
+
+    from minitf.nmt.translation_trainer import TranslationTrainer
+    trainer = TranslationTrainer.__new__(TranslationTrainer)  # only what translate_shared reads
+    trainer.model = tiny_model(9, 0)
+    add_to_logits(trainer.model, eos_bias(9, -1e9))
+    trainer.tokenizer, trainer.world = IdsTokenizer(), types.SimpleNamespace(rank=0, size=1)
+    trainer.config = types.SimpleNamespace(max_len=10, alpha=0.6, beam=beam)
+    fits, longer = "4 5 6 7 8 4 5 6 7", "4 5 6 7 8 4 5 6 7 8 4 5"
+    out = trainer.translate_shared(["5", fits, longer], beam)
+    assert [len(text.split()) for text in out] == [9, 9, 9] and out[2] == out[1]

@@ -26,6 +26,7 @@ from minitf.backend import xp
 from minitf.gpt import non_finite_logits_error, nonfinite_rows
 from minitf.module import no_grad
 from minitf.nmt.data import pad_batch
+from minitf.training.errors import DataError
 from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -74,12 +75,16 @@ class DecodingSettings:
     length limit, length penalty and :class:`HuggingFaceRules`), then passed whole to :func:`translate_texts`
     by ``translate``, the trainer's end of run and ``inspect``. ``beam_size`` 1 is greedy; ``max_len`` None is
     each sentence's source length + 50; ``min_len`` 1 (minitf's runs): a weak model may rank the empty output
-    first, never a translation of a sentence."""
+    first, never a translation of a sentence. ``max_positions``: the model's context (``minitf.load``'s
+    ``Loaded.context``: a Marian folder's max_position_embeddings, a run's --max-len): a source with its eos
+    must fit (:func:`translate_texts` refuses a longer one), and an output with its start token always fits
+    (at most ``max_positions - 1`` tokens counting the eos, whatever ``max_len`` says); None: no limit."""
     beam_size: int = 4
     alpha: float = 0.6
     max_len: int | None = None
     min_len: int = 1
     rules: HuggingFaceRules | None = None
+    max_positions: int | None = None
 
     def with_flags(self, beam=None, alpha=None, max_len=None):
         """These settings with the user's flags (None: not given) in place of the model's."""
@@ -447,17 +452,34 @@ def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_l
     return hyps
 
 
+def too_long(where, tokens, positions, why):
+    """The one-line DataError of a source of ``tokens`` tokens (with its eos) longer than the model's
+    ``positions`` (``why``: where the limit comes from)."""
+    return DataError(f"{where} has {tokens} tokens with its </s>, longer than the model's context of {positions}"
+                     f"{f' ({why})' if why else ''}; shorten it or split it into sentences")
+
+
 def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=64, max_len=None, min_len=1,
-                    rules=None, settings=None):
+                    rules=None, settings=None, where=None, cut_long=False, why=""):
     """Translate a list of sentences; batches of similar length, output in input order. The source ends in
     the tokenizer's eos; the decoder starts from the model's start token, else the tokenizer's bos.
     ``settings`` (a :class:`DecodingSettings`, as the commands pass them) replaces the five keywords before it
-    (``beam_size``, ``alpha``, ``max_len``, ``min_len``, ``rules``: the same fields one by one)."""
+    (``beam_size``, ``alpha``, ``max_len``, ``min_len``, ``rules``: the same fields one by one). With
+    ``settings.max_positions``, a source longer than them (with its eos) is refused before anything is
+    decoded: a DataError naming it (``where(i)``, default "sentence i + 1"; ``why``: where the limit comes
+    from), or with ``cut_long`` cut to fit (the trainer's validation, which cannot stop at the end of a run);
+    and no output passes ``max_positions - 1`` tokens counting the eos (the start token takes one)."""
     if settings is None:
         settings = DecodingSettings(beam_size, alpha, max_len, min_len, rules)
     beam_size, alpha, max_len, min_len, rules = (settings.beam_size, settings.alpha, settings.max_len,
                                                  settings.min_len, settings.rules)
+    positions = settings.max_positions
     ids = tokenizer.encode(list(texts))
+    if positions is not None:
+        for i, row in enumerate(ids):
+            if len(row) + 1 > positions and not cut_long:
+                raise too_long(where(i) if where else f"sentence {i + 1}", len(row) + 1, positions, why)
+        ids = [row[:positions - 1] for row in ids]               # room for the eos
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # little padding per batch
     outputs = [None] * len(ids)
     config = model.config
@@ -468,10 +490,14 @@ def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             src = pad_batch([ids[i] for i in chunk], tokenizer.pad_id, eos_id=tokenizer.eos_id)
+            # each output's most tokens counting eos: the settings' (default source length + 50), within positions
+            caps = backend.host.array([len(ids[i]) + 1 + 50 if max_len is None else max_len for i in chunk])
+            if positions is not None:
+                caps = backend.host.minimum(caps, positions - 1)
             if beam_size == 1:
-                tokens = greedy_decode(model, src, max_len=max_len, min_len=min_len, rules=rules, **special)
+                tokens = greedy_decode(model, src, max_len=caps, min_len=min_len, rules=rules, **special)
             else:
-                tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha, max_len=max_len, min_len=min_len,
+                tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha, max_len=caps, min_len=min_len,
                                      rules=rules, **special)
             for i, t in zip(chunk, tokens):
                 outputs[i] = t
