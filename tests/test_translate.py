@@ -336,3 +336,24 @@ def test_a_marian_folder_refuses_a_line_past_its_positions_as_transformers_does(
     code, err, out = translate(["--checkpoint", marian["folder"], "--max-len", 64], capsys, b"Hallo\n",
                                monkeypatch, tmp_path)
     assert code == 2 and "use at most 63" in one_error_line(err, "minitf.translate")
+
+
+def test_the_trainers_validation_says_how_many_sentences_were_cut_to_its_max_len(tmp_path, capsys):
+    """A run of --max-len 14 whose validation and test sentences are mostly longer: the run does not stop at its
+    end (its BLEU cannot refuse them), and each BLEU line says how many were cut to its positions and what to do."""
+    from tests.runs import make_corpus
+    from minitf.nmt.data import Corpus, read_splits
+    from minitf.nmt.translation_trainer import load_tokenizer
+
+    corpus = make_corpus(tmp_path)
+    code, err = train(corpus + TINY + ["--max-steps", "4", "--eval-every", "4", "--save-every", "4", "--max-len", "14",
+                                       "--out", tmp_path / "run"], capsys)
+    assert code == 0, err
+    paths = dict(zip((flag[2:].replace("-", "_") for flag in corpus[::2]), corpus[1::2]))
+    texts = Corpus(load_tokenizer(tmp_path / "run" / "tokenizer.model"), read_splits(paths), log=lambda line: None)
+    longer = {split: int((texts.lengths(split)[0] > 14).sum()) for split in ("valid", "test")}
+    assert 0 < longer["valid"] < 12 or 0 < longer["test"] < 12, longer  # a count the test can tell from all
+    for split in ("valid", "test"):
+        lines = [line for line in err if f" {split}: " in line and "BLEU" in line and "(12 sentences" in line]
+        assert lines and all(f"({longer[split]} longer than --max-len 14 tokens were cut to it: raise --max-len"
+                             in line for line in lines), err
