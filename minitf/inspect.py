@@ -109,15 +109,38 @@ def load(path, warn):
 # One sentence: checked, tokenized, computed
 # --------------------------------------------------------------------------- #
 def unknown_characters(tokenizer, text):
-    """The characters of ``text`` the tokenizer cannot give back (each becomes its unknown token)."""
-    found = []
+    """The characters of ``text`` the tokenizer cannot give back (each becomes its unknown token), read on the
+    source side: a character encoded alone gives the unknown id or nothing (a tokenizer with an ``unk_id``),
+    else does not come back decoded. A token the tokenizer reads whole (a Marian folder's language code such
+    as ``>>fra<<``, a special token written in the text such as ``<pad>``) is one token, not its characters;
+    a language code missing from the vocabulary is named whole."""
+    found, text = _whole_tokens(tokenizer, text)
+    unk = getattr(tokenizer, "unk_id", None)
     for char in dict.fromkeys(text):
         if char.isspace():
             continue
-        back = tokenizer.decode(tokenizer.encode([char]))[0]
-        if unicodedata.normalize("NFKC", char) not in unicodedata.normalize("NFKC", back):
+        ids = tokenizer.encode([char])[0]
+        if unk is not None:  # a Marian folder's decode reads the target vocabulary: the ids tell
+            unknown = not ids or unk in ids
+        else:
+            back = tokenizer.decode([ids])[0]
+            unknown = unicodedata.normalize("NFKC", char) not in unicodedata.normalize("NFKC", back)
+        if unknown:
             found.append(char)
     return found
+
+
+def _whole_tokens(tokenizer, text):
+    """(the language codes of ``text`` its vocabulary lacks, ``text`` without the tokens the tokenizer reads
+    whole): a Marian tokenizer's codes (``>>fra<<``) and special tokens written in the text."""
+    pieces, vocab = getattr(tokenizer, "pieces", None), getattr(tokenizer, "vocab", None)
+    if pieces is None or not isinstance(vocab, dict):
+        return [], text
+    specials = {tokenizer.eos_token, tokenizer.unk_token, tokenizer.pad_token}
+    whole = [p for p in dict.fromkeys(pieces(text)) if p in specials or (p.startswith(">>") and p.endswith("<<"))]
+    for token in sorted(whole, key=len, reverse=True):
+        text = text.replace(token, " ")
+    return [token for token in whole if token not in vocab], text
 
 
 class Inspector:

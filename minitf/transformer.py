@@ -329,9 +329,9 @@ class Transformer(Module):
         return cls(**dataclasses.asdict(config))
 
     # -- forward / backward ---------------------------------------------------------
-    def encode(self, src_ids):
-        """src_ids (B, S) -> memory (B, S, D) and the source padding mask (B, S)."""
-        src_padding_mask = src_ids == self.pad_id
+    def encode(self, src_ids, src_padding_mask=None):
+        """src_ids (B, S) -> memory (B, S, D) and the source padding mask (B, S), given or else the pad ids."""
+        src_padding_mask = src_ids == self.pad_id if src_padding_mask is None else src_padding_mask  # decoding: lengths
         x = self.src_dropout(self.positional(self.src_embed(src_ids)))  # Dropout(Embed * sqrt(D) + PE)
         return self.encoder(x, src_padding_mask), src_padding_mask
 

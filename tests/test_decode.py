@@ -10,8 +10,8 @@ from hypothesis import given, settings, strategies as st
 import minitf
 from minitf import backend
 from minitf.backend import xp
-from minitf.nmt.decode import (HuggingFaceRules, beam_search, beam_search_nbest, greedy_decode, length_penalty,
-                               reorder_cache, top_k_columns)
+from minitf.nmt.decode import (HuggingFaceRules, beam_search, beam_search_nbest, greedy_decode, inference_mode,
+                               length_penalty, reorder_cache, top_k_columns, translate_texts)
 from tests.helpers import np, seeds
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -534,3 +534,106 @@ def test_hugging_face_early_stopping_true_stops_once_k_are_finished():
     assert beam_search(model, src, beam_size=2, max_len=max_len, rules=HuggingFaceRules(early_stopping=True)) == [[4]]
     assert beam_search(model, src, beam_size=2, max_len=max_len, rules=HuggingFaceRules()) == [[4, 5]]
     assert reference_hf_beam_search(model, src[0], 2, HuggingFaceRules(early_stopping=True), max_len) == [4]
+
+
+# --------------------------------------------------------------------------- #
+# A pad id inside a sentence
+# --------------------------------------------------------------------------- #
+def by_hand_greedy(model, row, masked, max_len):
+    """Greedy decoding of one sentence written plainly: the encoder run with the key padding mask ``masked``
+    (one bool a position) given by hand, then the argmax (pad excluded) of the whole prefix each step."""
+    src, mask = backend.asarray(np.array([row])), backend.asarray(np.array([masked]))
+    out = []
+    with inference_mode(model):
+        memory = model.encoder(model.positional(model.src_embed(src)), mask)
+        while len(out) < max_len:
+            logits = backend.to_numpy(model.decode(backend.asarray(np.array([[BOS] + out])), memory, mask))[0, -1]
+            logits[PAD] = -np.inf
+            token = int(logits.argmax())
+            if token == EOS:
+                break
+            out.append(token)
+    return out
+
+
+class IdsTokenizer:
+    """Text of space-separated ids, as a tokenizer that reads a written "<pad>" as the pad id gives them."""
+    pad_id, bos_id, eos_id = PAD, BOS, EOS
+
+    def encode(self, texts):
+        return [[int(v) for v in text.split()] for text in texts]
+
+    def decode(self, id_lists):
+        return [" ".join(map(str, ids)) for ids in id_lists]
+
+
+def test_a_pad_id_inside_a_sentence_is_attended_to_not_masked():
+    """A sentence holding the pad id (a "<pad>" written in the text, which a Marian tokenizer reads as that id,
+    as transformers' does) is read whole: the source mask comes from each sentence's length, as transformers'
+    attention_mask does, not from its ids. Its output is the plain loop's with nothing masked, which differs
+    from the loop with that position masked (the test can tell them apart); alone, or batched with longer
+    sentences (padded after it) as an array or as lists, greedy, beam 1 without length penalty and
+    translate_texts."""
+    model = tiny_model(9, 6, logit_bias=1.0)  # seed 6: a model whose output the masked pad changes
+    sentence = [5, PAD, 7, 4, EOS]
+    attended = by_hand_greedy(model, sentence, [False] * 5, max_len=8)
+    assert attended != by_hand_greedy(model, sentence, [False, True, False, False, False], max_len=8)
+    longer = [[6, 4, 5, 7, 8, 6, EOS], [4, 4, 4, 5, 6, 7, 8, 6, EOS]]
+    padded = np.full((3, 9), PAD)
+    for i, row in enumerate([sentence] + longer):
+        padded[i, :len(row)] = row
+    for decode in (greedy_decode, lambda m, s, **kw: beam_search(m, s, beam_size=1, alpha=0.0, **kw)):
+        assert decode(model, np.array([sentence]), max_len=8) == [attended]
+        assert decode(model, padded, max_len=8)[0] == attended
+        assert decode(model, [sentence] + longer, max_len=8)[0] == attended
+    texts = [" ".join(map(str, row[:-1])) for row in longer + [sentence]]  # translate_texts adds the eos
+    assert translate_texts(model, IdsTokenizer(), texts, beam_size=1, max_len=8)[2] == " ".join(map(str, attended))
+
+
+# --------------------------------------------------------------------------- #
+# The model's positions
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("beam", [1, 2])
+def test_translate_texts_stays_within_the_models_positions(beam):
+    """``DecodingSettings.max_positions`` P (10 here): a source of P tokens with its eos is translated, one of
+    P + 1 is refused in one line naming the sentence and the limit (nothing is decoded); every output, with
+    the start token, fits: at most P - 1 tokens counting the eos, also where ``max_len`` or the default
+    (source length + 50) asks for more. None: no limit."""
+    from minitf.nmt.decode import DecodingSettings
+    from minitf.training.errors import DataError
+    model = tiny_model(9, 0)
+    calls = add_to_logits(model, eos_bias(9, -1e9))  # eos never wins: every output runs to its cap
+    fits, longer = "4 5 6 7 8 4 5 6 7", "4 5 6 7 8 4 5 6 7 8"  # 9 and 10 tokens, then the eos
+    for max_len in (None, 30):
+        settings = DecodingSettings(beam_size=beam, max_len=max_len, max_positions=10)
+        out = translate_texts(model, IdsTokenizer(), ["5", fits], settings=settings)
+        assert [len(text.split()) for text in out] == [9, 9]
+        unlimited = translate_texts(model, IdsTokenizer(), ["5", fits], settings=DecodingSettings(beam, max_len=max_len))
+        assert [len(text.split()) for text in unlimited] == ([52, 60] if max_len is None else [30, 30])
+        del calls[:]
+        with pytest.raises(DataError) as refused:
+            translate_texts(model, IdsTokenizer(), [fits, "5", longer], settings=settings)
+        assert str(refused.value).startswith("sentence 3 has 11 tokens with its </s>, longer than the model's "
+                                             "context of 10") and not calls
+    cut = translate_texts(model, IdsTokenizer(), [longer], settings=DecodingSettings(beam, max_positions=10),
+                          cut_long=True)
+    assert cut == translate_texts(model, IdsTokenizer(), [fits], settings=DecodingSettings(beam, max_positions=10))
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_the_trainers_translations_stay_within_the_runs_max_len(beam):
+    """The trainer's BLEU and end-of-run decoding (``translate_shared``) of a run of --max-len 10: an output
+    never passes 9 tokens counting the eos (it was source length + 50), and a validation sentence longer
+    than the run's positions is cut to them (the run cannot stop at its end), translated as its first 9
+    tokens are."""
+    import types
+
+    from minitf.nmt.translation_trainer import TranslationTrainer
+    trainer = TranslationTrainer.__new__(TranslationTrainer)  # only what translate_shared reads
+    trainer.model = tiny_model(9, 0)
+    add_to_logits(trainer.model, eos_bias(9, -1e9))
+    trainer.tokenizer, trainer.world = IdsTokenizer(), types.SimpleNamespace(rank=0, size=1)
+    trainer.config = types.SimpleNamespace(max_len=10, alpha=0.6, beam=beam)
+    fits, longer = "4 5 6 7 8 4 5 6 7", "4 5 6 7 8 4 5 6 7 8 4 5"
+    out = trainer.translate_shared(["5", fits, longer], beam)
+    assert [len(text.split()) for text in out] == [9, 9, 9] and out[2] == out[1]

@@ -614,3 +614,24 @@ def test_serve_on_a_port_in_use_is_one_line(world, capsys):
         port = taken.getsockname()[1]
         code, err, _ = run_inspect(["--checkpoint", world["ref"], "--serve", "--port", port], capsys)
     assert code == 1 and len(err) == 1 and f"cannot serve on 127.0.0.1:{port}" in err[0] and "--port" in err[0], err
+
+
+# --------------------------------------------------------------------------- unknown characters of a Marian folder
+@pytest.mark.parametrize("separate", [False, True])
+def test_unknown_characters_of_a_marian_folder_are_read_on_its_source_side(tmp_path, separate):
+    """With separate vocabularies (target_vocab.json) the source's characters are looked up in vocab.json, not
+    the target's (which lacks "ä": the target side was trained on English words); a language code (``>>fra<<``)
+    and a special token written in the text (``<pad>``) are tokens of their own, not unknown "<" and ">"; a code
+    the vocabulary lacks is named whole."""
+    pytest.importorskip("sentencepiece")
+    from minitf.inspect import unknown_characters
+    from minitf.nmt.marian_tokenizer import MarianTokenizer
+    from tests.marian_files import write_tokenizer_files
+    write_tokenizer_files(tmp_path, separate=separate, drop=0)  # every piece of both sides in its vocabulary
+    tokenizer = MarianTokenizer.from_folder(tmp_path)
+    assert "ä" in "".join(tokenizer.vocab) and ("ä" not in "".join(tokenizer.target_vocab)) == separate
+    assert unknown_characters(tokenizer, "Der Katze läuft über die Brücke") == []
+    assert unknown_characters(tokenizer, "Die Katze ☃ schläft €") == ["☃", "€"]
+    assert unknown_characters(tokenizer, ">>fra<< Die Katze schläft") == []
+    assert unknown_characters(tokenizer, "Die <pad> Katze") == []
+    assert unknown_characters(tokenizer, ">>xyz<< Die ☃ Katze") == [">>xyz<<", "☃"]

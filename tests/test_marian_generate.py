@@ -142,3 +142,29 @@ def test_banned_words_are_banned_as_generate_bans_them(ours, hf):
     rules = HuggingFaceRules(1.0, False, True, True, banned_ids=(pad, frequent))
     got = greedy_decode(model, source(ours, texts), max_len=settings.max_len, rules=rules)
     assert got == expected != plain and frequent not in sum(got, [])
+
+
+def test_a_written_pad_is_read_as_generate_reads_it(ours, hf):
+    """A "<pad>" written in a sentence is one token, the pad id (both tokenizers), which transformers' encoder
+    attends to (its attention_mask comes from each sentence's length): greedy, beam 4 and translate_texts
+    give generate()'s outputs, batched with longer and shorter sentences. generate() with the pads masked
+    (an attention_mask from the ids, as minitf's was) gives other outputs: the test can tell."""
+    model, tokenizer, settings = ours
+    texts = sentences(6)
+    texts[1], texts[4] = "<pad>", "Wir essen <pad> 3 Äpfel am 12. Mai"
+    pad = model.config["pad_id"]
+    assert all(pad in ids for ids in tokenizer.encode([texts[1], texts[4]]))
+    src = source(ours, texts)
+    batch = hf[1](texts, padding=True, return_tensors="pt")
+    for beam in (1, 4):
+        expected = hf_outputs(hf, texts, num_beams=beam)
+        with torch.no_grad():
+            masked = hf[0].generate(input_ids=batch["input_ids"], attention_mask=(batch["input_ids"] != pad).long(),
+                                    num_beams=beam)
+        masked = [row[1:row.index(0, 1)] if 0 in row[1:] else row[1:] for row in masked.tolist()]  # cut at eos
+        assert masked != expected
+        decode = greedy_decode if beam == 1 else lambda m, s, **kw: beam_search(m, s, beam_size=4, **kw)
+        assert decode(model, src, max_len=settings.max_len, rules=settings.rules) == expected
+        got = translate_texts(model, tokenizer, texts, beam_size=beam, batch_size=4, max_len=settings.max_len,
+                              min_len=settings.min_len, rules=settings.rules)
+        assert got == hf[1].batch_decode(expected, skip_special_tokens=True)

@@ -92,17 +92,20 @@ def test_each_line_is_answered_as_it_is_typed(tiny_run):
 @pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
 def test_a_line_longer_than_the_terminal_passes_is_answered_with_a_warning(tiny_run):
     """A terminal (canonical mode) passes at most 4,095 bytes of a typed line and drops the rest:
-    the answer comes with a one-line warning that says so and what to do, never silently."""
+    a one-line warning says so and what to do, never silently. (What is left is longer than the run's
+    context, --max-len 100: an error line, and the session answers the next line.)"""
     def type_lines(write, read_answer):
         long_line = ("Der hund sieht ein haus. " * 240).encode("utf-8")  # 6,000 bytes
         for start in range(0, len(long_line), 512):  # typed in pieces, as a paste arrives
             write(long_line[start:start + 512])
-        write(b"\n")
+        write(b"\nDer hund.\n")
         return read_answer()
 
-    _, err = _on_a_terminal(tiny_run["run"], 1, type_lines)
+    answer, err = _on_a_terminal(tiny_run["run"], 1, type_lines)
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "4095 bytes" in warnings[0] and "--src FILE" in warnings[0], err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "longer than the model's context of 100" in errors[0] and answer.strip(), err
 
 
 # --------------------------------------------------------------------------- which checkpoint of a run folder
@@ -342,3 +345,84 @@ def test_translate_reads_a_marian_folder_without_the_safetensors_package(marian,
         monkeypatch.setitem(sys.modules, module, None)  # its import raises ImportError, installed or not
     code, err, out = translate(["--checkpoint", marian["folder"], "--src", marian["src"]], capsys)
     assert code == 0 and out.splitlines() == marian["expected"][4], err
+
+# --------------------------------------------------------------------------- the model's positions
+def test_a_line_longer_than_the_runs_max_len_is_refused_naming_the_line(tiny_run, tmp_path, capsys, monkeypatch):
+    """A run trained with --max-len 100 (the default): a line of more tokens with its </s> is refused in one
+    line naming the line and the limit, before anything is translated (it was translated from positions the
+    model never saw); a --max-len past the positions less the start token is refused too."""
+    long_line = ("der hund " * 60).strip()
+    code, err, out = translate(["--checkpoint", tiny_run["run"], "--beam", 1], capsys,
+                               f"Der hund.\n\n{long_line}\n".encode(), monkeypatch, tmp_path)
+    line = one_error_line(err, "minitf.translate")
+    assert code == 1 and out == "" and "standard input: line 3 has " in line
+    assert "tokens with its </s>, longer than the model's context of 100 (its training's cap, --max-len" in line
+    source = tmp_path / "src.txt"
+    source.write_text(f"{long_line}\n", encoding="utf-8")
+    code, err, out = translate(["--checkpoint", tiny_run["run"], "--src", source], capsys)
+    assert code == 1 and out == "" and f"--src {source}: line 1 has " in one_error_line(err, "minitf.translate")
+    code, err, out = translate(["--checkpoint", tiny_run["run"], "--max-len", 100], capsys, b"Der hund.\n",
+                               monkeypatch, tmp_path)
+    line = one_error_line(err, "minitf.translate")
+    assert code == 2 and out == "" and "--max-len 100 does not fit the model's context of 100" in line
+    assert "use at most 99" in line
+    code, err, out = translate(["--checkpoint", tiny_run["run"], "--max-len", 99], capsys, b"Der hund.\n",
+                               monkeypatch, tmp_path)
+    assert code == 0 and len(out.splitlines()) == 1, err
+
+
+@pytest.mark.extra("transformers", "bench")
+def test_a_marian_folder_refuses_a_line_past_its_positions_as_transformers_does(marian, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """The folder's 64 positions (max_position_embeddings): a line of 64 tokens with its </s> is translated,
+    one of 65 refused in one line naming the line and the limit (transformers raises an IndexError on it);
+    --max-len 64 (past 64 less the start token) is refused; an output never passes 63 tokens."""
+    import torch
+    import transformers
+
+    from minitf.nmt.marian_tokenizer import MarianTokenizer
+    tokenizer = MarianTokenizer.from_folder(marian["folder"])
+    word = "Hund"
+    per_word = len(tokenizer.encode([word])[0])
+    fits = " ".join([word] * (63 // per_word))
+    while len(tokenizer.encode([fits])[0]) < 63:
+        fits += "."
+    assert len(tokenizer.encode([fits])[0]) == 63 and len(tokenizer.encode([fits + "."])[0]) == 64
+    hf = transformers.MarianMTModel.from_pretrained(str(marian["folder"])).eval()
+    hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(marian["folder"]))
+    with torch.no_grad():
+        hf.generate(**hf_tokenizer([fits], return_tensors="pt"), max_length=20)
+        with pytest.raises(IndexError):
+            hf.generate(**hf_tokenizer([fits + "."], return_tensors="pt"), max_length=20)
+    code, err, out = translate(["--checkpoint", marian["folder"], "--beam", 1], capsys, f"{fits}\n".encode(),
+                               monkeypatch, tmp_path)
+    assert code == 0 and len(out.splitlines()) == 1, err
+    code, err, out = translate(["--checkpoint", marian["folder"]], capsys, f"Hallo\n{fits}.\n".encode(),
+                               monkeypatch, tmp_path)
+    line = one_error_line(err, "minitf.translate")
+    assert code == 1 and out == "" and "standard input: line 2 has 65 tokens with its </s>" in line
+    assert "longer than the model's context of 64 (its position table, max_position_embeddings)" in line
+    code, err, out = translate(["--checkpoint", marian["folder"], "--max-len", 64], capsys, b"Hallo\n",
+                               monkeypatch, tmp_path)
+    assert code == 2 and "use at most 63" in one_error_line(err, "minitf.translate")
+
+
+def test_the_trainers_validation_says_how_many_sentences_were_cut_to_its_max_len(tmp_path, capsys):
+    """A run of --max-len 14 whose validation and test sentences are mostly longer: the run does not stop at its
+    end (its BLEU cannot refuse them), and each BLEU line says how many were cut to its positions and what to do."""
+    from tests.runs import make_corpus
+    from minitf.nmt.data import Corpus, read_splits
+    from minitf.nmt.translation_trainer import load_tokenizer
+
+    corpus = make_corpus(tmp_path)
+    code, err = train(corpus + TINY + ["--max-steps", "4", "--eval-every", "4", "--save-every", "4", "--max-len", "14",
+                                       "--out", tmp_path / "run"], capsys)
+    assert code == 0, err
+    paths = dict(zip((flag[2:].replace("-", "_") for flag in corpus[::2]), corpus[1::2]))
+    texts = Corpus(load_tokenizer(tmp_path / "run" / "tokenizer.model"), read_splits(paths), log=lambda line: None)
+    longer = {split: int((texts.lengths(split)[0] > 14).sum()) for split in ("valid", "test")}
+    assert 0 < longer["valid"] < 12 or 0 < longer["test"] < 12, longer  # a count the test can tell from all
+    for split in ("valid", "test"):
+        lines = [line for line in err if f" {split}: " in line and "BLEU" in line and "(12 sentences" in line]
+        assert lines and all(f"({longer[split]} longer than --max-len 14 tokens were cut to it: raise --max-len"
+                             in line for line in lines), err

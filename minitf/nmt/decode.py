@@ -4,9 +4,10 @@
 
 Both decoders are batched: each step runs the decoder once on all live rows (B sentences or B * K beams), one
 position with the key/value cache, and finished sentences leave the batch. ``src_ids`` is a host or device
-int array (B, S), ``pad_id`` after the real tokens, or a list of id lists. A hypothesis has no bos and no
-final eos; its ``|Y|`` counts the eos. ``max_len`` caps its tokens counting eos (default: each sentence's
-non-pad source tokens + ``max_len_offset``, 50); one reaching it without eos is kept. pad is never generated
+int array (B, S), ``pad_id`` after the real tokens, or a list of id lists; the source mask comes from each
+sentence's length (a pad id inside a sentence is attended to, as in transformers). A hypothesis has no bos and
+no final eos; its ``|Y|`` counts the eos. ``max_len`` caps its tokens counting eos (default: each sentence's
+source length + ``max_len_offset``, 50); one reaching it without eos is kept. pad is never generated
 (-inf after the log-softmax, so other scores are the model's log-probabilities). The model runs in eval mode
 under no_grad; every module's training flag is restored afterwards. The start token, eos and pad default to
 the model's (``model.config``: ``decoder_start_id``, ``eos_id``, ``pad_id``; a Marian model's start is its pad),
@@ -25,6 +26,7 @@ from minitf.backend import xp
 from minitf.gpt import non_finite_logits_error, nonfinite_rows
 from minitf.module import no_grad
 from minitf.nmt.data import pad_batch
+from minitf.training.errors import DataError
 from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from minitf.transformer import check_ids
 
@@ -74,12 +76,16 @@ class DecodingSettings:
     length limit, length penalty and :class:`HuggingFaceRules`), then passed whole to :func:`translate_texts`
     by ``translate``, the trainer's end of run and ``inspect``. ``beam_size`` 1 is greedy; ``max_len`` None is
     each sentence's source length + 50; ``min_len`` 1 (minitf's runs): a weak model may rank the empty output
-    first, never a translation of a sentence."""
+    first, never a translation of a sentence. ``max_positions``: the model's context (``minitf.load``'s
+    ``Loaded.context``: a Marian folder's max_position_embeddings, a run's --max-len): a source with its eos
+    must fit (:func:`translate_texts` refuses a longer one), and an output with its start token always fits
+    (at most ``max_positions - 1`` tokens counting the eos, whatever ``max_len`` says); None: no limit."""
     beam_size: int = 4
     alpha: float = 0.6
     max_len: int | None = None
     min_len: int = 1
     rules: HuggingFaceRules | None = None
+    max_positions: int | None = None
 
     def with_flags(self, beam=None, alpha=None, max_len=None):
         """These settings with the user's flags (None: not given) in place of the model's."""
@@ -153,24 +159,34 @@ def inference_mode(model):
 
 
 def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
-    """The checked source on the device (B, S), and each output's most tokens counting eos (host, (B,))."""
+    """The checked source on the device (B, S), its key padding mask (B, S) and each output's most tokens
+    counting eos (host, (B,)). The mask comes from each sentence's length, as transformers' attention_mask
+    does, not from its ids: a list's own length; an array row's up to its last token that is not pad (the
+    pads after it are the padding). A pad id inside a sentence (a "<pad>" written in its text) is read."""
+    lengths = None
     if isinstance(src_ids, (list, tuple)):  # ragged token lists: pad them here
         rows = [list(map(int, row)) for row in src_ids]
-        width = max([len(row) for row in rows] + [1])
-        padded = backend.host.full((len(rows), width), pad_id, dtype=backend.host.int64)
+        lengths = backend.host.array([len(row) for row in rows], dtype=backend.host.int64)
+        padded = backend.host.full((len(rows), max([len(row) for row in rows] + [1])), pad_id,
+                                   dtype=backend.host.int64)
         for i, row in enumerate(rows):
             padded[i, :len(row)] = row
         src_ids = padded
     src = check_ids(src_ids, "src_ids", model.config["src_vocab_size"])
-    B = src.shape[0]
+    B, S = src.shape
+    if lengths is not None:
+        src_mask = backend.asarray(backend.host.arange(S)[None, :] >= lengths[:, None])
+    else:  # a position is padding when no token but pad is at or after it
+        src_mask = xp.cumsum((src != pad_id)[:, ::-1], axis=1)[:, ::-1] == 0
+        if max_len is None:  # one small copy to the host: the caps drive the host-side loop
+            lengths = backend.to_numpy(S - src_mask.sum(axis=1)).astype(backend.host.int64)
     if max_len is None:
-        # one small copy to the host: the caps drive the host-side loop
-        max_lens = backend.to_numpy((src != pad_id).sum(axis=1)).astype(backend.host.int64) + int(max_len_offset)
+        max_lens = lengths + int(max_len_offset)
     else:
         max_lens = backend.host.broadcast_to(backend.host.asarray(max_len, dtype=backend.host.int64), (B,)).copy()
     if (max_lens < 1).any():
         raise ValueError(f"max_len must be at least 1 for every sentence, got {max_lens.tolist()}")
-    return src, max_lens
+    return src, src_mask, max_lens
 
 
 def _step_logits(model, tokens, prefix, memory, src_mask, cache, t):
@@ -272,9 +288,9 @@ def greedy_decode(model, src_ids, max_len=None, max_len_offset=50, bos_id=None, 
     :class:`HuggingFaceRules` (``generate(num_beams=1)``), or None."""
     bos_id, eos_id, pad_id = _special_ids(model, bos_id, eos_id, pad_id)
     with inference_mode(model):
-        src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
+        src, src_mask, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
         B, steps = src.shape[0], int(max_lens.max())
-        memory, src_mask = model.encode(src)                     # (B, S, D), (B, S)
+        memory, src_mask = model.encode(src, src_mask)           # (B, S, D), (B, S)
         cache = {} if use_cache else None
         out = backend.host.full((B, steps), eos_id, dtype=backend.host.int64)
         lengths = backend.host.zeros(B, dtype=backend.host.int64)
@@ -326,9 +342,9 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
     nf = nb if rules is None else K                              # finished hypotheses kept per sentence
     bos_id, eos_id, pad_id = _special_ids(model, bos_id, eos_id, pad_id)
     with inference_mode(model):
-        src, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
+        src, src_mask, max_lens = _prepare(model, src_ids, max_len, max_len_offset, pad_id)
         B, steps = src.shape[0], int(max_lens.max())
-        memory, src_mask = model.encode(src)                     # (B, S, D), (B, S): the K beams of a
+        memory, src_mask = model.encode(src, src_mask)           # (B, S, D), (B, S): the K beams of a
         dtype = memory.dtype                                     # sentence attend to its one memory
         cache = {} if use_cache else None
         width = steps + 1                                        # bos + up to max_len tokens
@@ -437,17 +453,34 @@ def beam_search(model, src_ids, beam_size=4, alpha=0.6, max_len_offset=50, max_l
     return hyps
 
 
+def too_long(where, tokens, positions, why):
+    """The one-line DataError of a source of ``tokens`` tokens (with its eos) longer than the model's
+    ``positions`` (``why``: where the limit comes from)."""
+    return DataError(f"{where} has {tokens} tokens with its </s>, longer than the model's context of {positions}"
+                     f"{f' ({why})' if why else ''}; shorten it or split it into sentences")
+
+
 def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=64, max_len=None, min_len=1,
-                    rules=None, settings=None):
+                    rules=None, settings=None, where=None, cut_long=False, why=""):
     """Translate a list of sentences; batches of similar length, output in input order. The source ends in
     the tokenizer's eos; the decoder starts from the model's start token, else the tokenizer's bos.
     ``settings`` (a :class:`DecodingSettings`, as the commands pass them) replaces the five keywords before it
-    (``beam_size``, ``alpha``, ``max_len``, ``min_len``, ``rules``: the same fields one by one)."""
+    (``beam_size``, ``alpha``, ``max_len``, ``min_len``, ``rules``: the same fields one by one). With
+    ``settings.max_positions``, a source longer than them (with its eos) is refused before anything is
+    decoded: a DataError naming it (``where(i)``, default "sentence i + 1"; ``why``: where the limit comes
+    from), or with ``cut_long`` cut to fit (the trainer's validation, which cannot stop at the end of a run);
+    and no output passes ``max_positions - 1`` tokens counting the eos (the start token takes one)."""
     if settings is None:
         settings = DecodingSettings(beam_size, alpha, max_len, min_len, rules)
     beam_size, alpha, max_len, min_len, rules = (settings.beam_size, settings.alpha, settings.max_len,
                                                  settings.min_len, settings.rules)
+    positions = settings.max_positions
     ids = tokenizer.encode(list(texts))
+    if positions is not None:
+        for i, row in enumerate(ids):
+            if len(row) + 1 > positions and not cut_long:
+                raise too_long(where(i) if where else f"sentence {i + 1}", len(row) + 1, positions, why)
+        ids = [row[:positions - 1] for row in ids]               # room for the eos
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # little padding per batch
     outputs = [None] * len(ids)
     config = model.config
@@ -458,10 +491,14 @@ def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             src = pad_batch([ids[i] for i in chunk], tokenizer.pad_id, eos_id=tokenizer.eos_id)
+            # each output's most tokens counting eos: the settings' (default source length + 50), within positions
+            caps = backend.host.array([len(ids[i]) + 1 + 50 if max_len is None else max_len for i in chunk])
+            if positions is not None:
+                caps = backend.host.minimum(caps, positions - 1)
             if beam_size == 1:
-                tokens = greedy_decode(model, src, max_len=max_len, min_len=min_len, rules=rules, **special)
+                tokens = greedy_decode(model, src, max_len=caps, min_len=min_len, rules=rules, **special)
             else:
-                tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha, max_len=max_len, min_len=min_len,
+                tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha, max_len=caps, min_len=min_len,
                                      rules=rules, **special)
             for i, t in zip(chunk, tokens):
                 outputs[i] = t

@@ -7,8 +7,11 @@ FILE`` also prints corpus BLEU (sacrebleu) on stderr. A run's model decodes with
 beam search by default (beam 4, alpha 0.6, at most input length + 50 tokens); ``--beam 1`` is greedy.
 A Hugging Face Marian folder (an opus-mt model: config.json, model.safetensors, source.spm, target.spm,
 vocab.json) decodes as transformers' ``generate`` does, with its generation_config.json's beam size, length
-limit and length penalty unless ``--beam``, ``--max-len`` or ``--alpha`` say otherwise.
+limit and length penalty unless ``--beam``, ``--max-len`` or ``--alpha`` say otherwise. A sentence longer than
+the model's context (a run's --max-len, a Marian folder's max_position_embeddings) is refused naming its line,
+and no output passes the context less the decoder's start token (docs/decoding.md, "Positions and padding").
 """
+import dataclasses
 import pathlib
 import sys
 
@@ -17,28 +20,37 @@ from minitf.loader import load
 from minitf.nmt.config import MAX_ALPHA
 from minitf.nmt.decode import translate_texts
 from minitf.nmt.kind import KIND
-from minitf.training.errors import DataError, OneLineParser, number_in, positive, report_errors
+from minitf.training.errors import DataError, OneLineParser, UsageError, number_in, positive, report_errors
 from minitf.training.text import answer_each_line, decode_lines, read_lines
 
 
 def load_translator(path, warn=None):
-    """(model, tokenizer, :class:`minitf.nmt.decode.DecodingSettings`) of ``--checkpoint``: a run or checkpoint
-    folder of a translation run, or a Marian folder (:func:`minitf.loader.load`); a model of another kind is
-    refused in one line naming the command that reads it."""
+    """(model, tokenizer, :class:`minitf.nmt.decode.DecodingSettings`, why) of ``--checkpoint``: a run or
+    checkpoint folder of a translation run, or a Marian folder (:func:`minitf.loader.load`); a model of another
+    kind is refused in one line naming the command that reads it. The settings hold the model's context (its
+    kind's: a Marian folder's positions, a run's --max-len), ``why`` says where it comes from."""
     loaded = load(path, warn, kind=KIND)
-    return loaded.model, loaded.tokenizer, loaded.decoding
+    settings = dataclasses.replace(loaded.decoding, max_positions=loaded.context)
+    return loaded.model, loaded.tokenizer, settings, loaded.context_why
 
 
-def decoding(settings, args):
-    """The decoding settings with the user's flags in place of the model's."""
+def decoding(settings, args, why=""):
+    """The decoding settings with the user's flags in place of the model's; a --max-len whose output would not
+    fit the model's context with its start token is refused."""
+    positions = settings.max_positions
+    if args.max_len is not None and positions is not None and args.max_len > positions - 1:
+        raise UsageError(f"--max-len {args.max_len} does not fit the model's context of {positions} ({why}) with "
+                         f"the decoder's start token; use at most {positions - 1}")
     return settings.with_flags(beam=args.beam, alpha=args.alpha, max_len=args.max_len)
 
 
-def translate_interactively(model, tokenizer, settings, stdin=None, stdout=None, stderr=None):
+def translate_interactively(model, tokenizer, settings, stdin=None, stdout=None, stderr=None, why=""):
     """Answer each line typed in a terminal with its translation as soon as it ends (an empty line
-    gives an empty line). ``settings``: a :class:`minitf.nmt.decode.DecodingSettings`."""
+    gives an empty line; a line longer than the model's context an error line, and the session goes on).
+    ``settings``: a :class:`minitf.nmt.decode.DecodingSettings`."""
     def answer(text, number):
-        return translate_texts(model, tokenizer, [text], batch_size=1, settings=settings)[0] if text else ""
+        return translate_texts(model, tokenizer, [text], batch_size=1, settings=settings,
+                               where=lambda i: "that line", why=why)[0] if text else ""
     return answer_each_line(answer, "a sentence", "--src FILE or a pipe", stdin, stdout, stderr)
 
 
@@ -70,19 +82,21 @@ def run(argv=None):
         backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
     warn = lambda message: print(message, file=sys.stderr)  # noqa: E731
     if args.src is None and args.ref is None and sys.stdin.isatty():  # a person typing: answer each line
-        model, tokenizer, options = load_translator(args.checkpoint, warn)
-        return translate_interactively(model, tokenizer, decoding(options, args))
+        model, tokenizer, options, why = load_translator(args.checkpoint, warn)
+        return translate_interactively(model, tokenizer, decoding(options, args, why), why=why)
     if args.src is not None:
-        sources = read_lines(args.src, "--src")
+        sources, origin = read_lines(args.src, "--src"), f"--src {args.src}"
     else:
-        sources = decode_lines(sys.stdin.buffer.read(), "standard input")
+        sources, origin = decode_lines(sys.stdin.buffer.read(), "standard input"), "standard input"
     references = read_lines(args.ref, "--ref") if args.ref is not None else None
     if references is not None and len(references) != len(sources):
         raise DataError(f"--ref has {len(references)} lines but the source has {len(sources)}; "
                         "they must match line by line")
-    model, tokenizer, options = load_translator(args.checkpoint, warn)
+    model, tokenizer, options, why = load_translator(args.checkpoint, warn)
+    numbers = [number for number, s in enumerate(sources, start=1) if s]  # the line of each sentence translated
     translated = iter(translate_texts(model, tokenizer, [s for s in sources if s], batch_size=args.batch_size,
-                                      settings=decoding(options, args)))
+                                      settings=decoding(options, args, why),
+                                      where=lambda i: f"{origin}: line {numbers[i]}", why=why))
     hypotheses = [next(translated) if s else "" for s in sources]  # an empty line gives an empty line
     sys.stdout.write("".join(h + "\n" for h in hypotheses))
     sys.stdout.flush()

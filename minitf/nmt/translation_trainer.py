@@ -13,7 +13,7 @@ from minitf.transformer import Transformer
 from minitf.nmt.config import model_config
 from minitf.nmt.data import token_batches
 from minitf.nmt.bleu import bleu_from_stats, bleu_stats, bootstrap_wins
-from minitf.nmt.decode import inference_mode, translate_texts
+from minitf.nmt.decode import DecodingSettings, inference_mode, translate_texts
 from minitf.nmt.marian_tokenizer import MarianTokenizer
 from minitf.training import checkpoint as ckpt, trainer as base
 from minitf.training.errors import DataError, StepOutOfMemory, pause_for_tests
@@ -125,12 +125,19 @@ class TranslationTrainer(Trainer):
         tokens = max(total_tokens, 1.0)
         return total_loss / tokens, perplexity(total_nll / tokens)
 
+    def decoding(self, beam):
+        """The run's decoding settings (BLEU, the end's examples): the paper's rules with ``beam`` and --alpha,
+        within the positions the run trains (--max-len, what its checkpoints' ``minitf.load`` gives as their
+        context): no output passes --max-len - 1 tokens, and a longer sentence is cut to --max-len tokens with
+        its </s> (a run cannot stop at its end: :meth:`validate` counts them)."""
+        return DecodingSettings(beam_size=beam, alpha=self.config.alpha, max_positions=self.config.max_len)
+
     def translate_shared(self, sources, beam):
         """``sources`` translated by every rank together (each takes every size-th), in order on rank 0
         (None elsewhere); every rank calls it."""
         world = self.world
-        mine = translate_texts(self.model, self.tokenizer, list(sources[world.rank::world.size]), beam,
-                               self.config.alpha)
+        mine = translate_texts(self.model, self.tokenizer, list(sources[world.rank::world.size]),
+                               settings=self.decoding(beam), cut_long=True)
         if world.size == 1:
             return mine
         shares = world.gather_objects(mine)
@@ -163,12 +170,16 @@ class TranslationTrainer(Trainer):
         if hypotheses is not None:  # corpus BLEU from per-sentence counts, which the end's choice resamples
             stats = bleu_stats(hypotheses, references)
             record.update(bleu=round(bleu_from_stats(stats.sum(axis=0)), 2), bleu_sentences=len(sources), beam=beam)
+            cut = int((self.corpus.lengths(split)[0][:len(sources)] > self.config.max_len).sum())
             if split == "test" and self.config.data.get("corpus") == "wmt14-en-de":  # as the field reports it
                 from minitf.nmt.bleu import report
                 record.update(report(hypotheses, references, lang=self.config.tgt_lang))
         self.metrics.write(**record)
         message = f"step {self.step} {split}: loss {loss:.3f}  ppl {ppl:.2f}" + (
             f"  BLEU {record['bleu']:.2f} ({record['bleu_sentences']} sentences, beam {beam})" if "bleu" in record else "")
+        if hypotheses is not None and cut:
+            message += (f" ({cut} longer than --max-len {self.config.max_len} tokens were cut to it: raise --max-len "
+                        "to translate them whole)")
         for i in range(min(samples, len(sources)) if hypotheses is not None else 0):
             message += f"\n  src: {sources[i]}\n  ref: {references[i]}\n  out: {hypotheses[i]}"
         (bar.write if bar is not None else self.log)(message)
@@ -233,7 +244,8 @@ class TranslationTrainer(Trainer):
         self.log(f"translate with: python -m minitf.translate --checkpoint {run_dir}")
         examples = self.end_examples()
         if examples:
-            outputs = translate_texts(self.model, self.tokenizer, examples, config.beam, config.alpha)
+            outputs = translate_texts(self.model, self.tokenizer, examples, settings=self.decoding(config.beam),
+                                      cut_long=True)
             width = max(map(len, examples))
             self.log("for example:\n" + "\n".join(f"  {src:<{width}}  ->  {out}"
                                                   for src, out in zip(examples, outputs)))
