@@ -238,6 +238,7 @@ def hf_to_minitf_state(weights, config, path="the weights"):
         if short == "lm_head.weight" and config.get("tie_embeddings", True):  # the same matrix as wte
             continue
         found[short], names[short] = array, name
+    pretrained.check_layer_counts(found, {"n_layer": (config["num_layers"], r"h\.(\d+)\.")}, path)
     pairs = name_map(config)
     missing = sorted({hf for hf, _ in pairs} - set(found))
     unknown = sorted(set(found) - {hf for hf, _ in pairs})

@@ -185,6 +185,9 @@ def hf_to_minitf_state(weights, config, path="model.safetensors"):
     Checked, each a one-line ValueError naming ``path`` and the tensor: missing or unknown tensors, wrong
     shapes, aliases of the embedding that differ from it, position tables that are not the sinusoids minitf
     computes. A missing final_logits_bias is zeros (as transformers reads it)."""
+    pretrained.check_layer_counts(weights, {
+        "encoder_layers": (config["num_encoder_layers"], r"model\.encoder\.layers\.(\d+)\."),
+        "decoder_layers": (config["num_decoder_layers"], r"model\.decoder\.layers\.(\d+)\.")}, path)
     shapes = expected_shapes(config)
     aliases = _aliases(config)
     if not config["share_embeddings"] and config["tie_target_output"]:

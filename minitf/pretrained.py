@@ -328,6 +328,19 @@ def check_dtype_range(weights, dtype, path):
                                  f"infinite in a {np.dtype(dtype).name} model: read it in a wider dtype")
 
 
+def check_layer_counts(weights, declared, path):
+    """Refuse a config.json declaring more layers than the weights hold, before anything per layer is made (10**7
+    layers would take the machine's memory, or hours, before any tensor was found missing): ``declared`` is
+    ``{config key: (its value, the regular expression of a layer's tensor names with the layer number as its
+    group)}``. A ValueError naming the key, its value and the layers the file holds."""
+    import re
+    for key, (count, pattern) in declared.items():
+        layers = {int(m.group(1)) for name in weights if (m := re.match(pattern, name))}
+        if count > len(layers):
+            raise ValueError(f"{path}: config.json declares {key} {count}, but the weights hold {len(layers)} such "
+                             "layers; the config.json does not belong to these weights: use the folder's own")
+
+
 def check_shapes(weights, expected, path):
     """A ValueError naming every tensor of ``weights`` whose shape is not ``expected[name]`` (a tuple)."""
     wrong = [f"{name} {tuple(weights[name].shape)} (expected {shape})"

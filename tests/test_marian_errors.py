@@ -150,6 +150,31 @@ def test_a_tensor_missing_unknown_misshapen_or_damaged_is_one_line_naming_it(cha
 
 
 @pytest.mark.extra("safetensors", "hf")
+@pytest.mark.parametrize("key", ["encoder_layers", "decoder_layers"])
+def test_a_config_declaring_more_layers_than_its_weights_hold_is_one_line_before_any_layer_is_made(key, tmp_path):
+    """Before: config.json's 10**7 layers built layer after layer (minutes, then the machine's memory) before a
+    tensor was found missing, and the out-of-memory line blamed --batch-size; now one line naming the key."""
+    import time
+    folder = good_folder(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, **{key: 10 ** 7})))
+    start = time.perf_counter()
+    refused(folder, f"config.json declares {key} 10000000, but the weights hold 1 such layers")
+    assert time.perf_counter() - start < 20  # refused from the file's names, not after building anything
+
+
+@pytest.mark.extra("safetensors", "hf")
+def test_a_gpt2_config_declaring_more_layers_than_its_weights_hold_is_one_line(tmp_path):
+    from minitf.gpt import GPT
+    backend.manual_seed(0)
+    GPT.preset("gpt2", 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8).save_pretrained(tmp_path / "g")
+    config = json.loads((tmp_path / "g" / "config.json").read_text())
+    (tmp_path / "g" / "config.json").write_text(json.dumps(dict(config, n_layer=10 ** 7)))
+    with pytest.raises(ValueError, match="config.json declares n_layer 10000000, but the weights hold 1 such layers"):
+        GPT.from_pretrained(tmp_path / "g")
+
+
+@pytest.mark.extra("safetensors", "hf")
 def test_a_tied_alias_equal_to_the_embedding_and_the_sinusoid_table_are_accepted(tmp_path):
     """What an older file holds besides the 86 tensors: the aliases of the shared matrix and the position
     tables, as transformers computes them (float32)."""
