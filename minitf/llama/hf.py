@@ -81,7 +81,8 @@ def config_from_hf(hf, where="config.json"):
             raise ValueError(f"{where}: layer_types is {layer_types!r}; minitf computes full attention only "
                              "(every layer 'full_attention')")
     theta, scaling = _rope(hf, where)
-    ids = {key: value(key, "int", default=defaults.get(key), low=0, high=vocab_size - 1)
+    ids = {key: None if key in hf and hf[key] is None  # null: no such token (absent: transformers' default)
+           else value(key, "int", default=defaults.get(key), low=0, high=vocab_size - 1)
            for key in ("pad_token_id", "bos_token_id")}
     eos = eos_ids(hf, vocab_size, where, default=defaults["eos_token_id"])
     return LlamaConfig(vocab_size=vocab_size, d_model=d_model, num_layers=num_layers, num_heads=num_heads,

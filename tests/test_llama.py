@@ -1,0 +1,301 @@
+"""The Llama-family model (minitf.llama): the whole model's gradient against float64 central differences, its
+key/value cache against the full forward, and parity with transformers' ``LlamaForCausalLM`` and
+``Qwen2ForCausalLM``: a small model with random weights made there (no download), saved with ``save_pretrained``
+and read by ``Llama.from_pretrained``, gives the same logits, next-token loss and gradient of every parameter as
+PyTorch's autograd in float64 (grouped and ungrouped heads, llama3 frequencies, tied and untied, with and without
+q/k/v biases, a batch with padding), greedy generation equals ``generate`` token for token, and a minitf model
+written by ``save_pretrained`` loads there with the same logits.
+
+transformers computes the rotary angles and RMSNorm in float32 whatever the model's dtype (about 1e-7 relative
+off an exact float64 computation): the parity tests give its modules exact float64 forms of the same lines
+first (as tests/test_llama_layers.py does for the layers) and use SDPA attention (float64 throughout on the CPU).
+Tolerance: relative 1e-10, as tests/test_gpt2_parity.py. Parity tests skip without the ``bench`` extra."""
+import contextlib
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import minitf
+from minitf import backend
+from minitf.gpt import generate
+from minitf.llama import Llama, LlamaConfig
+from minitf.llama import hf as llama_hf
+from minitf.llama.config import preset
+from minitf.module import no_grad
+from tests.helpers import LN_RTOL, assert_gradients_match, np, randomize, relative_difference, seeds
+
+pytestmark = pytest.mark.usefixtures("float64")
+RTOL = 1e-10
+hugging_face = [pytest.mark.extra("torch", "bench"), pytest.mark.extra("transformers", "bench"),
+                pytest.mark.extra("safetensors", "bench")]
+
+
+def parity(test):
+    for mark in hugging_face:
+        test = mark(test)
+    return test
+
+
+def next_token_loss():
+    return minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+
+
+# --------------------------------------------------------------------------- #
+# The whole model's gradient, its cache
+# --------------------------------------------------------------------------- #
+@st.composite
+def llama_and_ids(draw):
+    """A small random LlamaConfig (every option drawn) and a batch of token ids (B, L + 1)."""
+    Hkv = draw(st.integers(1, 2))
+    H = Hkv * draw(st.integers(1, 2))
+    E = 2 * draw(st.integers(1, 2))
+    scaling = draw(st.sampled_from([None, dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                               high_freq_factor=4.0, original_max_position_embeddings=4)]))
+    config = LlamaConfig(vocab_size=draw(st.integers(2, 7)), d_model=draw(st.integers(1, 4)),
+                         num_layers=draw(st.integers(1, 2)), num_heads=H, num_kv_heads=Hkv, head_dim=E,
+                         d_ff=draw(st.integers(1, 4)), rope_theta=draw(st.sampled_from([10.0, 10000.0])),
+                         rope_scaling=scaling, tie_word_embeddings=draw(st.booleans()),
+                         attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()), max_position_embeddings=16)
+    seed = draw(seeds)
+    ids = np.random.default_rng(seed).integers(0, config.vocab_size, (draw(st.integers(1, 3)), draw(st.integers(1, 4))
+                                                                      + 1))
+    return config, ids, seed
+
+
+@settings(max_examples=15)
+@given(case=llama_and_ids(), pad=st.booleans())
+def test_whole_llama_gradient_of_the_next_token_loss(case, pad):
+    """Every entry of every parameter's gradient against central differences of the next-token loss (through a
+    random upstream gradient of the scalar), with a key padding mask or without; the ids are not changed."""
+    config, ids, seed = case
+    model = randomize(Llama(config), seed)  # random gains and biases: every term counts
+    loss_fn, before = next_token_loss(), ids.copy()
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    mask = None
+    if pad:  # position 0 stays a token: every query sees at least one key
+        mask = np.random.default_rng(seed + 1).random(inputs.shape) < 0.4
+        mask[:, 0] = False
+        mask = backend.asarray(mask)
+    assert_gradients_match(lambda: backend.asarray(loss_fn(model(inputs, key_padding_mask=mask), targets)),
+                           lambda g: model.backward(loss_fn.backward(float(g))), {},
+                           dict(model.named_parameters()), seed=seed, rtol=LN_RTOL)
+    assert np.array_equal(ids, before)
+
+
+@settings(max_examples=10)
+@given(case=llama_and_ids(), steps=st.lists(st.integers(1, 3), min_size=1, max_size=4))
+def test_decoding_through_the_cache_equals_the_full_forward(case, steps):
+    config, _, seed = case
+    model = randomize(Llama(config), seed).eval()
+    ids = np.random.default_rng(seed).integers(0, config.vocab_size, (2, sum(steps)))
+    with no_grad():
+        full = backend.to_numpy(model(ids))
+        cache, rows, done = {}, [], 0
+        for n in steps:
+            rows.append(backend.to_numpy(model(ids[:, done:done + n], cache=cache, start=done)))
+            done += n
+        with pytest.raises(ValueError, match=f"start 0 is not the cache's length {done}"):
+            model(ids[:, :1], cache=cache, start=0)
+    assert np.allclose(np.concatenate(rows, axis=1), full, rtol=1e-12, atol=1e-13)
+
+
+def test_presets_have_the_shapes_they_name():
+    smol = Llama(preset("smollm2-135m"))
+    assert smol.num_parameters() == 134_515_008 == smol.num_parameters_of_shape()  # SmolLM2-135M's count
+    assert smol.lm_head.weight is smol.embed_tokens.weight and len(smol.layers) == 30
+    attn = smol.layers[0].self_attn
+    assert (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.rotary.theta) == (9, 3, 64, 100000.0)
+    tiny = Llama(preset("tiny"))
+    assert tiny.num_parameters() == tiny.num_parameters_of_shape() < 3_000_000
+    assert isinstance(tiny.config, LlamaConfig)
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(num_heads=6, num_kv_heads=4, head_dim=2), "num_heads 6 is not a multiple of num_kv_heads 4"),
+    (dict(d_model=10, num_heads=4), "d_model 10 is not a multiple of num_heads 4"),
+    (dict(head_dim=3), "head dimension 3 is odd"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "rope_scaling must be None or"),
+    (dict(rms_norm_eps=0.0), "rms_norm_eps must be a positive number"),
+    (dict(eos_token_id=(2, 99)), r"eos_token_id\[1\] must be None or an id in \[0, 50\)"),
+    (dict(vocab_size=True), "vocab_size must be a positive integer"),
+])
+def test_a_config_that_does_not_fit_is_refused_naming_the_field(fields, words):
+    with pytest.raises(ValueError, match=words):
+        LlamaConfig(**(dict(vocab_size=50, d_model=8, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=8) | fields))
+
+
+# --------------------------------------------------------------------------- #
+# Parity with transformers (float64, PyTorch autograd on their side)
+# --------------------------------------------------------------------------- #
+def _hf():
+    import torch
+    import transformers
+    return torch, transformers
+
+
+class _Float64Torch:
+    """``torch`` with ``torch.float`` meaning float64: transformers' own inverse-frequency code run with it is the
+    exact float64 form of what it computes in float32."""
+
+    def __init__(self, torch):
+        self._torch, self.float = torch, torch.float64
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+
+@contextlib.contextmanager
+def hugging_face_in_float64():
+    """transformers' Llama, Qwen2 and Mistral modules with their float32 steps made float64: the rotary
+    frequencies built by their own functions with float32 read as float64, the rotary angles and RMSNorm's
+    statistics computed without the casts to float32 (the same lines otherwise)."""
+    torch, _ = _hf()
+    from transformers import modeling_rope_utils
+    from transformers.models.llama import modeling_llama
+    from transformers.models.mistral import modeling_mistral
+    from transformers.models.qwen2 import modeling_qwen2
+
+    def rotary_forward(self, x, position_ids):
+        freqs = position_ids[..., None].to(torch.float64) * self.inv_freq.to(torch.float64)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+    def rmsnorm_forward(self, hidden_states):
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(modeling_rope_utils, "torch", _Float64Torch(torch))
+        for module, prefix in [(modeling_llama, "Llama"), (modeling_qwen2, "Qwen2"), (modeling_mistral, "Mistral")]:
+            patch.setattr(module, "torch", _Float64Torch(torch))
+            patch.setattr(getattr(module, prefix + "RotaryEmbedding"), "forward", rotary_forward)
+            patch.setattr(getattr(module, prefix + "RMSNorm"), "forward", rmsnorm_forward)
+        yield
+
+
+def hf_model(family, seed, scale=None, **config):
+    """A random ``LlamaForCausalLM`` or ``Qwen2ForCausalLM`` (``family``) in float64, eval mode, SDPA attention,
+    built inside :func:`hugging_face_in_float64` (its rotary frequencies in float64). Every parameter ~ N(0, 0.5^2)
+    around its init (RMSNorm gains around 1, biases around 0), or with ``scale`` every matrix ~ N(0, scale^2),
+    gains 1 and biases 0 (greedy decoding then varies its tokens)."""
+    torch, transformers = _hf()
+    torch.manual_seed(seed)
+    Config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+              "mistral": transformers.MistralConfig}[family]
+    extra = dict(sliding_window=None) if family == "mistral" else {}
+    model = getattr(transformers, Config.__name__.replace("Config", "ForCausalLM"))(
+        Config(attn_implementation="sdpa", bos_token_id=0, eos_token_id=0, pad_token_id=None, **extra, **config))
+    model = model.to(torch.float64)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if scale is not None:
+                p.normal_(0.0, scale) if p.ndim == 2 else p.fill_(1.0 if "norm" in name else 0.0)
+            else:
+                p.add_(torch.randn_like(p) * 0.5)
+    return model.eval()
+
+
+@st.composite
+def hf_configs(draw):
+    Hkv = draw(st.integers(1, 2))
+    H = Hkv * draw(st.integers(1, 3))
+    rope = draw(st.sampled_from([
+        {"rope_type": "default", "rope_theta": 10000.0},
+        {"rope_type": "default", "rope_theta": 100000.0},
+        {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 8}]))
+    return dict(vocab_size=draw(st.integers(5, 40)), hidden_size=H * draw(st.integers(1, 3)) * 2,
+                num_hidden_layers=draw(st.integers(1, 2)), num_attention_heads=H, num_key_value_heads=Hkv,
+                head_dim=2 * draw(st.integers(1, 3)), intermediate_size=draw(st.integers(1, 12)),
+                rms_norm_eps=draw(st.sampled_from([1e-6, 1e-5])), max_position_embeddings=64,
+                tie_word_embeddings=draw(st.booleans()), rope_parameters=rope)
+
+
+@parity
+@settings(max_examples=12, deadline=None)
+@given(config=hf_configs(), family=st.sampled_from(["llama", "qwen2"]), seed=seeds, data=st.data())
+def test_logits_loss_and_every_gradient_match_transformers(config, family, seed, data, tmp_path_factory):
+    """Logits, the mean next-token loss over the real tokens, and every parameter's gradient, with some keys of
+    the batch padding (the attention mask; position 0 stays a token so that no query sees none)."""
+    torch, _ = _hf()
+    folder = tmp_path_factory.mktemp(family)
+    with hugging_face_in_float64():
+        theirs = hf_model(family, seed % 2**31, **config)
+        theirs.save_pretrained(folder)
+        model = Llama.from_pretrained(folder)
+        assert model.embed_tokens.weight.data.dtype == np.float64
+        assert model.config.attention_bias == (family == "qwen2")
+        assert model.config.tie_word_embeddings == config["tie_word_embeddings"]
+        B, L = data.draw(st.integers(1, 3)), data.draw(st.integers(2, 8))
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(0, config["vocab_size"], (B, L))
+        pad = rng.random((B, L)) < data.draw(st.sampled_from([0.0, 0.3]))
+        pad[:, 0] = False
+        targets = np.where(pad, -1, ids)[:, 1:]                       # padding is no target
+        loss_fn = next_token_loss()
+        model.zero_grad()
+        logits = model(ids[:, :-1], key_padding_mask=backend.asarray(pad[:, :-1]))
+        loss = loss_fn(logits, targets)
+        model.backward(loss_fn.backward())
+        out = theirs(torch.from_numpy(ids[:, :-1]), attention_mask=torch.from_numpy((~pad[:, :-1]).astype(np.int64)))
+        V = config["vocab_size"]
+        their_loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, V),
+                                                       torch.from_numpy(np.where(targets < 0, -100, targets)).reshape(-1))
+        their_loss.backward()
+    assert relative_difference(backend.to_numpy(logits), out.logits.detach().numpy()) < RTOL
+    assert abs(loss - their_loss.item()) <= RTOL * abs(their_loss.item())
+    ours, hf_params = dict(model.named_parameters()), dict(theirs.named_parameters())
+    pairs = [(name, backend.to_numpy(ours[name].grad), hf_params[hf].grad.numpy().T if t else hf_params[hf].grad.numpy())
+             for hf, name, t in llama_hf.name_map(model.config)]
+    assert len(pairs) == len(ours) == len(hf_params)
+    largest = max(float(np.abs(b).max()) for _, _, b in pairs)
+    for name, a, b in pairs:
+        # a floor of 1e-6 of the largest gradient: a gradient 0 in exact arithmetic is rounding noise on both sides
+        assert relative_difference(a, b, floor=1e-6 * largest) < RTOL, name
+
+
+@parity
+@pytest.mark.parametrize("family, heads, tied", [("llama", (4, 2), True), ("qwen2", (2, 2), False)])
+def test_greedy_generation_equals_transformers_generate(family, heads, tied, tmp_path):
+    torch, _ = _hf()
+    with hugging_face_in_float64():
+        theirs = hf_model(family, 3, scale=0.5, vocab_size=40, hidden_size=16, num_hidden_layers=2,
+                          num_attention_heads=heads[0], num_key_value_heads=heads[1], intermediate_size=24,
+                          max_position_embeddings=64, tie_word_embeddings=tied)
+        theirs.save_pretrained(tmp_path)
+        model = Llama.from_pretrained(tmp_path)
+        prompt = np.random.default_rng(3).integers(1, 40, (2, 7))
+        ours = generate(model, prompt, 40, temperature=0)
+        with torch.no_grad():
+            expected = theirs.generate(torch.from_numpy(prompt), max_new_tokens=40, min_new_tokens=40,
+                                       do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert ours.shape == (2, 47)
+    assert np.array_equal(ours, expected.numpy())
+    assert len(set(ours[:, 7:].ravel().tolist())) > 2  # not a trivial run of one token
+
+
+@parity
+@pytest.mark.parametrize("bias", [False, True])
+def test_save_pretrained_loads_in_transformers_with_the_same_logits(bias, tmp_path):
+    torch, transformers = _hf()
+    backend.manual_seed(5)
+    config = LlamaConfig(vocab_size=30, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=20,
+                         rope_theta=500.0, attention_bias=bias, tie_word_embeddings=not bias,
+                         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                           original_max_position_embeddings=8), eos_token_id=(1, 2))
+    model = randomize(Llama(config), 5, scale=0.3).eval()
+    model.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["model_type"] == ("qwen2" if bias else "llama") and written["eos_token_id"] == [1, 2]
+    ids = np.random.default_rng(5).integers(0, 30, (3, 10))
+    with hugging_face_in_float64():
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64,
+                                                                   attn_implementation="sdpa").eval()
+        with torch.no_grad():
+            expected = theirs(torch.from_numpy(ids)).logits.numpy()
+    with no_grad():
+        assert relative_difference(backend.to_numpy(model(ids)), expected) < RTOL
+    back = Llama.from_pretrained(tmp_path)  # and back: the same arrays, bit for bit, the same config
+    assert all(np.array_equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+    assert back.config == config.replace(head_dim=4)  # written out, as transformers does
