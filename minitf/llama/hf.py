@@ -253,15 +253,14 @@ def read_generation_config(folder):
     return values
 
 
-def from_pretrained(folder, dtype=None):
-    """The :class:`minitf.llama.model.Llama` of a Hugging Face folder, built under ``dtype`` (default: minitf's
-    default float dtype) after config.json and every tensor are checked."""
-    from minitf.llama.model import Llama
+def from_pretrained(model_class, folder, dtype=None):
+    """The ``model_class`` (:class:`minitf.llama.model.Llama`) of a Hugging Face folder, built under ``dtype``
+    (default: minitf's default float dtype) after config.json and every tensor are checked."""
     dtype = pretrained.model_dtype(dtype)
     config, hf = pretrained_config(folder)
     state = read_pretrained_state(folder, config, dtype)
     with backend.default_dtype(dtype):
-        model = Llama(config)
+        model = model_class(config)
     model.hf_config = hf  # kept, so that save_pretrained writes back its other entries
     model.load_state_dict(state)
     return model

@@ -16,6 +16,7 @@ import dataclasses
 from minitf import backend
 from minitf.attention import GroupedQueryAttention
 from minitf.layers import Embedding, OutputProjection, RMSNorm, SwiGLU
+from minitf.llama import hf
 from minitf.llama.config import LlamaConfig
 from minitf.module import Module, ModuleList
 from minitf.rotary import RotaryEmbedding
@@ -128,20 +129,21 @@ class Llama(Module):
     # -- Hugging Face folders -------------------------------------------------------
     @classmethod
     def from_pretrained(cls, folder, dtype=None):
-        """The model of a Hugging Face Llama, Qwen2 or Mistral folder (:func:`minitf.llama.hf.from_pretrained`)."""
-        from minitf.llama import hf
-        return hf.from_pretrained(folder, dtype)
+        """The model of a Hugging Face Llama, Qwen2 or Mistral folder (:func:`minitf.llama.hf.from_pretrained`):
+        config.json and every tensor checked first, bfloat16 and float16 weights widened, built under ``dtype``."""
+        return hf.from_pretrained(cls, folder, dtype)
 
     def save_pretrained(self, folder):
-        """Write this model as a Hugging Face folder (:func:`minitf.llama.hf.save_pretrained`)."""
-        from minitf.llama import hf
+        """Write this model as a Hugging Face folder (:func:`minitf.llama.hf.save_pretrained`) that transformers
+        loads with the same logits."""
         hf.save_pretrained(self, folder)
 
     def num_parameters_of_shape(self):
         """The parameters a model of this config has, counted from the config alone."""
         c = self.config
         D, E, F = c.d_model, c.head_size, c.d_ff
-        attn = D * E * (c.num_heads * 2 + c.num_kv_heads * 2) + c.attention_bias * E * (c.num_heads + 2 * c.num_kv_heads)
+        attn = D * E * (c.num_heads * 2 + c.num_kv_heads * 2)                 # q and o; k and v
+        attn += c.attention_bias * E * (c.num_heads + 2 * c.num_kv_heads)     # q, k, v biases
         block = attn + 3 * D * F + c.mlp_bias * (2 * F + D) + 2 * D
         return c.vocab_size * D * (1 if c.tie_word_embeddings else 2) + c.num_layers * block + D
 
