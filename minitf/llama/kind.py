@@ -33,6 +33,7 @@ class LlamaKind(Kind):
     hf_model_types = hf.FAMILY
     hf_what = hf.LLAMA_FOLDER
     generates = True
+    presets = {"tiny": {}}  # --preset's default, so that --model llama reaches the task's one-line refusal
     page = None  # the inspect page draws a GPT's blocks (model.decoder); not yet a Llama's
     use_a_run = "sample from it with python -m minitf.generate --checkpoint RUN"
 
