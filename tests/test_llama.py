@@ -522,3 +522,18 @@ def test_train_py_refuses_model_llama_in_one_line(capsys, tmp_path):
     assert not (tmp_path / "run").exists()
     with pytest.raises(CheckpointError, match="does not train --model llama yet"):
         KIND.read_tokenizer(b"{}")
+
+
+@with_folder
+def test_inspect_refuses_a_llama_folder_in_one_line(folder):
+    """The page draws translation models and GPTs (Kind.page); a Llama folder is named and sent to generate
+    (before: an AttributeError traceback from the translation branch)."""
+    import subprocess
+    import sys
+    from tests.runs import CPU_ENV, ROOT, one_error_line
+    answer = subprocess.run([sys.executable, "-m", "minitf.inspect", "--checkpoint", str(folder), "--text", "the cat",
+                             "--out", str(folder.parent / "page.html")], capture_output=True, text=True, cwd=ROOT,
+                            env=CPU_ENV, timeout=120)
+    line = one_error_line(answer.stderr.splitlines(), "minitf.inspect")
+    assert answer.returncode == 2 and "does not draw yet" in line
+    assert f"python -m minitf.generate --checkpoint {folder}" in line
