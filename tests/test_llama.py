@@ -100,6 +100,29 @@ def test_decoding_through_the_cache_equals_the_full_forward(case, steps):
     assert np.allclose(np.concatenate(rows, axis=1), full, rtol=1e-12, atol=1e-13)
 
 
+#: SmolLM2-135M's config.json as published on the Hub (HuggingFaceTB/SmolLM2-135M): the older rotary keys
+SMOLLM2_CONFIG = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+                  "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 576,
+                  "initializer_range": 0.041666666666666664, "intermediate_size": 1536, "is_llama_config": True,
+                  "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 9,
+                  "num_hidden_layers": 30, "num_key_value_heads": 3, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+                  "rope_interleaved": False, "rope_scaling": None, "rope_theta": 100000, "tie_word_embeddings": True,
+                  "torch_dtype": "bfloat16", "transformers_version": "4.42.3", "use_cache": True,
+                  "vocab_size": 49152}
+
+
+def test_smollm2_config_json_reads_as_its_preset_and_llama3_scaling_in_the_older_keys():
+    assert llama_hf.config_from_hf(SMOLLM2_CONFIG) == preset("smollm2-135m")
+    older = dict(SMOLLM2_CONFIG, rope_theta=500000.0, eos_token_id=[1, 2], rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192})
+    config = llama_hf.config_from_hf(older)
+    assert config.rope_scaling["factor"] == 8.0 and config.rope_theta == 500000.0 and config.eos_ids == (1, 2)
+    assert Llama(config.replace(num_layers=1)).layers[0].self_attn.rotary.rope_type == "llama3"
+    with pytest.raises(ValueError, match="config.json: rope_interleaved is true"):
+        llama_hf.config_from_hf(dict(SMOLLM2_CONFIG, rope_interleaved=True))
+
+
 def test_presets_have_the_shapes_they_name():
     smol = Llama(preset("smollm2-135m"))
     assert smol.num_parameters() == 134_515_008 == smol.num_parameters_of_shape()  # SmolLM2-135M's count
@@ -214,7 +237,7 @@ def hf_configs(draw):
 
 @parity
 @settings(max_examples=12, deadline=None)
-@given(config=hf_configs(), family=st.sampled_from(["llama", "qwen2"]), seed=seeds, data=st.data())
+@given(config=hf_configs(), family=st.sampled_from(["llama", "qwen2", "mistral"]), seed=seeds, data=st.data())
 def test_logits_loss_and_every_gradient_match_transformers(config, family, seed, data, tmp_path_factory):
     """Logits, the mean next-token loss over the real tokens, and every parameter's gradient, with some keys of
     the batch padding (the attention mask; position 0 stays a token so that no query sees none, position 1 so
@@ -226,7 +249,7 @@ def test_logits_loss_and_every_gradient_match_transformers(config, family, seed,
         theirs.save_pretrained(folder)
         model = Llama.from_pretrained(folder)
         assert model.embed_tokens.weight.data.dtype == np.float64
-        assert model.config.attention_bias == (family == "qwen2")
+        assert model.config.attention_bias == (family == "qwen2") and model.hf_config["model_type"] == family
         assert model.config.tie_word_embeddings == config["tie_word_embeddings"]
         B, L = data.draw(st.integers(1, 3)), data.draw(st.integers(2, 8))
         rng = np.random.default_rng(seed)

@@ -104,7 +104,7 @@ PRESETS = {
                  rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=256, tie_word_embeddings=True),
     "smollm2-135m": dict(vocab_size=49152, d_model=576, num_layers=30, num_heads=9, num_kv_heads=3, d_ff=1536,
                          rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
-                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0),
+                         tie_word_embeddings=True, initializer_range=576 ** -0.5, bos_token_id=0, eos_token_id=0),
 }
 
 

@@ -80,6 +80,9 @@ def config_from_hf(hf, where="config.json"):
                                         or any(t != "full_attention" for t in layer_types)):
             raise ValueError(f"{where}: layer_types is {layer_types!r}; minitf computes full attention only "
                              "(every layer 'full_attention')")
+    if value("rope_interleaved", "bool", default=False):  # nanotron's key (SmolLM2's config.json has it false)
+        raise ValueError(f"{where}: rope_interleaved is true: rotary pairs of neighbouring coordinates, which "
+                         "minitf does not compute (it turns Hugging Face's halves, rope_interleaved false)")
     theta, scaling = _rope(hf, where)
     ids = {key: None if key in hf and hf[key] is None  # null: no such token (absent: transformers' default)
            else value(key, "int", default=defaults.get(key), low=0, high=vocab_size - 1)
