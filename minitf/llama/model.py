@@ -11,8 +11,6 @@ its ``nn.Linear`` weights (out, in) stored as minitf's (in, out) (:mod:`minitf.l
 
 Shapes: B batch, L sequence length, D d_model, V vocabulary size.
 """
-import dataclasses
-
 from minitf import backend
 from minitf.attention import GroupedQueryAttention
 from minitf.layers import Embedding, OutputProjection, RMSNorm, SwiGLU
@@ -85,17 +83,13 @@ class Llama(Module):
     def init_normal(self, std):
         """Every matrix ~ N(0, std^2), biases 0, RMSNorm gains 1 (Hugging Face's ``_init_weights``)."""
         rng = backend.init_rng()
-        for name, p in self.named_parameters():
+        for p in self.parameters():
             if p.data.ndim == 2:
                 p.data[...] = backend.asarray(rng.normal(0.0, std, p.shape), dtype=p.data.dtype)
 
     @property
     def position_limit(self):
         """The positions the model was made for (max_position_embeddings): the generators refuse to go beyond."""
-        return self.config.max_position_embeddings
-
-    @property
-    def max_len(self):
         return self.config.max_position_embeddings
 
     # -- forward / backward ---------------------------------------------------------
@@ -146,14 +140,4 @@ class Llama(Module):
         attn += c.attention_bias * E * (c.num_heads + 2 * c.num_kv_heads)     # q, k, v biases
         block = attn + 3 * D * F + c.mlp_bias * (2 * F + D) + 2 * D
         return c.vocab_size * D * (1 if c.tie_word_embeddings else 2) + c.num_layers * block + D
-
-
-def fields_of(config):
-    """``config``'s fields as a dict (JSON-ready: eos_token_id's tuple as a list)."""
-    values = dataclasses.asdict(config)
-    if isinstance(values["eos_token_id"], tuple):
-        values["eos_token_id"] = list(values["eos_token_id"])
-    return values
-
-
 
