@@ -560,3 +560,15 @@ def test_inspect_refuses_a_llama_folder_in_one_line(folder):
     line = one_error_line(answer.stderr.splitlines(), "minitf.inspect")
     assert answer.returncode == 2 and "does not draw yet" in line
     assert f"python -m minitf.generate --checkpoint {folder}" in line
+
+
+@with_folder
+def test_translate_refuses_a_llama_folder_naming_generate(folder):
+    import subprocess
+    import sys
+    from tests.runs import CPU_ENV, ROOT, one_error_line
+    answer = subprocess.run([sys.executable, "-m", "minitf.translate", "--checkpoint", str(folder)], input="Hallo\n",
+                            capture_output=True, text=True, cwd=ROOT, env=CPU_ENV, timeout=120)
+    line = one_error_line(answer.stderr.splitlines(), "minitf.translate")
+    assert answer.returncode == 2 and "Hugging Face Llama-family folder (a language model), not a translation" in line
+    assert f"python -m minitf.generate --checkpoint {folder}" in line
