@@ -130,6 +130,12 @@ class GPT(Module):
             raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {name!r}")
         return cls(vocab_size, **(PRESETS[name] | options))
 
+    @property
+    def position_limit(self):
+        """The positions the model has (its learned table's rows), or None (sinusoids: any length).
+        :func:`generate` asks every model this, whatever its kind."""
+        return self.max_len if self.config["positions"] == "learned" else None
+
     # -- forward / backward ---------------------------------------------------------
     def forward(self, ids, cache=None, start=0):
         """ids (B, L) integer array -> logits (B, L, V). With ``cache`` (a dict, no_grad only),
@@ -369,10 +375,14 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
     the whole sequence. ``temperature`` 0 is greedy (the most likely token); otherwise the token
     is drawn from softmax(logits / temperature), restricted to the ``top_k`` most likely tokens
     and to the smallest set of most likely tokens whose probability reaches ``top_p`` (nucleus
-    sampling), by a host generator seeded with ``seed``. A row that produced ``eos_id`` repeats
-    it; generation stops when every row has. Runs in eval mode under no_grad (the model's mode is
-    restored). Returns ids (B, L + n), and with ``return_logits`` also the logits (B, n, V) each
-    new token was chosen from.
+    sampling), by a host generator seeded with ``seed``. A row that produced ``eos_id`` (an id, or a list of
+    ids: Llama 3 has several) repeats it; generation stops when every row has. Runs in eval mode under no_grad
+    (the model's mode is restored). Returns ids (B, L + n), and with ``return_logits`` also the logits (B, n, V)
+    each new token was chosen from.
+
+    Any model with this interface generates here: ``model(ids, cache=dict, start=position)`` -> logits
+    (B, L, V), ``vocab_size``, ``position_limit`` (the positions it has, or None), ``training``, ``eval()``
+    and ``train(mode)`` (:class:`GPT`, :class:`minitf.llama.model.Llama`).
     """
     prompt = backend.to_numpy(check_ids(prompt, "prompt", model.vocab_size))
     B, L = prompt.shape
@@ -385,9 +395,11 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
     fed = L + max_new_tokens - 1  # the last new token is never fed back
-    if model.config["positions"] == "learned" and fed > model.max_len:
+    limit = model.position_limit
+    if limit is not None and fed > limit:
         raise ValueError(f"a prompt of {L} tokens and {max_new_tokens} new tokens need {fed} positions, the model "
-                         f"has {model.max_len}; ask for at most {model.max_len - L + 1} new tokens")
+                         f"has {limit}; ask for at most {limit - L + 1} new tokens")
+    eos_ids = None if eos_id is None else np.asarray([eos_id] if np.ndim(eos_id) == 0 else list(eos_id))
     rng = np.random.default_rng(seed)
     ids, steps, done = [prompt], [], np.zeros(B, dtype=bool)
     training = model.training
@@ -401,9 +413,9 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
                 check_logits(row, step, "generation")                       # no NaN reaches the sampler
                 steps.append(row)
                 token = choose_tokens(row, temperature, top_k, top_p, rng)  # (B,)
-                if eos_id is not None:
-                    token = np.where(done, eos_id, token)                   # a finished row repeats eos
-                    done |= token == eos_id
+                if eos_ids is not None:
+                    token = np.where(done, eos_ids[0], token)               # a finished row repeats eos
+                    done |= np.isin(token, eos_ids)
                 ids.append(token[:, None])
                 if step + 1 == max_new_tokens or done.all():
                     break

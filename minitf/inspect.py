@@ -48,6 +48,10 @@ class Loaded:
     it, ``facts()`` [(label, value)] for the page's header."""
 
     def __init__(self, loaded):
+        if loaded.kind.page is None:  # a kind the page cannot draw yet (Kind.page): one line, not a traceback
+            use = loaded.kind.use_a_run.replace("RUN", str(loaded.source))
+            raise UsageError(f"{loaded.source} holds a {loaded.kind.name} model, which the inspection page does not "
+                             f"draw yet (it draws translation models and GPTs); {use}")
         self.loaded = loaded
         self.model, self.tokenizer, self.kind, self.source = loaded.model, loaded.tokenizer, loaded.kind.page, \
             loaded.source

@@ -25,11 +25,11 @@ APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate", "minitf.train
 APPLICATION_ENTRY_POINTS |= {"minitf.inspect"}  # the inspection page (issue 37): above both models
 #: The application's packages: the shared training machinery, one package per model kind, the registry of the
 #: kinds and the one loader.
-APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm", "minitf.kinds", "minitf.loader")
+APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm", "minitf.llama", "minitf.kinds", "minitf.loader")
 #: The core's model modules (the models a learner reads): the shared machinery imports none of them.
 CORE_MODEL_MODULES = ("minitf.transformer", "minitf.gpt", "minitf.marian")
 #: The model packages: neither imports the other (what both need belongs in minitf.training).
-MODEL_PACKAGES = ("minitf.nmt", "minitf.lm")
+MODEL_PACKAGES = ("minitf.nmt", "minitf.lm", "minitf.llama")
 
 
 def module_name(path, root=ROOT):

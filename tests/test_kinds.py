@@ -34,8 +34,8 @@ def test_the_registry_lists_each_kind_once_with_fields_of_the_run_config():
         for model_type in kind.hf_model_types:
             assert kinds.for_model_type(model_type) is kind
     assert kinds.names()[0] == "transformer" and kinds.for_model_type("bert") is None
-    with pytest.raises(ValueError, match="no model kind 'llama'"):
-        kinds.get("llama")
+    with pytest.raises(ValueError, match="no model kind 'mamba'; minitf has transformer, gpt, llama"):
+        kinds.get("mamba")
 
 
 @pytest.mark.parametrize("model", ["transformer", "gpt"])

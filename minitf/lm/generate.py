@@ -1,4 +1,4 @@
-"""Sample from a GPT: ``python -m minitf.generate --checkpoint RUN_OR_FOLDER [--prompt TEXT]``.
+"""Sample from a language model (GPT, Llama): ``python -m minitf.generate --checkpoint RUN_OR_FOLDER [--prompt TEXT]``.
 
 Continues each prompt by at most ``--max-new-tokens`` tokens (default 50, or fewer where the model's
 context ends sooner) and writes the prompt with its continuation on stdout (a continuation may span
@@ -11,19 +11,21 @@ prompt (the n-th line, or ``--prompt`` as line 1) is sampled with seed (S, n), s
 terminal give the same answers to the same lines. Generation stops at the model's end-of-text
 token (``eos_token_id`` in config.json), which is not written.
 
-The model comes from the one loader (:func:`minitf.loader.load`): a :class:`minitf.gpt.GPT`, and a tokenizer
-with the interface of
+The model comes from the one loader (:func:`minitf.loader.load`): a model of any kind whose models generate
+(``Kind.generates``: a :class:`minitf.gpt.GPT`, a :class:`minitf.llama.model.Llama`), sampled by
+:func:`minitf.gpt.generate`, and a tokenizer with the interface of
 :class:`minitf.training.tokenizer.Tokenizer` (``encode(texts)`` -> id lists, ``decode(id_lists)`` ->
-texts, ``vocab_size``, ``eos_id`` or None).
+texts, ``vocab_size``, ``eos_id`` or None, and optionally ``eos_ids``: every end-of-text id).
 """
 import argparse
 import pathlib
 import sys
 
-from minitf import backend
+from minitf import backend, kinds
 from minitf.gpt import generate
 from minitf.lm.kind import KIND
 from minitf.loader import load
+from minitf.pretrained import model_type
 from minitf.training.text import answer_each_line, decode_lines
 from minitf.training.errors import DataError, OneLineParser, UsageError, non_negative, positive, report_errors
 
@@ -35,10 +37,18 @@ DEFAULT_NEW_TOKENS = 50
 
 def load_language_model(path, warn=None, hugging_face=False):
     """(model, tokenizer) of ``--checkpoint``: a run or checkpoint folder of ``train.py --model gpt`` or a
-    Hugging Face GPT-2 folder (:func:`minitf.loader.load`; ``hugging_face``: only that, ``--from-pretrained``);
-    a model of another kind is refused in one line naming the command that reads it."""
-    loaded = load(path, warn, kind=KIND, hugging_face=hugging_face)
+    Hugging Face folder of a kind whose models generate (GPT-2, Llama, Qwen2, Mistral) (:func:`minitf.loader.load`;
+    ``hugging_face``: only that, ``--from-pretrained``); a model of another kind is refused in one line naming the
+    command that reads it."""
+    loaded = load(path, warn, kind=generating_kind(path), hugging_face=hugging_face)
     return loaded.model, loaded.tokenizer
+
+
+def generating_kind(path):
+    """The kind that reads ``path`` here: a Hugging Face folder's own kind where its models generate; otherwise
+    the GPT kind, whose reader refuses a model of another kind in one line naming the command that reads it."""
+    found = kinds.for_model_type(model_type(path))
+    return found if found is not None and found.generates else KIND
 
 
 # --------------------------------------------------------------------------- #
@@ -52,18 +62,18 @@ class Sampler:
         if tokenizer.vocab_size > model.vocab_size:
             raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.vocab_size}; "
                             "they do not belong together: use the tokenizer the model was trained with")
-        if max_new_tokens is not None and self.limited(model) and max_new_tokens > model.max_len:
-            raise UsageError(f"--max-new-tokens {max_new_tokens} does not fit the model's {model.max_len} positions "
-                             f"(a prompt of n tokens leaves room for {model.max_len + 1} - n); ask for at most "
-                             f"{model.max_len}")
+        limit = model.position_limit
+        if max_new_tokens is not None and limit is not None and max_new_tokens > limit:
+            raise UsageError(f"--max-new-tokens {max_new_tokens} does not fit the model's {limit} positions "
+                             f"(a prompt of n tokens leaves room for {limit + 1} - n); ask for at most {limit}")
         self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
         self.options = dict(temperature=temperature, top_k=top_k or None, top_p=top_p)
         self.seed = seed
 
     @staticmethod
     def limited(model):
-        """Whether the model has a last position (a learned position table)."""
-        return model.config["positions"] == "learned"
+        """Whether the model has a last position (a learned position table, max_position_embeddings)."""
+        return model.position_limit is not None
 
     def new_tokens(self, n):
         """How many new tokens a prompt of ``n`` tokens asks for: --max-new-tokens, else the default cut to the
@@ -72,7 +82,7 @@ class Sampler:
             return self.max_new_tokens
         if not self.limited(self.model):
             return DEFAULT_NEW_TOKENS
-        return min(DEFAULT_NEW_TOKENS, self.model.max_len + 1 - n)
+        return min(DEFAULT_NEW_TOKENS, self.model.position_limit + 1 - n)
 
     def encode(self, text, where):
         """The prompt's ids (a DataError, naming ``where``, for an empty or too long prompt, or one with
@@ -88,25 +98,28 @@ class Sampler:
         ids = self.tokenizer.encode([text])[0]
         if not ids:
             raise DataError(f"{where} gives no tokens with this tokenizer; expected text in its alphabet")
-        if self.max_new_tokens is None and self.limited(self.model) and len(ids) > self.model.max_len:
-            raise DataError(f"{where} has {len(ids)} tokens; the model has {self.model.max_len} positions: shorten it "
-                            f"to at most {self.model.max_len} tokens")
+        limit = self.model.position_limit
+        if self.max_new_tokens is None and limit is not None and len(ids) > limit:
+            raise DataError(f"{where} has {len(ids)} tokens; the model has {limit} positions: shorten it "
+                            f"to at most {limit} tokens")
         fed = len(ids) + self.new_tokens(len(ids)) - 1  # the last new token is never fed back
-        if self.limited(self.model) and fed > self.model.max_len:
-            room = self.model.max_len - self.max_new_tokens + 1
+        if limit is not None and fed > limit:
+            room = limit - self.max_new_tokens + 1
             raise DataError(f"{where} has {len(ids)} tokens; with --max-new-tokens {self.max_new_tokens} that needs "
-                            f"{fed} positions and the model has {self.model.max_len}: shorten it to at most {room} "
+                            f"{fed} positions and the model has {limit}: shorten it to at most {room} "
                             "tokens or ask for fewer new tokens")
         return ids
 
     def continue_text(self, ids, number):
         """The text of prompt ``ids`` followed by its continuation; ``number`` (from 1) picks the seed."""
         seed = None if self.seed is None else [self.seed, number]
-        eos = self.tokenizer.eos_id
+        eos = getattr(self.tokenizer, "eos_ids", None) or ([] if self.tokenizer.eos_id is None
+                                                            else [self.tokenizer.eos_id])
         out = generate(self.model, np.asarray([ids], dtype=np.int64), self.new_tokens(len(ids)), seed=seed,
-                       eos_id=eos, **self.options)[0, len(ids):].tolist()
-        if eos is not None and eos in out:
-            out = out[:out.index(eos)]  # the end-of-text token (and its repeats) is not written
+                       eos_id=list(eos) or None, **self.options)[0, len(ids):].tolist()
+        ends = [i for i, token in enumerate(out) if token in eos]
+        if ends:
+            out = out[:ends[0]]  # the end-of-text token (and its repeats) is not written
         return self.tokenizer.decode([ids + out])[0]
 
 
@@ -137,11 +150,14 @@ def build_parser():
     p = OneLineParser(prog="python -m minitf.generate", description=__doc__.split("\n\n")[0])
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-pretrained", type=pathlib.Path, metavar="FOLDER",
-                        help="a Hugging Face GPT-2 folder (as --checkpoint takes it, but nothing else)")
+                        help="a Hugging Face GPT-2, Llama, Qwen2 or Mistral folder (as --checkpoint takes it, "
+                             "but nothing else)")
     source.add_argument("--checkpoint", type=pathlib.Path, metavar="PATH",
                         help="a run folder of train.py --model gpt (its best.json's model, else its newest good "
-                             "checkpoint), one of its checkpoint folders, or a Hugging Face GPT-2 folder "
-                             "(config.json, model.safetensors, tokenizer.json or vocab.json and merges.txt)")
+                             "checkpoint), one of its checkpoint folders, a Hugging Face GPT-2 folder "
+                             "(config.json, model.safetensors, tokenizer.json or vocab.json and merges.txt) or a "
+                             "Llama, Qwen2 or Mistral folder (config.json, model.safetensors or its shards, "
+                             "tokenizer.json)")
     p.add_argument("--prompt", help="the text to continue (default: one prompt per line of stdin)")
     p.add_argument("--max-new-tokens", type=positive(int), default=None,
                    help=f"at most this many tokens per prompt (default: {DEFAULT_NEW_TOKENS}, or fewer where the "

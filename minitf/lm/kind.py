@@ -24,6 +24,7 @@ class LanguageModelKind(Kind):
     config_fields = ("block_size", "n_positions", "activation", "layer_norm_eps")
     model_fields = config_fields
     page = "gpt"
+    generates = True
     use_a_run = "sample from it with python -m minitf.generate --checkpoint RUN"
 
     def task(self):

@@ -1,0 +1,115 @@
+"""A Llama-family model's shape and choices: one frozen dataclass, :class:`LlamaConfig`, checked once when it is
+made (a ValueError naming the field), and its presets: a tiny one that trains in minutes on a CPU and
+SmolLM2-135M's shape."""
+import dataclasses
+import math
+
+from minitf.rotary import LLAMA3_KEYS
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    """What :class:`minitf.llama.model.Llama` is built from (Hugging Face's ``LlamaConfig`` names where they exist).
+
+    ``head_dim`` None: d_model / num_heads. ``rope_scaling`` None (the default frequencies) or a dict with
+    ``rope_type`` "llama3" and its four parameters (:data:`minitf.rotary.LLAMA3_KEYS`). ``attention_bias``: biases
+    on the query, key and value projections (Qwen2's; none on the output projection). ``mlp_bias``: biases on the
+    feed-forward's three projections. ``tie_word_embeddings``: the output projection is the embedding's matrix.
+    ``eos_token_id``: None, one id, or a tuple of ids (Llama 3's several ends)."""
+    vocab_size: int
+    d_model: int = 576
+    num_layers: int = 30
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_dim: int | None = None
+    d_ff: int = 1536
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    initializer_range: float = 0.02
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple | None = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
+                     "max_position_embeddings"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"LlamaConfig: {name} must be a positive integer, got {value!r}")
+        if self.head_dim is not None and (not _is_int(self.head_dim) or self.head_dim < 1):
+            raise ValueError(f"LlamaConfig: head_dim must be a positive integer or None, got {self.head_dim!r}")
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(f"LlamaConfig: d_model {self.d_model} is not a multiple of num_heads {self.num_heads}; "
+                             "give head_dim")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"LlamaConfig: num_heads {self.num_heads} is not a multiple of num_kv_heads "
+                             f"{self.num_kv_heads}; each key/value head serves the same number of query heads")
+        if self.head_size % 2:
+            raise ValueError(f"LlamaConfig: the head dimension {self.head_size} is odd; rotary positions turn "
+                             "pairs of coordinates")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not _is_number(value) or value <= 0:
+                raise ValueError(f"LlamaConfig: {name} must be a positive number, got {value!r}")
+        if not _is_number(self.initializer_range) or self.initializer_range < 0:
+            raise ValueError(f"LlamaConfig: initializer_range must be a number >= 0, got {self.initializer_range!r}")
+        for name in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"LlamaConfig: {name} must be true or false, got {getattr(self, name)!r}")
+        if self.rope_scaling is not None:
+            scaling = dict(self.rope_scaling)
+            if scaling.pop("rope_type", None) != "llama3" or sorted(scaling) != sorted(LLAMA3_KEYS):
+                raise ValueError(f"LlamaConfig: rope_scaling must be None or {{'rope_type': 'llama3', "
+                                 f"{', '.join(repr(k) + ': ...' for k in LLAMA3_KEYS)}}}, got {self.rope_scaling!r}")
+        ids = {"pad_token_id": self.pad_token_id, "bos_token_id": self.bos_token_id}
+        eos = self.eos_token_id
+        ids |= {f"eos_token_id[{i}]": e for i, e in enumerate(eos)} if isinstance(eos, tuple) else {"eos_token_id": eos}
+        for name, value in ids.items():
+            if value is not None and (not _is_int(value) or not 0 <= value < self.vocab_size):
+                raise ValueError(f"LlamaConfig: {name} must be None or an id in [0, {self.vocab_size}), got {value!r}")
+
+    @property
+    def head_size(self):
+        """The width of one head: head_dim, or d_model / num_heads without one."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def eos_ids(self):
+        """The end-of-text ids as a tuple (empty without one)."""
+        eos = self.eos_token_id
+        return () if eos is None else tuple(eos) if isinstance(eos, tuple) else (eos,)
+
+    def replace(self, **changes):
+        """A copy with ``changes``, checked again."""
+        return dataclasses.replace(self, **changes)
+
+
+#: Shapes by name: {name: LlamaConfig's fields}. "tiny" trains in minutes on a CPU; "smollm2-135m" is
+#: HuggingFaceTB/SmolLM2-135M's (134.5M parameters with its vocabulary of 49152, tied output).
+PRESETS = {
+    "tiny": dict(vocab_size=4096, d_model=192, num_layers=4, num_heads=6, num_kv_heads=2, d_ff=512,
+                 rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=256, tie_word_embeddings=True),
+    "smollm2-135m": dict(vocab_size=49152, d_model=576, num_layers=30, num_heads=9, num_kv_heads=3, d_ff=1536,
+                         rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
+                         tie_word_embeddings=True, initializer_range=576 ** -0.5, bos_token_id=0, eos_token_id=0),
+}
+
+
+def preset(name, **changes):
+    """The :class:`LlamaConfig` of preset ``name`` with ``changes`` on top; a ValueError naming the presets."""
+    if name not in PRESETS:
+        raise ValueError(f"no Llama preset {name!r}; minitf has {', '.join(PRESETS)}")
+    return LlamaConfig(**(PRESETS[name] | changes))

@@ -1,0 +1,143 @@
+"""The Llama-family decoder: token embedding, N pre-norm blocks, a final RMSNorm and the output projection
+(tied to the embedding or not). Each block changes GPT-2's in four places (docs/llama.md):
+
+    h = x + attn(rmsnorm_1(x))     grouped-query attention, rotary positions on q and k (no added positions)
+    y = h + swiglu(rmsnorm_2(h))   down(silu(gate(.)) * up(.)) instead of one activation between two linears
+
+Every layer is one of minitf's (RMSNorm, SwiGLU, GroupedQueryAttention with RotaryEmbedding, Embedding,
+OutputProjection), each with its own backward; the backward here only walks the blocks in reverse, adding the
+residual paths. Parameter names are Hugging Face's without the ``model.`` prefix (``layers.0.self_attn.q_proj``),
+its ``nn.Linear`` weights (out, in) stored as minitf's (in, out) (:mod:`minitf.llama.hf`).
+
+Shapes: B batch, L sequence length, D d_model, V vocabulary size.
+"""
+from minitf import backend
+from minitf.attention import GroupedQueryAttention
+from minitf.layers import Embedding, OutputProjection, RMSNorm, SwiGLU
+from minitf.llama import hf
+from minitf.llama.config import LlamaConfig
+from minitf.module import Module, ModuleList
+from minitf.rotary import RotaryEmbedding
+from minitf.transformer import check_ids
+
+
+def rotary_of(config):
+    """The :class:`RotaryEmbedding` of ``config``: rope_theta, and Llama 3's scaling where rope_scaling says so."""
+    scaling = dict(config.rope_scaling or {})
+    rope_type = scaling.pop("rope_type", "default")
+    return RotaryEmbedding(config.head_size, float(config.rope_theta), rope_type, **scaling)
+
+
+class LlamaBlock(Module):
+    """One pre-norm block: ``h = x + self_attn(input_layernorm(x))``, ``y = h + mlp(post_attention_layernorm(h))``
+    (Hugging Face's ``LlamaDecoderLayer``, names as there). x, y (B, L, D)."""
+
+    def __init__(self, config):
+        D = config.d_model
+        self.input_layernorm = RMSNorm(D, config.rms_norm_eps)
+        self.self_attn = GroupedQueryAttention(D, config.num_heads, config.num_kv_heads, config.head_size,
+                                               qkv_bias=config.attention_bias, rotary=rotary_of(config))
+        self.post_attention_layernorm = RMSNorm(D, config.rms_norm_eps)
+        self.mlp = SwiGLU(D, config.d_ff, bias=config.mlp_bias)
+
+    def forward(self, x, key_padding_mask=None, cache=None):
+        h = x + self.self_attn(self.input_layernorm(x), key_padding_mask=key_padding_mask, causal=True, cache=cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def backward(self, dy):
+        """dy (B, L, D) -> dx (B, L, D)."""
+        # y = h + mlp(norm_2(h))  =>  dh = dy (the residual) + the path through the feed-forward
+        dh = dy + self.post_attention_layernorm.backward(self.mlp.backward(dy))
+        # h = x + attn(norm_1(x))  =>  dx = dh + the path through the attention
+        return dh + self.input_layernorm.backward(self.self_attn.backward(dh))
+
+
+class Llama(Module):
+    """Decoder-only Llama-family model: ``model(ids)`` takes token ids (B, L) and returns next-token logits
+    (B, L, V); position t sees tokens 0..t only (and not those ``key_padding_mask`` marks, True = padding).
+
+    Parts: ``embed_tokens`` (no scale, no added positions: rotary turns q and k inside each attention),
+    ``layers`` (:class:`LlamaBlock`), ``norm`` (the final RMSNorm), ``lm_head`` (an :class:`OutputProjection`
+    whose weight is ``embed_tokens.weight`` when ``config.tie_word_embeddings``). ``config`` is the
+    :class:`LlamaConfig` it was built from. The next-token loss is
+    ``LabelSmoothedCrossEntropy(0.0, ignore_index=-1)(model(ids[:, :-1]), ids[:, 1:])``.
+    """
+
+    def __init__(self, config):
+        if not isinstance(config, LlamaConfig):
+            raise ValueError(f"Llama is built from a LlamaConfig, got {type(config).__name__}")
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = Embedding(config.vocab_size, config.d_model, scale=False)
+        self.layers = ModuleList([LlamaBlock(config) for _ in range(config.num_layers)])
+        self.norm = RMSNorm(config.d_model, config.rms_norm_eps)
+        self.lm_head = OutputProjection(self.embed_tokens.weight if config.tie_word_embeddings
+                                        else Embedding(config.vocab_size, config.d_model).weight)
+        self.init_normal(config.initializer_range)
+
+    @classmethod
+    def from_config(cls, config=None, **fields):
+        """The model of a :class:`LlamaConfig` (or its fields as keywords)."""
+        return cls(config.replace(**fields) if config is not None else LlamaConfig(**fields))
+
+    def init_normal(self, std):
+        """Every matrix ~ N(0, std^2), biases 0, RMSNorm gains 1 (Hugging Face's ``_init_weights``)."""
+        rng = backend.init_rng()
+        for p in self.parameters():
+            if p.data.ndim == 2:
+                p.data[...] = backend.asarray(rng.normal(0.0, std, p.shape), dtype=p.data.dtype)
+
+    @property
+    def position_limit(self):
+        """The positions the model was made for (max_position_embeddings): the generators refuse to go beyond."""
+        return self.config.max_position_embeddings
+
+    # -- forward / backward ---------------------------------------------------------
+    def forward(self, ids, key_padding_mask=None, cache=None, start=None):
+        """ids (B, L) integer array -> logits (B, L, V). ``key_padding_mask`` (B, L) bool, True = padding (the
+        inverse of Hugging Face's attention_mask); positions are 0..L-1 in every row. With ``cache`` (a dict,
+        no_grad only) ``ids`` holds the new positions only: the keys and values of the earlier ones come from the
+        cache, and the new ones are at the positions after them (``start``, if given, must be that number;
+        ``key_padding_mask`` then covers the cached positions and these)."""
+        ids = check_ids(ids, "ids", self.vocab_size)
+        if cache is not None:
+            states = cache.setdefault("layers", [{} for _ in self.layers])
+            cached = states[0].get("length", 0)
+            if start is not None and start != cached:
+                raise ValueError(f"start {start} is not the cache's length {cached}: the new tokens go right after "
+                                 "the cached ones")
+        elif start:
+            raise ValueError("start is for decoding with a cache (the positions of the cached tokens come first)")
+        x = self.embed_tokens(ids)                                      # W[ids]  (B, L, D)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, key_padding_mask, None if cache is None else states[i])  # N pre-norm blocks
+        return self.lm_head(self.norm(x))                               # logits = rmsnorm(h) W^T  (B, L, V)
+
+    def backward(self, dlogits):
+        """dlogits (B, L, V) -> fills ``p.grad`` of every parameter (accumulating)."""
+        dx = self.norm.backward(self.lm_head.backward(dlogits))         # logits = norm(h) W^T
+        for layer in reversed(list(self.layers)):
+            dx = layer.backward(dx)
+        self.embed_tokens.backward(dx)                                  # tied: adds into lm_head's dW
+
+    # -- Hugging Face folders -------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, folder, dtype=None):
+        """The model of a Hugging Face Llama, Qwen2 or Mistral folder (:func:`minitf.llama.hf.from_pretrained`):
+        config.json and every tensor checked first, bfloat16 and float16 weights widened, built under ``dtype``."""
+        return hf.from_pretrained(cls, folder, dtype)
+
+    def save_pretrained(self, folder):
+        """Write this model as a Hugging Face folder (:func:`minitf.llama.hf.save_pretrained`) that transformers
+        loads with the same logits."""
+        hf.save_pretrained(self, folder)
+
+    def num_parameters_of_shape(self):
+        """The parameters a model of this config has, counted from the config alone."""
+        c = self.config
+        D, E, F = c.d_model, c.head_size, c.d_ff
+        attn = D * E * (c.num_heads * 2 + c.num_kv_heads * 2)                 # q and o; k and v
+        attn += c.attention_bias * E * (c.num_heads + 2 * c.num_kv_heads)     # q, k, v biases
+        block = attn + 3 * D * F + c.mlp_bias * (2 * F + D) + 2 * D
+        return c.vocab_size * D * (1 if c.tie_word_embeddings else 2) + c.num_layers * block + D
+
