@@ -21,7 +21,7 @@ import math
 import pathlib
 
 from minitf import backend, pretrained
-from minitf.layers import (ACTIVATIONS, Dropout, Embedding, LayerNorm, LearnedPositionalEmbedding,
+from minitf.layers import (ACTIVATIONS, Dropout, Embedding, LearnedPositionalEmbedding,
                            OutputProjection, PositionalEncoding)
 from minitf.module import Module, no_grad
 from minitf.transformer import Decoder, check_ids
@@ -94,10 +94,7 @@ class GPT(Module):
                            else PositionalEncoding(d_model))
         self.dropout = Dropout(dropout)
         self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation,
-                               cross_attention=False)
-        for module in self.decoder.modules():
-            if isinstance(module, LayerNorm):  # GPT-2's layer_norm_epsilon
-                module.eps = layer_norm_eps
+                               cross_attention=False, layer_norm_eps=layer_norm_eps)  # GPT-2's layer_norm_epsilon
         # tied (paper 3.4, GPT-2): the embedding's own weight; untied: a weight of its own
         self.generator = OutputProjection(self.embed.weight if tie_embeddings
                                           else Embedding(vocab_size, d_model).weight)

@@ -46,8 +46,8 @@ class SublayerConnection(Module):
     ``block.backward(dy, sublayer_backward)`` mirrors it with the sublayer's backward.
     """
 
-    def __init__(self, d_model, dropout, pre_norm=False):
-        self.norm = LayerNorm(d_model)
+    def __init__(self, d_model, dropout, pre_norm=False, layer_norm_eps=1e-5):
+        self.norm = LayerNorm(d_model, layer_norm_eps)
         self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
@@ -82,11 +82,11 @@ class EncoderLayer(Module):
     """Self-attention then feed-forward, each in a residual block. x (B, S, D) -> (B, S, D).
     ``activation``: the feed-forward's (:class:`FeedForward`)."""
 
-    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu"):
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu", layer_norm_eps=1e-5):
         self.self_attn = MultiHeadAttention(d_model, num_heads)
-        self.attn_block = SublayerConnection(d_model, dropout, pre_norm)
+        self.attn_block = SublayerConnection(d_model, dropout, pre_norm, layer_norm_eps)
         self.feed_forward = FeedForward(d_model, d_ff, activation)
-        self.ff_block = SublayerConnection(d_model, dropout, pre_norm)
+        self.ff_block = SublayerConnection(d_model, dropout, pre_norm, layer_norm_eps)
 
     def forward(self, x, key_padding_mask=None):
         x = self.attn_block(x, lambda h: self.self_attn(h, key_padding_mask=key_padding_mask))
@@ -107,13 +107,14 @@ class DecoderLayer(Module):
     """
 
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu",
-                 cross_attention=True):
+                 cross_attention=True, layer_norm_eps=1e-5):
         self.self_attn = MultiHeadAttention(d_model, num_heads)
-        self.self_attn_block = SublayerConnection(d_model, dropout, pre_norm)
+        self.self_attn_block = SublayerConnection(d_model, dropout, pre_norm, layer_norm_eps)
         self.cross_attn = MultiHeadAttention(d_model, num_heads) if cross_attention else None
-        self.cross_attn_block = SublayerConnection(d_model, dropout, pre_norm) if cross_attention else None
+        self.cross_attn_block = (SublayerConnection(d_model, dropout, pre_norm, layer_norm_eps) if cross_attention
+                                 else None)
         self.feed_forward = FeedForward(d_model, d_ff, activation)
-        self.ff_block = SublayerConnection(d_model, dropout, pre_norm)
+        self.ff_block = SublayerConnection(d_model, dropout, pre_norm, layer_norm_eps)
 
     def forward(self, x, memory=None, memory_padding_mask=None, tgt_padding_mask=None, cache=None):
         self_cache = None if cache is None else cache.setdefault("self", {})
@@ -137,10 +138,11 @@ class DecoderLayer(Module):
 class Encoder(Module):
     """N encoder layers (and a final LayerNorm when pre-LN). x (B, S, D) -> memory (B, S, D)."""
 
-    def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu"):
-        self.layers = ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout, pre_norm, activation)
+    def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu",
+                 layer_norm_eps=1e-5):
+        self.layers = ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout, pre_norm, activation, layer_norm_eps)
                                   for _ in range(num_layers)])
-        self.final_norm = LayerNorm(d_model) if pre_norm else None
+        self.final_norm = LayerNorm(d_model, layer_norm_eps) if pre_norm else None
 
     def forward(self, x, key_padding_mask=None):
         for layer in self.layers:
@@ -163,11 +165,11 @@ class Decoder(Module):
     :class:`DecoderLayer` (without cross-attention: a GPT's stack, no memory, dmemory 0)."""
 
     def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu",
-                 cross_attention=True):
+                 cross_attention=True, layer_norm_eps=1e-5):
         self.layers = ModuleList([DecoderLayer(d_model, num_heads, d_ff, dropout, pre_norm, activation,
-                                               cross_attention)
+                                               cross_attention, layer_norm_eps)
                                   for _ in range(num_layers)])
-        self.final_norm = LayerNorm(d_model) if pre_norm else None
+        self.final_norm = LayerNorm(d_model, layer_norm_eps) if pre_norm else None
 
     def forward(self, x, memory=None, memory_padding_mask=None, tgt_padding_mask=None, cache=None):
         for i, layer in enumerate(self.layers):
@@ -313,11 +315,10 @@ class Transformer(Module):
         self.positional = PositionalEncoding(d_model, positions)
         self.src_dropout = Dropout(dropout)
         self.tgt_dropout = Dropout(dropout)
-        self.encoder = Encoder(num_encoder_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation)
-        self.decoder = Decoder(num_decoder_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation)
-        for module in self.modules():
-            if isinstance(module, LayerNorm):
-                module.eps = float(layer_norm_eps)
+        eps = float(layer_norm_eps)  # every LayerNorm's, passed down the stacks
+        self.encoder = Encoder(num_encoder_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation, eps)
+        self.decoder = Decoder(num_decoder_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation,
+                               layer_norm_eps=eps)
         # tied: the embedding's own weight; untied: a weight of its own, initialised as an embedding's
         tied = share_embeddings or tie_target_output
         self.generator = OutputProjection(
