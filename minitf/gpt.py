@@ -269,12 +269,7 @@ def read_pretrained_state(folder, config, dtype=None):
     (a dict of ``GPT``'s arguments), in the file's dtype (bfloat16 as float32). A ValueError for a damaged file,
     a tensor holding NaN or infinity, weights of another shape, or (given ``dtype``, the model's) values beyond
     that dtype's range."""
-    path = pretrained.weights_path(folder)
-    weights = pretrained.read_weights(path, buffers=MASK_BUFFERS)  # every tensor finite
-    state = hf_to_minitf_state(weights, config, path)
-    if dtype is not None:
-        pretrained.check_dtype_range(weights, dtype, path)
-    return state
+    return pretrained.read_state(folder, config, hf_to_minitf_state, MASK_BUFFERS, dtype)
 
 
 #: Names a GPT-2 folder in messages.

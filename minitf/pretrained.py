@@ -328,6 +328,19 @@ def check_dtype_range(weights, dtype, path):
                                  f"infinite in a {np.dtype(dtype).name} model: read it in a wider dtype")
 
 
+def read_state(folder, config, convert, buffers=(), dtype=None):
+    """``{minitf name: host array}`` of ``folder``'s weights (model.safetensors or its shards) for a model of
+    ``config``: :func:`read_weights` (every tensor finite; ``buffers`` left out), then ``convert(weights, config,
+    path)`` (the kind's names and layouts, each tensor checked); with ``dtype`` (the model's), a tensor beyond that
+    dtype's range is refused too. A ValueError names the file and the tensor."""
+    path = weights_path(folder)
+    weights = read_weights(path, buffers=buffers)
+    state = convert(weights, config, path)
+    if dtype is not None:
+        check_dtype_range(weights, dtype, path)
+    return state
+
+
 def check_layer_counts(weights, declared, path):
     """Refuse a config.json declaring more layers than the weights hold, before anything per layer is made (10**7
     layers would take the machine's memory, or hours, before any tensor was found missing): ``declared`` is

@@ -220,12 +220,7 @@ def minitf_to_hf_state(state, config):
 def read_pretrained_state(folder, config, dtype=None):
     """``{minitf name: host array}`` of ``folder``'s weights for a model of ``config``; with ``dtype`` (the
     model's), a tensor beyond that dtype's range is refused too."""
-    path = pretrained.weights_path(folder)
-    weights = pretrained.read_weights(path, buffers=BUFFERS)  # every tensor finite
-    state = hf_to_minitf_state(weights, config, path)
-    if dtype is not None:
-        pretrained.check_dtype_range(weights, dtype, path)
-    return state
+    return pretrained.read_state(folder, config, hf_to_minitf_state, BUFFERS, dtype)
 
 
 def pretrained_config(folder):

@@ -4,59 +4,28 @@ it: :meth:`LlamaTokenizer.encode` runs the normalizer, pre-tokenizer, model and 
 default), :meth:`LlamaTokenizer.decode` leaves the special tokens out (as its text-generation pipeline writes
 text). Generation stops at any of ``eos_ids`` (config.json's or generation_config.json's ``eos_token_id``, an id
 or a list)."""
-import hashlib
 import json
 import pathlib
 
 from minitf.training.errors import DataError
+from minitf.training.tokenizer import HuggingFaceTokenizer, tokenizers_package
 
 #: What a run's tokenizer.model would hold for this tokenizer (its "format").
 FORMAT = "minitf-llama-tokenizer"
 
 
-def tokenizers_package(needed_by):
-    """The ``tokenizers`` package, or a one-line DataError saying how to install it."""
-    try:
-        import tokenizers
-    except ImportError:
-        raise DataError(f"{needed_by} needs the tokenizers package, not installed here: "
-                        "pip install -e '.[hf]'") from None
-    return tokenizers
-
-
-class LlamaTokenizer:
+class LlamaTokenizer(HuggingFaceTokenizer):
     """A ``tokenizers.Tokenizer`` with the interface of :class:`minitf.training.tokenizer.Tokenizer` (``encode``,
     ``decode``, ``vocab_size``, ``eos_id``, ``sha256``, ``model_bytes``): the post-processor's special tokens on
     encoding, none on decoding, and every end-of-text id (``eos_ids``; ``eos_id`` the first, or None)."""
+    ADD_SPECIAL_TOKENS = True
+    SKIP_SPECIAL_TOKENS = True
 
     def __init__(self, tokenizer, eos_ids=()):
-        self._tokenizer, self.eos_ids = tokenizer, tuple(eos_ids)
+        self.eos_ids = tuple(eos_ids)
         self.eos_id = self.eos_ids[0] if self.eos_ids else None
-        self._bytes = json.dumps({"format": FORMAT, "eos_ids": list(self.eos_ids),
-                                  "tokenizer": tokenizer.to_str()}).encode("utf-8")
-        self.sha256 = hashlib.sha256(self._bytes).hexdigest()
-
-    @property
-    def vocab_size(self):
-        return self._tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def model_bytes(self):
-        return self._bytes
-
-    def encode(self, texts):
-        return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts), add_special_tokens=True)]
-
-    def decode(self, id_lists):
-        return self._tokenizer.decode_batch([[int(i) for i in ids] for ids in id_lists], skip_special_tokens=True)
-
-    def unknown_characters(self, text):
-        """The characters of ``text`` the tokenizer drops or reads as its unknown token (none for a byte-level
-        BPE), in order of first appearance."""
-        unk = getattr(self._tokenizer.model, "unk_token", None)
-        unk_id = self._tokenizer.token_to_id(unk) if unk else None
-        chars = list(dict.fromkeys(text))
-        pieces = [e.ids for e in self._tokenizer.encode_batch(chars, add_special_tokens=False)]
-        return [ch for ch, ids in zip(chars, pieces) if not ids or unk_id in ids]
+        super().__init__(tokenizer, json.dumps({"format": FORMAT, "eos_ids": list(self.eos_ids),
+                                                "tokenizer": tokenizer.to_str()}).encode("utf-8"))
 
 
 def read_tokenizer(folder, eos_ids=()):

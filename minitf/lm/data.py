@@ -8,7 +8,7 @@ import pathlib
 
 from minitf.backend import host as np
 from minitf.training.errors import DataError
-from minitf.training.tokenizer import EOS_ID, UNK_ID, Tokenizer
+from minitf.training.tokenizer import EOS_ID, UNK_ID, HuggingFaceTokenizer, Tokenizer, tokenizers_package
 
 #: The "format" of a character tokenizer's tokenizer.model (JSON; a sentencepiece model is a protobuf, never JSON).
 CHAR_FORMAT = "minitf-char-1"
@@ -59,22 +59,21 @@ class CharTokenizer:
         return [ch for ch in dict.fromkeys(text) if ch not in self._ids]
 
 
-class PretrainedTokenizer:
+class PretrainedTokenizer(HuggingFaceTokenizer):
     """A tokenizer of the ``tokenizers`` package (a Hugging Face model's, such as GPT-2's byte-level BPE) with
     the interface of :class:`minitf.training.tokenizer.Tokenizer`. No special tokens are added around a text (as
     Hugging Face's text-generation pipeline encodes a prompt); ``eos_id`` is the model's end-of-text id or
     None. A run of ``train.py --init-from`` keeps it in tokenizer.model (:meth:`model_bytes`)."""
 
     def __init__(self, tokenizer, eos_id=None, data=None):
-        self._tokenizer, self.eos_id = tokenizer, eos_id
-        self._bytes = data if data is not None else json.dumps(
-            {"format": PRETRAINED_FORMAT, "eos_id": eos_id, "tokenizer": tokenizer.to_str()}).encode("utf-8")
-        self.sha256 = hashlib.sha256(self._bytes).hexdigest()
+        self.eos_id = eos_id
+        super().__init__(tokenizer, data if data is not None else json.dumps(
+            {"format": PRETRAINED_FORMAT, "eos_id": eos_id, "tokenizer": tokenizer.to_str()}).encode("utf-8"))
 
     @classmethod
     def from_bytes(cls, data, origin="tokenizer.model"):
         """The tokenizer of a run's tokenizer.model written by :meth:`model_bytes` (a checkpoint's copy too)."""
-        tokenizers = _tokenizers_package(origin)
+        tokenizers = tokenizers_package(origin)
         try:
             values = json.loads(data.decode("utf-8"))
             eos_id = values["eos_id"]
@@ -85,36 +84,6 @@ class PretrainedTokenizer:
             raise DataError(f"{origin} is not a pretrained tokenizer written by train.py --init-from "
                             f"({str(error).strip() or type(error).__name__}); use the run's own tokenizer.model") from None
         return cls(tokenizer, eos_id, data)
-
-    @property
-    def vocab_size(self):
-        return self._tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def model_bytes(self):
-        return self._bytes
-
-    def encode(self, texts):
-        return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
-
-    def decode(self, id_lists):
-        return self._tokenizer.decode_batch([[int(i) for i in ids] for ids in id_lists], skip_special_tokens=False)
-
-    def unknown_characters(self, text):
-        """The characters of ``text`` the tokenizer drops or reads as its unknown token (none for GPT-2's
-        byte-level BPE, which has every byte; a BPE trained without the byte alphabet lacks some), in order of
-        first appearance."""
-        unk = getattr(self._tokenizer.model, "unk_token", None)
-        unk_id = self._tokenizer.token_to_id(unk) if unk else None
-        chars = list(dict.fromkeys(text))
-        return [ch for ch, ids in zip(chars, self.encode(chars)) if not ids or unk_id in ids]
-
-
-def _tokenizers_package(needed_by):
-    try:
-        import tokenizers
-    except ImportError:
-        raise DataError(f"{needed_by} needs the tokenizers package, not installed here: pip install -e '.[hf]'") from None
-    return tokenizers
 
 
 def tokenizer_files(folder):
@@ -134,7 +103,7 @@ def read_pretrained_tokenizer(folder, eos_id=None):
     ``vocab.json`` and ``merges.txt`` read as GPT-2's byte-level BPE (its end-of-text token, ``eos_id``, made
     special as GPT-2's tokenizer does). A DataError names a missing or unreadable file."""
     files = tokenizer_files(folder)
-    tokenizers = _tokenizers_package(f"the tokenizer of {folder}")
+    tokenizers = tokenizers_package(f"the tokenizer of {folder}")
     try:
         if len(files) == 1:
             tokenizer = tokenizers.Tokenizer.from_file(str(files[0]))

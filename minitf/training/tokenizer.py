@@ -207,3 +207,51 @@ class BpeDropout:
         pick = (rng.random(self._flat.size) * k[self._flat]).astype(np.int64).tolist()
         picks = iter(pick)  # one per running word, in order
         return [[i for t in row for i in pools[t][next(picks)]] for row in self.sentences]
+
+
+def tokenizers_package(needed_by):
+    """The ``tokenizers`` package (Hugging Face's), or a one-line DataError saying how to install it."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise DataError(f"{needed_by} needs the tokenizers package, not installed here: pip install -e '.[hf]'") from None
+    return tokenizers
+
+
+class HuggingFaceTokenizer:
+    """A tokenizer of the ``tokenizers`` package (a Hugging Face model's tokenizer.json) with the interface of
+    :class:`Tokenizer` (``encode``, ``decode``, ``vocab_size``, ``model_bytes``, ``sha256``), what every kind that
+    reads such a folder shares; a subclass says whether the post-processor's special tokens are added on encoding
+    and left out on decoding (:attr:`ADD_SPECIAL_TOKENS`, :attr:`SKIP_SPECIAL_TOKENS`) and what its tokenizer.model
+    holds (``data``: the bytes :meth:`model_bytes` returns)."""
+    ADD_SPECIAL_TOKENS = False
+    SKIP_SPECIAL_TOKENS = False
+
+    def __init__(self, tokenizer, data):
+        self._tokenizer, self._bytes = tokenizer, data
+        self.sha256 = hashlib.sha256(self._bytes).hexdigest()
+
+    @property
+    def vocab_size(self):
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def model_bytes(self):
+        return self._bytes
+
+    def encode(self, texts):
+        return [encoding.ids for encoding in
+                self._tokenizer.encode_batch(list(texts), add_special_tokens=self.ADD_SPECIAL_TOKENS)]
+
+    def decode(self, id_lists):
+        return self._tokenizer.decode_batch([[int(i) for i in ids] for ids in id_lists],
+                                            skip_special_tokens=self.SKIP_SPECIAL_TOKENS)
+
+    def unknown_characters(self, text):
+        """The characters of ``text`` the tokenizer drops or reads as its unknown token (none for a byte-level BPE,
+        which has every byte; a BPE trained without the byte alphabet lacks some), in order of first appearance."""
+        unk = getattr(self._tokenizer.model, "unk_token", None)
+        unk_id = self._tokenizer.token_to_id(unk) if unk else None
+        chars = list(dict.fromkeys(text))
+        pieces = [e.ids for e in self._tokenizer.encode_batch(chars, add_special_tokens=False)]
+        return [ch for ch, ids in zip(chars, pieces) if not ids or unk_id in ids]
+
