@@ -42,7 +42,19 @@ def scaled_dot_product_attention(Q, K, U, keep=None):
 
     Returns ``O`` (B, H, Tq, dk) and the attention weights ``P`` (B, H, Tq, Tk).
     A query whose keys are all masked gets P = 0 and O = 0, never NaN.
+
+    Each row b's heads on their own: blocks of rows run on ``backend.threads()`` threads (the same numbers; in
+    decoding, one query a row against its cache, this replaces B x H small products on one thread by
+    B x H / threads on each).
     """
+    # K first: the keys (B, H, Tk, dk) are the size of the work (a decoding step has one query a row)
+    if keep is None:
+        return backend.by_rows(lambda K, U, Q: attend(Q, K, U), K, U, Q)
+    return backend.by_rows(lambda K, U, Q, keep: attend(Q, K, U, keep), K, U, Q, keep)
+
+
+def attend(Q, K, U, keep=None):
+    """:func:`scaled_dot_product_attention` on the calling thread."""
     scale = 1.0 / math.sqrt(Q.shape[-1])
     A = (Q @ K.swapaxes(-1, -2)) * scale                         # A = Q K^T / sqrt(dk)  (B, H, Tq, Tk)
     if keep is not None:
@@ -58,7 +70,13 @@ def scaled_dot_product_attention(Q, K, U, keep=None):
 
 
 def scaled_dot_product_attention_backward(dO, Q, K, U, P):
-    """From dL/dO (B, H, Tq, dk) to dQ, dK, dU, given the forward's Q, K, U, P."""
+    """From dL/dO (B, H, Tq, dk) to dQ, dK, dU, given the forward's Q, K, U, P. Each row b on its own, blocks of
+    rows on ``backend.threads()`` threads (the same numbers)."""
+    return backend.by_rows(attend_backward, dO, Q, K, U, P)
+
+
+def attend_backward(dO, Q, K, U, P):
+    """:func:`scaled_dot_product_attention_backward` on the calling thread."""
     scale = 1.0 / math.sqrt(Q.shape[-1])
     # O = P U  =>  dP = dO U^T,  dU = P^T dO
     dP = dO @ U.swapaxes(-1, -2)                                 # (B, H, Tq, Tk)

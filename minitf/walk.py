@@ -70,7 +70,7 @@ def walk_steps(tracer, model):
                 return dict(r.outputs + r.inputs)[key] if key in dict(r.outputs + r.inputs) else dict(r.grads)[key]
         raise LookupError(f"no backward call {call} of {name!r}")
 
-    norm = (LayerNorm.backward, "return rstd * (dxhat")
+    norm = (LayerNorm.backward_rows, "return rstd * (dxhat")
     block_sum = (SublayerConnection.backward, "dx = dx_skip +")
     ffn = (FeedForward.backward, "return self.linear1.backward")
 
@@ -86,7 +86,7 @@ def walk_steps(tracer, model):
     return [
         ("the loss and the output projection (logits = h W^T, W the tied (V, D) matrix)",),
         ("loss: dlogits = (p - q) / N", out("loss", "dlogits"),
-         minitf.LabelSmoothedCrossEntropy.backward, "dlogits *= "),
+         minitf.LabelSmoothedCrossEntropy.dlogits_rows, "dlogits *= "),
         ("generator: dh = dlogits W, for the decoder output h (dy of the next step)", out("generator", "dh"),
          OutputProjection.backward, "return matmul_rows(dlogits, self.weight.data)"),
         ("generator: W.grad += dlogits^T h (tied use 1 of 3)", uses[0],
@@ -106,14 +106,14 @@ def walk_steps(tracer, model):
         ("target embedding (positional encoding and dropout pass dy through)",),
         ("tgt_embed: d(target embedding) = dx of decoder layer 0", out(dec, "dx"),
          Transformer.backward, "dtgt_embedded = self.positional.backward"),
-        ("tgt_embed: W.grad[ids] += sqrt(D) dy (tied use 2 of 3)", uses[1], Embedding.backward, "xp.add.at("),
+        ("tgt_embed: W.grad[ids] += sqrt(D) dy (tied use 2 of 3)", uses[1], Embedding.backward, "backend.add_at_rows("),
         ("encoder layer 0, from the memory down: feed-forward",),
         ("encoder: dy = dmemory", out("encoder", "dy"), Transformer.backward, "dx = self.encoder.backward(dmemory)"),
         *block(f"{enc}.ff_block", f"{enc}.feed_forward", ffn),
         ("encoder layer 0: self-attention",),
         *block(f"{enc}.attn_block", f"{enc}.self_attn", (MultiHeadAttention.backward, "return (dqkv @ W.T)")),
         ("source embedding and the tied matrix",),
-        ("src_embed: W.grad[ids] += sqrt(D) dy (tied use 3 of 3)", uses[2], Embedding.backward, "xp.add.at("),
+        ("src_embed: W.grad[ids] += sqrt(D) dy (tied use 3 of 3)", uses[2], Embedding.backward, "backend.add_at_rows("),
         ("src_embed.weight.grad = use 1 + use 2 + use 3 (the three += above, into one Parameter)",
          backend.to_numpy(model.src_embed.weight.grad), None, None),
     ]
@@ -129,7 +129,7 @@ def gpt_walk_steps(tracer, model):
                 return found[key]
         raise LookupError(f"no backward of {name!r}")
 
-    norm = (LayerNorm.backward, "return rstd * (dxhat")
+    norm = (LayerNorm.backward_rows, "return rstd * (dxhat")
     skip = (SublayerConnection.backward, "dx_skip = dy\n")  # the code line, not the comment above it
     block_sum = (SublayerConnection.backward, "dx = dx_skip +")
     layer = "decoder.layers.0"
@@ -143,12 +143,12 @@ def gpt_walk_steps(tracer, model):
                 (f"{prefix}: dx = dx_skip + LN'(dh)", out(prefix, "dx")) + block_sum]
 
     gelu = [(f"{layer}.feed_forward.activation: GELU'(x) dy, inside the feed-forward",
-             out(f"{layer}.feed_forward.activation", "dx"), GELU.backward, "return dy * (cdf + 0.5")]
+             out(f"{layer}.feed_forward.activation", "dx"), GELU.backward_rows, "return dy * (cdf + 0.5")]
     uses = [out("generator", "weight"), out("embed", "weight")]
     return [
         ("the next-token loss and the output projection (logits = h W^T, W the tied (V, D) matrix)",),
         ("loss: dlogits = (softmax - onehot(next)) / N, 0 on the last position", out("loss", "dlogits"),
-         minitf.LabelSmoothedCrossEntropy.backward, "dlogits *= "),
+         minitf.LabelSmoothedCrossEntropy.dlogits_rows, "dlogits *= "),
         ("generator: dh = dlogits W", out("generator", "dh"),
          OutputProjection.backward, "return matmul_rows(dlogits, self.weight.data)"),
         ("generator: W.grad += dlogits^T h (tied use 1 of 2)", uses[0], OutputProjection.backward,
@@ -166,7 +166,7 @@ def gpt_walk_steps(tracer, model):
          out("positional", "weight"), LearnedPositionalEmbedding.backward, "self.weight.grad[start:start + L] +="),
         ("positional: dx = dy", out("positional", "dx"), LearnedPositionalEmbedding.backward, "return dy"),
         ("embed: W.grad[ids] += dy, summed where an id repeats (tied use 2 of 2)", uses[1], Embedding.backward,
-         "xp.add.at("),
+         "backend.add_at_rows("),
         ("embed.weight.grad = use 1 + use 2 (the two += above, into one Parameter)",
          backend.to_numpy(model.embed.weight.grad), None, None),
     ]
