@@ -235,8 +235,9 @@ def finfo(dtype):
 #: Below this many elements (of the first array) :func:`by_rows` runs the call inline: a thread's start-up
 #: (about 20 us) outweighs what it saves on smaller arrays (benchmarks/threads.py).
 THREAD_MIN_ELEMENTS = 1 << 17
-#: Elements a thread works on at a time: each block's temporaries stay in the core's cache (64K float32 = 256 KB).
-THREAD_BLOCK_ELEMENTS = 1 << 16
+#: Elements a thread works on at a time (fewer where that leaves a thread without a block): each block's
+#: temporaries stay in the cache, and the threads take the interpreter lock once per block (256K float32 = 1 MB).
+THREAD_BLOCK_ELEMENTS = 1 << 18
 #: The variables of MPI launchers (as minitf.training.distributed.LAUNCHER_ENV): a rank under mpiexec.
 _MPI_LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 #: The launchers' count of ranks on this machine (Open MPI, MPICH's hydra).
@@ -320,8 +321,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def _blocks(arrays):
-    """The row blocks of :func:`by_rows`: [(lo, hi)], or None where the call should run inline."""
+def _blocks(arrays, fixed=False):
+    """The row blocks of :func:`by_rows`: [(lo, hi)], or None where the call should run inline. ``fixed``: blocks
+    of THREAD_BLOCK_ELEMENTS whatever the number of threads (a sum of the blocks' sums then is the same for any)."""
     first = arrays[0]
     count = threads()
     if (count == 1 or getattr(_worker, "busy", False) or first.ndim == 0 or first.size < THREAD_MIN_ELEMENTS
@@ -332,6 +334,8 @@ def _blocks(arrays):
         raise ValueError(f"by_rows splits arrays along their first axis, of length {n} (or 1: passed whole); "
                          f"got shapes {[tuple(a.shape) for a in arrays]}")
     rows = max(1, THREAD_BLOCK_ELEMENTS // max(first.size // max(n, 1), 1))
+    if not fixed:
+        rows = min(rows, -(-n // count))                       # at least a block per thread
     if n < 2 or rows >= n:
         return None
     return [(lo, min(lo + rows, n)) for lo in range(0, n, rows)]
@@ -341,14 +345,18 @@ def _run_blocks(work, count, blocks):
     """``work(lo, hi)`` for every block, on ``count`` threads (this one and count - 1 of the pool): each takes
     the next block not yet taken, so that a thread slowed by other processes takes fewer."""
     taken = itertools.count()                                  # next() on it is atomic under the GIL
+    failed = []                                                # a block raised (or Ctrl-C): the others stop
 
     def loop():
         previous, _worker.busy = getattr(_worker, "busy", False), True
         try:
             for i in iter(taken.__next__, None):
-                if i >= len(blocks):
+                if i >= len(blocks) or failed:
                     return
                 work(*blocks[i])
+        except BaseException:
+            failed.append(True)
+            raise
         finally:
             _worker.busy = previous
 
@@ -403,7 +411,7 @@ def sum_by_rows(fn, *arrays):
     the sum of fn over blocks of rows on :func:`threads` threads: equal to the plain call up to rounding (the
     terms are added in another order), not bit for bit. The blocks' sums are added in float64 in block order,
     so the result is the same for any number of threads. Inline as :func:`by_rows`."""
-    blocks = _blocks(arrays)
+    blocks = _blocks(arrays, fixed=True)
     if blocks is None:
         return fn(*arrays)
     n = arrays[0].shape[0]

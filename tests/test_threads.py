@@ -23,16 +23,25 @@ THREADS = 4
 
 @pytest.fixture
 def splits(monkeypatch):
-    """Counts the blocks the threaded path ran (the calls to backend._run_blocks and their blocks)."""
+    """Counts the blocks the threaded path ran (the calls to backend._run_blocks and their blocks), and makes
+    the first two threads of each call meet before their first block: two threads then always run blocks at
+    the same time, however the machine schedules them (else one thread may take every block of a call)."""
     record = {"calls": 0, "blocks": 0, "threads": set()}
     run_blocks = backend._run_blocks
 
     def spy(work, count, blocks):
         record["calls"] += 1
         record["blocks"] += len(blocks)
+        meet, lock, seen = threading.Barrier(2, timeout=30), threading.Lock(), set()
 
         def counted(lo, hi):
-            record["threads"].add(threading.get_ident())
+            me = threading.get_ident()
+            record["threads"].add(me)
+            with lock:
+                first_two = me not in seen and len(seen) < 2
+                seen.add(me)
+            if first_two and count > 1 and len(blocks) > 1:
+                meet.wait()
             work(lo, hi)
         run_blocks(counted, count, blocks)
 
