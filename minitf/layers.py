@@ -549,13 +549,14 @@ class SwiGLU(Module):
         a = self.act(self.gate_proj(x))                          # a = silu(x W_gate)  (..., F)
         u = self.up_proj(x)                                      # u = x W_up  (..., F)
         self.save_for_backward(a, u)
-        return self.down_proj(a * u)                             # y = (a * u) W_down  (..., D)
+        h = backend.by_rows(xp.multiply, a, u)                   # h = a * u, on blocks of rows (threads)
+        return self.down_proj(h)                                 # y = (a * u) W_down  (..., D)
 
     def backward(self, dy):
         """dy (..., D) -> dx (..., D); adds the gradients of the three projections."""
         a, u = self.saved_tensors()
         dh = self.down_proj.backward(dy)                         # y = h W_down, h = a * u  (..., F)
         # h = a * u  =>  da = dh * u,  du = dh * a  (the product rule)
-        da, du = dh * u, dh * a
+        da, du = backend.by_rows(lambda dh, u, a: (dh * u, dh * a), dh, u, a)   # on blocks of rows (threads)
         # u = x W_up and a = silu(x W_gate) both read x  =>  dx is the sum of the two paths
         return self.up_proj.backward(du) + self.gate_proj.backward(self.act.backward(da))

@@ -12,7 +12,8 @@ import pytest
 import minitf
 from minitf import backend
 from minitf.attention import MultiHeadAttention, scaled_dot_product_attention, scaled_dot_product_attention_backward
-from minitf.layers import GELU, SiLU, Dropout, Embedding, LayerNorm, ReLU, RMSNorm, softmax, softmax_backward
+from minitf.layers import (GELU, SiLU, Dropout, Embedding, LayerNorm, ReLU, RMSNorm, SwiGLU, softmax,
+                           softmax_backward)
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import Parameter, no_grad
 from minitf.optim import Adam, MixedPrecisionAdam, buffer_norm, clip_grad_norm
@@ -273,8 +274,8 @@ def forward_backward(make_layer, shape=(40, 16, 512), seed=6):
 
 
 @pytest.mark.parametrize("make_layer", [lambda: LayerNorm(512), lambda: RMSNorm(512), ReLU, GELU,
-                                        lambda: GELU("tanh"), SiLU, lambda: Dropout(0.1)],
-                         ids=["layernorm", "rmsnorm", "relu", "gelu", "gelu_tanh", "silu", "dropout"])
+                                        lambda: GELU("tanh"), SiLU, lambda: Dropout(0.1), lambda: SwiGLU(512, 256)],
+                         ids=["layernorm", "rmsnorm", "relu", "gelu", "gelu_tanh", "silu", "dropout", "swiglu"])
 def test_layer_forward_and_backward_threaded_are_bit_identical(splits, make_layer):
     plain, threaded = one_and_many(forward_backward(make_layer), splits, calls=2)
     assert_all_same_bytes(plain, threaded)
