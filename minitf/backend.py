@@ -232,8 +232,8 @@ def finfo(dtype):
 # reduction along the last axis, whose pairwise sum runs inside the row), so it is the same bit for bit whichever
 # block or thread computed it: :func:`by_rows` gives what the plain call gives.
 
-#: Below this many elements (of the first array) :func:`by_rows` runs the call inline: a thread's start-up
-#: (about 20 us) outweighs what it saves on smaller arrays (benchmarks/threads.py).
+#: Below this many elements (of the first array) :func:`by_rows` runs the call inline: splitting costs about
+#: 30 us a call, more than it saves on smaller arrays (``benchmarks/threads.py --part threshold``).
 THREAD_MIN_ELEMENTS = 1 << 17
 #: Elements a thread works on at a time (fewer where that leaves a thread without a block): each block's
 #: temporaries stay in the cache, and the threads take the interpreter lock once per block (256K float32 = 1 MB).
@@ -434,6 +434,7 @@ def add_at_rows(target, index, values):
     if blocks is None or type(target) is not numpy.ndarray or type(index) is not numpy.ndarray:
         _state["module"].add.at(target, index, values)
         return
+    index = numpy.where(index < 0, index + target.shape[0], index)   # -1 and V - 1: one row, one thread
     order = numpy.argsort(index, kind="stable")                # each row's values stay in their order
     sorted_index = index[order]
     # cut the sorted values into about len(blocks) parts, each cut moved back to the start of its row's run

@@ -313,6 +313,20 @@ def test_embedding_gradient_threaded_is_bit_identical_with_repeated_ids(splits):
     assert len(splits["threads"]) > 1
 
 
+def test_add_at_rows_threaded_counts_a_negative_index_as_its_row(splits):
+    """-1 and V - 1 name one row: its contributions are added in their order, by one thread, as add.at adds them."""
+    def run():
+        target = rand((50, 300), 21)
+        index = np.random.default_rng(22).integers(-50, 50, 2000)
+        backend.add_at_rows(target, index, rand((2000, 300), 23))
+        return target
+    plain, threaded = one_and_many(run, splits)
+    assert_all_same_bytes(plain, threaded)
+    reference = rand((50, 300), 21)
+    np.add.at(reference, np.random.default_rng(22).integers(-50, 50, 2000), rand((2000, 300), 23))
+    assert same_bytes(threaded, reference)
+
+
 # --------------------------------------------------------------------------- #
 # Attention: the core (scores, mask, softmax, P U) and its backward, and decoding with the cache
 # --------------------------------------------------------------------------- #
