@@ -331,8 +331,12 @@ def test_add_at_rows_threaded_counts_a_negative_index_as_its_row(splits):
 # Attention: the core (scores, mask, softmax, P U) and its backward, and decoding with the cache
 # --------------------------------------------------------------------------- #
 @pytest.mark.parametrize("mask", ["none", "padding", "causal"])
-def test_attention_core_and_backward_threaded_are_bit_identical(splits, mask):
-    B, H, T, dk = 16, 8, 48, 64
+@pytest.mark.parametrize("B, H, T, dk", [(16, 8, 48, 64), (4, 4, 96, 64)], ids=["whole_core", "softmax_only"])
+def test_attention_core_and_backward_threaded_are_bit_identical(splits, mask, B, H, T, dk):
+    """Small heads run the whole core on blocks of rows; from SMALL_PRODUCT multiply-adds a head, the products
+    stay on BLAS's threads and only the softmax and its backward are split."""
+    from minitf import attention
+    assert (T * T * dk < attention.SMALL_PRODUCT) == (T == 48)
 
     def run():
         Q, K, U = (rand((B, H, T, dk), seed) for seed in (13, 14, 15))
