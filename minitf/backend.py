@@ -518,10 +518,12 @@ class _Unusable:
 
 
 def check_environment():
-    """Raise the DeviceError of an unusable ``MINITF_DEVICE`` (no-op otherwise);
-    :func:`set_device` replaces the environment's choice."""
+    """Raise the DeviceError of an unusable ``MINITF_DEVICE`` (no-op otherwise), or the ValueError of a thread
+    count that is not a whole number of 1 or more (``MINITF_THREADS``, ``OMP_NUM_THREADS``...);
+    :func:`set_device` replaces the environment's choice of device."""
     if isinstance(_state["module"], _Unusable):
         raise _state["module"].error
+    threads()
 
 
 _env_device = os.environ.get("MINITF_DEVICE", "cpu").strip().lower() or "cpu"

@@ -115,6 +115,22 @@ def test_a_bad_thread_count_is_one_clear_line(value):
         backend.set_threads(0)
 
 
+def test_a_bad_thread_count_is_one_line_from_a_command(tmp_path):
+    """The commands check the environment before anything else (as a bad MINITF_DEVICE): one line, exit 1."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, MINITF_THREADS="two", PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, "-m", "minitf.generate", "--checkpoint", str(tmp_path / "none"),
+                           "--prompt", "hi"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "minitf.generate: error: MINITF_THREADS must be a whole number of threads, got 'two'; set it to 1 or more, "
+        "or unset it"]
+
+
 def test_the_suite_runs_with_threads_on():
     """CI's two cores give two threads: the tests of the layers run the threaded path where inputs are large."""
     import os
