@@ -250,17 +250,21 @@ def default_threads(environ=None):
     process may run on (``os.sched_getaffinity``) shared among the ranks on this machine when ``mpiexec``
     started it (one rank per core: one thread)."""
     environ = os.environ if environ is None else environ
-    for name in ("MINITF_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        value = environ.get(name, "").strip()
-        if value:
-            try:
-                count = int(value)
-            except ValueError:
-                raise ValueError(f"{name} must be a whole number of threads, got {value!r}; "
-                                 f"set it to 1 or more, or unset it") from None
-            if count < 1:
-                raise ValueError(f"{name} must be 1 or more threads, got {count}; set it to 1 or more, or unset it")
-            return count
+    value = environ.get("MINITF_THREADS", "").strip()
+    if value:
+        try:
+            count = int(value)
+        except ValueError:
+            raise ValueError(f"MINITF_THREADS must be a whole number of threads, got {value!r}; "
+                             f"set it to 1 or more, or unset it") from None
+        if count < 1:
+            raise ValueError(f"MINITF_THREADS must be 1 or more threads, got {count}; set it to 1 or more, or unset it")
+        return count
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        # OpenMP's form: a list for nested levels ("4,2"), the first the outer one; one that is not read is skipped
+        first = environ.get(name, "").split(",")[0].strip()
+        if first.isdigit() and int(first) >= 1:
+            return int(first)
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:                                     # not on Linux

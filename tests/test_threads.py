@@ -93,6 +93,10 @@ def test_default_threads_reads_minitf_threads_then_blas_then_the_cores():
     assert backend.default_threads({"OMP_NUM_THREADS": "5"}) == 5
     assert backend.default_threads({"OPENBLAS_NUM_THREADS": "2"}) == 2
     assert backend.default_threads({"OMP_NUM_THREADS": "", "MKL_NUM_THREADS": "6"}) == 6
+    # OpenMP's own forms are read as OpenMP reads them, or skipped: they are other programs' settings too
+    assert backend.default_threads({"OMP_NUM_THREADS": "4,2"}) == 4
+    assert backend.default_threads({"OMP_NUM_THREADS": "auto", "OPENBLAS_NUM_THREADS": "3"}) == 3
+    assert backend.default_threads({"OMP_NUM_THREADS": "0"}) == cores
 
 
 def test_a_rank_under_mpiexec_gets_its_share_of_the_cores():
