@@ -10,7 +10,7 @@ import math
 
 from minitf import backend
 from minitf.backend import xp
-from minitf.layers import Linear, init_array, matmul_rows
+from minitf.layers import Linear, init_array, matmul_rows, plain_softmax_backward
 from minitf.module import Module, Parameter, is_grad_enabled
 
 
@@ -37,14 +37,43 @@ def attention_keep_mask(key_padding_mask=None, causal=False, num_queries=None, n
 # The values are called U here and the scores A (V is the vocabulary size, S the source
 # length; docs/README.md, the glossary).
 # --------------------------------------------------------------------------- #
+#: Products of fewer multiply-adds than this (Tq * Tk * dk a head) run on one BLAS thread (OpenBLAS's threshold,
+#: 4 x 65536): the whole attention core of such heads runs on blocks of batch rows on the threads. Larger products
+#: stay on BLAS's own threads, and only the softmax is split: both pools at once oversubscribe the cores (a
+#: (4, 12, 512, 64) core and backward took 1086 ms split, 287 ms not, on 2 cores).
+SMALL_PRODUCT = 1 << 18
+
+
 def scaled_dot_product_attention(Q, K, U, keep=None):
     """Q (B, H, Tq, dk), K (B, H, Tk, dk), values U (B, H, Tk, dk), keep bool or None.
 
     Returns ``O`` (B, H, Tq, dk) and the attention weights ``P`` (B, H, Tq, Tk).
     A query whose keys are all masked gets P = 0 and O = 0, never NaN.
+
+    On ``backend.threads()`` threads, the same numbers: small heads (decoding's one query a row against its cache,
+    short sentences) as blocks of batch rows, all of :func:`attend` in each (B x H / threads small products on
+    each thread instead of B x H on one); larger ones with the softmax on blocks of rows.
     """
+    if Q.shape[-2] * K.shape[-2] * Q.shape[-1] >= SMALL_PRODUCT:
+        return attend(Q, K, U, keep)
+    # K first: the keys (B, H, Tk, dk) are the size of the work (a decoding step has one query a row)
+    if keep is None:
+        return backend.by_rows(lambda K, U, Q: attend(Q, K, U), K, U, Q)
+    return backend.by_rows(lambda K, U, Q, keep: attend(Q, K, U, keep), K, U, Q, keep)
+
+
+def attend(Q, K, U, keep=None):
+    """:func:`scaled_dot_product_attention`, its products on the calling thread (and BLAS's)."""
     scale = 1.0 / math.sqrt(Q.shape[-1])
     A = (Q @ K.swapaxes(-1, -2)) * scale                         # A = Q K^T / sqrt(dk)  (B, H, Tq, Tk)
+    # P = softmax(A), masked: on blocks of rows on the threads (inline inside a block of the whole core)
+    P = backend.by_rows(masked_softmax, A, *([] if keep is None else [keep]))
+    O = P @ U                                                    # O = P U  (B, H, Tq, dk)
+    return O, P
+
+
+def masked_softmax(A, keep=None):
+    """softmax(A) over the last axis where ``keep`` (broadcast to A) is True, 0 elsewhere."""
     if keep is not None:
         # a very negative (finite) score: exp() makes it 0, and no inf - inf = NaN
         A = xp.where(keep, A, backend.finfo(A.dtype).min / 2)
@@ -53,18 +82,26 @@ def scaled_dot_product_attention(Q, K, U, keep=None):
         e *= keep                                                # exact zeros where masked
     total = e.sum(axis=-1, keepdims=True)
     P = e / xp.where(total > 0, total, 1)                        # P = softmax(A); all-masked row -> 0
-    O = P @ U                                                    # O = P U  (B, H, Tq, dk)
-    return O, P
+    return P
 
 
 def scaled_dot_product_attention_backward(dO, Q, K, U, P):
-    """From dL/dO (B, H, Tq, dk) to dQ, dK, dU, given the forward's Q, K, U, P."""
+    """From dL/dO (B, H, Tq, dk) to dQ, dK, dU, given the forward's Q, K, U, P. On ``backend.threads()`` threads
+    as the forward (the same numbers)."""
+    if Q.shape[-2] * K.shape[-2] * Q.shape[-1] >= SMALL_PRODUCT:
+        return attend_backward(dO, Q, K, U, P)
+    return backend.by_rows(attend_backward, dO, Q, K, U, P)
+
+
+def attend_backward(dO, Q, K, U, P):
+    """:func:`scaled_dot_product_attention_backward`, its products on the calling thread (and BLAS's)."""
     scale = 1.0 / math.sqrt(Q.shape[-1])
     # O = P U  =>  dP = dO U^T,  dU = P^T dO
     dP = dO @ U.swapaxes(-1, -2)                                 # (B, H, Tq, Tk)
     dU = P.swapaxes(-1, -2) @ dO                                 # (B, H, Tk, dk)
     # P = softmax(A) row-wise  =>  dA = P * (dP - sum_j dP_j P_j); masked P = 0 gives dA = 0
-    dA = P * (dP - (dP * P).sum(axis=-1, keepdims=True))         # (B, H, Tq, Tk)
+    # dA = P * (dP - (dP * P).sum(axis=-1, keepdims=True)), on blocks of rows (inline inside a block)
+    dA = backend.by_rows(plain_softmax_backward, P, dP)          # (B, H, Tq, Tk)
     # A = Q K^T * scale  =>  dQ = dA K * scale,  dK = dA^T Q * scale
     dQ = (dA @ K) * scale                                        # (B, H, Tq, dk)
     dK = (dA.swapaxes(-1, -2) @ Q) * scale                       # (B, H, Tk, dk)

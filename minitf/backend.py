@@ -9,7 +9,10 @@ in code with :func:`set_device`. Parameters are created with the default float
 dtype (float32; the gradient checks switch to float64 with :func:`default_dtype`).
 """
 import contextlib
+import contextvars
+import itertools
 import os
+import threading
 
 import numpy
 
@@ -221,6 +224,233 @@ def finfo(dtype):
     return numpy.finfo(dtype)
 
 
+# --------------------------------------------------------------------------- #
+# Threads for NumPy's elementwise and row-wise work
+# --------------------------------------------------------------------------- #
+# NumPy releases the GIL inside its ufunc and reduction loops, so blocks of rows of one array can run on
+# several threads with NumPy's own functions. A row's result depends on that row only (an elementwise op, or a
+# reduction along the last axis, whose pairwise sum runs inside the row), so it is the same bit for bit whichever
+# block or thread computed it: :func:`by_rows` gives what the plain call gives.
+
+#: Below this many elements (of the first array) :func:`by_rows` runs the call inline: splitting costs about
+#: 30 us a call, more than it saves on smaller arrays (``benchmarks/threads.py --part threshold``).
+THREAD_MIN_ELEMENTS = 1 << 17
+#: Elements a thread works on at a time (fewer where that leaves a thread without a block): each block's
+#: temporaries stay in the cache, and the threads take the interpreter lock once per block (256K float32 = 1 MB).
+THREAD_BLOCK_ELEMENTS = 1 << 18
+#: The variables of MPI launchers (as minitf.training.distributed.LAUNCHER_ENV): a rank under mpiexec.
+_MPI_LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+#: The launchers' count of ranks on this machine (Open MPI, MPICH's hydra).
+_MPI_LOCAL_SIZE_ENV = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+
+
+def default_threads(environ=None):
+    """How many threads :func:`by_rows` uses: ``MINITF_THREADS`` if set; else the BLAS thread setting
+    (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``, the first set); else the cores this
+    process may run on (``os.sched_getaffinity``) shared among the ranks on this machine when ``mpiexec``
+    started it (one rank per core: one thread)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("MINITF_THREADS", "").strip()
+    if value:
+        try:
+            count = int(value)
+        except ValueError:
+            raise ValueError(f"MINITF_THREADS must be a whole number of threads, got {value!r}; "
+                             f"set it to 1 or more, or unset it") from None
+        if count < 1:
+            raise ValueError(f"MINITF_THREADS must be 1 or more threads, got {count}; set it to 1 or more, or unset it")
+        return count
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        # OpenMP's form: a list for nested levels ("4,2"), the first the outer one; one that is not read is skipped
+        first = environ.get(name, "").split(",")[0].strip()
+        if first.isdigit() and int(first) >= 1:
+            return int(first)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                                     # not on Linux
+        cores = os.cpu_count() or 1
+    if any(name in environ for name in _MPI_LAUNCHER_ENV):
+        local = next((int(environ[name]) for name in _MPI_LOCAL_SIZE_ENV if environ.get(name, "").isdigit()), 0)
+        return max(1, cores // local) if local else 1          # a rank per core unless the launcher says less
+    return max(1, cores)
+
+
+_threads = {"count": None, "pool": None, "pool_size": 0}
+_worker = threading.local()                                    # .busy: this thread runs a block (no nesting)
+
+
+def threads():
+    """The number of threads :func:`by_rows` uses (read from the environment at first use,
+    :func:`default_threads`)."""
+    if _threads["count"] is None:
+        _threads["count"] = default_threads()
+    return _threads["count"]
+
+
+def set_threads(count):
+    """Use ``count`` threads from now on (1: every call inline, NumPy's plain path)."""
+    count = int(count)
+    if count < 1:
+        raise ValueError(f"the number of threads must be 1 or more, got {count}")
+    _threads["count"] = count
+
+
+@contextlib.contextmanager
+def thread_count(count):
+    """Run with ``count`` threads for the duration (tests compare 1 with several)."""
+    previous = _threads["count"]
+    set_threads(count)
+    try:
+        yield
+    finally:
+        _threads["count"] = previous
+
+
+def _pool(size):
+    if _threads["pool"] is None or _threads["pool_size"] != size:
+        from concurrent.futures import ThreadPoolExecutor
+        if _threads["pool"] is not None:
+            _threads["pool"].shutdown(wait=False)
+        _threads["pool"] = ThreadPoolExecutor(max_workers=size, thread_name_prefix="minitf-rows")
+        _threads["pool_size"] = size
+    return _threads["pool"]
+
+
+def _forget_pool():
+    """A forked child has none of its parent's threads: it makes its own pool on first use."""
+    _threads["pool"], _threads["pool_size"] = None, 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _blocks(arrays, fixed=False):
+    """The row blocks of :func:`by_rows`: [(lo, hi)], or None where the call should run inline. ``fixed``: blocks
+    of THREAD_BLOCK_ELEMENTS whatever the number of threads (a sum of the blocks' sums then is the same for any)."""
+    first = arrays[0]
+    count = threads()
+    if (count == 1 or getattr(_worker, "busy", False) or first.ndim == 0 or first.size < THREAD_MIN_ELEMENTS
+            or not all(type(a) is numpy.ndarray for a in arrays)):   # CuPy's and other arrays: their own path
+        return None
+    n = first.shape[0]
+    if any(a.ndim == 0 or a.shape[0] not in (n, 1) for a in arrays):
+        raise ValueError(f"by_rows splits arrays along their first axis, of length {n} (or 1: passed whole); "
+                         f"got shapes {[tuple(a.shape) for a in arrays]}")
+    rows = max(1, THREAD_BLOCK_ELEMENTS // max(first.size // max(n, 1), 1))
+    if not fixed:
+        rows = min(rows, -(-n // count))                       # at least a block per thread
+    if n < 2 or rows >= n:
+        return None
+    return [(lo, min(lo + rows, n)) for lo in range(0, n, rows)]
+
+
+def _run_blocks(work, count, blocks):
+    """``work(lo, hi)`` for every block, on ``count`` threads (this one and count - 1 of the pool): each takes
+    the next block not yet taken, so that a thread slowed by other processes takes fewer."""
+    taken = itertools.count()                                  # next() on it is atomic under the GIL
+    failed = []                                                # a block raised (or Ctrl-C): the others stop
+
+    def loop():
+        previous, _worker.busy = getattr(_worker, "busy", False), True
+        try:
+            for i in iter(taken.__next__, None):
+                if i >= len(blocks) or failed:
+                    return
+                work(*blocks[i])
+        except BaseException:
+            failed.append(True)
+            raise
+        finally:
+            _worker.busy = previous
+
+    helpers = min(count, len(blocks)) - 1
+    pool = _pool(threads() - 1)
+    # the caller's context (numpy.errstate, in NumPy 2) in every thread
+    futures = [pool.submit(contextvars.copy_context().run, loop) for _ in range(helpers)]
+    try:
+        loop()
+    finally:
+        for future in futures:
+            future.result()                                    # waits; raises a block's error here
+
+
+def by_rows(fn, *arrays):
+    """``fn(*arrays)``, computed on blocks of rows on :func:`threads` threads: the same result, bit for bit, when
+    every row of fn's results depends only on the same rows of ``arrays`` (elementwise work, reductions along
+    later axes).
+
+    The arrays are split along their first axis (those of length 1 there are passed whole: they broadcast);
+    ``fn`` gets blocks of any number of rows (0 included) and returns None (it works in place), an array or a
+    tuple of arrays with one row per row of its block, assembled here into arrays of all the rows. Inline (just
+    ``fn(*arrays)``) for one thread, small arrays, a call from inside a block, and arrays other than NumPy's
+    (CuPy's: the GPU runs its own kernels)."""
+    blocks = _blocks(arrays)
+    if blocks is None:
+        return fn(*arrays)
+    n = arrays[0].shape[0]
+
+    def cut(lo, hi):
+        return [a[lo:hi] if a.shape[0] == n else a for a in arrays]
+
+    probe = fn(*cut(0, 0))                                     # the results' dtypes and row shapes, from 0 rows
+    single = isinstance(probe, numpy.ndarray)
+    parts = () if probe is None else (probe,) if single else tuple(probe)
+    if not all(isinstance(p, numpy.ndarray) and p.ndim and p.shape[0] == 0 for p in parts):
+        raise ValueError("by_rows: fn must return None, an array or a tuple of arrays with one row per row of "
+                         "its block")
+    outs = [numpy.empty((n,) + p.shape[1:], dtype=p.dtype) for p in parts]
+
+    def work(lo, hi):
+        result = fn(*cut(lo, hi))
+        for out, part in zip(outs, (result,) if single else result or ()):
+            out[lo:hi] = part
+
+    _run_blocks(work, threads(), blocks)
+    return None if probe is None else outs[0] if single else tuple(outs)
+
+
+def sum_by_rows(fn, *arrays):
+    """``fn(*arrays)`` for a ``fn`` that returns a sum of its rows' terms (a 0-d array or scalar), computed as
+    the sum of fn over blocks of rows on :func:`threads` threads: equal to the plain call up to rounding (the
+    terms are added in another order), not bit for bit. The blocks' sums are added in float64 in block order,
+    so the result is the same for any number of threads. Inline as :func:`by_rows`."""
+    blocks = _blocks(arrays, fixed=True)
+    if blocks is None:
+        return fn(*arrays)
+    n = arrays[0].shape[0]
+    partial = [None] * len(blocks)
+    index = {block: i for i, block in enumerate(blocks)}
+
+    def work(lo, hi):
+        partial[index[(lo, hi)]] = fn(*[a[lo:hi] if a.shape[0] == n else a for a in arrays])
+
+    _run_blocks(work, threads(), blocks)
+    dtype = numpy.asarray(partial[0]).dtype
+    return numpy.asarray(sum(float(p) for p in partial), dtype=dtype)
+
+
+def add_at_rows(target, index, values):
+    """``numpy.add.at(target, index, values)``: values (N, ...) added to the rows ``index`` (N,) of target, a row
+    met twice getting both. On NumPy with several threads and many values, the target's rows are split among the
+    threads, each adding its rows' values in their order in ``index``: the same sums, bit for bit."""
+    blocks = _blocks((values,))
+    if blocks is None or type(target) is not numpy.ndarray or type(index) is not numpy.ndarray:
+        _state["module"].add.at(target, index, values)
+        return
+    index = numpy.where(index < 0, index + target.shape[0], index)   # -1 and V - 1: one row, one thread
+    order = numpy.argsort(index, kind="stable")                # each row's values stay in their order
+    sorted_index = index[order]
+    # cut the sorted values into about len(blocks) parts, each cut moved back to the start of its row's run
+    cuts = numpy.searchsorted(sorted_index, sorted_index[[lo for lo, _ in blocks[1:]]], side="left")
+    edges = numpy.unique(numpy.concatenate([[0], cuts, [index.size]]))
+
+    def work(lo, hi):
+        numpy.add.at(target, sorted_index[lo:hi], values[order[lo:hi]])
+
+    _run_blocks(work, threads(), list(zip(edges[:-1].tolist(), edges[1:].tolist())))
+
+
 # erf for GELU's exact form. NumPy has none and SciPy is not a dependency, so the CPU path
 # evaluates Cephes' rational approximations (S. L. Moshier, ndtr.c; the ones SciPy's erf uses):
 # relative error about 1e-16 on every range, i.e. float64 rounding, checked against math.erf in
@@ -292,10 +522,12 @@ class _Unusable:
 
 
 def check_environment():
-    """Raise the DeviceError of an unusable ``MINITF_DEVICE`` (no-op otherwise);
-    :func:`set_device` replaces the environment's choice."""
+    """Raise the DeviceError of an unusable ``MINITF_DEVICE`` (no-op otherwise), or the ValueError of a thread
+    count that is not a whole number of 1 or more (``MINITF_THREADS``, ``OMP_NUM_THREADS``...);
+    :func:`set_device` replaces the environment's choice of device."""
     if isinstance(_state["module"], _Unusable):
         raise _state["module"].error
+    threads()
 
 
 _env_device = os.environ.get("MINITF_DEVICE", "cpu").strip().lower() or "cpu"

@@ -5,6 +5,7 @@ Dimension glossary (used in every docstring of the package):
     B batch, S source length, T target length, L any sequence length,
     D d_model, H heads, dk = D / H, F d_ff, V vocabulary size.
 """
+import functools
 import math
 
 from minitf import backend
@@ -93,7 +94,9 @@ class Embedding(Module):
             dy = dy * (ids != padding_idx)[..., None]            # the padding row's lookups add nothing
         # y = W[ids] * scale  =>  dW[v] += scale * sum of dy over the positions where ids == v
         # (add.at sums repeated ids; plain fancy-index += would keep only one of them)
-        xp.add.at(self.weight.grad, ids.reshape(-1), dy.reshape(-1, D) * self.scale)
+        # xp.add.at(self.weight.grad, ids.reshape(-1), dy.reshape(-1, D) * self.scale), rows split among threads
+        rows = backend.by_rows(lambda dy: dy * self.scale, dy.reshape(-1, D))
+        backend.add_at_rows(self.weight.grad, ids.reshape(-1), rows)
         return None
 
 
@@ -202,16 +205,22 @@ class Dropout(Module):
         if not self.training or self.p == 0.0:
             self.save_for_backward(None)
             return x
-        # keep with probability 1-p, scaled so that E[y] = x
-        mask = (backend.rng().random(x.shape, dtype=xp.float32) >= self.p).astype(x.dtype)
-        mask *= 1.0 / (1.0 - self.p)
+        # keep with probability 1-p, scaled so that E[y] = x (the draw on one thread: one stream of numbers)
+        draw = backend.rng().random(x.shape, dtype=xp.float32)
+        mask = backend.by_rows(lambda draw: self.mask_of(draw, x.dtype), draw)   # on blocks of rows (threads)
         self.save_for_backward(mask)
-        return x * mask
+        return backend.by_rows(xp.multiply, x, mask)             # x * mask, on blocks of rows (threads)
+
+    def mask_of(self, draw, dtype):
+        """The mask of uniform draws in [0, 1), of ``dtype``: 1/(1-p) where kept, 0 where dropped."""
+        mask = (draw >= self.p).astype(dtype)
+        mask *= 1.0 / (1.0 - self.p)
+        return mask
 
     def backward(self, dy):
         (mask,) = self.saved_tensors()
         # y = x * mask  =>  dx = dy * mask
-        return dy if mask is None else dy * mask
+        return dy if mask is None else backend.by_rows(xp.multiply, dy, mask)
 
 
 # --------------------------------------------------------------------------- #
@@ -229,13 +238,19 @@ class LayerNorm(Module):
         self.eps = eps
 
     def forward(self, x):
+        # the rows of normalize below on blocks of rows on backend.threads() threads: the same numbers
+        y, xhat, rstd = backend.by_rows(self.normalize, x)
+        self.save_for_backward(xhat, rstd)
+        return y
+
+    def normalize(self, x):
+        """(y, xhat, rstd) of x (..., D), each row on its own."""
         mean = x.mean(axis=-1, keepdims=True)
         xc = x - mean                                            # centred
         var = (xc * xc).mean(axis=-1, keepdims=True)
         rstd = 1.0 / xp.sqrt(var + self.eps)                     # 1 / sigma
         xhat = xc * rstd                                         # normalised
-        self.save_for_backward(xhat, rstd)
-        return xhat * self.gamma.data + self.beta.data
+        return xhat * self.gamma.data + self.beta.data, xhat, rstd
 
     def backward(self, dy):
         """dy (..., D) -> dx (..., D); adds dgamma, dbeta."""
@@ -244,7 +259,13 @@ class LayerNorm(Module):
         # y = gamma * xhat + beta  =>  dgamma = sum dy * xhat,  dbeta = sum dy
         self.gamma.grad += (dy * xhat).reshape(-1, D).sum(axis=0)
         self.beta.grad += dy.reshape(-1, D).sum(axis=0)
-        dxhat = dy * self.gamma.data
+        # on blocks of rows (threads); named by its class, so that this backward also serves the exercise's class
+        return backend.by_rows(functools.partial(LayerNorm.backward_rows, gamma=self.gamma.data), dy, xhat, rstd)
+
+    @staticmethod
+    def backward_rows(dy, xhat, rstd, gamma):
+        """dx of rows of dy, given the forward's xhat and rstd of those rows and the gain gamma (D,)."""
+        dxhat = dy * gamma
         # xhat = (x - mean) * rstd, where mean and rstd depend on every x of the row:
         # dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
         return rstd * (dxhat
@@ -259,21 +280,29 @@ class ReLU(Module):
     """``y = max(x, 0)``, elementwise."""
 
     def forward(self, x):
-        y = xp.maximum(x, 0)
+        y = backend.by_rows(lambda x: xp.maximum(x, 0), x)      # y = max(x, 0), on blocks of rows (threads)
         self.save_for_backward(y)
         return y
 
     def backward(self, dy):
         (y,) = self.saved_tensors()
         # y = max(x, 0)  =>  dx = dy where x > 0 (equivalently y > 0), else 0
-        return dy * (y > 0)
+        return backend.by_rows(lambda dy, y: dy * (y > 0), dy, y)
 
 
 # --------------------------------------------------------------------------- #
 # Softmax (as functions: attention and the loss fold it into their own steps)
 # --------------------------------------------------------------------------- #
 def softmax(x, axis=-1):
-    """``y_i = exp(x_i - max x) / sum_j exp(x_j - max x)`` (shifted for stability)."""
+    """``y_i = exp(x_i - max x) / sum_j exp(x_j - max x)`` (shifted for stability). Over the last axis of an
+    array of two or more dimensions, on blocks of rows on ``backend.threads()`` threads (the same numbers)."""
+    if axis in (-1, x.ndim - 1) and x.ndim > 1:
+        return backend.by_rows(plain_softmax, x)
+    return plain_softmax(x, axis)
+
+
+def plain_softmax(x, axis=-1):
+    """:func:`softmax` on the calling thread."""
     e = xp.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
 
@@ -281,8 +310,16 @@ def softmax(x, axis=-1):
 def softmax_backward(y, dy, axis=-1):
     """dL/dx from dL/dy for ``y = softmax(x)``, without forming the Jacobian.
 
-    The Jacobian is ``diag(y) - y y^T``, so  ``dx = y * (dy - sum(dy * y))``.
+    The Jacobian is ``diag(y) - y y^T``, so  ``dx = y * (dy - sum(dy * y))``. Over the last axis, on blocks of
+    rows on ``backend.threads()`` threads as :func:`softmax`.
     """
+    if axis in (-1, y.ndim - 1) and y.ndim > 1:
+        return backend.by_rows(plain_softmax_backward, y, dy)
+    return plain_softmax_backward(y, dy, axis)
+
+
+def plain_softmax_backward(y, dy, axis=-1):
+    """:func:`softmax_backward` on the calling thread."""
     return y * (dy - (dy * y).sum(axis=axis, keepdims=True))
 
 
@@ -354,19 +391,31 @@ class GELU(Module):
         self.approximate = approximate
 
     def forward(self, x):
+        # the elements of rows below on blocks of rows on backend.threads() threads: the same numbers
+        y, cdf, *t = backend.by_rows(self.rows, x)
+        self.save_for_backward(x, cdf, t[0] if t else None)
+        return y
+
+    def rows(self, x):
+        """(y, Phi(x)) of x, and tanh(u) for the tanh form; elementwise."""
         if self.approximate == "tanh":
             u = SQRT_2_OVER_PI * (x + GELU_CUBIC * (x * x * x))   # u = sqrt(2/pi) (x + 0.044715 x^3)
             t = xp.tanh(u)
             cdf = 0.5 * (1.0 + t)                                # Phi(x) ~ (1 + tanh u) / 2
         else:
-            t = None
             cdf = 0.5 * (1.0 + backend.erf(x * (1.0 / math.sqrt(2.0))))  # Phi(x) = (1 + erf(x / sqrt 2)) / 2
-        self.save_for_backward(x, cdf, t)
-        return x * cdf                                           # y = x Phi(x)
+        y = x * cdf                                              # y = x Phi(x)
+        return (y, cdf, t) if self.approximate == "tanh" else (y, cdf)
 
     def backward(self, dy):
         """dy (any shape) -> dx (the same shape)."""
         x, cdf, t = self.saved_tensors()
+        # the elements of backward_rows below on blocks of rows on backend.threads() threads: the same numbers
+        return backend.by_rows(GELU.backward_rows, dy, x, cdf, *([] if t is None else [t]))
+
+    @staticmethod
+    def backward_rows(dy, x, cdf, t=None):
+        """dx of dy, given the forward's x, Phi(x) and (tanh form) t; elementwise."""
         if t is None:
             # y = x Phi(x)  =>  dy/dx = Phi(x) + x phi(x),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
             pdf = xp.exp(-0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi))
@@ -396,13 +445,25 @@ class SiLU(Module):
     Input and output any shape."""
 
     def forward(self, x):
-        s = sigmoid(x)                                           # s = sigmoid(x)
+        # the elements of rows below on blocks of rows on backend.threads() threads: the same numbers
+        y, s = backend.by_rows(self.rows, x)
         self.save_for_backward(x, s)
-        return x * s                                             # y = x sigmoid(x)
+        return y
+
+    @staticmethod
+    def rows(x):
+        """(y, sigmoid(x)) of x, elementwise."""
+        s = sigmoid(x)                                           # s = sigmoid(x)
+        return x * s, s                                          # y = x sigmoid(x)
 
     def backward(self, dy):
         """dy (any shape) -> dx (the same shape)."""
         x, s = self.saved_tensors()
+        return backend.by_rows(SiLU.backward_rows, dy, x, s)     # on blocks of rows (threads)
+
+    @staticmethod
+    def backward_rows(dy, x, s):
+        """dx of dy, given the forward's x and s = sigmoid(x); elementwise."""
         # s = sigmoid(x)  =>  ds/dx = s (1 - s)      (sigmoid' = e^-x / (1 + e^-x)^2 = s (1 - s))
         ds_dx = s * (1.0 - s)
         # y = x sigmoid(x)  =>  dy/dx = s + x ds/dx  (the product rule)
@@ -435,10 +496,16 @@ class RMSNorm(Module):
         self.eps = eps
 
     def forward(self, x):
+        # the rows of normalize below on blocks of rows on backend.threads() threads: the same numbers
+        y, xhat, rstd = backend.by_rows(self.normalize, x)
+        self.save_for_backward(xhat, rstd)
+        return y
+
+    def normalize(self, x):
+        """(y, xhat, rstd) of x (..., D), each row on its own."""
         rstd = 1.0 / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)  # 1 / rms  (..., 1)
         xhat = x * rstd                                          # normalised  (..., D)
-        self.save_for_backward(xhat, rstd)
-        return xhat * self.weight.data
+        return xhat * self.weight.data, xhat, rstd
 
     def backward(self, dy):
         """dy (..., D) -> dx (..., D); adds dweight."""
@@ -446,7 +513,12 @@ class RMSNorm(Module):
         D = xhat.shape[-1]
         # y = xhat * weight  =>  dweight = sum dy * xhat over every row,  dxhat = dy * weight
         self.weight.grad += (dy * xhat).reshape(-1, D).sum(axis=0)
-        dxhat = dy * self.weight.data
+        return backend.by_rows(functools.partial(RMSNorm.backward_rows, weight=self.weight.data), dy, xhat, rstd)
+
+    @staticmethod
+    def backward_rows(dy, xhat, rstd, weight):
+        """dx of rows of dy, given the forward's xhat and rstd of those rows and the gain weight (D,)."""
+        dxhat = dy * weight
         # xhat = x * rstd, rstd = (mean(x^2) + eps)^-1/2 depends on every x of the row:
         # dx = rstd * (dxhat - xhat * mean(dxhat * xhat)), LayerNorm's backward less its mean term
         # -mean(dxhat): no mean is subtracted, so no path runs through one (docs/layers/rmsnorm.md)
@@ -474,13 +546,14 @@ class SwiGLU(Module):
         a = self.act(self.gate_proj(x))                          # a = silu(x W_gate)  (..., F)
         u = self.up_proj(x)                                      # u = x W_up  (..., F)
         self.save_for_backward(a, u)
-        return self.down_proj(a * u)                             # y = (a * u) W_down  (..., D)
+        h = backend.by_rows(xp.multiply, a, u)                   # h = a * u, on blocks of rows (threads)
+        return self.down_proj(h)                                 # y = (a * u) W_down  (..., D)
 
     def backward(self, dy):
         """dy (..., D) -> dx (..., D); adds the gradients of the three projections."""
         a, u = self.saved_tensors()
         dh = self.down_proj.backward(dy)                         # y = h W_down, h = a * u  (..., F)
         # h = a * u  =>  da = dh * u,  du = dh * a  (the product rule)
-        da, du = dh * u, dh * a
+        da, du = backend.by_rows(lambda dh, u, a: (dh * u, dh * a), dh, u, a)   # on blocks of rows (threads)
         # u = x W_up and a = silu(x W_gate) both read x  =>  dx is the sum of the two paths
         return self.up_proj.backward(du) + self.gate_proj.backward(self.act.backward(da))

@@ -3,6 +3,8 @@ global gradient-norm clipping. All of them work on the flat parameter and
 gradient buffers: a handful of whole-buffer operations per step (on the GPU,
 Adam is one fused kernel). :class:`MixedPrecisionAdam` trains a float16 model
 with float32 master weights and dynamic loss scaling (Micikevicius et al. 2018)."""
+import threading
+
 from minitf import backend
 from minitf.backend import xp
 from minitf.module import FlatBuffers, check_parameters_saved_consumed
@@ -25,8 +27,11 @@ class WarmupSchedule:
 
 
 def buffer_norm(g):
-    """The L2 norm of one flat gradient buffer: a 0-d device array (no host sync)."""
-    return xp.sqrt(xp.dot(g, g))
+    """The L2 norm of one flat gradient buffer: a 0-d device array (no host sync). On NumPy a large buffer's
+    sum of squares is added up chunk by chunk on :func:`minitf.backend.threads` threads: equal to one
+    ``xp.dot(g, g)`` up to rounding (another order of the terms), the same for any number of threads."""
+    # xp.sqrt(xp.dot(g, g)), the dots of the chunks summed
+    return xp.sqrt(backend.sum_by_rows(lambda g: xp.dot(g, g), g))
 
 
 def clip_factor(norm, max_norm, dtype):
@@ -38,8 +43,16 @@ def clip_buffer_norm(g, max_norm):
     """Scale the flat gradient buffer ``g`` in place so that its L2 norm is at most
     ``max_norm``. Returns the norm before clipping as a 0-d device array."""
     norm = buffer_norm(g)
-    g *= clip_factor(norm, max_norm, g.dtype)
+    factor = clip_factor(norm, max_norm, g.dtype)
+    backend.by_rows(_scale_in_place(factor), g)            # g *= factor, chunks on threads
     return norm
+
+
+def _scale_in_place(factor):
+    """``g *= factor`` for a chunk ``g`` (for backend.by_rows: returns nothing)."""
+    def scale(g):
+        g *= factor
+    return scale
 
 
 def clip_grad_norm(params, max_norm):
@@ -116,7 +129,7 @@ class Optimizer:
         """Zero every gradient (one whole-buffer write), after checking that no forward
         over these parameters was left without its backward."""
         check_parameters_saved_consumed(self.params)
-        self.flat.grad.fill(0)
+        backend.by_rows(_fill_zero, self.flat.grad)        # self.flat.grad.fill(0), chunks on threads
 
     def state_dict(self):
         return dict(self.state, step=self.step_count)
@@ -144,7 +157,7 @@ class Adam(Optimizer):
         super().__init__(params, lr, shard, gather)
         self.betas, self.eps = betas, eps
         self.fused = fused                                 # GPU only: one CuPy kernel (see _fused_adam)
-        self._scratch = None                               # one reused chunk (made at the first step)
+        self._scratch = {}                                 # a reused chunk per thread (made at its first chunk)
 
     @property
     def m(self):
@@ -164,16 +177,23 @@ class Adam(Optimizer):
             # the very same update as _update below, in one pass: see _fused_adam
             _fused_adam(g, data, m, v, b1, b2, step_size, eps_hat)
         else:
-            if self._scratch is None:
-                self._scratch = xp.empty(min(self.CHUNK, max(data.size, 1)), dtype=data.dtype)
-            # speed only: the same passes, one cache-sized chunk at a time, so that they run from cache
-            for start in range(0, data.size, self.CHUNK):
-                end = start + self.CHUNK
-                self._update(g[start:end], m[start:end], v[start:end], data[start:end],
-                             self._scratch[:min(end, data.size) - start], b1, b2, step_size, eps_hat)
+            # speed only: the chunks below on backend.threads() threads (each chunk's arithmetic is the same)
+            backend.by_rows(lambda g, m, v, data: self._update_chunks(g, m, v, data, b1, b2, step_size, eps_hat),
+                            g, m, v, data)
 
     #: elements per chunk of :meth:`step` (64K float32: its five arrays take about 1.3 MB of cache)
     CHUNK = 1 << 16
+
+    def _update_chunks(self, g, m, v, data, b1, b2, step_size, eps_hat):
+        """:meth:`_update` over a stretch of the flat buffers, a chunk at a time, with this thread's scratch."""
+        scratch = self._scratch.get(threading.get_ident())
+        if scratch is None or scratch.dtype != data.dtype:
+            scratch = self._scratch[threading.get_ident()] = xp.empty(self.CHUNK, dtype=data.dtype)
+        # speed only: the same passes, one cache-sized chunk at a time, so that they run from cache
+        for start in range(0, data.size, self.CHUNK):
+            end = start + self.CHUNK
+            self._update(g[start:end], m[start:end], v[start:end], data[start:end],
+                         scratch[:min(end, data.size) - start], b1, b2, step_size, eps_hat)
 
     @staticmethod
     def _update(g, m, v, p, tmp, b1, b2, step_size, eps_hat):
@@ -252,15 +272,18 @@ class MixedPrecision:
 
     def zero_grad(self):
         check_parameters_saved_consumed(self.params)
-        self.model_flat.grad.fill(0)
+        backend.by_rows(_fill_zero, self.model_flat.grad)  # self.model_flat.grad.fill(0), chunks on threads
 
     def unscale_grads(self):
         """float16 gradients / scale -> ``self.flat.grad`` (float32, returned); inf or
         NaN stay inf or NaN, so the norm of the result is the finiteness check."""
         g = self.flat.grad
-        g[...] = self.model_flat.grad                                  # one cast, float16 -> float32
-        g *= 1.0 / self.scale
+        backend.by_rows(self._unscale, g, self.model_flat.grad)       # chunks on threads
         return g
+
+    def _unscale(self, g, model_grad):
+        g[...] = model_grad                                            # one cast, float16 -> float32
+        g *= 1.0 / self.scale
 
     def update(self, finite, grad=None):
         """Step with ``grad`` (``finite`` True) or skip and back off (False). Returns ``finite``."""
@@ -279,7 +302,8 @@ class MixedPrecision:
     def step(self, grad=None):
         """The wrapped rule on the float32 master weights, then the float16 parameters from them."""
         super().step(grad)
-        self.model_flat.data[...] = self.flat.data                     # one cast, float32 -> float16
+        # self.model_flat.data[...] = self.flat.data: one cast, float32 -> float16, chunks on threads
+        backend.by_rows(xp.copyto, self.model_flat.data, self.flat.data)
 
     def master_params(self):
         """float32 views of the master weights shaped like ``params`` (same order)."""
@@ -309,6 +333,10 @@ def mixed_precision(optimizer):
 
 
 MixedPrecisionAdam = mixed_precision(Adam)
+
+
+def _fill_zero(buffer):
+    buffer.fill(0)
 
 #: The optimizers ``train.py --optimizer`` offers: another rule is its class above and one line here.
 OPTIMIZERS = {"adam": Adam}

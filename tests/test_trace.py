@@ -267,12 +267,12 @@ def test_walk_points_at_the_lines_it_prints_and_its_tied_sum_adds_up(traced):
 
 def test_source_line_needs_exactly_one_match():
     from minitf.layers import LayerNorm
-    where, code = walk.source_line(LayerNorm.backward, "return rstd * (dxhat")
+    where, code = walk.source_line(LayerNorm.backward_rows, "return rstd * (dxhat")
     assert where.startswith("minitf/layers.py:") and code.startswith("return rstd")
     with pytest.raises(LookupError, match="0 lines"):
-        walk.source_line(LayerNorm.backward, "no such code")
+        walk.source_line(LayerNorm.backward_rows, "no such code")
     with pytest.raises(LookupError, match="lines contain"):
-        walk.source_line(LayerNorm.backward, "dxhat")
+        walk.source_line(LayerNorm.backward_rows, "dxhat")
 
 
 WALKED_MODELS = {  # the shapes of model the trace's examples do not have, each traced on its example's ids

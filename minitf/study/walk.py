@@ -90,25 +90,27 @@ def backward_record(tracer, name, call=0):
 
 
 # the lines that compute the steps: (function, a snippet of the one line)
-LOSS = (LabelSmoothedCrossEntropy.backward, "dlogits *= ")
+LOSS = (LabelSmoothedCrossEntropy.dlogits_rows, "dlogits *= ")
 PROJECTION_DH = (OutputProjection.backward, "return matmul_rows(dlogits, self.weight.data)")
 PROJECTION_DW = (OutputProjection.backward, "self.weight.grad +=")
-NORM = (LayerNorm.backward, "return rstd * (dxhat")
+NORM = (LayerNorm.backward_rows, "return rstd * (dxhat")
 SKIP = (SublayerConnection.backward, "dx_skip = dy\n")  # the pre-LN code line, not the comment above it
 BLOCK_SUM = (SublayerConnection.backward, "dx = dx_skip +")
 FEED_FORWARD = (FeedForward.backward, "return self.linear1.backward")
 SELF_ATTENTION = (MultiHeadAttention.backward, "return (dqkv @ W.T)")
 CROSS_ATTENTION = (MultiHeadAttention.backward, "dx = matmul_rows(dq")
-EMBEDDING = (Embedding.backward, "xp.add.at(")
+EMBEDDING = (Embedding.backward, "backend.add_at_rows(")
 
 
 def activation_line(activation):
     """(function, snippet) of the line of ``activation``'s backward that computes dx, None for an unknown one."""
-    snippets = {ReLU: "return dy * (y > 0)", SiLU: "return dy * (s + x * ds_dx)",
+    snippets = {ReLU: "dy * (y > 0)", SiLU: "return dy * (s + x * ds_dx)",
                 GELU: "return dy * (cdf + 0.5" if getattr(activation, "approximate", None) == "tanh"
                 else "return dy * (cdf + x * pdf)"}
     snippet = snippets.get(type(activation))
-    return None if snippet is None else (type(activation).backward, snippet)
+    # the line lives in the per-row function the backward runs on threads (minitf.backend.by_rows), if it has one
+    where = getattr(type(activation), "backward_rows", type(activation).backward)
+    return None if snippet is None else (where, snippet)
 
 
 class Walk:
