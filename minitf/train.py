@@ -120,10 +120,12 @@ def given_options(argv):
 
 
 def check_model_flags(args):
-    """One line for a data flag of another model than --model's (--train-src with --model gpt, ...)."""
+    """One line for a data flag of another model than --model's (--train-src with --model gpt, ...); a flag two
+    kinds share (the language models' --train-text) belongs to both."""
     task = TASKS[args.model]
+    own = set(task.given_flags(args))
     for other in TASKS.values():
-        flags = other.given_flags(args) if other is not task else []
+        flags = [flag for flag in other.given_flags(args) if flag not in own] if other is not task else []
         if flags:
             raise UsageError(task.foreign_flags_error(flags, other))
 

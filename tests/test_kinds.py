@@ -19,18 +19,21 @@ from tests.runs import CPU_ENV, ROOT, TINY, make_corpus, train
 from tests.test_lm_train import TINY_GPT, make_text
 
 #: What each kind's config.json must not hold: the other kind's fields (the false fields of schema 8).
-FOREIGN = {"transformer": {"block_size", "n_positions", "activation", "layer_norm_eps"},
-           "gpt": {"beam", "alpha", "bleu_sentences", "src_lang", "tgt_lang", "lexicon", "marian"}}
+FOREIGN = {"transformer": {"block_size", "n_positions", "activation", "layer_norm_eps", "num_kv_heads", "rope_theta"},
+           "gpt": {"beam", "alpha", "bleu_sentences", "src_lang", "tgt_lang", "lexicon", "marian", "num_kv_heads",
+                   "rope_theta"},
+           "llama": {"beam", "alpha", "bleu_sentences", "src_lang", "tgt_lang", "lexicon", "marian", "n_positions",
+                     "activation", "layer_norm_eps"}}
 
 
 def test_the_registry_lists_each_kind_once_with_fields_of_the_run_config():
     fields = {f.name for f in dataclasses.fields(RunConfig)}
-    owners = {}
     for kind in kinds.every():
         assert kind is kinds.get(kind.name)
         assert set(kind.config_fields) <= fields and set(kind.model_fields) <= set(kind.config_fields), kind.name
-        for field in kind.config_fields:
-            assert owners.setdefault(field, kind.name) == kind.name, f"{field} owned by two kinds"
+        others = {f for other in kinds.every() if other is not kind for f in other.config_fields}
+        # a field some kinds own is recorded for those kinds only (the GPT and the Llama block share block_size)
+        assert set(recorded_fields(kind.name)) == fields - (others - set(kind.config_fields)), kind.name
         for model_type in kind.hf_model_types:
             assert kinds.for_model_type(model_type) is kind
     assert kinds.names()[0] == "transformer" and kinds.for_model_type("bert") is None
@@ -38,7 +41,7 @@ def test_the_registry_lists_each_kind_once_with_fields_of_the_run_config():
         kinds.get("mamba")
 
 
-@pytest.mark.parametrize("model", ["transformer", "gpt"])
+@pytest.mark.parametrize("model", ["transformer", "gpt", "llama"])
 def test_config_json_records_the_shared_fields_and_its_kinds_own_only(model):
     config = RunConfig.from_preset("tiny", model=model)
     written = config.to_dict()
@@ -49,7 +52,7 @@ def test_config_json_records_the_shared_fields_and_its_kinds_own_only(model):
     assert RunConfig.from_dict(json.loads(json.dumps(written))) == config
 
 
-@pytest.mark.parametrize("model", ["transformer", "gpt"])
+@pytest.mark.parametrize("model", ["transformer", "gpt", "llama"])
 def test_a_config_json_holding_another_kinds_field_is_refused_naming_it(model):
     written = RunConfig.from_preset("tiny", model=model).to_dict()
     foreign = sorted(FOREIGN[model])[0]

@@ -534,19 +534,6 @@ def test_a_bfloat16_sharded_qwen2_folder_reads_as_its_weights_rounded(tmp_path):
         assert np.array_equal(backend.to_numpy(model.eval()(ids)), backend.to_numpy(rounded.eval()(ids)))
 
 
-def test_train_py_refuses_model_llama_in_one_line(capsys, tmp_path):
-    """No trainer yet: train.py --model llama says so in one line (exit 2) and makes no run folder; a checkpoint
-    whose meta.json names the kind is refused by it too, not built."""
-    from minitf.llama.kind import KIND
-    from minitf.training.errors import CheckpointError
-    from tests.runs import one_error_line, train
-    code, err = train(["--model", "llama", "--max-steps", "1", "--out", tmp_path / "run"], capsys)
-    assert code == 2 and "train.py does not train --model llama yet" in one_error_line(err)
-    assert not (tmp_path / "run").exists()
-    with pytest.raises(CheckpointError, match="does not train --model llama yet"):
-        KIND.read_tokenizer(b"{}")
-
-
 @with_folder
 def test_inspect_refuses_a_llama_folder_in_one_line(folder):
     """The page draws translation models and GPTs (Kind.page); a Llama folder is named and sent to generate

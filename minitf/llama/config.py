@@ -113,3 +113,38 @@ def preset(name, **changes):
     if name not in PRESETS:
         raise ValueError(f"no Llama preset {name!r}; minitf has {', '.join(PRESETS)}")
     return LlamaConfig(**(PRESETS[name] | changes))
+
+
+#: ``train.py --model llama``'s presets (RunConfig fields): "tiny" is the GPT's tiny run (minitf.lm.config) with
+#: the Llama block (grouped-query attention of 6 query and 2 key/value heads, SwiGLU of 512, RMSNorm, rotary
+#: positions), so that the two blocks train side by side at equal minutes; no dropout (Llama uses none).
+RUN_PRESETS = {
+    "tiny": dict(d_model=192, num_heads=6, num_kv_heads=2, num_encoder_layers=0, num_decoder_layers=4, d_ff=512,
+                 dropout=0.0, pre_norm=True, vocab_size=4096, block_size=128, rope_theta=10000.0, warmup=400,
+                 lr_scale=0.5, max_tokens=2048, label_smoothing=0.0, max_minutes=9.0, eval_every=200,
+                 save_every=200, keep=5, average=0),
+}
+
+
+def validate_run(config):
+    """Refuse (one line naming the flag) what does not fit in a ``--model llama`` run's own fields, and a shape the
+    Llama block cannot take (checked by building its :class:`LlamaConfig` once)."""
+    from minitf.training.errors import UsageError
+    if not (isinstance(config.block_size, int) and not isinstance(config.block_size, bool) and config.block_size > 0):
+        raise UsageError(f"--block-size must be a positive integer, got {config.block_size!r}")
+    if config.num_kv_heads is not None and not (isinstance(config.num_kv_heads, int) and config.num_kv_heads > 0):
+        raise UsageError(f"--num-kv-heads must be a positive integer, got {config.num_kv_heads!r}")
+    try:
+        run_model_config(config, 8)
+    except ValueError as error:
+        raise UsageError(str(error).replace("LlamaConfig: ", "--model llama: ")) from None
+
+
+def run_model_config(config, vocab_size):
+    """The :class:`LlamaConfig` of a ``--model llama`` run's RunConfig: its sizes, ``num_decoder_layers`` blocks,
+    ``block_size`` positions, tied output."""
+    return LlamaConfig(vocab_size=vocab_size, d_model=config.d_model, num_layers=config.num_decoder_layers,
+                       num_heads=config.num_heads, num_kv_heads=config.num_kv_heads or config.num_heads,
+                       d_ff=config.d_ff, rope_theta=float(config.rope_theta),
+                       max_position_embeddings=config.block_size, tie_word_embeddings=True)
+

@@ -1,30 +1,15 @@
 """The Llama-family kind (the registry's "llama"): Hugging Face Llama, Qwen2 and Mistral folders read whole by
 ``minitf.load(FOLDER)`` (:meth:`LlamaKind.load_folder`) and sampled by ``python -m minitf.generate --checkpoint
-FOLDER``. ``train.py --model llama`` is not built yet: its task refuses in one line, and so does a checkpoint that
-names this kind."""
+FOLDER``; ``train.py --model llama`` trains the Llama block on the language model's data (:mod:`minitf.llama.task`),
+and its runs load, resume and sample as the GPT's do."""
 import importlib.util
 import pathlib
 
 from minitf.llama import hf
+from minitf.llama.config import RUN_PRESETS, run_model_config, validate_run
 from minitf.llama.model import Llama
-from minitf.training.errors import CheckpointError, DataError, UsageError
+from minitf.training.errors import DataError
 from minitf.training.kind import Kind, Loaded
-from minitf.training.task import Task
-
-NOT_TRAINED = ("train.py does not train --model llama yet; a Llama, Qwen2 or Mistral folder is read by "
-               "minitf.load(FOLDER) and sampled with python -m minitf.generate --checkpoint FOLDER")
-
-
-class LlamaTask(Task):
-    """``train.py --model llama``: refused in one line before anything is made (no trainer yet)."""
-    name = "llama"
-    title = "the Llama-family model"
-    description = "(not yet: Llama-family folders are read and sampled, not trained)"
-    summary = "Llama-family folders (read and sampled; training not built yet)"
-    presets_help = "--model llama: none yet"
-
-    def check_config(self, args, config):
-        raise UsageError(NOT_TRAINED)
 
 
 class LlamaKind(Kind):
@@ -33,24 +18,36 @@ class LlamaKind(Kind):
     hf_model_types = hf.FAMILY
     hf_what = hf.LLAMA_FOLDER
     generates = True
-    presets = {"tiny": {}}  # --preset's default, so that --model llama reaches the task's one-line refusal
+    presets = RUN_PRESETS
+    # block_size: tokens per training block and the model's positions (the GPT's too); num_kv_heads and rope_theta:
+    # grouped-query attention's key/value heads and the rotary base
+    config_fields = ("block_size", "num_kv_heads", "rope_theta")
+    model_fields = config_fields
     page = None  # the inspect page draws a GPT's blocks (model.decoder); not yet a Llama's
     use_a_run = "sample from it with python -m minitf.generate --checkpoint RUN"
 
     def task(self):
+        from minitf.llama.task import LlamaTask
         return LlamaTask()
 
+    def validate(self, config):
+        validate_run(config)
+
     def read_tokenizer(self, data, origin="tokenizer.model"):
-        raise CheckpointError(f"{origin}: {NOT_TRAINED}")
+        from minitf.lm.data import tokenizer_from_bytes  # the language model's tokenizers (BPE, characters)
+        return tokenizer_from_bytes(data, origin)
 
     def build_model(self, config, vocab_size):
-        raise CheckpointError(NOT_TRAINED)
+        return Llama(run_model_config(config, vocab_size))
 
     def min_parameters(self, config, vocab_size):
-        raise CheckpointError(NOT_TRAINED)
+        d, f = config.d_model, config.d_ff  # embeddings, each block's q and o (D x D each) and SwiGLU (3 D x F)
+        return vocab_size * d + config.num_decoder_layers * (2 * d * d + 3 * d * f)
 
     def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
-        raise CheckpointError(NOT_TRAINED)
+        from minitf.lm.data import TextTokenizer
+        return Loaded(model, TextTokenizer(tokenizer), self, pathlib.Path(source), None, run_dir, checkpoint, meta,
+                      config.block_size, "its training blocks")
 
     def load_folder(self, folder, warn=None):
         """A Llama, Qwen2 or Mistral folder: config.json (and generation_config.json), the weights, tokenizer.json;

@@ -18,6 +18,7 @@ The model comes from the one loader (:func:`minitf.loader.load`): a model of any
 texts, ``vocab_size``, ``eos_id`` or None, and optionally ``eos_ids``: every end-of-text id).
 """
 import argparse
+import json
 import pathlib
 import sys
 
@@ -26,8 +27,10 @@ from minitf.gpt import generate
 from minitf.lm.kind import KIND
 from minitf.loader import load
 from minitf.pretrained import model_type
+from minitf.training import checkpoint as ckpt
 from minitf.training.text import answer_each_line, decode_lines
-from minitf.training.errors import DataError, OneLineParser, UsageError, non_negative, positive, report_errors
+from minitf.training.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,
+                                    report_errors)
 
 np = backend.host  # token ids live on the host
 
@@ -45,10 +48,23 @@ def load_language_model(path, warn=None, hugging_face=False):
 
 
 def generating_kind(path):
-    """The kind that reads ``path`` here: a Hugging Face folder's own kind where its models generate; otherwise
-    the GPT kind, whose reader refuses a model of another kind in one line naming the command that reads it."""
+    """The kind that reads ``path`` here: a Hugging Face folder's or a run's own kind where its models generate
+    (the GPT, the Llama family); otherwise the GPT kind, whose reader refuses a model of another kind in one line
+    naming the command that reads it."""
     found = kinds.for_model_type(model_type(path))
+    if found is None:
+        found = run_kind(path)
     return found if found is not None and found.generates else KIND
+
+
+def run_kind(path):
+    """The kind a run or checkpoint folder's newest meta.json names, or None where it cannot be read (the loader
+    then names what is wrong)."""
+    try:
+        meta = json.loads((ckpt.resolve_checkpoint(path) / "meta.json").read_text(encoding="utf-8"))
+        return ckpt.recorded_kind(meta)
+    except (OSError, ValueError, CheckpointError):
+        return None
 
 
 # --------------------------------------------------------------------------- #

@@ -120,7 +120,8 @@ class LanguageModelTask(Task):
         where = f" (prepared in {data.prepared})" if data.prepared is not None else ""
         if config.init_from is not None:
             where += f"; fine-tuned from {config.init_from}"
-        return (f"gpt {config.preset} model: {trainer.model.num_parameters():,} parameters, d_model {config.d_model}, "
+        return (f"{self.name} {config.preset} model: {trainer.model.num_parameters():,} parameters, "
+                f"d_model {config.d_model}, "
                 f"{config.num_decoder_layers} layers, block {config.block_size}, {config.tokenizer} vocabulary of "
                 f"{data.tokenizer.vocab_size}, on {backend.get_device()}; {data.corpus.tokens['train'].size:,} "
                 f"training tokens{where}; run folder {run_dir}")

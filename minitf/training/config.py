@@ -22,10 +22,11 @@ from minitf.training.files import write_json_atomic
 #: 7: ``init_from``, ``n_positions``, ``activation``, ``layer_norm_eps`` (a GPT fine-tuned from a pretrained one).
 #: 8: ``marian`` (a translation model fine-tuned from a Hugging Face Marian folder; ``init_from`` then names it).
 #: 9: config.json holds the shared fields and its kind's own only (8 held every kind's; read as 9 by dropping
-#: the other kinds' fields, which that run did not compute), and ``optimizer`` (minitf.optim.OPTIMIZERS).
+#: the other kinds' fields, which that run did not compute), and ``optimizer`` (minitf.optim.OPTIMIZERS),
+#: ``num_kv_heads`` and ``rope_theta`` (the Llama family's).
 SCHEMA_VERSION = 9
 #: Fields added since an older schema, with the values that keep the old meaning (a file's own values win).
-_ADDED_SINCE_8 = {"optimizer": "adam"}
+_ADDED_SINCE_8 = {"optimizer": "adam", "num_kv_heads": None, "rope_theta": 10000.0}
 _ADDED_SINCE_7 = {"marian": None, **_ADDED_SINCE_8}
 _ADDED_SINCE_6 = {"init_from": None, "n_positions": None, "activation": "gelu_tanh", "layer_norm_eps": 1e-5,
                   **_ADDED_SINCE_7}
@@ -106,6 +107,8 @@ class RunConfig:
     init_from: str | None = None
     n_positions: int | None = None  # gpt: rows of the learned position table (None: block_size)
     activation: str = "gelu_tanh"   # the feed-forward's (GPT-2's gelu_new; Marian's silu)
+    num_kv_heads: int | None = None  # llama: key/value heads of grouped-query attention (None: num_heads)
+    rope_theta: float = 10000.0      # llama: the rotary positions' base
     layer_norm_eps: float = 1e-5
     # transformer from a Marian folder: {"config": its config.json, "generation": its generation_config.json or
     # None}, kept so that the run needs the folder no more: the model is built from "config", an export writes

@@ -505,7 +505,9 @@ class Trainer:
             raise FloatingPointError(f"the parameters are not finite at step {self.step}; not saving them; "
                                      f"last good checkpoint: {self.last_checkpoint or 'none yet'} "
                                      "(try a smaller --lr-scale or --clip-norm 1)")
-        meta = dict(config=self.config.to_dict(), model=self.model.config, step=self.step, epoch=self.epoch,
+        model = self.model.config  # a dict, or a kind's frozen dataclass (minitf.llama's LlamaConfig)
+        model = dataclasses.asdict(model) if dataclasses.is_dataclass(model) else model
+        meta = dict(config=self.config.to_dict(), model=model, step=self.step, epoch=self.epoch,
                     batch_in_epoch=self.batch_in_epoch, elapsed_seconds=self.elapsed,
                     vocab_size=self.tokenizer.vocab_size, tokenizer_sha256=self.tokenizer.sha256,
                     skipped_nonfinite=self.skipped_nonfinite,
