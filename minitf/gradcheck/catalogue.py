@@ -220,5 +220,31 @@ def _marian(rng):
         (lambda g: m.backward(loss.backward(float(g)))), {}, m
 
 
+@layer("rmsnorm")
+def _rmsnorm(rng):  # the Llama family's norm: no mean, no beta
+    m = randomize(minitf.RMSNorm(D), rng)
+    return m.forward, m.backward, {"x": random_array(rng, (B, T, D))}, m
+
+
+@layer("rotary")
+def _rotary(rng):  # queries or keys (B, T, heads, dk) turned by position; start 1: a cached decoding step's offset
+    m = minitf.RotaryEmbedding(D, theta=100.0)
+    return (lambda x: m.forward(x, start=1)), m.backward, {"x": random_array(rng, (B, T, H, D))}, None
+
+
+@layer("swiglu")
+def _swiglu(rng):  # down(silu(gate(x)) * up(x))
+    m = randomize(minitf.SwiGLU(D, F), rng)
+    return m.forward, m.backward, {"x": random_array(rng, (B, T, D))}, m
+
+
+@layer("gqa")
+def _grouped_query_attention(rng):  # 4 query heads share 2 key/value heads; rotary positions, q/k/v biases
+    m = randomize(minitf.GroupedQueryAttention(2 * D, 4, num_kv_heads=2, qkv_bias=True,
+                                               rotary=minitf.RotaryEmbedding(D // 2)), rng)
+    pad = backend.asarray(backend.host.arange(T)[None, :] >= backend.host.array([[T], [T - 1]]))
+    return (lambda x: m.forward(x, key_padding_mask=pad)), m.backward, {"x": random_array(rng, (B, T, 2 * D))}, m
+
+
 #: the layers of the command, in the order of ``--help`` (a new layer's function goes above this line)
 LAYERS = list(BUILDERS)
