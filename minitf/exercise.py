@@ -85,6 +85,11 @@ def _embedding(cls, rng):
     return (lambda: module.forward(ids)), module.backward, {}, module
 
 
+def _rotary(cls, rng):
+    module = cls(4, theta=100.0)  # dk 4: two pairs turned at two frequencies
+    return (lambda x: module.forward(x, start=2)), module.backward, {"x": random_array(rng, (B, T, 2, 4))}, module
+
+
 def _silu_terms(inputs, upstream):
     from minitf.layers import sigmoid
     x, (dy,) = inputs["x"], upstream
@@ -139,6 +144,18 @@ EXERCISES = {e.name: e for e in [
              _plain(lambda cls, rng: (cls(), {"x": random_array(rng, (B, T, D), 3.0)})),
              "y' = s + x s (1 - s) with s = sigmoid(x): the product rule's two terms, and sigmoid' = s (1 - s) "
              "written with s, not with SiLU's output", _silu_terms),
+    Exercise("rmsnorm", "RMSNorm", "RMSNorm, the Llama family's norm: dweight and the two terms of dx",
+             "layers/rmsnorm.md",
+             _plain(lambda cls, rng: (randomize(cls(D), rng), {"x": random_array(rng, (B, T, D))})),
+             "dx = rstd (dxhat - xhat mean(dxhat xhat)): no term through a mean (none is subtracted), the part "
+             "through the row's rstd kept"),
+    Exercise("rotary", "RotaryEmbedding", "rotary positions on (B, T, heads, dk): dx, the rotation back",
+             "layers/rotary.md", _rotary,
+             "dx = dy cos - rotate_half(dy) sin: rotate_half's transpose is -rotate_half (the turn by -angle)"),
+    Exercise("swiglu", "SwiGLU", "down(silu(gate(x)) * up(x)): the product rule and x's two paths",
+             "layers/swiglu.md",
+             _plain(lambda cls, rng: (randomize(cls(D, 6), rng), {"x": random_array(rng, (B, T, D))})),
+             "da = dh u and du = dh a; dx = up_proj's dx + gate_proj's dx through SiLU's backward"),
 ]}
 
 

@@ -18,6 +18,9 @@ SOLUTIONS = {
     "embedding": "padding_idx = None\n    backward = minitf.Embedding.backward",
     "gelu": "backward = minitf.GELU.backward",
     "silu": "backward = minitf.SiLU.backward",
+    "rmsnorm": "backward = minitf.RMSNorm.backward",
+    "rotary": "backward = minitf.RotaryEmbedding.backward",
+    "swiglu": "backward = minitf.SwiGLU.backward",
 }
 
 #: exercise -> (a planted bug, what the checker must print about it)
@@ -68,6 +71,22 @@ BUGS = {
         x, s = self.saved_tensors()
         return dy * s                            # the product rule's x sigmoid(x) (1 - sigmoid(x)) forgotten""",
              "the product rule's second term"),
+    "rmsnorm": ("""def backward(self, dy):
+        xhat, rstd = self.saved_tensors()
+        self.weight.grad += (dy * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)
+        dxhat = dy * self.weight.data
+        return rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
+                       - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))   # LayerNorm's mean term kept""",
+                "furthest off: x["),
+    "rotary": ("""def backward(self, dy):
+        cos, sin = self.saved_tensors()
+        return dy * cos + rotate_half(dy) * sin   # the forward's turn again, not its transpose""",
+               "furthest off: x["),
+    "swiglu": ("""def backward(self, dy):
+        a, u = self.saved_tensors()
+        dh = self.down_proj.backward(dy)
+        return self.gate_proj.backward(self.act.backward(dh * u))   # the path through up_proj forgotten""",
+               "up_proj.weight"),
 }
 
 
