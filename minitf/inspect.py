@@ -24,7 +24,8 @@ from minitf.atomic import writable_target, write_atomic
 from minitf.study.inspection import numbers
 from minitf.study.inspection.page import example_data, loaded_note, render
 from minitf.study.inspection.serve import BadRequest, make_server, serve_forever
-from minitf.loader import is_hugging_face_folder, load as load_any
+from minitf.loader import load as load_any
+from minitf.pretrained import is_hugging_face_folder
 from minitf.nmt.data import pad_batch
 from minitf.nmt.decode import beam_search, greedy_decode
 from minitf.training.errors import DataError, OneLineParser, UsageError, positive, report_errors

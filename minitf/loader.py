@@ -8,18 +8,12 @@ import json
 import pathlib
 
 from minitf import kinds
+from minitf.pretrained import is_hugging_face_folder
 from minitf.training import checkpoint as ckpt
 from minitf.training.errors import DataError, UsageError
 
 WHAT_TO_GIVE = ("a run folder of train.py, one of its checkpoints/step-NNNNNNNN folders, or a Hugging Face folder "
                 f"({', '.join(kinds.hf_model_types())})")
-
-
-def is_hugging_face_folder(path):
-    """Whether ``path`` is a folder with a config.json that is no minitf run's (no meta.json, no checkpoints/)."""
-    path = pathlib.Path(path)
-    return (path.is_dir() and (path / "config.json").is_file() and not (path / "meta.json").is_file()
-            and not (path / "checkpoints").is_dir())
 
 
 def hugging_face_config(folder):

@@ -100,12 +100,19 @@ def model_dtype(dtype):
     return np.dtype(name).type
 
 
+def is_hugging_face_folder(path):
+    """Whether ``path`` is a folder with a config.json that is no minitf run's (no meta.json, no checkpoints/)."""
+    path = pathlib.Path(path)
+    return (path.is_dir() and (path / "config.json").is_file() and not (path / "meta.json").is_file()
+            and not (path / "checkpoints").is_dir())
+
+
 def model_type(folder):
     """The ``model_type`` of a Hugging Face folder's config.json (a string), or None for anything else: no
     folder, no or unreadable config.json, or a minitf run or checkpoint folder (their config.json is a run's).
     The commands use it to send a folder of the other kind of model to the command that reads it."""
     folder = pathlib.Path(folder)
-    if not (folder / "config.json").is_file() or (folder / "meta.json").is_file() or (folder / "checkpoints").is_dir():
+    if not is_hugging_face_folder(folder):
         return None
     try:
         hf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -346,7 +353,6 @@ def check_layer_counts(weights, declared, path):
     layers would take the machine's memory, or hours, before any tensor was found missing): ``declared`` is
     ``{config key: (its value, the regular expression of a layer's tensor names with the layer number as its
     group)}``. A ValueError naming the key, its value and the layers the file holds."""
-    import re
     for key, (count, pattern) in declared.items():
         layers = {int(m.group(1)) for name in weights if (m := re.match(pattern, name))}
         if count > len(layers):

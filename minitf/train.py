@@ -181,26 +181,26 @@ def run(argv=None):
     return trainer.train_and_finish()
 
 
-def resume_changeable(task):
-    """What ``--resume`` of a run of ``task`` may change: every kind's and the task's own (its BLEU decoding)."""
-    return RESUME_CHANGEABLE + RUN_OPTIONS + task.resume_changeable
+def resume_changeable(task=None):
+    """What ``--resume`` may change: every kind's, and the run's task's own (translation's BLEU decoding); before
+    the run's config.json is read (``task`` None), any task's own."""
+    own = task.resume_changeable if task is not None else tuple(
+        dict.fromkeys(k for each in TASKS.values() for k in each.resume_changeable))
+    return RESUME_CHANGEABLE + RUN_OPTIONS + own
 
 
 def check_resume_flags(args, given, task=None):
     """Refuse the flags that belong to the run being resumed, or (``task``: the run's, once its config.json is
     read) to another kind's runs."""
-    others = tuple(k for each in TASKS.values() for k in each.resume_fixed
-                   + (each.resume_changeable if task is not None else ()))
-    allowed = resume_changeable(task) if task is not None else ()
-    fixed = [k for k in dict.fromkeys(RESUME_FIXED + others) if k in given and k not in allowed]
+    allowed = resume_changeable(task)
+    owned = RESUME_FIXED + tuple(k for each in TASKS.values() for k in each.resume_fixed + each.resume_changeable)
+    fixed = [k for k in dict.fromkeys(owned) if k in given and k not in allowed]
     if args.out is not None and pathlib.Path(args.out).resolve() != pathlib.Path(args.resume).resolve():
         fixed.append("out")
     if fixed:
         flags = ", ".join("--" + k.replace("_", "-") for k in fixed)
         raise UsageError(f"--resume continues a run with its own settings, so {flags} cannot be given; allowed with "
-                         "--resume: " + ", ".join("--" + k.replace("_", "-") for k in allowed or RESUME_CHANGEABLE
-                                                  + RUN_OPTIONS + tuple(dict.fromkeys(
-                                                      k for each in TASKS.values() for k in each.resume_changeable)))
+                         "--resume: " + ", ".join("--" + k.replace("_", "-") for k in allowed)
                          + ", --device, --skip-nonfinite, --no-progress")
 
 

@@ -17,7 +17,8 @@ import pathlib
 import sys
 
 from minitf import marian, pretrained
-from minitf.loader import is_hugging_face_folder, load
+from minitf.loader import load
+from minitf.pretrained import is_hugging_face_folder
 from minitf.nmt.kind import KIND
 from minitf.training.errors import OneLineParser, UsageError, report_errors
 from minitf.training.tokenizer import BOS_ID, EOS_ID, Tokenizer
