@@ -12,7 +12,8 @@ class Loaded:
     ``decoding`` settings (the kind's: a translation model's :class:`minitf.nmt.decode.DecodingSettings`, a
     language model's None), ``kind`` (the :class:`Kind`), where it came from (``source``; ``run_dir`` the run
     folder whose metrics.jsonl holds its curves, or None for a Hugging Face folder; ``checkpoint`` the folder read
-    and its ``meta``, or None), and ``context``: its longest input in tokens and why (for the study tools)."""
+    and its ``meta``, or None), ``context``: its longest input in tokens and why (for the study tools), and ``hf_config``: a Hugging Face
+    folder's config.json as read (None for a run)."""
     model: object
     tokenizer: object
     kind: object
@@ -23,6 +24,9 @@ class Loaded:
     meta: dict | None = None
     context: int | None = None
     context_why: str = ""
+    #: A Hugging Face folder's config.json as read (its entries minitf does not compute are written back by an
+    #: export), or None for a minitf run.
+    hf_config: dict | None = None
 
     @property
     def step(self):
