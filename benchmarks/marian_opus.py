@@ -10,7 +10,7 @@ d_model 512, 8 heads, d_ff 2048, vocabulary 58,101, swish, post-LN, scaled share
 [sin | cos] positions, pad 58,100 as the decoder's start, eos 0; transformers' own initialisation, std 0.02),
 saved with ``save_pretrained`` beside opus-mt's generation_config.json (num_beams 4, pad banned, forced eos,
 renormalized log-probabilities) into a temporary folder. Both frameworks read that folder: transformers with
-``MarianMTModel.from_pretrained``, minitf with ``minitf.Transformer.from_pretrained`` (float32) and the
+``MarianMTModel.from_pretrained``, minitf with ``minitf.nmt.marian.from_pretrained`` (float32) and the
 settings of ``read_generation_config`` (:class:`minitf.nmt.decode.HuggingFaceRules`). ``--shape small`` is a
 tiny model for dry runs.
 
@@ -65,6 +65,7 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
+from minitf.nmt import marian  # noqa: E402
 from benchmarks.common import blas_description, blas_threads, cpu_model, matmul_peak_gflops  # noqa: E402
 
 np = minitf.backend.host
@@ -116,8 +117,8 @@ def load_both(folder):
     import transformers
     from minitf.nmt.marian_tokenizer import read_generation_config
 
-    ours = minitf.Transformer.from_pretrained(folder, dtype="float32")
-    settings = read_generation_config(folder, ours.hf_config)
+    ours, hf_config = marian.read(folder, dtype="float32")
+    settings = read_generation_config(folder, hf_config)
     theirs = transformers.MarianMTModel.from_pretrained(folder).float().eval()
     return ours, settings, theirs
 
@@ -173,7 +174,7 @@ def hf_translate(model, batches, beam):
 
 
 def bench_decode(model, settings, hf, args):
-    V = model.config["tgt_vocab_size"]
+    V = model.config.tgt_vocab_size
     batches = source_batches(args.sentences, V, args.batch_size)
     warm = [(batches[0][0][:WARMUP_SENTENCES], batches[0][1])]
     runners = {"minitf": lambda beam, b: minitf_translate(model, settings, b, beam),
@@ -237,9 +238,9 @@ class MinitfMarianStep:
     """zero_grad, forward, label-smoothed loss (a Python float), backward, Adam: minitf's fine-tuning step."""
 
     def __init__(self, folder, batch):
-        self.model = minitf.Transformer.from_pretrained(folder, dtype="float32")
+        self.model = marian.from_pretrained(folder, dtype="float32")
         self.model.train()
-        self.pad = self.model.config["pad_id"]
+        self.pad = self.model.config.pad_id
         self.loss_fn = minitf.LabelSmoothedCrossEntropy(0.1, ignore_index=self.pad)
         self.optimizer = minitf.Adam(self.model.parameters(), lr=LR, betas=BETAS, eps=ADAM_EPS)
         self.src, self.labels, self.tgt_in = (minitf.backend.asarray(a) for a in batch)

@@ -63,14 +63,14 @@ class Loaded:
         self.piece, self.source_piece = piece_function(self.tokenizer, target=True), piece_function(self.tokenizer)
         if self.kind == "translation":  # the ids the decoder starts and ends with: the model's (Marian), else the tokenizer's
             config = self.model.config
-            self.bos_id = config.get("decoder_start_id") if config.get("decoder_start_id") is not None \
-                else self.tokenizer.bos_id
-            self.eos_id = config.get("eos_id") if config.get("eos_id") is not None else self.tokenizer.eos_id
+            self.bos_id = config.decoder_start_id if config.decoder_start_id is not None else self.tokenizer.bos_id
+            self.eos_id = config.eos_id if config.eos_id is not None else self.tokenizer.eos_id
             self.decoding = loaded.decoding
 
     @property
     def layout(self):
-        return "pre-LN" if self.model.config["pre_norm"] else "post-LN"
+        c = self.model.config  # a TransformerConfig; the GPT's a dict until it has its frozen config too
+        return "pre-LN" if (c["pre_norm"] if isinstance(c, dict) else c.pre_norm) else "post-LN"
 
     def facts(self):
         c = self.model.config
@@ -78,8 +78,8 @@ class Loaded:
             shape = (f"GPT, {self.layout}, {c['num_layers']} layers, d_model {c['d_model']}, {c['num_heads']} heads, "
                      f"d_ff {c['d_ff']}, {c['activation']}, {c['positions']} positions")
         else:
-            shape = (f"Transformer (encoder-decoder), {self.layout}, {c['num_encoder_layers']} + "
-                     f"{c['num_decoder_layers']} layers, d_model {c['d_model']}, {c['num_heads']} heads, d_ff {c['d_ff']}")
+            shape = (f"Transformer (encoder-decoder), {self.layout}, {c.num_encoder_layers} + "
+                     f"{c.num_decoder_layers} layers, d_model {c.d_model}, {c.num_heads} heads, d_ff {c.d_ff}")
         where = str(self.source) + loaded_note(self.step, self.averaged_from)
         return [("model", shape), ("vocabulary", f"{self.tokenizer.vocab_size} tokens"),
                 ("parameters", f"{self.model.num_parameters():,}"), ("loaded from", where),

@@ -14,7 +14,6 @@ Layouts: minitf's ``Linear`` stores ``W`` as (d_in, d_out) with ``y = x W + b``;
 is transposed on the way, including ``w_qkv`` (D, 3D) -> ``in_proj_weight`` (3D, D), whose rows
 are [W^Q; W^K; W^V] in the same order. Embeddings and the output projection are (V, D) in both.
 """
-import dataclasses
 import math
 import warnings
 
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 from minitf import backend
+from minitf.transformer import TransformerConfig
 
 # one minitf layer's parameter names -> the nn.Transformer layer's, and whether the array is transposed
 _ATTENTION = [("w_qkv", "in_proj_weight", True), ("b_qkv", "in_proj_bias", False),
@@ -40,32 +40,30 @@ PAPER_OPTIONS = dict(activation="relu", positions="interleaved", scale_embedding
 
 
 def _config(config):
-    """A dict of the model's constructor arguments, from a model, a dict or a TransformerConfig."""
-    config = getattr(config, "config", config)  # a minitf.Transformer keeps its arguments in .config
-    if dataclasses.is_dataclass(config):
-        config = dataclasses.asdict(config)
-    return dict(config)
+    """The :class:`minitf.TransformerConfig` of a model, of a dict of its constructor arguments, or itself."""
+    config = getattr(config, "config", config)  # a minitf.Transformer keeps its TransformerConfig in .config
+    return config if isinstance(config, TransformerConfig) else TransformerConfig(**config)
 
 
 def parameter_map(config):
     """``[(minitf name, torch name, transposed)]`` for every parameter of a model with this
-    config (a ``minitf.Transformer``, its ``.config`` dict or a ``TransformerConfig``).
+    config (a ``minitf.Transformer``, its ``.config`` (a ``TransformerConfig``) or a dict of its arguments).
 
     minitf names are ``Transformer.named_parameters()``'s; torch names are
     :class:`TorchTransformer`'s ``named_parameters()`` (a tied weight appears once in each)."""
     c = _config(config)
     pairs = [("src_embed.weight", "src_embed.weight", False)]
-    if not c.get("share_embeddings", True):
+    if not c.share_embeddings:
         pairs += [("tgt_embed.weight", "tgt_embed.weight", False), ("generator.weight", "generator.weight", False)]
-    for i in range(c["num_encoder_layers"]):
+    for i in range(c.num_encoder_layers):
         m, t = f"encoder.layers.{i}.", f"transformer.encoder.layers.{i}."
         pairs += [(m + "self_attn." + a, t + "self_attn." + b, tr) for a, b, tr in _ATTENTION]
         pairs += _norm(m + "attn_block.norm.", t + "norm1.")
         pairs += [(m + a, t + b, tr) for a, b, tr in _FEED_FORWARD]
         pairs += _norm(m + "ff_block.norm.", t + "norm2.")
-    if c.get("pre_norm", False):
+    if c.pre_norm:
         pairs += _norm("encoder.final_norm.", "transformer.encoder.norm.")
-    for i in range(c["num_decoder_layers"]):
+    for i in range(c.num_decoder_layers):
         m, t = f"decoder.layers.{i}.", f"transformer.decoder.layers.{i}."
         pairs += [(m + "self_attn." + a, t + "self_attn." + b, tr) for a, b, tr in _ATTENTION]
         pairs += _norm(m + "self_attn_block.norm.", t + "norm1.")
@@ -73,7 +71,7 @@ def parameter_map(config):
         pairs += _norm(m + "cross_attn_block.norm.", t + "norm2.")
         pairs += [(m + a, t + b, tr) for a, b, tr in _FEED_FORWARD]
         pairs += _norm(m + "ff_block.norm.", t + "norm3.")
-    if c.get("pre_norm", False):
+    if c.pre_norm:
         pairs += _norm("decoder.final_norm.", "transformer.decoder.norm.")
     return pairs
 
@@ -97,24 +95,24 @@ class TorchTransformer(nn.Module):
         c = _config(config)
         # nn.Transformer computes the paper's model only: a Marian option would convert without error and compute
         # something else (ReLU for SiLU, interleaved sinusoids for halves), so it is refused here
-        departures = {key: c[key] for key, paper in PAPER_OPTIONS.items() if key in c and c[key] != paper}
+        departures = {key: getattr(c, key) for key, paper in PAPER_OPTIONS.items() if getattr(c, key) != paper}
         if departures:
             raise ValueError(f"TorchTransformer builds the paper's model only; this config departs from it: "
                              f"{departures} (compare such a model with transformers' MarianMTModel instead)")
         self.config = c
-        D, p = c["d_model"], c.get("dropout", 0.1)
-        self.d_model, self.pad_id = D, c.get("pad_id", 0)
-        self.src_embed = nn.Embedding(c["src_vocab_size"], D)
-        share = c.get("share_embeddings", True)
-        self.tgt_embed = self.src_embed if share else nn.Embedding(c["tgt_vocab_size"], D)
+        D, p = c.d_model, c.dropout
+        self.d_model, self.pad_id = D, c.pad_id
+        self.src_embed = nn.Embedding(c.src_vocab_size, D)
+        share = c.share_embeddings
+        self.tgt_embed = self.src_embed if share else nn.Embedding(c.tgt_vocab_size, D)
         self.dropout = nn.Dropout(p)
         with warnings.catch_warnings():  # "enable_nested_tensor is True, but ... norm_first": set False below
             warnings.filterwarnings("ignore", message="enable_nested_tensor")
             self.transformer = nn.Transformer(
-                d_model=D, nhead=c["num_heads"], num_encoder_layers=c["num_encoder_layers"],
-                num_decoder_layers=c["num_decoder_layers"], dim_feedforward=c["d_ff"], dropout=p,
-                activation="relu", layer_norm_eps=1e-5, batch_first=True, norm_first=c.get("pre_norm", False))
-        if not c.get("pre_norm", False):
+                d_model=D, nhead=c.num_heads, num_encoder_layers=c.num_encoder_layers,
+                num_decoder_layers=c.num_decoder_layers, dim_feedforward=c.d_ff, dropout=p,
+                activation="relu", layer_norm_eps=1e-5, batch_first=True, norm_first=c.pre_norm)
+        if not c.pre_norm:
             self.transformer.encoder.norm = None  # post-LN: every layer already ends in a norm
             self.transformer.decoder.norm = None
         self.transformer.encoder.enable_nested_tensor = False  # keep padded positions as they are
@@ -123,7 +121,7 @@ class TorchTransformer(nn.Module):
             for attention in (layer.self_attn, getattr(layer, "multihead_attn", None)):
                 if attention is not None:
                     attention.dropout = 0.0  # ... nor on the attention weights
-        self.generator = nn.Linear(D, c["tgt_vocab_size"], bias=False)
+        self.generator = nn.Linear(D, c.tgt_vocab_size, bias=False)
         if share:
             self.generator.weight = self.tgt_embed.weight  # paper 3.4: one (V, D) matrix for all three
 
@@ -209,7 +207,7 @@ def from_torch(torch_model, dtype=None):
     under ``dtype`` (default: minitf's default float dtype)."""
     import minitf
     with backend.default_dtype(dtype or backend.get_default_dtype()):
-        model = minitf.Transformer(**torch_model.config)
+        model = minitf.Transformer.from_config(torch_model.config)
     params = dict(torch_model.named_parameters())
     _check_names(parameter_map(model), dict(model.named_parameters()), params)
     model.load_state_dict(from_torch_state(params, model))

@@ -211,8 +211,9 @@ def check_ids(ids, name, vocab_size):
 # --------------------------------------------------------------------------- #
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """The model's shape: what ``Transformer.from_config`` needs (defaults: the
-    paper's base model, Table 3)."""
+    """The model's shape and options, declared and checked once (here): ``Transformer(V, V, **options)``
+    builds one and every layer from it, ``model.config`` is it (frozen: ``dataclasses.replace`` makes a
+    changed copy). Defaults: the paper's base model (Table 3). A ValueError names a value that does not fit."""
     src_vocab_size: int
     tgt_vocab_size: int
     d_model: int = 512
@@ -224,7 +225,7 @@ class TransformerConfig:
     share_embeddings: bool = True
     pad_id: int = 0
     pre_norm: bool = False
-    # what pretrained models (Marian, minitf/marian.py) change; the defaults are the paper's
+    # what pretrained models (Marian, minitf/nmt/marian.py) change; the defaults are the paper's
     activation: str = "relu"
     positions: str = "interleaved"
     scale_embedding: bool = True
@@ -236,6 +237,40 @@ class TransformerConfig:
     decoder_start_id: int | None = None
     eos_id: int | None = None
 
+    def __post_init__(self):
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers",
+                     "num_decoder_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.num_heads != 0:
+            raise ValueError(f"d_model must be divisible by num_heads, got d_model={self.d_model}, "
+                             f"num_heads={self.num_heads}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError("share_embeddings=True needs one shared vocabulary, got "
+                             f"src_vocab_size={self.src_vocab_size} and tgt_vocab_size={self.tgt_vocab_size}; "
+                             "pass share_embeddings=False for separate vocabularies")
+        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
+            raise ValueError(f"pad_id must be a valid token id below the vocabulary size, got {self.pad_id}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if self.positions not in POSITION_LAYOUTS:
+            raise ValueError(f"positions must be one of {', '.join(POSITION_LAYOUTS)}, got {self.positions!r}")
+        eps = self.layer_norm_eps
+        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 < eps < 1):
+            raise ValueError(f"layer_norm_eps must be a number in (0, 1), got {eps!r}")
+        for name in ("decoder_start_id", "eos_id"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
+                                          and 0 <= value < self.tgt_vocab_size):
+                raise ValueError(f"{name} must be None or a token id below tgt_vocab_size {self.tgt_vocab_size}, "
+                                 f"got {value!r}")
+        # one type per switch (1 and True, 1 and 1.0 are the same model): frozen, so set through object
+        for name in ("scale_embedding", "output_bias", "mask_target_padding", "freeze_pad_embedding",
+                     "tie_target_output"):
+            object.__setattr__(self, name, bool(getattr(self, name)))
+        object.__setattr__(self, "layer_norm_eps", float(eps))
+
 
 class Transformer(Module):
     """Encoder-decoder Transformer.
@@ -245,8 +280,13 @@ class Transformer(Module):
     ``share_embeddings`` (paper 3.4) the source embedding, target embedding and
     pre-softmax projection are one (V, D) matrix, which needs one shared vocabulary.
 
+    ``Transformer(src_vocab_size, tgt_vocab_size, **options)``: ``options`` are any fields of
+    :class:`TransformerConfig` (``d_model=128, num_heads=4, ...``), where their defaults and checks are
+    declared, once; the model keeps that frozen value as ``model.config`` and builds every layer from it
+    (``Transformer.from_config(config)`` takes one whole).
+
     Options whose defaults are the paper's model, each one of Marian's (opus-mt's) differences
-    (``Transformer.from_pretrained`` sets them from a Marian folder, minitf/marian.py):
+    (``minitf.nmt.marian.from_pretrained`` sets them from a Marian folder):
 
         option               the paper              Marian
         activation           "relu"                 "silu" (its "swish")
@@ -267,66 +307,30 @@ class Transformer(Module):
     never looks at them.
     """
 
-    def __init__(self, src_vocab_size, tgt_vocab_size, d_model=512, num_heads=8,
-                 num_encoder_layers=6, num_decoder_layers=6, d_ff=2048, dropout=0.1,
-                 share_embeddings=True, pad_id=0, pre_norm=False, activation="relu", positions="interleaved",
-                 scale_embedding=True, output_bias=False, layer_norm_eps=1e-5, mask_target_padding=True,
-                 freeze_pad_embedding=False, tie_target_output=False, decoder_start_id=None, eos_id=None):
-        for name, value in [("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
-                            ("d_model", d_model), ("num_heads", num_heads), ("d_ff", d_ff),
-                            ("num_encoder_layers", num_encoder_layers),
-                            ("num_decoder_layers", num_decoder_layers)]:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
-        if share_embeddings and src_vocab_size != tgt_vocab_size:
-            raise ValueError("share_embeddings=True needs one shared vocabulary, got "
-                             f"src_vocab_size={src_vocab_size} and tgt_vocab_size={tgt_vocab_size}; "
-                             "pass share_embeddings=False for separate vocabularies")
-        if not 0 <= pad_id < min(src_vocab_size, tgt_vocab_size):
-            raise ValueError(f"pad_id must be a valid token id below the vocabulary size, got {pad_id}")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
-        if positions not in POSITION_LAYOUTS:
-            raise ValueError(f"positions must be one of {', '.join(POSITION_LAYOUTS)}, got {positions!r}")
-        if not (isinstance(layer_norm_eps, (int, float)) and not isinstance(layer_norm_eps, bool)
-                and 0 < layer_norm_eps < 1):
-            raise ValueError(f"layer_norm_eps must be a number in (0, 1), got {layer_norm_eps!r}")
-        for name, value in [("decoder_start_id", decoder_start_id), ("eos_id", eos_id)]:
-            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
-                                          and 0 <= value < tgt_vocab_size):
-                raise ValueError(f"{name} must be None or a token id below tgt_vocab_size {tgt_vocab_size}, "
-                                 f"got {value!r}")
-        self.config = dict(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
-                           num_heads=num_heads, num_encoder_layers=num_encoder_layers,
-                           num_decoder_layers=num_decoder_layers, d_ff=d_ff, dropout=dropout,
-                           share_embeddings=share_embeddings, pad_id=pad_id, pre_norm=pre_norm,
-                           activation=activation, positions=positions, scale_embedding=bool(scale_embedding),
-                           output_bias=bool(output_bias), layer_norm_eps=float(layer_norm_eps),
-                           mask_target_padding=bool(mask_target_padding),
-                           freeze_pad_embedding=bool(freeze_pad_embedding), tie_target_output=bool(tie_target_output),
-                           decoder_start_id=decoder_start_id, eos_id=eos_id)
-        self.d_model, self.pad_id, self.mask_target_padding = d_model, pad_id, bool(mask_target_padding)
-        pad_row = pad_id if freeze_pad_embedding else None  # the row its lookups leave without gradient
-        self.src_embed = Embedding(src_vocab_size, d_model, scale_embedding, pad_row)
-        self.tgt_embed = (self.src_embed if share_embeddings
-                          else Embedding(tgt_vocab_size, d_model, scale_embedding, pad_row))
-        self.positional = PositionalEncoding(d_model, positions)
-        self.src_dropout = Dropout(dropout)
-        self.tgt_dropout = Dropout(dropout)
-        eps = float(layer_norm_eps)  # every LayerNorm's, passed down the stacks
-        self.encoder = Encoder(num_encoder_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation, eps)
-        self.decoder = Decoder(num_decoder_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation,
-                               layer_norm_eps=eps)
+    def __init__(self, src_vocab_size, tgt_vocab_size, **options):
+        self.config = c = TransformerConfig(src_vocab_size, tgt_vocab_size, **options)  # checked there
+        self.d_model, self.pad_id, self.mask_target_padding = c.d_model, c.pad_id, c.mask_target_padding
+        pad_row = c.pad_id if c.freeze_pad_embedding else None  # the row its lookups leave without gradient
+        self.src_embed = Embedding(c.src_vocab_size, c.d_model, c.scale_embedding, pad_row)
+        self.tgt_embed = (self.src_embed if c.share_embeddings
+                          else Embedding(c.tgt_vocab_size, c.d_model, c.scale_embedding, pad_row))
+        self.positional = PositionalEncoding(c.d_model, c.positions)
+        self.src_dropout = Dropout(c.dropout)
+        self.tgt_dropout = Dropout(c.dropout)
+        layer = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.pre_norm, c.activation)  # every layer's shape
+        self.encoder = Encoder(c.num_encoder_layers, *layer, layer_norm_eps=c.layer_norm_eps)
+        self.decoder = Decoder(c.num_decoder_layers, *layer, layer_norm_eps=c.layer_norm_eps)
         # tied: the embedding's own weight; untied: a weight of its own, initialised as an embedding's
-        tied = share_embeddings or tie_target_output
+        tied = c.share_embeddings or c.tie_target_output
         self.generator = OutputProjection(
-            self.tgt_embed.weight if tied else Embedding(tgt_vocab_size, d_model).weight, bias=output_bias)
+            self.tgt_embed.weight if tied else Embedding(c.tgt_vocab_size, c.d_model).weight, bias=c.output_bias)
 
     @classmethod
     def from_config(cls, config):
         """Build the model a :class:`TransformerConfig` describes."""
+        if not isinstance(config, TransformerConfig):
+            raise ValueError(f"Transformer.from_config takes a TransformerConfig, got {type(config).__name__}; "
+                             "give the options as keywords instead: Transformer(V, V, d_model=...)")
         return cls(**dataclasses.asdict(config))
 
     # -- forward / backward ---------------------------------------------------------
@@ -348,8 +352,8 @@ class Transformer(Module):
 
     def forward(self, src_ids, tgt_in_ids):
         """src_ids (B, S), tgt_in_ids (B, T) integer arrays -> logits (B, T, V)."""
-        src_ids = check_ids(src_ids, "src_ids", self.config["src_vocab_size"])
-        tgt_in_ids = check_ids(tgt_in_ids, "tgt_in_ids", self.config["tgt_vocab_size"])
+        src_ids = check_ids(src_ids, "src_ids", self.config.src_vocab_size)
+        tgt_in_ids = check_ids(tgt_in_ids, "tgt_in_ids", self.config.tgt_vocab_size)
         if src_ids.shape[0] != tgt_in_ids.shape[0]:
             raise ValueError(f"src_ids and tgt_in_ids must have the same batch size, "
                              f"got {src_ids.shape[0]} and {tgt_in_ids.shape[0]}")
@@ -365,22 +369,3 @@ class Transformer(Module):
         dx = self.encoder.backward(dmemory)                   # memory's gradient from all layers
         dsrc_embedded = self.positional.backward(self.src_dropout.backward(dx))
         self.src_embed.backward(dsrc_embedded)
-
-
-    # -- Hugging Face Marian folders (minitf/marian.py) ---------------------------------
-    @classmethod
-    def from_pretrained(cls, folder, dtype=None):
-        """The Transformer of a Hugging Face Marian folder (an opus-mt model: ``config.json`` and
-        ``model.safetensors``, or ``pytorch_model.bin`` read by torch's weights-only loader), in eval mode,
-        under ``dtype`` (default: minitf's default float dtype). A ValueError names what does not fit."""
-        from minitf import marian
-        return marian.read(folder, cls, dtype)
-
-    def save_pretrained(self, folder, decoder_start_id=None, eos_id=None):
-        """Write this model as a Hugging Face Marian folder (config.json, model.safetensors,
-        generation_config.json, and the tokenizer's files of the folder it was read from) that
-        ``transformers.MarianMTModel.from_pretrained`` loads with the same logits. A model with the paper's
-        interleaved sinusoids is converted exactly; ``decoder_start_id``/``eos_id`` name the start and end
-        tokens where the config does not (a minitf run's model)."""
-        from minitf import marian
-        return marian.write(self, folder, decoder_start_id, eos_id)

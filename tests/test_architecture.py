@@ -27,7 +27,7 @@ APPLICATION_ENTRY_POINTS |= {"minitf.inspect"}  # the inspection page (issue 37)
 #: kinds and the one loader.
 APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm", "minitf.llama", "minitf.kinds", "minitf.loader")
 #: The core's model modules (the models a learner reads): the shared machinery imports none of them.
-CORE_MODEL_MODULES = ("minitf.transformer", "minitf.gpt", "minitf.marian")
+CORE_MODEL_MODULES = ("minitf.transformer", "minitf.gpt")
 #: The model packages: none imports another (what they share belongs in minitf.training), except where a kind
 #: extends another: the Llama family trains with the language model's task, trainer and tokenizers.
 MODEL_PACKAGES = ("minitf.nmt", "minitf.lm", "minitf.llama")
@@ -216,7 +216,7 @@ def test_model_crossings_are_seen():
 
 def test_the_shared_training_machinery_imports_no_model():
     """minitf.training serves every model kind and imports none: neither a kind's package nor a model module of the
-    core (minitf.transformer, minitf.gpt, minitf.marian); a kind's differences live in its own package (its Kind,
+    core (minitf.transformer, minitf.gpt); a kind's differences live in its own package (its Kind,
     a Trainer subclass, a Task), found through the registry (minitf.kinds), never in an if/else here."""
     wrong = {name: sorted(m for m in imports if package_of(m, MODEL_PACKAGES + CORE_MODEL_MODULES))
              for name, imports in import_graph().items() if package_of(name, ("minitf.training",))}

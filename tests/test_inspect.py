@@ -84,7 +84,7 @@ def first_encoder_attention(model, src):
     """softmax(Q K^T / sqrt(dk)) of encoder layer 0, (H, S, S), from its weights by hand (no mask: no padding)."""
     with minitf.no_grad():
         x = model.positional(model.src_embed(backend.asarray(src[None])))
-        if model.config["pre_norm"]:
+        if model.config.pre_norm:
             x = model.encoder.layers[0].attn_block.norm(x)
     x = backend.to_numpy(x)[0]
     attention = model.encoder.layers[0].self_attn
@@ -573,6 +573,7 @@ def test_a_marian_folder_gives_a_page_in_its_own_ids(tmp_path, capsys, float64):
     """A Marian folder (made here: a random minitf model with Marian's options saved with save_pretrained, and
     tokenizer files trained here): the decoder starts from <pad>, the source ends with </s> = 0, the pieces come
     from vocab.json, and the page's numbers are the model's own."""
+    from minitf.nmt import marian
     from tests.marian_files import write_tokenizer_files
     folder = tmp_path / "opus-mt"
     V = write_tokenizer_files(folder)
@@ -580,7 +581,7 @@ def test_a_marian_folder_gives_a_page_in_its_own_ids(tmp_path, capsys, float64):
     model = minitf.Transformer(V, V, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=32,
                                dropout=0.0, pad_id=V - 1, activation="silu", positions="halves", output_bias=True,
                                mask_target_padding=False, freeze_pad_embedding=True, decoder_start_id=V - 1, eos_id=0)
-    model.save_pretrained(folder)
+    marian.save_pretrained(model, folder)
     out = tmp_path / "page.html"
     code, err, _ = run_inspect(["--checkpoint", folder, "--text", "Der Hund läuft", "--reference", "The dog runs",
                                 "--out", out], capsys)
@@ -591,7 +592,7 @@ def test_a_marian_folder_gives_a_page_in_its_own_ids(tmp_path, capsys, float64):
     assert example["input"][0] == "<pad>" and example["source"][-1] == "</s>" and example["predicted"][-1] == "</s>"
     assert all(piece in vocab for piece in example["source"] + example["input"])
     assert data["curves"] is None and "Hugging Face folder" in data["curves_note"]
-    loaded = minitf.Transformer.from_pretrained(folder)
+    loaded = marian.from_pretrained(folder)
     from minitf.nmt.marian_tokenizer import MarianTokenizer
     tokenizer = MarianTokenizer.from_folder(folder)
     src = np.array(tokenizer.encode(["Der Hund läuft"])[0] + [0])

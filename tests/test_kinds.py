@@ -104,7 +104,7 @@ def test_minitf_load_reads_a_run_of_each_kind_with_its_tokenizer_and_decoding(tm
     assert (first.kind.name, second.kind.name) == ("transformer", "gpt")
     assert first.decoding == DecodingSettings() and second.decoding is None
     assert first.run_dir == translation and first.checkpoint == ckpt.checkpoint_path(translation, 2)
-    assert first.tokenizer.vocab_size <= first.model.config["src_vocab_size"]
+    assert first.tokenizer.vocab_size <= first.model.config.src_vocab_size
     assert second.tokenizer.decode(second.tokenizer.encode(["the cat"]))[0] == "the cat"
     assert not first.model.training and not second.model.training
 

@@ -1,5 +1,5 @@
-"""Bad Marian folders given to ``Transformer.from_pretrained`` (and models Marian cannot hold given to
-``save_pretrained``): each is one ValueError line naming the file (and the key or tensor) and what to do,
+"""Bad Marian folders given to ``marian.from_pretrained`` (and models Marian cannot hold given to
+``marian.save_pretrained``): each is one ValueError line naming the file (and the key or tensor) and what to do,
 and nothing is written. Folders whose config is refused need no weights package (the weights file is not
 read); those that need a real model.safetensors carry the hf extra (safetensors)."""
 import json
@@ -7,7 +7,8 @@ import json
 import pytest
 
 import minitf
-from minitf import backend, marian
+from minitf import backend
+from minitf.nmt import marian
 from tests.runs import snapshot
 
 np = backend.host
@@ -34,7 +35,7 @@ def refused(folder, *words):
     """from_pretrained's one-line ValueError, holding every one of ``words``; nothing written in ``folder``."""
     before = snapshot(folder) if folder.is_dir() else None
     with pytest.raises(ValueError) as error:
-        minitf.Transformer.from_pretrained(folder)
+        marian.from_pretrained(folder)
     message = str(error.value)
     assert "\n" not in message and all(word in message for word in words), message
     assert (snapshot(folder) if folder.is_dir() else None) == before
@@ -96,7 +97,7 @@ def test_save_pretrained_refuses_what_marian_cannot_hold_and_writes_nothing(tmp_
                                pre_norm=True)
     with pytest.raises(ValueError, match=r"cannot hold this model: it has pre-LN .*, no decoder start token "
                                          r"\(give decoder_start_id\), no end token \(give eos_id\)$"):
-        model.save_pretrained(tmp_path / "out")
+        marian.save_pretrained(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -106,9 +107,9 @@ def test_save_pretrained_refuses_what_marian_cannot_hold_and_writes_nothing(tmp_
 def good_folder(tmp_path):
     folder = tmp_path / "marian"
     backend.manual_seed(0)
-    model = minitf.Transformer(**marian.transformer_config(GOOD))
-    model.save_pretrained(folder)
-    assert minitf.Transformer.from_pretrained(folder).config == model.config  # it reads back
+    model = minitf.Transformer.from_config(marian.transformer_config(GOOD))
+    marian.save_pretrained(model, folder)
+    assert marian.from_pretrained(folder).config == model.config  # it reads back
     return folder
 
 
@@ -182,14 +183,14 @@ def test_a_tied_alias_equal_to_the_embedding_and_the_sinusoid_table_are_accepted
     table = backend.to_numpy(minitf.layers.sinusoidal_table(64, 8, dtype=np.float32, layout="halves"))
     rewrite(folder, lambda t: t.update({"lm_head.weight": t["model.shared.weight"].copy(),
                                         "model.decoder.embed_positions.weight": table}))
-    minitf.Transformer.from_pretrained(folder)
+    marian.from_pretrained(folder)
 
 
 # --------------------------------------------------------------------------- #
 # Weights in bfloat16, float16 and shards (written here byte by byte: tests/test_pretrained.py's writer)
 # --------------------------------------------------------------------------- #
 def _logits(folder, dtype=None):
-    model = minitf.Transformer.from_pretrained(folder, dtype=dtype)
+    model = marian.from_pretrained(folder, dtype=dtype)
     with minitf.no_grad():
         return backend.to_numpy(model(np.array([[3, 5, 7, 0]]), np.array([[19, 4, 6]])))
 
@@ -245,7 +246,7 @@ def test_damaged_shards_and_values_beyond_the_models_dtype_are_one_line(tmp_path
     assert np.isfinite(_logits(tmp_path / "huge", "float64")).all()
     big = dict(tensors, **{"model.encoder.layers.0.fc1.weight": ("BF16", np.full((16, 8), 1e5))})
     with pytest.raises(ValueError, match="model.encoder.layers.0.fc1.weight holds values beyond float16's range"):
-        minitf.Transformer.from_pretrained(_rewritten(tmp_path, "big", big), dtype="float16")
+        marian.from_pretrained(_rewritten(tmp_path, "big", big), dtype="float16")
 
 
 @pytest.mark.extra("torch", "bench")

@@ -47,7 +47,7 @@ def test_an_exported_run_loads_in_transformers_with_the_same_logits_and_ids(worl
     import minitf
     run_model, tokenizer, _ = load_model(world["ref"])
     with backend.default_dtype("float64"):  # the run's float32 weights, computed in float64
-        model = minitf.Transformer(**run_model.config).eval()
+        model = minitf.Transformer.from_config(run_model.config).eval()
     model.load_state_dict(run_model.state_dict())
     sentences = ["Der hund sieht ein haus.", "Katze und vogel.", "Ein € unbekanntes zeichen!"]
     hf_tokenizer = transformers.MarianTokenizer.from_pretrained(folder)
@@ -81,11 +81,12 @@ def test_an_exported_run_reads_back_into_minitf_with_the_same_logits(world, tmp_
     """Without transformers: minitf reads its own export as a Marian folder (halves, no target mask) and
     computes what the run computes, in float32 to its rounding."""
     import minitf
+    from minitf.nmt import marian
     folder = tmp_path / "hf"
     assert export([world["ref"], folder], capsys)[0] == 0
-    back = minitf.Transformer.from_pretrained(folder)
+    back = marian.from_pretrained(folder)
     model, _, _ = load_model(world["ref"])
-    assert back.config["positions"] == "halves" and model.config["positions"] == "interleaved"
+    assert back.config.positions == "halves" and model.config.positions == "interleaved"
     src, tgt_in = np.array([[5, 6, 7, EOS_ID]]), np.array([[BOS_ID, 9, 10]])
     with minitf.no_grad():
         a, b = backend.to_numpy(back(src, tgt_in)), backend.to_numpy(model(src, tgt_in))

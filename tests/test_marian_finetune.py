@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from minitf import backend
+from minitf.nmt import marian
 from minitf.nmt.data import pad_batch
 from minitf.nmt.decode import greedy_decode
 from minitf.nmt.config import model_config
@@ -52,7 +53,7 @@ def folder(tmp_path_factory):
     generation_config.json."""
     path = tmp_path_factory.mktemp("opus-mt-tiny")
     vocab = write_tokenizer_files(path)
-    marian_model(vocab).save_pretrained(path)
+    marian.save_pretrained(marian_model(vocab), path)
     return path
 
 
@@ -61,7 +62,7 @@ def separate_folder(tmp_path_factory):
     """A stand-in with separate vocabularies (vocab.json for the source, target_vocab.json for the target)."""
     path = tmp_path_factory.mktemp("opus-mt-separate")
     vocab = write_tokenizer_files(path, separate=True)
-    marian_model(vocab, separate=True).save_pretrained(path)
+    marian.save_pretrained(marian_model(vocab, separate=True), path)
     return path
 
 
@@ -94,7 +95,7 @@ def test_init_from_starts_from_the_folders_weights_and_keeps_its_tokenizer(folde
                                           "--precision", precision, "--out", run], capsys)
     assert code == 0, err
     assert any(f"Marian model fine-tuned from {folder.resolve()}" in line for line in err), err
-    start = Transformer.from_pretrained(folder).state_dict()
+    start = marian.from_pretrained(folder).state_dict()
     trained = params(run, 1)
     assert set(trained) == set(start)
     assert max(float(np.abs(trained[name] - start[name]).max()) for name in start) < 1e-6
@@ -120,7 +121,7 @@ def test_a_folder_of_separate_vocabularies_fine_tunes_its_target_side_in_the_tar
     code, err = train(data + FINE_TUNE + ["--init-from", separate_folder, "--lr-scale", "1e-9", "--max-steps", "1",
                                           "--dropout", "0", "--label-smoothing", "0", "--out", run], capsys)
     assert code == 0, err
-    start = Transformer.from_pretrained(separate_folder).state_dict()
+    start = marian.from_pretrained(separate_folder).state_dict()
     trained = params(run, 1)
     assert "tgt_embed.weight" in start and set(trained) == set(start)
     assert max(float(np.abs(trained[name] - start[name]).max()) for name in start) < 1e-6
@@ -128,7 +129,7 @@ def test_a_folder_of_separate_vocabularies_fine_tunes_its_target_side_in_the_tar
     assert tokenizer.separate_vocabs
     from minitf.loss import LabelSmoothedCrossEntropy
     from minitf.nmt.data import Corpus, read_splits, token_batches
-    model = Transformer.from_pretrained(separate_folder)
+    model = marian.from_pretrained(separate_folder)
     paths = RunConfig.read(run).data
     losses = []
     for encode_target in (tokenizer.encode_target, tokenizer.encode):  # the right one, then the source's
@@ -152,7 +153,7 @@ def test_a_fine_tuning_run_resumes_exactly_without_the_folder_translates_and_exp
     """Stopped after 2 of 4 steps and resumed with the Marian folder gone (the weights come from the checkpoint,
     the tokenizer from the run): parameters bit-equal and the same losses as an uninterrupted run.
     ``minitf.translate --checkpoint RUN --beam 1`` gives the greedy decoding of the run's chosen model; ``minitf.export
-    RUN FOLDER`` writes a Marian folder that Transformer.from_pretrained loads with equal logits, the same
+    RUN FOLDER`` writes a Marian folder that marian.from_pretrained loads with equal logits, the same
     tokenizer and the original folder's generation_config.json."""
     copy = tmp_path / "opus-mt-copy"
     shutil.copytree(folder, copy)
@@ -188,7 +189,7 @@ def test_a_fine_tuning_run_resumes_exactly_without_the_folder_translates_and_exp
 
     from minitf.nmt.export import main as export_main
     assert export_main([str(run), str(tmp_path / "exported")]) == 0
-    back = Transformer.from_pretrained(tmp_path / "exported")
+    back = marian.from_pretrained(tmp_path / "exported")
     ids = tokenizer.encode(sources)
     src = pad_batch(ids, tokenizer.pad_id, eos_id=tokenizer.eos_id)
     tgt = pad_batch(tokenizer.encode_target(["I am hungry .", "The dog", "We eat 3 apples ?", "today"]),
@@ -241,7 +242,6 @@ def test_the_command_reads_the_weights_once(folder, data, tmp_path, monkeypatch)
     """``python train.py`` on one process checks the command line before it runs (``launch``), then runs: the
     folder's weights are read once, in the checks, and the trainer starts from those arrays."""
     import time
-    from minitf import marian
     from minitf.train import launch, run
     reads, read_state = [], marian.read_state
     monkeypatch.setattr(marian, "read_state", lambda path: reads.append(path) or read_state(path))

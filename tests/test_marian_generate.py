@@ -1,7 +1,7 @@
 """Decoding a Marian folder equals transformers' ``generate``: a small random ``MarianMTModel`` made here (no
 download) is saved with ``save_pretrained`` beside tokenizer files made in the test (tests/marian_files.py) and
 an opus-mt generation_config.json (num_beams 4, a short max_length so that some outputs end by the forced eos
-and others by their own, pad banned, renormalized), then read by ``minitf.Transformer.from_pretrained``: greedy
+and others by their own, pad banned, renormalized), then read by ``minitf.nmt.marian.from_pretrained``: greedy
 decoding equals ``generate(num_beams=1)`` and beam search with the folder's rules
 (:class:`minitf.nmt.decode.HuggingFaceRules`) equals ``generate(num_beams=4)`` token for token on 15 sentences,
 with the folder's length_penalty and early_stopping and with others; the translated text equals
@@ -16,6 +16,7 @@ pytest.importorskip("safetensors", reason=REASON)
 pytest.importorskip("sentencepiece", reason=REASON)
 
 import minitf  # noqa: E402
+from minitf.nmt import marian  # noqa: E402
 from minitf.nmt.data import pad_batch  # noqa: E402
 from minitf.nmt.decode import HuggingFaceRules, beam_search, greedy_decode, translate_texts  # noqa: E402
 from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config  # noqa: E402
@@ -45,8 +46,8 @@ def ours(folder):
     from minitf import backend
 
     with backend.default_dtype("float64"):
-        model = minitf.Transformer.from_pretrained(folder, dtype="float64")
-    return model, MarianTokenizer.from_folder(folder), read_generation_config(folder, model.hf_config)
+        model, hf_config = marian.read(folder, dtype="float64")
+    return model, MarianTokenizer.from_folder(folder), read_generation_config(folder, hf_config)
 
 
 def hf_outputs(hf, texts, **options):
@@ -72,13 +73,13 @@ def test_the_folder_reads_as_opus_mt(ours, hf):
     """The folder's settings come through (beam 4, max_length 16 less the start, pad banned, forced eos,
     renormalized) and the batches are the same."""
     model, tokenizer, settings = ours
-    pad = model.config["pad_id"]
+    pad = model.config.pad_id
     assert settings.num_beams == 4 and settings.max_len == MAX_LENGTH - 1 and settings.min_len == 0
     assert settings.rules == HuggingFaceRules(length_penalty=1.0, early_stopping=False, renormalize=True,
                                               forced_eos=True, banned_ids=(pad,))
     texts = sentences()
     assert (source(ours, texts) == hf[1](texts, padding=True, return_tensors="np")["input_ids"]).all()
-    assert model.config["decoder_start_id"] == pad and model.config["eos_id"] == 0
+    assert model.config.decoder_start_id == pad and model.config.eos_id == 0
 
 
 def test_greedy_equals_generate(ours, hf):
@@ -137,7 +138,7 @@ def test_banned_words_are_banned_as_generate_bans_them(ours, hf):
     plain = hf_outputs(hf, texts, num_beams=1)
     tokens = [t for ids in plain for t in ids]
     frequent = max(set(tokens), key=tokens.count)
-    pad = model.config["pad_id"]
+    pad = model.config.pad_id
     expected = hf_outputs(hf, texts, num_beams=1, bad_words_ids=[[pad], [frequent]])
     rules = HuggingFaceRules(1.0, False, True, True, banned_ids=(pad, frequent))
     got = greedy_decode(model, source(ours, texts), max_len=settings.max_len, rules=rules)
@@ -152,7 +153,7 @@ def test_a_written_pad_is_read_as_generate_reads_it(ours, hf):
     model, tokenizer, settings = ours
     texts = sentences(6)
     texts[1], texts[4] = "<pad>", "Wir essen <pad> 3 Äpfel am 12. Mai"
-    pad = model.config["pad_id"]
+    pad = model.config.pad_id
     assert all(pad in ids for ids in tokenizer.encode([texts[1], texts[4]]))
     src = source(ours, texts)
     batch = hf[1](texts, padding=True, return_tensors="pt")

@@ -1,6 +1,6 @@
 """minitf's Transformer against Hugging Face's Marian (``transformers.MarianMTModel``, the opus-mt models):
 a small MarianMTModel with random weights, made here (no download), saved with ``save_pretrained`` and
-read by ``minitf.Transformer.from_pretrained``, gives the same logits, loss and gradient of every
+read by ``minitf.nmt.marian.from_pretrained``, gives the same logits, loss and gradient of every
 parameter as PyTorch's autograd, in float64, on a batch with padding on both sides; a folder holding only
 ``pytorch_model.bin`` reads the same through torch's weights-only loader; and what ``save_pretrained``
 writes loads in transformers with the same logits.
@@ -20,7 +20,8 @@ transformers = pytest.importorskip("transformers", reason=REASON)
 pytest.importorskip("safetensors", reason=REASON)
 
 import minitf  # noqa: E402
-from minitf import backend, marian  # noqa: E402
+from minitf import backend  # noqa: E402
+from minitf.nmt import marian  # noqa: E402
 from minitf.layers import sinusoidal_table  # noqa: E402
 from minitf.testing import seeds  # noqa: E402
 from tests.helpers import relative_difference  # noqa: E402
@@ -113,12 +114,12 @@ def test_logits_loss_and_every_gradient_equal_hugging_face_marian(config, seed, 
     hf = hf_marian(seed % 2**31, **config)
     hf.save_pretrained(folder)
     hf = in_float64(hf)
-    model = minitf.Transformer.from_pretrained(folder)
+    model = marian.from_pretrained(folder)
     c = hf.config
     assert model.src_embed.weight.data.dtype == np.float64
-    assert model.config["positions"] == "halves" and model.config["output_bias"]
-    assert model.config["activation"] == marian.HF_ACTIVATIONS[c.activation_function]
-    assert model.config["share_embeddings"] == c.share_encoder_decoder_embeddings
+    assert model.config.positions == "halves" and model.config.output_bias
+    assert model.config.activation == marian.HF_ACTIVATIONS[c.activation_function]
+    assert model.config.share_embeddings == c.share_encoder_decoder_embeddings
     assert (model.generator.weight is model.tgt_embed.weight) == c.tie_word_embeddings
     pad = c.pad_token_id
     src, labels, tgt_in = padded_batch(seed, c.vocab_size, c.decoder_vocab_size, pad)
@@ -172,7 +173,7 @@ def test_a_folder_with_only_pytorch_model_bin_reads_through_weights_only(tmp_pat
     state = hf.state_dict()
     assert {"lm_head.weight", "model.encoder.embed_positions.weight"} <= set(state)
     torch.save(state, tmp_path / "pytorch_model.bin")
-    model = minitf.Transformer.from_pretrained(tmp_path)
+    model = marian.from_pretrained(tmp_path)
     src, _, tgt_in = padded_batch(1, 100, 100, 99)
     with minitf.no_grad():
         ours = backend.to_numpy(model(src, tgt_in))
@@ -185,8 +186,8 @@ def test_save_pretrained_writes_what_transformers_writes_and_loads_with_the_same
     hf.save_pretrained(first)
     for name in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json"):  # as the tokenizer would
         (first / name).write_bytes(f"the {name} file".encode())
-    model = minitf.Transformer.from_pretrained(first, dtype="float32")
-    model.save_pretrained(second)
+    model, hf_config = marian.read(first, dtype="float32")
+    marian.save_pretrained(model, second, hf_config, source=first)
 
     safetensors = pytest.importorskip("safetensors.numpy")
     written, original = safetensors.load_file(str(second / "model.safetensors")), \
@@ -199,7 +200,7 @@ def test_save_pretrained_writes_what_transformers_writes_and_loads_with_the_same
     back = in_float64(transformers.MarianMTModel.from_pretrained(second).eval())
     src, _, tgt_in = padded_batch(2, 100, 100, 99)
     with backend.default_dtype("float64"):
-        model64 = minitf.Transformer.from_pretrained(second)
+        model64 = marian.from_pretrained(second)
     with minitf.no_grad():
         ours = backend.to_numpy(model64(src, tgt_in))
     assert relative_difference(ours, logits_of(back, src, tgt_in, 99)) < RTOL
@@ -216,7 +217,7 @@ def test_a_paper_model_is_written_exactly_with_its_interleaved_sinusoids_permute
                                d_ff=20, dropout=0.0).eval()
     for p in model.parameters():  # every parameter random, gains and biases too
         p.data[...] = backend.asarray(np.random.default_rng(p.size).normal(0, 0.5, p.shape))
-    model.save_pretrained(tmp_path, decoder_start_id=2, eos_id=3)
+    marian.save_pretrained(model, tmp_path, decoder_start_id=2, eos_id=3)
     hf = in_float64(transformers.MarianMTModel.from_pretrained(tmp_path).eval())
     assert hf.config.activation_function == "relu" and hf.config.decoder_start_token_id == 2
     src, labels, tgt_in = padded_batch(4, 50, 50, pad=0, eos=3)
@@ -226,20 +227,21 @@ def test_a_paper_model_is_written_exactly_with_its_interleaved_sinusoids_permute
     theirs = logits_of(hf, src, tgt_in, 0)
     real = tgt_in != 0
     assert relative_difference(ours[real], theirs[real]) < RTOL
-    read = minitf.Transformer.from_pretrained(tmp_path)  # and read back: now in Marian's layout
+    read = marian.from_pretrained(tmp_path)  # and read back: now in Marian's layout
     with minitf.no_grad():
         again = backend.to_numpy(read(src, tgt_in))
-    assert read.config["positions"] == "halves" and relative_difference(again, theirs) < RTOL
+    assert read.config.positions == "halves" and relative_difference(again, theirs) < RTOL
 
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_separate_vocabularies_are_written_back_as_transformers_reads_them(tied, tmp_path):
     first, second = tmp_path / "hf", tmp_path / "minitf"
     hf_marian(3, **SEPARATE, tie_word_embeddings=tied).save_pretrained(first)
-    minitf.Transformer.from_pretrained(first).save_pretrained(second)
+    model, hf_config = marian.read(first)
+    marian.save_pretrained(model, second, hf_config, source=first)
     back = in_float64(transformers.MarianMTModel.from_pretrained(second).eval())
     assert (back.lm_head.weight is back.model.decoder.embed_tokens.weight) == tied
-    model = minitf.Transformer.from_pretrained(second)
+    model = marian.from_pretrained(second)
     src, _, tgt_in = padded_batch(3, 90, 70, 69)
     with minitf.no_grad():
         ours = backend.to_numpy(model(src, tgt_in))

@@ -159,21 +159,22 @@ def test_without_safetensors_the_error_says_what_to_install(monkeypatch):
 # --------------------------------------------------------------------------- save_pretrained's refusals
 def gpt2_and_marian_models():
     """A small model of each kind save_pretrained writes, with the Hugging Face name of one of its tensors
-    (``poison(model)`` puts a NaN and an infinity there)."""
+    (``poison(model)`` puts a NaN and an infinity there) and its format's writer ``save(model, folder)``."""
     import minitf
-    from minitf import marian
     from minitf.gpt import GPT
+    from minitf.nmt import marian
     backend.manual_seed(0)
     gpt = GPT.preset("gpt2", 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8)
-    translation = minitf.Transformer(**marian.transformer_config(
+    translation = minitf.Transformer.from_config(marian.transformer_config(
         {"model_type": "marian", "d_model": 8, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
          "decoder_attention_heads": 2, "encoder_ffn_dim": 16, "decoder_ffn_dim": 16, "activation_function": "swish",
          "scale_embedding": True, "vocab_size": 20, "decoder_vocab_size": 20, "pad_token_id": 19,
          "decoder_start_token_id": 19, "eos_token_id": 0, "max_position_embeddings": 64,
          "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True, "dropout": 0.1}))
-    return [(gpt, lambda m: m.decoder.layers[0].feed_forward.linear1.weight.data, "transformer.h.0.mlp.c_fc.weight"),
+    return [(gpt, lambda m: m.decoder.layers[0].feed_forward.linear1.weight.data, "transformer.h.0.mlp.c_fc.weight",
+             lambda m, folder: m.save_pretrained(folder)),
             (translation, lambda m: m.decoder.layers[0].feed_forward.linear1.weight.data,
-             "model.decoder.layers.0.fc1.weight")]
+             "model.decoder.layers.0.fc1.weight", marian.save_pretrained)]
 
 
 def snapshot(folder):
@@ -184,11 +185,11 @@ def snapshot(folder):
 def test_save_pretrained_to_a_file_or_below_one_is_one_line_and_writes_nothing(tmp_path):
     (tmp_path / "file").write_text("mine")
     os.mkfifo(tmp_path / "pipe")
-    for model, _, _ in gpt2_and_marian_models():
+    for model, _, _, save in gpt2_and_marian_models():
         for where, what, blocker in [("file", "a regular file", "file"), ("file/model", "a regular file", "file"),
                                      ("pipe", "a FIFO (named pipe)", "pipe")]:
             with pytest.raises(ValueError) as error:
-                model.save_pretrained(tmp_path / where)
+                save(model, tmp_path / where)
             assert str(error.value) == (f"cannot save the model into {tmp_path / where}: {tmp_path / blocker} is "
                                         f"{what}, not a folder; give a folder (it is made if missing)")
             assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "pipe"]
@@ -197,15 +198,15 @@ def test_save_pretrained_to_a_file_or_below_one_is_one_line_and_writes_nothing(t
 
 @needs_safetensors
 def test_save_pretrained_refuses_non_finite_weights_naming_the_tensor_before_writing(tmp_path):
-    for number, (model, weight, name) in enumerate(gpt2_and_marian_models()):
+    for number, (model, weight, name, save) in enumerate(gpt2_and_marian_models()):
         folder = tmp_path / str(number)
-        model.save_pretrained(folder / "earlier")
+        save(model, folder / "earlier")
         earlier = snapshot(folder / "earlier")
         weight(model)[0, :2] = [np.nan, np.inf]
         size = weight(model).size
         for out in (folder / "new", folder / "earlier"):
             with pytest.raises(ValueError) as error:
-                model.save_pretrained(out)
+                save(model, out)
             assert str(error.value) == (f"cannot write {out / 'model.safetensors'}: tensor {name} holds 2 NaN or "
                                         f"infinite value(s) of {size}, which from_pretrained would refuse; nothing was "
                                         "written (save the weights of an earlier checkpoint)"), str(error.value)
@@ -229,7 +230,7 @@ def test_a_quoted_message_loses_its_terminal_escape_sequences():
 def test_a_refused_pytorch_pickle_is_quoted_without_escape_sequences(tmp_path):
     import torch
 
-    from minitf.marian import read_torch_weights
+    from minitf.nmt.marian import read_torch_weights
     path = tmp_path / "pytorch_model.bin"
     torch.save({"w": torch.ones(2), "odd": Odd()}, path)  # a class torch's weights-only unpickler refuses
     with pytest.raises(ValueError) as error:
@@ -473,8 +474,9 @@ def test_a_damaged_sharded_folder_is_refused_in_one_line_naming_the_file_and_ten
 
 def test_from_pretrained_refuses_bfloat16_and_other_dtypes_in_one_line(tmp_path):
     """Before: dtype="bfloat16" was a bare TypeError from NumPy ("data type 'bfloat16' not understood")."""
-    from minitf import GPT, Transformer, pretrained
-    for read in (GPT.from_pretrained, Transformer.from_pretrained):
+    from minitf import GPT, pretrained
+    from minitf.nmt import marian
+    for read in (GPT.from_pretrained, marian.from_pretrained):
         for dtype in ("bfloat16", "int32", "float128", "nonsense"):
             with pytest.raises(ValueError) as error:
                 read(tmp_path / "nowhere", dtype=dtype)  # refused before the folder is looked at
@@ -500,7 +502,8 @@ def test_a_bfloat16_folder_in_shards_from_transformers_reads_as_torch_widens_it(
     import torch
     import transformers
 
-    from minitf import GPT, Transformer
+    from minitf import GPT
+    from minitf.nmt import marian
     torch.manual_seed(0)
     if kind == "gpt2":
         config = transformers.GPT2Config(vocab_size=11, n_positions=6, n_embd=8, n_head=2, n_layer=2, bos_token_id=0,
@@ -513,7 +516,7 @@ def test_a_bfloat16_folder_in_shards_from_transformers_reads_as_torch_widens_it(
             activation_function="swish", scale_embedding=True, pad_token_id=19, decoder_start_token_id=19,
             eos_token_id=0, forced_eos_token_id=0, bos_token_id=0, dropout=0.0, attention_dropout=0.0,
             activation_dropout=0.0)
-        model, read = transformers.MarianMTModel(config), Transformer
+        model, read = transformers.MarianMTModel(config), marian
         inputs = dict(input_ids=torch.tensor([[3, 5, 7, 0]]), decoder_input_ids=torch.tensor([[19, 4, 6]]))
     model.eval()
     with torch.no_grad():

@@ -8,7 +8,6 @@ whose two entries are nearly equal is very steep (its third derivative grows lik
 eps^-1.5 = 3e7 for eps 1e-5), and the O(h^2) truncation error of the central
 difference reaches a few 1e-7: seen once in CI at d_model 2. A wrong backward is
 off by O(1), far above either tolerance."""
-import dataclasses
 
 import pytest
 from hypothesis import given, strategies as st
@@ -200,10 +199,9 @@ def test_shared_embedding_is_one_parameter():
 
 def test_the_papers_model_is_the_default_and_each_marian_option_changes_its_one_part():
     paper = minitf.Transformer(11, 11, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8)
-    assert paper.config == dataclasses.asdict(minitf.TransformerConfig(11, 11, d_model=4, num_heads=2,
-                                                                       num_encoder_layers=1, num_decoder_layers=1,
-                                                                       d_ff=8))
-    assert (paper.config["activation"], paper.config["positions"], paper.generator.bias) == ("relu", "interleaved", None)
+    assert paper.config == minitf.TransformerConfig(11, 11, d_model=4, num_heads=2, num_encoder_layers=1,
+                                                    num_decoder_layers=1, d_ff=8)
+    assert (paper.config.activation, paper.config.positions, paper.generator.bias) == ("relu", "interleaved", None)
     assert paper.src_embed.scale == 2.0 and paper.src_embed.padding_idx is None
     marian = minitf.Transformer(11, 11, d_model=4, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=8,
                                 pad_id=10, activation="silu", positions="halves", output_bias=True,
@@ -215,7 +213,7 @@ def test_the_papers_model_is_the_default_and_each_marian_option_changes_its_one_
             for layer in list(marian.encoder.layers) + list(marian.decoder.layers)} == {"SiLU"}
     assert {m.eps for m in marian.modules() if isinstance(m, LayerNorm)} == {1e-6}
     assert marian.positional.layout == "halves" and marian.src_embed.scale == 1.0 and marian.src_embed.padding_idx == 10
-    assert marian.config["decoder_start_id"] == 10 and marian.config["eos_id"] == 0
+    assert marian.config.decoder_start_id == 10 and marian.config.eos_id == 0
 
 
 def test_a_decoder_that_starts_from_pad_sees_it_only_without_target_padding_masks():

@@ -166,7 +166,7 @@ def marian(tmp_path_factory):
     translations of them in float32 (as the command decodes) with the rules its files give, read here
     independently of the command: beam 4 and greedy."""
     pytest.importorskip("transformers")
-    from minitf import Transformer
+    from minitf.nmt.marian import from_pretrained
     from minitf.nmt.decode import HuggingFaceRules, translate_texts
     from minitf.nmt.marian_tokenizer import MarianTokenizer
     from tests.marian_files import MAX_LENGTH, make_marian_folder, sentences
@@ -175,7 +175,7 @@ def marian(tmp_path_factory):
     folder = make_marian_folder(base / "opus-mt-tiny")
     texts = sentences()
     (base / "src.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    model, tokenizer = Transformer.from_pretrained(folder), MarianTokenizer.from_folder(folder)
+    model, tokenizer = from_pretrained(folder), MarianTokenizer.from_folder(folder)
     rules = HuggingFaceRules(length_penalty=1.0, early_stopping=False, renormalize=True, forced_eos=True,
                              banned_ids=(tokenizer.pad_id,))
     expected = {beam: translate_texts(model, tokenizer, texts, beam, max_len=MAX_LENGTH - 1, min_len=0, rules=rules)

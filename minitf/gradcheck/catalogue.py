@@ -204,7 +204,7 @@ def _silu(rng):  # Marian's activation (Hugging Face's "swish")
 
 @layer("marian")
 def _marian(rng):
-    """The Transformer with Marian's options (opus-mt's shape, Transformer.from_pretrained): SiLU, [sin | cos]
+    """The Transformer with Marian's options (opus-mt's shape, minitf.nmt.marian.from_pretrained): SiLU, [sin | cos]
     halves, an output bias, no target-padding mask, pad = the last id and the decoder's start token. Not its
     frozen pad row (freeze_pad_embedding): that is on purpose not the function's gradient (tests/test_layers.py)."""
     pad = V - 1

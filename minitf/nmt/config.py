@@ -1,7 +1,9 @@
 """The translation kind's part of the run config: its presets (the paper's Table 3 and the CPU default), the
 checks of its own fields (``TranslationKind.config_fields``), and the model a run's config describes
 (:func:`model_config`). Read by its kind (:mod:`minitf.nmt.kind`), its task and its trainer."""
-from minitf import marian
+import dataclasses
+
+from minitf.nmt import marian
 from minitf.training.config import MODEL_FIELDS
 from minitf.training.errors import UsageError
 from minitf.training.tokenizer import PAD_ID
@@ -56,9 +58,9 @@ def _validate_marian(config):
         positions = marian.max_positions(config.marian["config"], where)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    shape = {name: args[name] for name in ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers",
-                                           "d_ff", "pre_norm")}
-    shape["vocab_size"] = args["src_vocab_size"]
+    shape = {name: getattr(args, name) for name in ("d_model", "num_heads", "num_encoder_layers",
+                                                    "num_decoder_layers", "d_ff", "pre_norm")}
+    shape["vocab_size"] = args.src_vocab_size
     wrong = [f"{name} {getattr(config, name)!r} (the folder's: {value!r})" for name, value in shape.items()
              if getattr(config, name) != value]
     if wrong:
@@ -71,14 +73,14 @@ def _validate_marian(config):
 
 def model_config(config, vocab_size):
     """A run's TransformerConfig: one shared vocabulary, tied embeddings (paper 3.4), the tokenizer's pad id.
-    A run fine-tuned from a Marian folder: the folder's model (its config.json, :func:`minitf.marian.
+    A run fine-tuned from a Marian folder: the folder's model (its config.json, :func:`minitf.nmt.marian.
     transformer_config`: Marian's options, its vocabulary and ids) with the run's dropout."""
     from minitf.transformer import TransformerConfig
     if config.marian is not None:
-        args = marian.transformer_config(config.marian["config"])
-        if vocab_size > args["src_vocab_size"]:
-            raise ValueError(f"the tokenizer has {vocab_size} ids, the Marian model {args['src_vocab_size']}")
-        return TransformerConfig(**dict(args, dropout=config.dropout))
+        folder = marian.transformer_config(config.marian["config"])
+        if vocab_size > folder.src_vocab_size:
+            raise ValueError(f"the tokenizer has {vocab_size} ids, the Marian model {folder.src_vocab_size}")
+        return dataclasses.replace(folder, dropout=config.dropout)
     return TransformerConfig(src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
                              **{k: getattr(config, k) for k in MODEL_FIELDS},
                              share_embeddings=True, pad_id=PAD_ID)

@@ -123,9 +123,9 @@ def _stop_divisor(t, max_lens, alpha, rules):
 
 def _special_ids(model, bos_id, eos_id, pad_id):
     """The start, eos and pad ids: those given, else the model's (``model.config``), else minitf's tokenizer's."""
-    config = getattr(model, "config", {})
+    config = getattr(model, "config", None)
     pick = (lambda given, key, default: given if given is not None else
-            config.get(key) if config.get(key) is not None else default)
+            getattr(config, key, None) if getattr(config, key, None) is not None else default)
     return pick(bos_id, "decoder_start_id", BOS_ID), pick(eos_id, "eos_id", EOS_ID), pick(pad_id, "pad_id", PAD_ID)
 
 
@@ -172,7 +172,7 @@ def _prepare(model, src_ids, max_len, max_len_offset, pad_id):
         for i, row in enumerate(rows):
             padded[i, :len(row)] = row
         src_ids = padded
-    src = check_ids(src_ids, "src_ids", model.config["src_vocab_size"])
+    src = check_ids(src_ids, "src_ids", model.config.src_vocab_size)
     B, S = src.shape
     if lengths is not None:
         src_mask = backend.asarray(backend.host.arange(S)[None, :] >= lengths[:, None])
@@ -360,7 +360,7 @@ def beam_search_nbest(model, src_ids, beam_size=4, n_best=None, alpha=0.6, max_l
         fin_seqs = xp.full((B, nf, width), pad_id, dtype=src.dtype)
         active = backend.host.arange(B)
         rank = xp.arange(2 * K)[None, :]                         # (1, 2K)
-        V = model.config["tgt_vocab_size"]
+        V = model.config.tgt_vocab_size
         for t in range(steps):
             n = len(active)
             prefix = None if cache is not None else seqs[:, :, :t + 1].reshape(n * K, t + 1)
@@ -484,7 +484,7 @@ def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))   # little padding per batch
     outputs = [None] * len(ids)
     config = model.config
-    own = lambda key, fallback: config.get(key) if config.get(key) is not None else fallback  # noqa: E731
+    own = lambda key, fallback: getattr(config, key) if getattr(config, key) is not None else fallback  # noqa: E731
     special = dict(bos_id=own("decoder_start_id", tokenizer.bos_id), eos_id=own("eos_id", tokenizer.eos_id),
                    pad_id=tokenizer.pad_id)
     with inference_mode(model):

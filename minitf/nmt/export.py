@@ -3,7 +3,7 @@
 RUN is a run folder of ``train.py`` (its ``best.json`` choice, else its newest good checkpoint) or one
 checkpoint folder. FOLDER (new, or empty) receives what ``transformers.MarianMTModel.from_pretrained`` and
 ``MarianTokenizer.from_pretrained`` read: config.json, model.safetensors, generation_config.json and the
-tokenizer's files. The model is written exactly (:func:`minitf.marian.write`): the paper's interleaved
+tokenizer's files. The model is written exactly (:func:`minitf.nmt.marian.save_pretrained`): the paper's interleaved
 sinusoids become Marian's [sin | cos] halves by a fixed permutation of the model axis, minitf's BOS
 becomes ``decoder_start_token_id``, its pad and eos ids the config's. minitf's joint sentencepiece
 tokenizer becomes ``source.spm`` = ``target.spm`` and a ``vocab.json`` mapping each piece to minitf's id,
@@ -16,9 +16,10 @@ uses its own length penalty (generation_config.json: length_penalty 1.0), not th
 import pathlib
 import sys
 
-from minitf import marian, pretrained
+from minitf import pretrained
 from minitf.loader import load
 from minitf.pretrained import is_hugging_face_folder
+from minitf.nmt import marian
 from minitf.nmt.kind import KIND
 from minitf.training.errors import OneLineParser, UsageError, report_errors
 from minitf.training.tokenizer import BOS_ID, EOS_ID, Tokenizer
@@ -94,12 +95,12 @@ def export(run, folder, warn=None):
     else:
         raise UsageError(f"{run}: its tokenizer ({type(tokenizer).__name__}) has no Marian files; "
                          "only translation runs can be exported")
-    hf = marian.hf_config(model, getattr(model, "hf_config", None), BOS_ID, EOS_ID)
+    hf = marian.config_json(model, loaded.hf_config, BOS_ID, EOS_ID)  # a fine-tuned Marian folder's entries kept
     # a run fine-tuned from a Marian folder: that folder's generation_config.json, kept in the run
     generation = ((config.get("marian") or {}).get("generation")
                   or marian.generation_config(hf, num_beams=int(config.get("beam", 4))))
-    marian.write(model, folder, decoder_start_id=BOS_ID, eos_id=EOS_ID, generation=generation,
-                 tokenizer_files=files or {})
+    marian.save_pretrained(model, folder, loaded.hf_config, decoder_start_id=BOS_ID, eos_id=EOS_ID,
+                           generation=generation, tokenizer_files=files or {})
     if files is None:
         tokenizer.save(folder)
     return meta

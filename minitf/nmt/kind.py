@@ -4,8 +4,7 @@ asks of a kind (:class:`minitf.training.kind.Kind`): its presets, its own run-co
 its model and tokenizer from a checkpoint, a Marian folder read whole, and its ``train.py`` task."""
 import pathlib
 
-from minitf import marian
-from minitf.nmt import config as config_checks
+from minitf.nmt import config as config_checks, marian
 from minitf.nmt.config import PRESETS
 from minitf.training.kind import Kind, Loaded
 
@@ -39,13 +38,9 @@ class TranslationKind(Kind):
         return read_tokenizer(data, origin)
 
     def build_model(self, config, vocab_size):
-        """The Transformer of a run (a run fine-tuned from a Marian folder: that folder's model, which keeps the
-        folder's config.json as ``hf_config`` for an export, as ``Transformer.from_pretrained`` does)."""
+        """The Transformer of a run (a run fine-tuned from a Marian folder: that folder's model)."""
         from minitf.transformer import Transformer
-        model = Transformer.from_config(self.model_config(config, vocab_size))
-        if config.marian is not None:
-            model.hf_config = dict(config.marian["config"])
-        return model
+        return Transformer.from_config(self.model_config(config, vocab_size))
 
     def min_parameters(self, config, vocab_size):
         d, f = config.d_model, config.d_ff  # embeddings, each layer's attentions (4 D x D each) and feed-forward
@@ -54,26 +49,28 @@ class TranslationKind(Kind):
 
     def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
         from minitf.nmt.decode import DecodingSettings
+        # a run fine-tuned from a Marian folder keeps that folder's config.json: an export writes its entries back
+        hf = None if config.marian is None else dict(config.marian["config"])
         return Loaded(model, tokenizer, self, pathlib.Path(source), DecodingSettings(), run_dir, checkpoint, meta,
-                      config.max_len, "its training's cap, --max-len: longer sentences were skipped")
+                      config.max_len, "its training's cap, --max-len: longer sentences were skipped", hf_config=hf)
 
     def load_folder(self, folder, warn=None):
         """A Marian folder: the tokenizer's files first (a missing one is named before the weights are read),
         checked against config.json by the check of ``train.py --init-from`` (:meth:`MarianTokenizer.check_fits`,
         which :func:`minitf.nmt.marian_tokenizer.check_tokenizer` runs), then the model, then
-        generation_config.json's decoding settings."""
+        generation_config.json's decoding settings. The folder's config.json travels in ``Loaded.hf_config`` and
+        its path in ``Loaded.source`` (what :func:`minitf.nmt.marian.save_pretrained` takes to write them back)."""
         from minitf.nmt.decode import DecodingSettings
         from minitf.nmt.marian_tokenizer import MarianTokenizer, read_generation_config
-        from minitf.transformer import Transformer
         folder = pathlib.Path(folder)
         tokenizer = MarianTokenizer.from_folder(folder)
         tokenizer.check_fits(marian.read_folder_config(folder)[1], folder)  # before the weights are read
-        model = Transformer.from_pretrained(folder)  # minitf's own safetensors reader: no package needed
-        settings = read_generation_config(folder, model.hf_config)
+        model, hf = marian.read(folder)  # minitf's own safetensors reader: no package needed
+        settings = read_generation_config(folder, hf)
         decoding = DecodingSettings(beam_size=settings.num_beams, alpha=settings.rules.length_penalty,
                                     max_len=settings.max_len, min_len=settings.min_len, rules=settings.rules)
-        return Loaded(model, tokenizer, self, folder, decoding, context=marian.max_positions(model.hf_config),
-                      context_why="its position table, max_position_embeddings")
+        return Loaded(model, tokenizer, self, folder, decoding, context=marian.max_positions(hf),
+                      context_why="its position table, max_position_embeddings", hf_config=hf)
 
 
 KIND = TranslationKind()

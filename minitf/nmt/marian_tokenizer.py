@@ -218,21 +218,21 @@ class MarianTokenizer:
         return max(self.target_vocab.values()) + 1
 
     def check_fits(self, model, folder):
-        """A one-line DataError, naming the file, where the tokenizer does not fit ``model`` (the Transformer's
-        arguments, from the folder's config.json): an id of vocab.json (target_vocab.json) beyond the source
+        """A one-line DataError, naming the file, where the tokenizer does not fit ``model`` (the
+        :class:`minitf.TransformerConfig` of the folder's config.json): an id of vocab.json (target_vocab.json) beyond the source
         (target) vocabulary; a pad or eos id (vocab.json's id of tokenizer_config.json's token) not
         config.json's pad_token_id, eos_token_id; the target vocabulary's special ids not the source's. Each is
         another model's files; the model would mask one pad and the batches pad with another."""
         folder = pathlib.Path(folder)
-        for what, ids, vocab in (("vocab.json", self.vocab_size, model["src_vocab_size"]),
+        for what, ids, vocab in (("vocab.json", self.vocab_size, model.src_vocab_size),
                                  ("target_vocab.json" if self.separate_vocabs else "vocab.json",
-                                  self.target_vocab_size, model["tgt_vocab_size"])):
+                                  self.target_vocab_size, model.tgt_vocab_size)):
             if ids > vocab:
                 raise DataError(f"{folder / what} has ids up to {ids - 1} but the model's vocabulary "
                                 f"has {vocab}; the tokenizer's files belong to another model: copy this model's")
         ours = {"pad_token_id": self.pad_id, "eos_token_id": self.eos_id}
-        eos = model.get("eos_id")
-        theirs = {"pad_token_id": model["pad_id"], "eos_token_id": self.eos_id if eos is None else eos}
+        eos = model.eos_id
+        theirs = {"pad_token_id": model.pad_id, "eos_token_id": self.eos_id if eos is None else eos}
         target = {"pad_token_id": self.target_pad_id, "eos_token_id": self.target_eos_id}
         wrong = [f"config.json's {key} {theirs[key]} (the tokenizer's: {ours[key]})" for key in ours
                  if ours[key] != theirs[key]]
@@ -303,8 +303,8 @@ class MarianTokenizer:
 
 
 def check_tokenizer(folder, model):
-    """The Marian tokenizer of ``folder``, checked against its model (``model``: the Transformer's arguments of
-    its config.json; :meth:`MarianTokenizer.check_fits`). The one check of every command that reads a Marian
+    """The Marian tokenizer of ``folder``, checked against its model (``model``: the TransformerConfig of its
+    config.json; :meth:`MarianTokenizer.check_fits`). The one check of every command that reads a Marian
     folder: ``translate``, ``inspect``, ``export`` (:meth:`minitf.nmt.kind.TranslationKind.load_folder`) and
     ``train.py --init-from``. A one-line DataError names the file."""
     tokenizer = MarianTokenizer.from_folder(folder)

@@ -5,9 +5,9 @@ run's data, and :class:`TranslationTrainer`. The interface is :class:`minitf.tra
 import os
 import pathlib
 
-from minitf import backend, marian
+from minitf import backend
 from minitf.pretrained import model_type
-from minitf.nmt import corpora, prepare
+from minitf.nmt import corpora, marian, prepare
 from minitf.nmt.corpora import default_corpus_splits
 from minitf.nmt.config import model_config
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
@@ -125,9 +125,9 @@ class TranslationTask(Task):
             self.read_once(weights, lambda: marian.read_state(folder)[2])
         except ValueError as error:
             raise DataError(f"--init-from {folder}: {error}") from None
-        return dict(d_model=model["d_model"], num_heads=model["num_heads"],
-                    num_encoder_layers=model["num_encoder_layers"], num_decoder_layers=model["num_decoder_layers"],
-                    d_ff=model["d_ff"], pre_norm=False, vocab_size=model["src_vocab_size"], tokenizer="pretrained", init_from=str(folder.resolve()),
+        return dict(d_model=model.d_model, num_heads=model.num_heads,
+                    num_encoder_layers=model.num_encoder_layers, num_decoder_layers=model.num_decoder_layers,
+                    d_ff=model.d_ff, pre_norm=False, vocab_size=model.src_vocab_size, tokenizer="pretrained", init_from=str(folder.resolve()),
                     marian={"config": hf, "generation": generation},
                     lr_scale=args.lr_scale or FINE_TUNE_LR_SCALE)
 

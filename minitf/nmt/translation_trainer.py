@@ -7,9 +7,9 @@ from its weights, with its tokenizer (kept in the run's tokenizer.model: :func:`
 import pathlib
 import time
 
-from minitf import marian
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.transformer import Transformer
+from minitf.nmt import marian
 from minitf.nmt.config import model_config
 from minitf.nmt.data import token_batches
 from minitf.nmt.bleu import bleu_from_stats, bleu_stats, bootstrap_wins

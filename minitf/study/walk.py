@@ -175,7 +175,7 @@ def translation_walk(tracer, model):
     """The :class:`Walk` of a :class:`minitf.Transformer`'s backward (the encoder-decoder), for every layer
     from the top down, post-LN or pre-LN (with each stack's final LayerNorm)."""
     w, config = Walk(tracer), model.config
-    pre_norm = config["pre_norm"]
+    pre_norm = config.pre_norm
     tied = model.generator.weight is model.src_embed.weight and model.tgt_embed is model.src_embed
     use = _uses(3, tied)
     scale = " sqrt(D)" if model.src_embed.scale != 1.0 else ""
@@ -191,7 +191,7 @@ def translation_walk(tracer, model):
         w.section("the decoder's final LayerNorm (pre-LN)")
         w.step("decoder.final_norm: dy of the last block = LN'(dh)", "decoder.final_norm", "dx", "stream",
                (Decoder.backward, "dx = self.final_norm.backward(dy)"))
-    layers = config["num_decoder_layers"]
+    layers = config.num_decoder_layers
     for l in reversed(range(layers)):
         dec = f"decoder.layers.{l}"
         w.section(f"decoder layer {l}, top block first: feed-forward")
@@ -211,7 +211,7 @@ def translation_walk(tracer, model):
            (Transformer.backward, "dtgt_embedded = self.positional.backward"))
     w.step(f"tgt_embed: W.grad[ids] +={scale} dy ({use(2)})", target_embed, "weight", "weight", EMBEDDING)
     w.point("encoder out", "encoder", "dy")
-    top = config["num_encoder_layers"] - 1
+    top = config.num_encoder_layers - 1
     w.section(f"encoder layer {top}, from the memory down: feed-forward")
     w.step("encoder: dy = dmemory", "encoder", "dy", "stream",
            (Transformer.backward, "dx = self.encoder.backward(dmemory)"))

@@ -1,14 +1,16 @@
-"""Hugging Face Marian folders (the opus-mt translation models) in and out of :class:`minitf.Transformer`.
+"""Hugging Face Marian folders (the opus-mt translation models) in and out of :class:`minitf.Transformer`: the
+translation kind's Hugging Face format (the core model knows no file format).
 
 A Marian model is the paper's encoder-decoder with a few differences, each an option of the
 Transformer with the paper's value as its default (the table in ``Transformer``'s docstring):
 the feed-forward's activation is swish (SiLU), the logits have a bias (``final_logits_bias``), the
 sinusoids are laid out as [sin | cos] halves, the decoder starts from the padding token (so the
 target's padding is not masked: only the causal mask applies) and the pad id is the vocabulary's
-last. ``read(folder)`` builds the model of a folder (``config.json``, ``model.safetensors`` through
+last. ``from_pretrained(folder)`` builds the model of a folder (``config.json``, ``model.safetensors`` through
 :mod:`minitf.pretrained`, or ``pytorch_model.bin`` through ``torch.load(weights_only=True)`` where
-torch is installed); ``write(model, folder)`` writes one that ``transformers.MarianMTModel`` loads.
-``Transformer.from_pretrained`` and ``Transformer.save_pretrained`` call them.
+torch is installed; :func:`read` gives the config.json read beside it); ``save_pretrained(model, folder)``
+writes one that ``transformers.MarianMTModel`` loads. Nothing is attached to the model: what a folder had
+beyond it (its config.json's other entries, its tokenizer's files) is given to the writer as arguments.
 
 Layouts: Hugging Face's ``nn.Linear`` stores W as (out, in) with y = x W^T + b, minitf's ``Linear``
 as (in, out) with y = x W + b, so every matrix is transposed on the way; minitf's attention holds
@@ -25,6 +27,7 @@ import pathlib
 from minitf import backend, pretrained
 from minitf.atomic import write_atomic
 from minitf.layers import sinusoidal_table
+from minitf.transformer import Transformer, TransformerConfig
 
 np = backend.host  # files are read and written on the host
 
@@ -44,7 +47,8 @@ LEGACY_FIXED = {"normalize_before": False, "add_final_layer_norm": False, "norma
 ZERO_ONLY = ("attention_dropout", "activation_dropout", "encoder_layerdrop", "decoder_layerdrop")
 #: LayerNorm's epsilon in Hugging Face's Marian (torch.nn.LayerNorm's default; not in config.json)
 LAYER_NORM_EPS = 1e-5
-#: The tokenizer's files a Marian folder may hold, copied by ``write`` from the folder a model was read from.
+#: The tokenizer's files a Marian folder may hold, copied by ``save_pretrained`` from the folder a model was read
+#: from.
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json", "tokenizer_config.json",
                    "special_tokens_map.json")
 #: Tolerance of a position table stored in a file against the sinusoids minitf computes: float32 rounding of
@@ -53,10 +57,10 @@ POSITION_TABLE_ATOL = 1e-6
 
 
 # --------------------------------------------------------------------------- #
-# config.json -> the Transformer's arguments
+# config.json -> the Transformer's config
 # --------------------------------------------------------------------------- #
 def transformer_config(hf, where="config.json", training=False):
-    """The :class:`minitf.Transformer` arguments of a Marian config.json dict. A ValueError (one line,
+    """The :class:`minitf.TransformerConfig` of a Marian config.json dict. A ValueError (one line,
     naming the key, its value and the fix) for a missing or mistyped value or one minitf does not compute
     (with ``training``, fine-tuning's: also a training-only dropout of :data:`ZERO_ONLY` above 0)."""
     def value(key, kind, default=pretrained.REQUIRED, **checks):
@@ -94,7 +98,7 @@ def transformer_config(hf, where="config.json", training=False):
                              f"sublayer outputs and embeddings only, 'dropout'): set {key} to 0.0 to fine-tune "
                              "(translating ignores it: dropout is off there)")
     min_vocab = min(vocab, tgt_vocab)
-    return dict(
+    return TransformerConfig(
         src_vocab_size=vocab, tgt_vocab_size=tgt_vocab, d_model=d_model, num_heads=heads["encoder"],
         num_encoder_layers=value("encoder_layers", "int", low=1), num_decoder_layers=value("decoder_layers", "int", low=1),
         d_ff=ffn["encoder"], dropout=float(value("dropout", "float", default=0.1, low=0.0, high=0.99)),
@@ -127,7 +131,8 @@ def _attentions(side):
 def _layers(config):
     """(Hugging Face prefix, minitf prefix, side) of every encoder and decoder layer."""
     return [(f"model.{side}.layers.{i}.", f"{side}.layers.{i}.", side)
-            for side in ("encoder", "decoder") for i in range(config[f"num_{side}_layers"])]
+            for side in ("encoder", "decoder")
+            for i in range(config.num_encoder_layers if side == "encoder" else config.num_decoder_layers)]
 
 
 def _layer_names(hf, ours, side):
@@ -149,11 +154,11 @@ def _layer_names(hf, ours, side):
 
 def expected_shapes(config):
     """``{Hugging Face name: shape}`` of every tensor ``MarianMTModel.save_pretrained`` writes for a model of
-    ``config`` (the Transformer's arguments): final_logits_bias, the embedding(s), every layer's."""
-    D, F = config["d_model"], config["d_ff"]
-    V, V_tgt = config["src_vocab_size"], config["tgt_vocab_size"]
+    ``config`` (a TransformerConfig): final_logits_bias, the embedding(s), every layer's."""
+    D, F = config.d_model, config.d_ff
+    V, V_tgt = config.src_vocab_size, config.tgt_vocab_size
     shapes = {"final_logits_bias": (1, V_tgt)}
-    if config["share_embeddings"]:
+    if config.share_embeddings:
         shapes["model.shared.weight"] = (V, D)
     else:
         shapes.update({"model.encoder.embed_tokens.weight": (V, D), "model.decoder.embed_tokens.weight": (V_tgt, D),
@@ -171,7 +176,7 @@ def expected_shapes(config):
 
 def _aliases(config):
     """``{alias: the name it repeats}``: tensors an older file (torch.save of a state dict) may carry twice."""
-    if config["share_embeddings"]:
+    if config.share_embeddings:
         return {name: "model.shared.weight" for name in
                 ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")}
     return {}
@@ -186,11 +191,11 @@ def hf_to_minitf_state(weights, config, path="model.safetensors"):
     shapes, aliases of the embedding that differ from it, position tables that are not the sinusoids minitf
     computes. A missing final_logits_bias is zeros (as transformers reads it)."""
     pretrained.check_layer_counts(weights, {
-        "encoder_layers": (config["num_encoder_layers"], r"model\.encoder\.layers\.(\d+)\."),
-        "decoder_layers": (config["num_decoder_layers"], r"model\.decoder\.layers\.(\d+)\.")}, path)
+        "encoder_layers": (config.num_encoder_layers, r"model\.encoder\.layers\.(\d+)\."),
+        "decoder_layers": (config.num_decoder_layers, r"model\.decoder\.layers\.(\d+)\.")}, path)
     shapes = expected_shapes(config)
     aliases = _aliases(config)
-    if not config["share_embeddings"] and config["tie_target_output"]:
+    if not config.share_embeddings and config.tie_target_output:
         aliases["lm_head.weight"] = "model.decoder.embed_tokens.weight"
     optional = {"final_logits_bias", *aliases, *POSITION_TABLES}
     missing = sorted(set(shapes) - set(weights) - optional)
@@ -205,7 +210,7 @@ def hf_to_minitf_state(weights, config, path="model.safetensors"):
         if alias in weights and target in weights and not np.array_equal(weights[alias], weights[target]):
             raise ValueError(f"{path}: {alias} differs from {target}, which it must repeat (tied weights); "
                              "the file is damaged or of another model")
-    D = config["d_model"]
+    D = config.d_model
     for name in POSITION_TABLES:
         if name in weights:
             table = weights[name]
@@ -220,12 +225,12 @@ def hf_to_minitf_state(weights, config, path="model.safetensors"):
     if "final_logits_bias" not in weights:
         weights = dict(weights, final_logits_bias=np.zeros(shapes["final_logits_bias"], dtype=np.float32))
 
-    state = {"src_embed.weight": weights["model.shared.weight" if config["share_embeddings"]
+    state = {"src_embed.weight": weights["model.shared.weight" if config.share_embeddings
                                          else "model.encoder.embed_tokens.weight"],
              "generator.bias": weights["final_logits_bias"].reshape(-1)}
-    if not config["share_embeddings"]:
+    if not config.share_embeddings:
         state["tgt_embed.weight"] = weights["model.decoder.embed_tokens.weight"]
-        if not config["tie_target_output"]:
+        if not config.tie_target_output:
             state["generator.weight"] = weights["lm_head.weight"]
     for hf, ours, side in _layers(config):
         for hf_name, name, transposed in _layer_names(hf, ours, side):
@@ -241,18 +246,18 @@ def hf_to_minitf_state(weights, config, path="model.safetensors"):
 def minitf_to_hf_state(state, config):
     """The Marian state dict (``expected_shapes``' names: no aliases, no position tables, as
     ``MarianMTModel.save_pretrained`` writes it) of a Transformer's ``state_dict()`` (``config``: its
-    arguments, with Marian's layout: "halves" positions)."""
-    D = config["d_model"]
-    V_tgt = config["tgt_vocab_size"]
+    TransformerConfig, with Marian's layout: "halves" positions)."""
+    D = config.d_model
+    V_tgt = config.tgt_vocab_size
     bias = state.get("generator.bias")
     weights = {"final_logits_bias": (bias if bias is not None else np.zeros(V_tgt, dtype=state["src_embed.weight"].dtype))
                .reshape(1, V_tgt)}
-    if config["share_embeddings"]:
+    if config.share_embeddings:
         weights["model.shared.weight"] = state["src_embed.weight"]
     else:
         weights["model.encoder.embed_tokens.weight"] = state["src_embed.weight"]
         weights["model.decoder.embed_tokens.weight"] = state["tgt_embed.weight"]
-        weights["lm_head.weight"] = state["tgt_embed.weight" if config["tie_target_output"] else "generator.weight"]
+        weights["lm_head.weight"] = state["tgt_embed.weight" if config.tie_target_output else "generator.weight"]
     for hf, ours, side in _layers(config):
         for hf_name, name, transposed in _layer_names(hf, ours, side):
             weights[hf_name] = state[name].T if transposed else state[name]
@@ -347,7 +352,7 @@ def read_torch_weights(path):
 
 
 def read_folder_config(folder, training=False):
-    """(config.json's dict, the :class:`minitf.Transformer` arguments, the weights file's path) of a Marian
+    """(config.json's dict, the :class:`minitf.TransformerConfig`, the weights file's path) of a Marian
     folder, every value checked (``training``: for fine-tuning, :func:`transformer_config`); the weights are not
     read. A ValueError (one line, naming the file)."""
     folder = pathlib.Path(folder)
@@ -363,9 +368,9 @@ def read_folder_config(folder, training=False):
 
 
 def read_state(folder, dtype=None):
-    """(config.json's dict, the :class:`minitf.Transformer` arguments, ``{minitf name: host array}``) of a Marian
+    """(config.json's dict, the :class:`minitf.TransformerConfig`, ``{minitf name: host array}``) of a Marian
     folder, every value and tensor checked (finite, of the config's shapes; given ``dtype``, the model's, within
-    its range), without building a model: what :func:`read` builds, and what ``train.py --init-from`` checks
+    its range), without building a model: what :func:`from_pretrained` builds, and what ``train.py --init-from`` checks
     before it makes a run folder. The weights: model.safetensors or its shards (float64, float32, float16,
     bfloat16 widened to float32; :func:`minitf.pretrained.read_weights`), else pytorch_model.bin. A ValueError
     (one line, naming the file) for anything that does not fit."""
@@ -376,32 +381,36 @@ def read_state(folder, dtype=None):
     return hf, config, hf_to_minitf_state(weights, config, path)
 
 
-def read(folder, cls, dtype=None):
-    """The model (``cls``: :class:`minitf.Transformer`, whose ``from_pretrained`` calls this) of a Marian folder, in eval mode,
-    built under ``dtype`` (default: minitf's default float dtype; float32, float64 or float16: bfloat16 weights
-    are widened as they are read); it keeps the folder's config.json (``hf_config``) and path
-    (``pretrained_folder``) for :func:`write`. Nothing is written. A ValueError (one line, naming the file) for
-    anything that does not fit."""
+def read(folder, dtype=None):
+    """(the model, config.json's dict) of a Marian folder: the model in eval mode, built under ``dtype``
+    (default: minitf's default float dtype; float32, float64 or float16: bfloat16 weights are widened as they
+    are read), and the folder's config.json, whose other entries :func:`save_pretrained` writes back
+    (``hf_config``). Nothing is written. A ValueError (one line, naming the file) for anything that does not
+    fit."""
     dtype = pretrained.model_dtype(dtype)  # "bfloat16" or another dtype: one line, before any file is read
-    folder = pathlib.Path(folder)
-    hf, config, state = read_state(folder, dtype)
+    hf, config, state = read_state(pathlib.Path(folder), dtype)
     with backend.default_dtype(dtype):
-        model = cls(**config)
+        model = Transformer.from_config(config)
     model.load_state_dict(state)
-    model.hf_config, model.pretrained_folder = hf, folder
-    return model.eval()
+    return model.eval(), hf
 
 
-def hf_config(model, previous=None, decoder_start_id=None, eos_id=None, max_position_embeddings=512):
+def from_pretrained(folder, dtype=None):
+    """The :class:`minitf.Transformer` of a Hugging Face Marian folder (an opus-mt model: ``config.json`` and
+    ``model.safetensors``, or ``pytorch_model.bin`` read by torch's weights-only loader), in eval mode, under
+    ``dtype`` (:func:`read`, without the config.json). A ValueError names what does not fit."""
+    return read(folder, dtype)[0]
+
+
+def config_json(model, previous=None, decoder_start_id=None, eos_id=None, max_position_embeddings=512):
     """The config.json dict of ``model`` (its ``config``), keeping ``previous``'s other entries (those of the
     folder it was read from). A ValueError for what Marian cannot describe."""
     c = model.config
-    start = c.get("decoder_start_id") if c.get("decoder_start_id") is not None else decoder_start_id
-    eos = c.get("eos_id") if c.get("eos_id") is not None else eos_id
+    start = c.decoder_start_id if c.decoder_start_id is not None else decoder_start_id
+    eos = c.eos_id if c.eos_id is not None else eos_id
     wrong = [what for what, bad in [
-        ("pre-LN (pre_norm=True; Marian is post-LN)", c["pre_norm"]),
-        (f"LayerNorm epsilon {c.get('layer_norm_eps')} (Marian's is {LAYER_NORM_EPS})",
-         c.get("layer_norm_eps", LAYER_NORM_EPS) != LAYER_NORM_EPS),
+        ("pre-LN (pre_norm=True; Marian is post-LN)", c.pre_norm),
+        (f"LayerNorm epsilon {c.layer_norm_eps} (Marian's is {LAYER_NORM_EPS})", c.layer_norm_eps != LAYER_NORM_EPS),
         ("no decoder start token (give decoder_start_id)", start is None),
         ("no end token (give eos_id)", eos is None)] if bad]
     if wrong:
@@ -409,17 +418,17 @@ def hf_config(model, previous=None, decoder_start_id=None, eos_id=None, max_posi
     hf = dict(previous or {})
     for legacy in ("torch_dtype", "num_hidden_layers"):  # older names of dtype and encoder_layers
         hf.pop(legacy, None)
-    share = c["share_embeddings"]
+    share = c.share_embeddings
     hf.update(architectures=["MarianMTModel"], model_type="marian", is_encoder_decoder=True,
-              vocab_size=c["src_vocab_size"], decoder_vocab_size=c["tgt_vocab_size"], d_model=c["d_model"],
-              encoder_layers=c["num_encoder_layers"], decoder_layers=c["num_decoder_layers"],
-              encoder_attention_heads=c["num_heads"], decoder_attention_heads=c["num_heads"],
-              encoder_ffn_dim=c["d_ff"], decoder_ffn_dim=c["d_ff"],
-              activation_function=_HF_NAME_OF_ACTIVATION[c.get("activation", "relu")],
-              scale_embedding=c.get("scale_embedding", True), dropout=c["dropout"],
+              vocab_size=c.src_vocab_size, decoder_vocab_size=c.tgt_vocab_size, d_model=c.d_model,
+              encoder_layers=c.num_encoder_layers, decoder_layers=c.num_decoder_layers,
+              encoder_attention_heads=c.num_heads, decoder_attention_heads=c.num_heads,
+              encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff,
+              activation_function=_HF_NAME_OF_ACTIVATION[c.activation],
+              scale_embedding=c.scale_embedding, dropout=c.dropout,
               **{key: hf.get(key, 0.0) for key in ZERO_ONLY},  # training-only, off when translating: the folder's kept
-              pad_token_id=c["pad_id"], eos_token_id=eos, forced_eos_token_id=eos, decoder_start_token_id=start,
-              share_encoder_decoder_embeddings=share, tie_word_embeddings=share or c.get("tie_target_output", False),
+              pad_token_id=c.pad_id, eos_token_id=eos, forced_eos_token_id=eos, decoder_start_token_id=start,
+              share_encoder_decoder_embeddings=share, tie_word_embeddings=share or c.tie_target_output,
               dtype=str(model.src_embed.weight.data.dtype))
     hf.setdefault("max_position_embeddings", max_position_embeddings)
     hf.setdefault("init_std", 0.02)
@@ -438,23 +447,25 @@ def generation_config(hf, num_beams=4, max_length=512):
             "num_beams": num_beams, "pad_token_id": pad, "renormalize_logits": True}
 
 
-def write(model, folder, decoder_start_id=None, eos_id=None, generation=None, tokenizer_files=None):
-    """Write ``model`` as a Marian folder: config.json, model.safetensors (the tensors
-    ``MarianMTModel.save_pretrained`` writes, in the model's dtype), generation_config.json (the one of the
-    folder the model was read from, else ``generation`` or the opus-mt template), and the tokenizer's files:
-    ``tokenizer_files`` ({name: bytes}) or those of the folder it was read from. A model with the paper's
-    interleaved sinusoids is written exactly in Marian's halves (:func:`permute_model_axis`). ``decoder_start_id``
-    and ``eos_id`` fill in a model whose config names none (a minitf run's: its tokenizer's BOS and EOS).
-    Everything is checked before the first file is written (:func:`pretrained.check_save_folder`, every tensor
-    finite in :func:`pretrained.write_weights`, which makes the folder); each file is written atomically."""
+def save_pretrained(model, folder, hf_config=None, source=None, decoder_start_id=None, eos_id=None,
+                    generation=None, tokenizer_files=None):
+    """Write ``model`` as a Marian folder: config.json (:func:`config_json`, keeping ``hf_config``'s other entries:
+    those of the config.json the model was read from, :func:`read`), model.safetensors (the tensors
+    ``MarianMTModel.save_pretrained`` writes, in the model's dtype), generation_config.json (that of ``source``,
+    the folder the model was read from, else ``generation`` or the opus-mt template), and the tokenizer's files:
+    ``tokenizer_files`` ({name: bytes}) or those of ``source``. A model with the paper's interleaved sinusoids is
+    written exactly in Marian's halves (:func:`permute_model_axis`). ``decoder_start_id`` and ``eos_id`` fill in
+    a model whose config names none (a minitf run's: its tokenizer's BOS and EOS). Everything is checked before
+    the first file is written (:func:`pretrained.check_save_folder`, every tensor finite in
+    :func:`pretrained.write_weights`, which makes the folder); each file is written atomically."""
     folder = pathlib.Path(folder)
+    source = None if source is None else pathlib.Path(source)
     pretrained.check_save_folder(folder)
-    source = getattr(model, "pretrained_folder", None)
-    hf = hf_config(model, getattr(model, "hf_config", None), decoder_start_id, eos_id)
+    hf = config_json(model, hf_config, decoder_start_id, eos_id)
     c = model.config
     state = model.state_dict()
-    if c.get("positions", "interleaved") == "interleaved":
-        state = permute_model_axis(state, c, halves_permutation(c["d_model"]))
+    if c.positions == "interleaved":
+        state = permute_model_axis(state, c, halves_permutation(c.d_model))
     tensors = minitf_to_hf_state(state, c)
     if source is not None and (source / "generation_config.json").is_file():
         generation_bytes = (source / "generation_config.json").read_bytes()
