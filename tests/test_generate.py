@@ -1,6 +1,6 @@
 """python -m minitf.generate: a small random GPT saved as a Hugging Face GPT-2 folder with a
 tokenizer made here by the ``tokenizers`` package (no download), run through the real
-command. Its greedy text is minitf.gpt.generate's, a seed makes sampling reproducible, a
+command. Its greedy text is minitf.sampling.generate's, a seed makes sampling reproducible, a
 terminal session answers as a pipe does, and bad input is one line. Tests that read a folder
 need the ``hf`` extra (safetensors, tokenizers) and skip with the reason without it."""
 import json
@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from minitf import backend
-from minitf.gpt import GPT, generate
+from minitf.gpt import GPT
+from minitf.sampling import generate
 from minitf.lm.generate import main
 from tests.runs import CPU_ENV, ROOT, one_error_line, read_line
 
@@ -52,7 +53,7 @@ def command(folder, *args, stdin=None):
 
 
 def expected(folder, prompt, max_new_tokens, **options):
-    """The prompt and its continuation by minitf.gpt.generate, decoded by the folder's tokenizer."""
+    """The prompt and its continuation by minitf.sampling.generate, decoded by the folder's tokenizer."""
     from tokenizers import Tokenizer
     model = GPT.from_pretrained(folder)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))

@@ -14,7 +14,8 @@ from hypothesis import given, settings, strategies as st
 import minitf
 from minitf import backend
 from minitf.backend import xp
-from minitf.gpt import GPT, choose_tokens, generate
+from minitf.gpt import GPT
+from minitf.sampling import choose_tokens, generate
 from minitf.layers import GELU, LearnedPositionalEmbedding
 from minitf.transformer import FeedForward
 from tests.helpers import assert_gradients_match, np, random_array, randomize, seeds, small

@@ -17,7 +17,8 @@ pytest.importorskip("safetensors", reason=REASON)
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
-from minitf.gpt import GPT, generate, name_map  # noqa: E402
+from minitf.gpt import GPT, name_map  # noqa: E402
+from minitf.sampling import generate  # noqa: E402
 from minitf.testing import randomize, seeds  # noqa: E402
 from tests.helpers import relative_difference  # noqa: E402
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 import minitf
 from minitf import backend
-from minitf.gpt import generate
+from minitf.sampling import generate
 from minitf.llama import Llama, LlamaConfig
 from minitf.llama import hf as llama_hf
 from minitf.llama.config import preset
@@ -406,7 +406,7 @@ def test_the_tokenizer_encodes_and_decodes_as_transformers_does(folder):
 
 @with_folder
 def test_generate_samples_a_llama_folder_as_minitf_and_transformers_do(folder):
-    """--checkpoint FOLDER: greedy text equals minitf.gpt.generate's on the folder's model and transformers'
+    """--checkpoint FOLDER: greedy text equals minitf.sampling.generate's on the folder's model and transformers'
     generate decoded; a seed makes sampling reproducible."""
     torch, transformers = _hf()
     prompts = ["the cat", "a small house"]

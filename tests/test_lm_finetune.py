@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from minitf import backend
-from minitf.gpt import GPT, generate
+from minitf.gpt import GPT
+from minitf.sampling import generate
 from minitf.training import checkpoint as ckpt
 from minitf.train import main as train_main
 from tests.runs import CPU_ENV, ROOT, final_params, metrics, one_error_line

@@ -305,7 +305,7 @@ def test_a_gpt_checkpoint_loads_into_the_model_its_config_describes(tmp_path):
 def test_generate_continues_a_prompt_from_a_gpt_run_and_each_command_refuses_the_others_run(tmp_path):
     """`python -m minitf.generate --checkpoint RUN` samples from a --model gpt run (greedy: the model's own
     continuation, line breaks and all); translate refuses that run and generate a translation run, in one line."""
-    from minitf.gpt import generate
+    from minitf.sampling import generate
     from minitf.lm.data import TextTokenizer
     from tests.runs import TINY, make_corpus
     run, translation = tmp_path / "run", tmp_path / "translation"

@@ -8,9 +8,10 @@ import pathlib
 import time
 
 from minitf.backend import host as np
-from minitf.gpt import GPT, generate, read_pretrained_state
+from minitf.gpt import GPT, read_pretrained_state
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import no_grad
+from minitf.sampling import generate
 from minitf.training import trainer as base
 from minitf.training.config import with_added_fields
 from minitf.training.errors import StepOutOfMemory
