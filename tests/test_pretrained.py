@@ -159,10 +159,11 @@ def test_without_safetensors_the_error_says_what_to_install(monkeypatch):
 # --------------------------------------------------------------------------- save_pretrained's refusals
 def gpt2_and_marian_models():
     """A small model of each kind save_pretrained writes, with the Hugging Face name of one of its tensors
-    (``poison(model)`` puts a NaN and an infinity there)."""
+    (``poison(model)`` puts a NaN and an infinity there) and its writer (``save(model, folder)``)."""
     import minitf
     from minitf import marian
     from minitf.gpt import GPT
+    from minitf.lm import gpt2
     backend.manual_seed(0)
     gpt = GPT.preset("gpt2", 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8)
     translation = minitf.Transformer(**marian.transformer_config(
@@ -171,9 +172,10 @@ def gpt2_and_marian_models():
          "scale_embedding": True, "vocab_size": 20, "decoder_vocab_size": 20, "pad_token_id": 19,
          "decoder_start_token_id": 19, "eos_token_id": 0, "max_position_embeddings": 64,
          "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True, "dropout": 0.1}))
-    return [(gpt, lambda m: m.decoder.layers[0].feed_forward.linear1.weight.data, "transformer.h.0.mlp.c_fc.weight"),
+    return [(gpt, lambda m: m.decoder.layers[0].feed_forward.linear1.weight.data, "transformer.h.0.mlp.c_fc.weight",
+             gpt2.save_pretrained),
             (translation, lambda m: m.decoder.layers[0].feed_forward.linear1.weight.data,
-             "model.decoder.layers.0.fc1.weight")]
+             "model.decoder.layers.0.fc1.weight", minitf.Transformer.save_pretrained)]
 
 
 def snapshot(folder):
@@ -184,11 +186,11 @@ def snapshot(folder):
 def test_save_pretrained_to_a_file_or_below_one_is_one_line_and_writes_nothing(tmp_path):
     (tmp_path / "file").write_text("mine")
     os.mkfifo(tmp_path / "pipe")
-    for model, _, _ in gpt2_and_marian_models():
+    for model, _, _, save in gpt2_and_marian_models():
         for where, what, blocker in [("file", "a regular file", "file"), ("file/model", "a regular file", "file"),
                                      ("pipe", "a FIFO (named pipe)", "pipe")]:
             with pytest.raises(ValueError) as error:
-                model.save_pretrained(tmp_path / where)
+                save(model, tmp_path / where)
             assert str(error.value) == (f"cannot save the model into {tmp_path / where}: {tmp_path / blocker} is "
                                         f"{what}, not a folder; give a folder (it is made if missing)")
             assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "pipe"]
@@ -197,15 +199,15 @@ def test_save_pretrained_to_a_file_or_below_one_is_one_line_and_writes_nothing(t
 
 @needs_safetensors
 def test_save_pretrained_refuses_non_finite_weights_naming_the_tensor_before_writing(tmp_path):
-    for number, (model, weight, name) in enumerate(gpt2_and_marian_models()):
+    for number, (model, weight, name, save) in enumerate(gpt2_and_marian_models()):
         folder = tmp_path / str(number)
-        model.save_pretrained(folder / "earlier")
+        save(model, folder / "earlier")
         earlier = snapshot(folder / "earlier")
         weight(model)[0, :2] = [np.nan, np.inf]
         size = weight(model).size
         for out in (folder / "new", folder / "earlier"):
             with pytest.raises(ValueError) as error:
-                model.save_pretrained(out)
+                save(model, out)
             assert str(error.value) == (f"cannot write {out / 'model.safetensors'}: tensor {name} holds 2 NaN or "
                                         f"infinite value(s) of {size}, which from_pretrained would refuse; nothing was "
                                         "written (save the weights of an earlier checkpoint)"), str(error.value)
@@ -473,8 +475,9 @@ def test_a_damaged_sharded_folder_is_refused_in_one_line_naming_the_file_and_ten
 
 def test_from_pretrained_refuses_bfloat16_and_other_dtypes_in_one_line(tmp_path):
     """Before: dtype="bfloat16" was a bare TypeError from NumPy ("data type 'bfloat16' not understood")."""
-    from minitf import GPT, Transformer, pretrained
-    for read in (GPT.from_pretrained, Transformer.from_pretrained):
+    from minitf import Transformer, pretrained
+    from minitf.lm import gpt2
+    for read in (gpt2.from_pretrained, Transformer.from_pretrained):
         for dtype in ("bfloat16", "int32", "float128", "nonsense"):
             with pytest.raises(ValueError) as error:
                 read(tmp_path / "nowhere", dtype=dtype)  # refused before the folder is looked at
@@ -500,12 +503,14 @@ def test_a_bfloat16_folder_in_shards_from_transformers_reads_as_torch_widens_it(
     import torch
     import transformers
 
-    from minitf import GPT, Transformer
+    from minitf import Transformer
+    from minitf.lm import gpt2
     torch.manual_seed(0)
     if kind == "gpt2":
         config = transformers.GPT2Config(vocab_size=11, n_positions=6, n_embd=8, n_head=2, n_layer=2, bos_token_id=0,
                                          eos_token_id=0)
-        model, inputs, read = transformers.GPT2LMHeadModel(config), dict(input_ids=torch.tensor([[1, 2, 3, 10]])), GPT
+        model, inputs = transformers.GPT2LMHeadModel(config), dict(input_ids=torch.tensor([[1, 2, 3, 10]]))
+        read = gpt2.from_pretrained
     else:
         config = transformers.MarianConfig(
             vocab_size=20, d_model=8, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
@@ -513,7 +518,7 @@ def test_a_bfloat16_folder_in_shards_from_transformers_reads_as_torch_widens_it(
             activation_function="swish", scale_embedding=True, pad_token_id=19, decoder_start_token_id=19,
             eos_token_id=0, forced_eos_token_id=0, bos_token_id=0, dropout=0.0, attention_dropout=0.0,
             activation_dropout=0.0)
-        model, read = transformers.MarianMTModel(config), Transformer
+        model, read = transformers.MarianMTModel(config), Transformer.from_pretrained
         inputs = dict(input_ids=torch.tensor([[3, 5, 7, 0]]), decoder_input_ids=torch.tensor([[19, 4, 6]]))
     model.eval()
     with torch.no_grad():
@@ -531,7 +536,7 @@ def test_a_bfloat16_folder_in_shards_from_transformers_reads_as_torch_widens_it(
     weights = read_weights(tmp_path / "model.safetensors.index.json")
     widened = {name: t.float().numpy() for name, t in model.state_dict().items()}
     assert weights and all(weights[name].tobytes() == widened[name].tobytes() for name in weights)
-    ours = read.from_pretrained(tmp_path).eval()  # GPT.from_pretrained gives a model in training mode (dropout)
+    ours = read(tmp_path).eval()  # gpt2.from_pretrained gives a model in training mode (dropout)
     with minitf.no_grad():
         logits = backend.to_numpy(ours(*(x.numpy() for x in inputs.values())))
     assert np.abs(logits - expected).max() < 1e-5 * np.abs(expected).max()

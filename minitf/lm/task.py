@@ -8,7 +8,7 @@ import pathlib
 
 from minitf import backend
 from minitf.pretrained import model_type, weights_path
-from minitf.gpt import pretrained_config, read_pretrained_state
+from minitf.lm.gpt2 import pretrained_config, read_pretrained_state
 from minitf.lm.corpus import default_text_splits
 from minitf.lm.data import (CharTokenizer, TextCorpus, load_tokenizer, pretrained_eos_id, read_pretrained_tokenizer,
                             tokenizer_files, tokenizer_kind)

@@ -8,7 +8,8 @@ import pathlib
 import time
 
 from minitf.backend import host as np
-from minitf.gpt import GPT, read_pretrained_state
+from minitf.gpt import GPT
+from minitf.lm.gpt2 import read_pretrained_state
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import no_grad
 from minitf.sampling import generate
