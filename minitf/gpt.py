@@ -10,9 +10,9 @@ encoder-decoder uses; what separates the paper's decoder, GPT-1 and GPT-2 is con
     init              "xavier"              "normal" (0.02)     "gpt2": normal(0, 0.02), residual
                                                                 projections / sqrt(2 x layers)
 
-(``GPT.preset(name, vocab_size, ...)`` fills in one column.) Hugging Face GPT-2 folders are the
-language-model kind's (:mod:`minitf.lm.gpt2`); sampling with the key/value cache is
-:func:`minitf.sampling.generate`.
+(``GPT.preset(name, vocab_size, ...)`` fills in one column.) ``model.config`` is the frozen
+:class:`GPTConfig` the model was built from. Hugging Face GPT-2 folders are the language-model kind's
+(:mod:`minitf.lm.gpt2`); sampling with the key/value cache is :func:`minitf.sampling.generate`.
 
 Shapes: B batch, L sequence length, D d_model, V vocabulary size.
 """
@@ -31,8 +31,8 @@ INITS = ("gpt2", "normal", "xavier")
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-    """A GPT's shape and choices: what ``GPT.from_config`` needs (defaults: GPT-2 small, 124M
-    parameters, but for the vocabulary size)."""
+    """A GPT's shape and choices, declared and checked here only (defaults: GPT-2 small, 124M
+    parameters, but for the vocabulary size); a GPT's ``config``. A bad value is a ValueError naming it."""
     vocab_size: int
     max_len: int = 1024
     d_model: int = 768
@@ -48,6 +48,18 @@ class GPTConfig:
     init_std: float = 0.02
     layer_norm_eps: float = 1e-5
     tie_embeddings: bool = True
+
+    def __post_init__(self):
+        for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.num_heads != 0:
+            raise ValueError(f"d_model must be divisible by num_heads, got d_model={self.d_model}, "
+                             f"num_heads={self.num_heads}")
+        for name, allowed in [("activation", tuple(ACTIVATIONS)), ("positions", POSITIONS), ("init", INITS)]:
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
 
 PRESETS = {
@@ -68,35 +80,25 @@ class GPT(Module):
     ``LabelSmoothedCrossEntropy(0.0, ignore_index=-1)(model(ids[:, :-1]), ids[:, 1:])``.
     """
 
-    def __init__(self, vocab_size, max_len=1024, d_model=768, num_heads=12, num_layers=12, d_ff=3072, dropout=0.1,
-                 pre_norm=True, activation="gelu_tanh", positions="learned", scale_embedding=False, init="gpt2",
-                 init_std=0.02, layer_norm_eps=1e-5, tie_embeddings=True):
-        for name, value in [("vocab_size", vocab_size), ("max_len", max_len), ("d_model", d_model),
-                            ("num_heads", num_heads), ("num_layers", num_layers), ("d_ff", d_ff)]:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
-        for name, value, allowed in [("activation", activation, tuple(ACTIVATIONS)), ("positions", positions, POSITIONS),
-                                     ("init", init, INITS)]:
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-        self.config = dict(vocab_size=vocab_size, max_len=max_len, d_model=d_model, num_heads=num_heads,
-                           num_layers=num_layers, d_ff=d_ff, dropout=dropout, pre_norm=pre_norm, activation=activation,
-                           positions=positions, scale_embedding=scale_embedding, init=init, init_std=init_std,
-                           layer_norm_eps=layer_norm_eps, tie_embeddings=tie_embeddings)
-        self.vocab_size, self.max_len = vocab_size, max_len
-        self.embed = Embedding(vocab_size, d_model, scale=scale_embedding)
-        self.positional = (LearnedPositionalEmbedding(max_len, d_model, init_std) if positions == "learned"
-                           else PositionalEncoding(d_model))
-        self.dropout = Dropout(dropout)
-        self.decoder = Decoder(num_layers, d_model, num_heads, d_ff, dropout, pre_norm, activation,
-                               cross_attention=False, layer_norm_eps=layer_norm_eps)  # GPT-2's layer_norm_epsilon
+    def __init__(self, vocab_size, **options):
+        """``options``: any :class:`GPTConfig` field by name (``max_len``, ``d_model``, ``activation``,
+        ``layer_norm_eps``...); the defaults and the checks are the dataclass's, declared once there."""
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(GPTConfig)})
+        if unknown:
+            raise TypeError(f"GPT has no option {', '.join(map(repr, unknown))}; its options are GPTConfig's fields")
+        self.config = c = GPTConfig(vocab_size, **options)
+        self.vocab_size, self.max_len = c.vocab_size, c.max_len
+        self.embed = Embedding(c.vocab_size, c.d_model, scale=c.scale_embedding)
+        self.positional = (LearnedPositionalEmbedding(c.max_len, c.d_model, c.init_std) if c.positions == "learned"
+                           else PositionalEncoding(c.d_model))
+        self.dropout = Dropout(c.dropout)
+        self.decoder = Decoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, c.pre_norm, c.activation,
+                               cross_attention=False, layer_norm_eps=c.layer_norm_eps)  # GPT-2's layer_norm_epsilon
         # tied (paper 3.4, GPT-2): the embedding's own weight; untied: a weight of its own
-        self.generator = OutputProjection(self.embed.weight if tie_embeddings
-                                          else Embedding(vocab_size, d_model).weight)
-        if init != "xavier":
-            self.init_normal(init_std, residual_scaling=init == "gpt2")
+        self.generator = OutputProjection(self.embed.weight if c.tie_embeddings
+                                          else Embedding(c.vocab_size, c.d_model).weight)
+        if c.init != "xavier":
+            self.init_normal(c.init_std, residual_scaling=c.init == "gpt2")
 
     def init_normal(self, std, residual_scaling):
         """Every weight matrix and table ~ N(0, std^2), biases 0, LayerNorm gains 1 (GPT-1, GPT-2).
@@ -104,7 +106,7 @@ class GPT(Module):
         residual stream in each layer (attention's W^O, the feed-forward's second linear) get
         std / sqrt(2 x layers): the stream adds 2 x layers of them, and its variance stays O(1)."""
         rng = backend.init_rng()
-        residual_std = std / math.sqrt(2 * self.config["num_layers"])
+        residual_std = std / math.sqrt(2 * self.config.num_layers)
         for name, p in self.named_parameters():
             if p.data.ndim != 2:  # biases and LayerNorm's gamma and beta keep their 0 and 1
                 continue
@@ -128,7 +130,7 @@ class GPT(Module):
     def position_limit(self):
         """The positions the model has (its learned table's rows), or None (sinusoids: any length).
         :func:`minitf.sampling.generate` asks every model this, whatever its kind."""
-        return self.max_len if self.config["positions"] == "learned" else None
+        return self.max_len if self.config.positions == "learned" else None
 
     # -- forward / backward ---------------------------------------------------------
     def forward(self, ids, cache=None, start=0):

@@ -4,7 +4,6 @@ GPT-2's initialisation, and sampling with the key/value cache against full recom
 
 Tolerances as in tests/test_transformer.py: rtol 1e-6 for a layer without LayerNorm, 1e-5
 (LN_RTOL) with one inside; a wrong backward is off by O(1)."""
-import dataclasses
 import math
 import re
 
@@ -169,7 +168,7 @@ def test_gpt2_initialisation_scales_the_residual_projections():
 
 def test_config_dataclass_and_presets_build_the_models_they_describe():
     config = minitf.GPTConfig(vocab_size=9, max_len=5, d_model=4, num_heads=2, num_layers=1, d_ff=6)
-    assert GPT.from_config(config).config == dataclasses.asdict(config)  # GPTConfig's defaults are GPT's
+    assert GPT.from_config(config).config == config  # GPTConfig's defaults are GPT's
     paper = GPT.preset("paper", 9, max_len=5, d_model=4, num_heads=2, num_layers=1, d_ff=6)
     assert isinstance(paper.positional, minitf.PositionalEncoding) and paper.embed.scale == 2.0
     assert isinstance(paper.decoder.layers[0].feed_forward.activation, minitf.ReLU)

@@ -4,7 +4,7 @@ corpus, its Hugging Face GPT-2 folders and its sampling command. Imports go to t
 core, never to another application (``minitf.nmt``).
 
 =================  ===========================================================================================
-``gpt2``           Hugging Face GPT-2 folders in and out (names, layouts, config.json)
+``gpt2``           Hugging Face GPT-2 folders in and out (names, layouts, config.json <-> ``GPTConfig``)
 ``data``           the text as a token stream (BPE or characters), training blocks, evaluation blocks
 ``corpus``         the default text: the World English Bible, fetched once (Debian's sword-text-web)
 ``generate``       ``python -m minitf.generate``: sampling from a run or a GPT-2 folder

@@ -1,14 +1,15 @@
 """Hugging Face GPT-2 folders in and out, the language-model kind's format: ``config.json`` (model_type gpt2)
-checked value by value into ``GPT``'s arguments (:func:`pretrained_config`), ``model.safetensors``
+checked value by value into a :class:`minitf.gpt.GPTConfig` (:func:`pretrained_config`), ``model.safetensors``
 (or its shards, float32, float16 or bfloat16) through :func:`minitf.pretrained.read_weights` (no torch, no
 pickle), and the way back (:func:`save_pretrained`), which transformers' ``GPT2LMHeadModel`` loads with the same
 logits. A folder's config.json is never attached to the model: the loader keeps it (``Loaded.hf_config``) and a
 writer is given it (``save_pretrained(model, folder, hf_config)``) to write its other entries back.
 """
+import dataclasses
 import pathlib
 
 from minitf import backend, pretrained
-from minitf.gpt import GPT
+from minitf.gpt import GPT, GPTConfig
 
 
 def from_pretrained(folder, dtype=None):
@@ -21,8 +22,8 @@ def from_pretrained(folder, dtype=None):
     config, _ = pretrained_config(folder)
     state = read_pretrained_state(folder, config, dtype)
     with backend.default_dtype(dtype):
-        model = GPT(**(config | {"init": "xavier"}))  # the weights come next: no second random draw
-    model.config["init"] = config["init"]  # how the model was made, for save_pretrained's config.json
+        model = GPT.from_config(dataclasses.replace(config, init="xavier"))  # the weights come next: no random draw
+    model.config = dataclasses.replace(model.config, init=config.init)  # how it was made, for save_pretrained
     model.load_state_dict(state)
     return model
 
@@ -59,27 +60,27 @@ _HF_NAME_OF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu
 
 
 def name_map(config):
-    """``[(Hugging Face name, minitf name)]`` for every parameter of a GPT-2-shaped model with
-    this config (a dict of ``GPT``'s arguments). Hugging Face names are those of
+    """``[(Hugging Face name, minitf name)]`` for every parameter of a GPT-2-shaped model of
+    ``config`` (a :class:`minitf.gpt.GPTConfig`). Hugging Face names are those of
     ``GPT2LMHeadModel``'s state dict without the ``transformer.`` prefix."""
     pairs = [("wte.weight", "embed.weight"), ("wpe.weight", "positional.weight")]
-    for i in range(config["num_layers"]):
+    for i in range(config.num_layers):
         pairs += [(f"h.{i}.{hf}", f"decoder.layers.{i}.{ours}") for hf, ours in _LAYER]
     pairs += [("ln_f.weight", "decoder.final_norm.gamma"), ("ln_f.bias", "decoder.final_norm.beta")]
-    if not config.get("tie_embeddings", True):
+    if not config.tie_embeddings:
         pairs.append(("lm_head.weight", "generator.weight"))
     return pairs
 
 
 def expected_shapes(config):
     """``{Hugging Face name: shape}`` (:func:`name_map`'s names) of a GPT-2-shaped model with this config."""
-    V, P, D, F = config["vocab_size"], config["max_len"], config["d_model"], config["d_ff"]
+    V, P, D, F = config.vocab_size, config.max_len, config.d_model, config.d_ff
     layer = {"ln_1.weight": (D,), "ln_1.bias": (D,), "attn.c_attn.weight": (D, 3 * D), "attn.c_attn.bias": (3 * D,),
              "attn.c_proj.weight": (D, D), "attn.c_proj.bias": (D,), "ln_2.weight": (D,), "ln_2.bias": (D,),
              "mlp.c_fc.weight": (D, F), "mlp.c_fc.bias": (F,), "mlp.c_proj.weight": (F, D), "mlp.c_proj.bias": (D,)}
     shapes = {"wte.weight": (V, D), "wpe.weight": (P, D), "ln_f.weight": (D,), "ln_f.bias": (D,),
               "lm_head.weight": (V, D)}
-    shapes |= {f"h.{i}.{name}": shape for i in range(config["num_layers"]) for name, shape in layer.items()}
+    shapes |= {f"h.{i}.{name}": shape for i in range(config.num_layers) for name, shape in layer.items()}
     return {hf: shapes[hf] for hf, _ in name_map(config)}
 
 
@@ -97,10 +98,10 @@ def hf_to_minitf_state(weights, config, path="the weights"):
         short = name.removeprefix("transformer.")
         if short.endswith(MASK_BUFFERS):  # constant causal masks, not parameters
             continue
-        if short == "lm_head.weight" and config.get("tie_embeddings", True):  # the same matrix as wte
+        if short == "lm_head.weight" and config.tie_embeddings:  # the same matrix as wte
             continue
         found[short], names[short] = array, name
-    pretrained.check_layer_counts(found, {"n_layer": (config["num_layers"], r"h\.(\d+)\.")}, path)
+    pretrained.check_layer_counts(found, {"n_layer": (config.num_layers, r"h\.(\d+)\.")}, path)
     pairs = name_map(config)
     missing = sorted({hf for hf, _ in pairs} - set(found))
     unknown = sorted(set(found) - {hf for hf, _ in pairs})
@@ -125,7 +126,7 @@ def minitf_to_hf_state(state, config):
 
 def read_pretrained_state(folder, config, dtype=None):
     """``{minitf name: host array}`` of ``folder``'s ``model.safetensors`` (or its shards) for a GPT of ``config``
-    (a dict of ``GPT``'s arguments), in the file's dtype (bfloat16 as float32). A ValueError for a damaged file,
+    (a :class:`minitf.gpt.GPTConfig`), in the file's dtype (bfloat16 as float32). A ValueError for a damaged file,
     a tensor holding NaN or infinity, weights of another shape, or (given ``dtype``, the model's) values beyond
     that dtype's range."""
     return pretrained.read_state(folder, config, hf_to_minitf_state, MASK_BUFFERS, dtype)
@@ -136,7 +137,7 @@ GPT2_FOLDER = "Hugging Face GPT-2 folder"
 
 
 def pretrained_config(folder):
-    """(``GPT``'s arguments, the config.json dict) of a Hugging Face GPT-2 folder, checked: a ValueError
+    """(the :class:`minitf.gpt.GPTConfig`, the config.json dict) of a Hugging Face GPT-2 folder, checked: a ValueError
     for a folder without config.json and model.safetensors, another model type, a key the model needs that
     is missing, a value of the wrong type or range (naming the key), or an option minitf does not compute.
     Only config.json is read (the weights are :func:`read_pretrained_state`'s)."""
@@ -150,7 +151,7 @@ _FIXED = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, 
 
 
 def config_from_hf(hf, where="config.json"):
-    """``GPT``'s arguments from a GPT-2 config.json (``where`` names it in messages). The shape (vocab_size,
+    """The :class:`minitf.gpt.GPTConfig` of a GPT-2 config.json (``where`` names it in messages). The shape (vocab_size,
     n_positions, n_embd, n_head, n_layer) must be there, as in every GPT-2 folder; the other keys take Hugging
     Face's defaults where absent (n_inner null: 4 n_embd). Every value read is checked for type and range,
     naming the key; options minitf does not compute are refused, not ignored. minitf has one dropout (on the
@@ -179,33 +180,33 @@ def config_from_hf(hf, where="config.json"):
     refused += [f"{key}={hf[key]!r}" for key, fine in _FIXED.items() if value(key, "bool", default=fine) != fine]
     if refused:
         raise ValueError(f"{where}: this GPT-2 uses what minitf does not compute: {', '.join(refused)}")
-    return dict(vocab_size=vocab_size, max_len=n_positions, d_model=d_model, num_heads=num_heads,
-                num_layers=num_layers, d_ff=d_ff, dropout=float(dropout), pre_norm=True,
-                activation=HF_ACTIVATIONS[activation], positions="learned", scale_embedding=False, init="gpt2",
-                init_std=float(init_std), layer_norm_eps=float(layer_norm_eps), tie_embeddings=tie_embeddings)
+    return GPTConfig(vocab_size=vocab_size, max_len=n_positions, d_model=d_model, num_heads=num_heads,
+                     num_layers=num_layers, d_ff=d_ff, dropout=float(dropout), pre_norm=True,
+                     activation=HF_ACTIVATIONS[activation], positions="learned", scale_embedding=False, init="gpt2",
+                     init_std=float(init_std), layer_norm_eps=float(layer_norm_eps), tie_embeddings=tie_embeddings)
 
 
 def hf_config_of(config, previous, dtype):
-    """A GPT-2 config.json for a model of ``config`` whose arrays are of ``dtype`` (a name such as
-    "float32"), keeping ``previous``'s other entries (token ids, task parameters of the folder it was read from).
-    A ValueError for a model GPT-2 cannot describe."""
-    wrong = [what for what, bad in [("post-LN (pre_norm=False)", not config["pre_norm"]),
-                                    ("sinusoidal positions", config["positions"] != "learned"),
-                                    ("a scaled embedding", config["scale_embedding"]),
-                                    (f"the {config['activation']!r} activation",
-                                     config["activation"] not in _HF_NAME_OF_ACTIVATION)] if bad]
+    """A GPT-2 config.json for a model of ``config`` (a :class:`minitf.gpt.GPTConfig`) whose arrays are of
+    ``dtype`` (a name such as "float32"), keeping ``previous``'s other entries (token ids, task parameters of the
+    folder it was read from). A ValueError for a model GPT-2 cannot describe."""
+    wrong = [what for what, bad in [("post-LN (pre_norm=False)", not config.pre_norm),
+                                    ("sinusoidal positions", config.positions != "learned"),
+                                    ("a scaled embedding", config.scale_embedding),
+                                    (f"the {config.activation!r} activation",
+                                     config.activation not in _HF_NAME_OF_ACTIVATION)] if bad]
     if wrong:
         raise ValueError(f"a Hugging Face GPT-2 folder cannot hold this model: it has {', '.join(wrong)}; "
                          "only GPT-2's shape (GPT.preset('gpt2', ...)) can be saved")
     hf = dict(previous)
-    hf.update(architectures=["GPT2LMHeadModel"], model_type="gpt2", vocab_size=config["vocab_size"],
-              n_positions=config["max_len"], n_embd=config["d_model"], n_head=config["num_heads"],
-              n_layer=config["num_layers"], n_inner=config["d_ff"],
-              activation_function=_HF_NAME_OF_ACTIVATION[config["activation"]],
-              resid_pdrop=config["dropout"], embd_pdrop=config["dropout"],
+    hf.update(architectures=["GPT2LMHeadModel"], model_type="gpt2", vocab_size=config.vocab_size,
+              n_positions=config.max_len, n_embd=config.d_model, n_head=config.num_heads,
+              n_layer=config.num_layers, n_inner=config.d_ff,
+              activation_function=_HF_NAME_OF_ACTIVATION[config.activation],
+              resid_pdrop=config.dropout, embd_pdrop=config.dropout,
               attn_pdrop=0.0,  # minitf has no dropout on the attention weights (nor has the paper)
-              layer_norm_epsilon=config["layer_norm_eps"], initializer_range=config["init_std"],
-              tie_word_embeddings=config["tie_embeddings"], scale_attn_weights=True,
+              layer_norm_epsilon=config.layer_norm_eps, initializer_range=config.init_std,
+              tie_word_embeddings=config.tie_embeddings, scale_attn_weights=True,
               scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False)
     hf.pop("n_ctx", None)  # an older name of n_positions: one number, not two that could disagree
     hf.pop("torch_dtype", None)  # transformers' older name of dtype

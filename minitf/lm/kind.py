@@ -47,7 +47,7 @@ class LanguageModelKind(Kind):
 
     def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
         from minitf.lm.data import TextTokenizer
-        learned = model.config["positions"] == "learned"
+        learned = model.config.positions == "learned"
         return Loaded(model, TextTokenizer(tokenizer), self, pathlib.Path(source), None, run_dir, checkpoint, meta,
                       model.max_len if learned else config.block_size,
                       "its learned positions" if learned else "its training blocks")
