@@ -1,6 +1,7 @@
 """The decoder-only Transformer (GPT): the decoder's masked self-attention and feed-forward
 blocks without cross-attention, trained to predict the next token. Every piece is a layer the
-encoder-decoder uses; what separates the paper's decoder, GPT-1 and GPT-2 is constructor options:
+encoder-decoder uses; what separates the paper's decoder, GPT-1 and GPT-2 is options (:class:`GPTConfig`'s
+fields, ``GPT``'s keywords):
 
     option            the paper's decoder   GPT-1 (2018)        GPT-2 (2019, the default)
     pre_norm          False (post-LN)       False               True, with a final LayerNorm
@@ -83,9 +84,11 @@ class GPT(Module):
     def __init__(self, vocab_size, **options):
         """``options``: any :class:`GPTConfig` field by name (``max_len``, ``d_model``, ``activation``,
         ``layer_norm_eps``...); the defaults and the checks are the dataclass's, declared once there."""
-        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(GPTConfig)})
+        fields = [f.name for f in dataclasses.fields(GPTConfig)]
+        unknown = sorted(set(options) - set(fields))
         if unknown:
-            raise TypeError(f"GPT has no option {', '.join(map(repr, unknown))}; its options are GPTConfig's fields")
+            raise TypeError(f"GPT has no option {', '.join(map(repr, unknown))}; give GPTConfig's fields only: "
+                            f"{', '.join(fields[1:])}")
         self.config = c = GPTConfig(vocab_size, **options)
         self.vocab_size, self.max_len = c.vocab_size, c.max_len
         self.embed = Embedding(c.vocab_size, c.d_model, scale=c.scale_embedding)

@@ -189,6 +189,11 @@ def test_bad_gpt_config_gives_clear_value_errors(kwargs, message):
         GPT(**({"max_len": 4, "d_model": 4, "num_heads": 2, "num_layers": 1, "d_ff": 4} | kwargs))
 
 
+def test_an_unknown_option_is_one_line_naming_the_options():
+    with pytest.raises(TypeError, match=r"GPT has no option 'eps'; give GPTConfig's fields only: max_len, d_model"):
+        GPT(5, max_len=4, d_model=4, num_heads=2, num_layers=1, d_ff=4, eps=1e-6)
+
+
 def test_bad_ids_give_clear_value_errors():
     model = GPT(5, max_len=4, d_model=4, num_heads=2, num_layers=1, d_ff=4)
     with pytest.raises(ValueError, match=r"ids must hold ids in \[0, 5\)"):
