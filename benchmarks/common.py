@@ -368,9 +368,9 @@ def hf_gpt_from_minitf(gpt):
     ``gpt``'s parameters in float32 (``attn_pdrop`` 0 as minitf, the same dropout elsewhere)."""
     import torch
     import transformers
-    from minitf.gpt import _hf_config_from, minitf_to_hf_state
+    from minitf.lm.gpt2 import hf_config_of, minitf_to_hf_state
     token_ids = {"bos_token_id": 0, "eos_token_id": 0}  # inside any vocabulary (no warning)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**_hf_config_from(gpt.config, token_ids, "float32")))
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**hf_config_of(gpt.config, token_ids, "float32")))
     state = {name: torch.from_numpy(minitf.backend.to_numpy(array).astype("float32"))
              for name, array in minitf_to_hf_state(gpt.state_dict(), gpt.config).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -69,14 +69,13 @@ class Loaded:
 
     @property
     def layout(self):
-        c = self.model.config  # a TransformerConfig; the GPT's a dict until it has its frozen config too
-        return "pre-LN" if (c["pre_norm"] if isinstance(c, dict) else c.pre_norm) else "post-LN"
+        return "pre-LN" if self.model.decoder.layers[0].ff_block.pre_norm else "post-LN"  # either model's
 
     def facts(self):
         c = self.model.config
         if self.kind == "gpt":
-            shape = (f"GPT, {self.layout}, {c['num_layers']} layers, d_model {c['d_model']}, {c['num_heads']} heads, "
-                     f"d_ff {c['d_ff']}, {c['activation']}, {c['positions']} positions")
+            shape = (f"GPT, {self.layout}, {c.num_layers} layers, d_model {c.d_model}, {c.num_heads} heads, "
+                     f"d_ff {c.d_ff}, {c.activation}, {c.positions} positions")
         else:
             shape = (f"Transformer (encoder-decoder), {self.layout}, {c.num_encoder_layers} + "
                      f"{c.num_decoder_layers} layers, d_model {c.d_model}, {c.num_heads} heads, d_ff {c.d_ff}")

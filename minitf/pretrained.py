@@ -3,7 +3,7 @@ checked for presence, type and range (naming the key), and the weights read by m
 reader (no torch, no pickle, no package needed: :func:`read_weights`) from ``model.safetensors`` or from
 the shards a ``model.safetensors.index.json`` names, in float64, float32, float16 or bfloat16 (widened
 exactly to float32), every tensor checked finite. They are written through the ``safetensors`` package's
-NumPy API. ``minitf.gpt`` (GPT-2 folders) and the translation model's Marian folders both read through
+NumPy API. GPT-2 folders (``minitf.lm.gpt2``) and the translation model's Marian folders both read through
 here, so a folder is refused in one line, naming the file and the key or tensor, before any model is built.
 
 Errors are ``ValueError`` (a folder that does not fit) or ``ImportError`` (a missing extra, for writing).

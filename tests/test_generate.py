@@ -1,6 +1,6 @@
 """python -m minitf.generate: a small random GPT saved as a Hugging Face GPT-2 folder with a
 tokenizer made here by the ``tokenizers`` package (no download), run through the real
-command. Its greedy text is minitf.gpt.generate's, a seed makes sampling reproducible, a
+command. Its greedy text is minitf.sampling.generate's, a seed makes sampling reproducible, a
 terminal session answers as a pipe does, and bad input is one line. Tests that read a folder
 need the ``hf`` extra (safetensors, tokenizers) and skip with the reason without it."""
 import json
@@ -12,7 +12,9 @@ import sys
 import pytest
 
 from minitf import backend
-from minitf.gpt import GPT, generate
+from minitf.gpt import GPT
+from minitf.lm import gpt2
+from minitf.sampling import generate
 from minitf.lm.generate import main
 from tests.runs import CPU_ENV, ROOT, one_error_line, read_line
 
@@ -40,7 +42,7 @@ def folder(tmp_path_factory):
     backend.manual_seed(0)
     model = GPT.preset("gpt2", tokenizer.get_vocab_size(), max_len=MAX_LEN, d_model=16, num_heads=2, num_layers=2,
                        d_ff=32, dropout=0.0, init_std=0.5)
-    model.save_pretrained(path)
+    gpt2.save_pretrained(model, path)
     return path
 
 
@@ -52,9 +54,9 @@ def command(folder, *args, stdin=None):
 
 
 def expected(folder, prompt, max_new_tokens, **options):
-    """The prompt and its continuation by minitf.gpt.generate, decoded by the folder's tokenizer."""
+    """The prompt and its continuation by minitf.sampling.generate, decoded by the folder's tokenizer."""
     from tokenizers import Tokenizer
-    model = GPT.from_pretrained(folder)
+    model = gpt2.from_pretrained(folder)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     ids = tokenizer.encode(prompt, add_special_tokens=False).ids
     out = generate(model, np.array([ids]), max_new_tokens, **options)[0].tolist()
@@ -96,7 +98,7 @@ def test_a_seed_makes_sampling_reproducible(folder):
 @_with_hf
 def test_generation_stops_at_the_end_of_text_token_and_does_not_write_it(folder, tmp_path):
     from tokenizers import Tokenizer
-    model = GPT.from_pretrained(folder)
+    model = gpt2.from_pretrained(folder)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     ids = tokenizer.encode(PROMPTS[0], add_special_tokens=False).ids
     new = generate(model, np.array([ids]), 12, temperature=0)[0, len(ids):].tolist()
@@ -214,7 +216,7 @@ def _config_change(**change):
 
 
 def _smaller_model(copy):
-    GPT.preset("gpt2", 40, max_len=MAX_LEN, d_model=16, num_heads=2, num_layers=1, d_ff=32).save_pretrained(copy)
+    gpt2.save_pretrained(GPT.preset("gpt2", 40, max_len=MAX_LEN, d_model=16, num_heads=2, num_layers=1, d_ff=32), copy)
 
 
 HF = "hf"

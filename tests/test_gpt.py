@@ -4,7 +4,6 @@ GPT-2's initialisation, and sampling with the key/value cache against full recom
 
 Tolerances as in tests/test_transformer.py: rtol 1e-6 for a layer without LayerNorm, 1e-5
 (LN_RTOL) with one inside; a wrong backward is off by O(1)."""
-import dataclasses
 import math
 import re
 
@@ -14,7 +13,9 @@ from hypothesis import given, settings, strategies as st
 import minitf
 from minitf import backend
 from minitf.backend import xp
-from minitf.gpt import GPT, choose_tokens, generate
+from minitf.gpt import GPT
+from minitf.lm import gpt2
+from minitf.sampling import choose_tokens, generate
 from minitf.layers import GELU, LearnedPositionalEmbedding
 from minitf.transformer import FeedForward
 from tests.helpers import assert_gradients_match, np, random_array, randomize, seeds, small
@@ -167,7 +168,7 @@ def test_gpt2_initialisation_scales_the_residual_projections():
 
 def test_config_dataclass_and_presets_build_the_models_they_describe():
     config = minitf.GPTConfig(vocab_size=9, max_len=5, d_model=4, num_heads=2, num_layers=1, d_ff=6)
-    assert GPT.from_config(config).config == dataclasses.asdict(config)  # GPTConfig's defaults are GPT's
+    assert GPT.from_config(config).config == config  # GPTConfig's defaults are GPT's
     paper = GPT.preset("paper", 9, max_len=5, d_model=4, num_heads=2, num_layers=1, d_ff=6)
     assert isinstance(paper.positional, minitf.PositionalEncoding) and paper.embed.scale == 2.0
     assert isinstance(paper.decoder.layers[0].feed_forward.activation, minitf.ReLU)
@@ -186,6 +187,11 @@ def test_config_dataclass_and_presets_build_the_models_they_describe():
 def test_bad_gpt_config_gives_clear_value_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GPT(**({"max_len": 4, "d_model": 4, "num_heads": 2, "num_layers": 1, "d_ff": 4} | kwargs))
+
+
+def test_an_unknown_option_is_one_line_naming_the_options():
+    with pytest.raises(TypeError, match=r"GPT has no option 'eps'; give GPTConfig's fields only: max_len, d_model"):
+        GPT(5, max_len=4, d_model=4, num_heads=2, num_layers=1, d_ff=4, eps=1e-6)
 
 
 def test_bad_ids_give_clear_value_errors():
@@ -290,9 +296,9 @@ def small_gpt2(seed=0, **options):
 @pytest.mark.parametrize("options", [{}, {"tie_embeddings": False, "activation": "relu"}])
 def test_save_pretrained_then_from_pretrained_gives_the_same_model(tmp_path, options):
     model = small_gpt2(**options)
-    model.save_pretrained(tmp_path / "out")
+    gpt2.save_pretrained(model, tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]  # no temp files
-    back = GPT.from_pretrained(tmp_path / "out")
+    back = gpt2.from_pretrained(tmp_path / "out")
     assert back.config == model.config
     before, after = model.state_dict(), back.state_dict()
     assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
@@ -300,7 +306,7 @@ def test_save_pretrained_then_from_pretrained_gives_the_same_model(tmp_path, opt
     with minitf.no_grad():
         assert np.array_equal(backend.to_numpy(model.eval()(ids)), backend.to_numpy(back.eval()(ids)))
     with backend.default_dtype("float32"):  # a dtype of the caller's choice
-        assert GPT.from_pretrained(tmp_path / "out").embed.weight.data.dtype == np.float32
+        assert gpt2.from_pretrained(tmp_path / "out").embed.weight.data.dtype == np.float32
 
 
 @pytest.mark.extra("safetensors", "hf")
@@ -308,11 +314,11 @@ def test_save_pretrained_refuses_a_model_gpt2_cannot_describe(tmp_path):
     for preset in ("paper", "gpt1"):
         model = GPT.preset(preset, 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8)
         with pytest.raises(ValueError, match="a Hugging Face GPT-2 folder cannot hold this model: it has post-LN"):
-            model.save_pretrained(tmp_path / preset)
+            gpt2.save_pretrained(model, tmp_path / preset)
         assert not (tmp_path / preset).exists()
     model = GPT.preset("gpt2", 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8, activation="silu")
     with pytest.raises(ValueError, match="cannot hold this model: it has the 'silu' activation"):
-        model.save_pretrained(tmp_path / "silu")
+        gpt2.save_pretrained(model, tmp_path / "silu")
     assert not (tmp_path / "silu").exists()
 
 
@@ -322,10 +328,10 @@ def test_from_pretrained_names_what_does_not_fit(tmp_path):
 
     import safetensors.numpy as safetensors_numpy
     folder = tmp_path / "gpt2"
-    small_gpt2().save_pretrained(folder)
+    gpt2.save_pretrained(small_gpt2(), folder)
     config = json.loads((folder / "config.json").read_text())
     with pytest.raises(ValueError, match="is not a folder"):
-        GPT.from_pretrained(tmp_path / "nowhere")
+        gpt2.from_pretrained(tmp_path / "nowhere")
     for change, message in [({"model_type": "bert"}, "model_type 'bert', not 'gpt2'"),
                             ({"activation_function": "silu"}, "activation_function 'silu'"),
                             ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
@@ -333,21 +339,21 @@ def test_from_pretrained_names_what_does_not_fit(tmp_path):
                                             r"\(expected \(11, 6\)\)")]:
         (folder / "config.json").write_text(json.dumps(config | change))
         with pytest.raises(ValueError, match=message):
-            GPT.from_pretrained(folder)
+            gpt2.from_pretrained(folder)
     (folder / "config.json").write_text(json.dumps(config))
     weights = safetensors_numpy.load_file(str(folder / "model.safetensors"))
     weights["transformer.h.0.attn.bias"] = np.tril(np.ones((1, 1, 6, 6)))  # older files' mask buffer: left out
     weights["transformer.h.0.mlp.extra"] = weights.pop("transformer.h.0.mlp.c_fc.bias")
     safetensors_numpy.save_file(weights, str(folder / "model.safetensors"))
     with pytest.raises(ValueError, match=r"missing \['h.0.mlp.c_fc.bias'\]; not GPT-2 parameters \['h.0.mlp.extra'\]"):
-        GPT.from_pretrained(folder)
+        gpt2.from_pretrained(folder)
     (folder / "model.safetensors").write_bytes(b"\x08" + bytes(20))  # damaged: a header cut short
     with pytest.raises(ValueError, match="model.safetensors is not a readable safetensors file"):
-        GPT.from_pretrained(folder)
+        gpt2.from_pretrained(folder)
     (folder / "model.safetensors").unlink()
     (folder / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(ValueError, match="has no model.safetensors.*not read.*: it is a pickle"):
-        GPT.from_pretrained(folder)
+        gpt2.from_pretrained(folder)
 
 
 def _gpt2_folder(tmp_path, change=None, drop=(), weights=None):
@@ -357,7 +363,7 @@ def _gpt2_folder(tmp_path, change=None, drop=(), weights=None):
 
     import safetensors.numpy as safetensors_numpy
     folder = tmp_path / "gpt2"
-    small_gpt2().save_pretrained(folder)
+    gpt2.save_pretrained(small_gpt2(), folder)
     config = json.loads((folder / "config.json").read_text()) | (change or {})
     (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in drop}))
     if weights is not None:
@@ -372,7 +378,7 @@ def _gpt2_folder(tmp_path, change=None, drop=(), weights=None):
 def test_from_pretrained_names_a_missing_key_the_model_needs(tmp_path, key):
     """Before: GPT-2 small's default filled it in and the weights were blamed with a list of shapes."""
     with pytest.raises(ValueError, match=f"config.json has no '{key}', which the model needs; add it"):
-        GPT.from_pretrained(_gpt2_folder(tmp_path, drop=[key]))
+        gpt2.from_pretrained(_gpt2_folder(tmp_path, drop=[key]))
 
 
 #: a change to config.json -> what the error says (before: a TypeError deep in a forward pass or in Dropout,
@@ -401,7 +407,7 @@ BAD_CONFIG_VALUES = {
 def test_from_pretrained_checks_every_value_naming_the_key(tmp_path, case):
     change, message = BAD_CONFIG_VALUES[case]
     with pytest.raises(ValueError, match=re.escape(message)):
-        GPT.from_pretrained(_gpt2_folder(tmp_path, change))
+        gpt2.from_pretrained(_gpt2_folder(tmp_path, change))
 
 
 @pytest.mark.extra("safetensors", "hf")
@@ -416,14 +422,14 @@ def test_from_pretrained_refuses_non_finite_weights_naming_the_tensor(tmp_path):
     for name, value in [("transformer.h.1.mlp.c_fc.weight", np.nan), ("transformer.wte.weight", -np.inf)]:
         folder = _gpt2_folder(tmp_path, weights=poison(name, value))
         with pytest.raises(ValueError, match=f"model.safetensors: tensor {re.escape(name)} holds 1 NaN or infinite"):
-            GPT.from_pretrained(folder)
+            gpt2.from_pretrained(folder)
     huge = _gpt2_folder(tmp_path, weights=poison("transformer.h.0.attn.c_proj.weight", 1e300))  # finite in float64
     with backend.default_dtype("float32"), pytest.raises(ValueError, match="transformer.h.0.attn.c_proj.weight "
                                                                            "holds values beyond float32"):
-        GPT.from_pretrained(huge)
+        gpt2.from_pretrained(huge)
     ints = _gpt2_folder(tmp_path, weights=lambda t: t.update({"transformer.ln_f.bias": np.zeros(4, dtype=np.int64)}))
     with pytest.raises(ValueError, match="tensor transformer.ln_f.bias is I64, not floating-point weights"):
-        GPT.from_pretrained(ints)
+        gpt2.from_pretrained(ints)
 
 
 @pytest.mark.extra("safetensors", "hf")
@@ -432,7 +438,7 @@ def test_a_bfloat16_float16_or_sharded_folder_reads_as_its_weights_rounded(tmp_p
     sharded folder (model.safetensors.index.json and its shards) had "no model.safetensors"."""
     from minitf import pretrained
     from tests.test_pretrained import bf16_round, safetensors_bytes, write_sharded
-    small_gpt2().save_pretrained(tmp_path / "float32")
+    gpt2.save_pretrained(small_gpt2(), tmp_path / "float32")
     weights = pretrained.read_weights(tmp_path / "float32" / "model.safetensors")
     ids = np.array([[1, 2, 3, 10]])
 
@@ -448,7 +454,7 @@ def test_a_bfloat16_float16_or_sharded_folder_reads_as_its_weights_rounded(tmp_p
 
     def logits(path, dtype=None):
         with minitf.no_grad():
-            return backend.to_numpy(GPT.from_pretrained(path, dtype=dtype).eval()(ids))
+            return backend.to_numpy(gpt2.from_pretrained(path, dtype=dtype).eval()(ids))
 
     original = logits(tmp_path / "float32")
     for dtype, rounded in [("BF16", bf16_round), ("F16", lambda a: a.astype(np.float16).astype(np.float32))]:

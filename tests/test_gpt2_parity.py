@@ -1,12 +1,14 @@
 """minitf's GPT against Hugging Face's GPT-2 (``transformers.GPT2LMHeadModel``): a small GPT-2
 with random weights, made here (no download), saved with ``save_pretrained`` (safetensors) and read
-by ``minitf.GPT.from_pretrained``, gives the same logits, next-token loss and gradient of every
+by ``minitf.lm.gpt2.from_pretrained``, gives the same logits, next-token loss and gradient of every
 parameter as PyTorch's autograd, in float64; greedy generation equals ``generate``; and a minitf
 model written by ``save_pretrained`` loads in transformers with the same logits.
 
 Tolerance: relative difference below 1e-10, as in tests/test_pytorch_parity.py: the same function
 in float64 in another order agrees to ~1e-15; a wrong layout, mask or activation is O(1) off.
 Skipped where the ``bench`` extra (torch, transformers, safetensors) is not installed."""
+import dataclasses
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -17,7 +19,10 @@ pytest.importorskip("safetensors", reason=REASON)
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
-from minitf.gpt import GPT, generate, name_map  # noqa: E402
+from minitf.gpt import GPT  # noqa: E402
+from minitf.lm import gpt2  # noqa: E402
+from minitf.lm.gpt2 import name_map  # noqa: E402
+from minitf.sampling import generate  # noqa: E402
 from minitf.testing import randomize, seeds  # noqa: E402
 from tests.helpers import relative_difference  # noqa: E402
 
@@ -61,8 +66,8 @@ def test_logits_loss_and_every_gradient_match_hugging_face_gpt2(config, seed, da
     hf = hf_gpt2(seed % 2**31, **config)
     folder = tmp_path_factory.mktemp("gpt2")
     hf.save_pretrained(folder)
-    model = GPT.from_pretrained(folder)
-    assert model.embed.weight.data.dtype == np.float64 and model.config["activation"] in ("gelu_tanh", "gelu", "relu")
+    model = gpt2.from_pretrained(folder)
+    assert model.embed.weight.data.dtype == np.float64 and model.config.activation in ("gelu_tanh", "gelu", "relu")
     B, L = data.draw(st.integers(1, 3)), data.draw(st.integers(1, config["n_positions"]))
     ids = np.random.default_rng(seed).integers(0, config["vocab_size"], (B, L))
     # the shift written out: position t's target is token t + 1; the last position has none (-1)
@@ -99,7 +104,7 @@ def test_logits_loss_and_every_gradient_match_hugging_face_gpt2(config, seed, da
 def test_greedy_generation_of_50_tokens_equals_hugging_face_generate(tmp_path):
     hf = hf_gpt2(3, scale=0.5, vocab_size=40, n_positions=64, n_embd=16, n_layer=2, n_head=2)
     hf.save_pretrained(tmp_path)
-    model = GPT.from_pretrained(tmp_path)
+    model = gpt2.from_pretrained(tmp_path)
     prompt = np.random.default_rng(3).integers(1, 40, (2, 7))
     ours = generate(model, prompt, 50, temperature=0)
     theirs = hf.generate(torch.from_numpy(prompt), max_new_tokens=50, min_new_tokens=50, do_sample=False,
@@ -113,7 +118,7 @@ def test_save_pretrained_loads_in_transformers_with_the_same_logits(tmp_path):
     backend.manual_seed(5)
     model = randomize(GPT.preset("gpt2", 30, max_len=10, d_model=12, num_heads=3, num_layers=2, d_ff=20,
                                  activation="gelu"), 5, scale=0.3)
-    model.save_pretrained(tmp_path)
+    gpt2.save_pretrained(model, tmp_path)
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, dtype=torch.float64).eval()
     ids = np.random.default_rng(5).integers(0, 30, (3, 10))
     with minitf.no_grad():
@@ -121,6 +126,6 @@ def test_save_pretrained_loads_in_transformers_with_the_same_logits(tmp_path):
     with torch.no_grad():
         theirs = hf(torch.from_numpy(ids)).logits.numpy()
     assert relative_difference(ours, theirs) < RTOL
-    back = GPT.from_pretrained(tmp_path)  # and back: the same arrays, bit for bit
+    back = gpt2.from_pretrained(tmp_path)  # and back: the same arrays, bit for bit
     assert all(np.array_equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
-    assert back.config == model.config | {"init": "gpt2"}
+    assert back.config == dataclasses.replace(model.config, init="gpt2")

@@ -139,3 +139,22 @@ def test_generate_takes_a_gpt2_folder_as_checkpoint_as_from_pretrained_does(tmp_
     assert answers[0].stdout == answers[1].stdout and answers[0].stdout.startswith("the cat")
     loaded = minitf.load(folder)
     assert loaded.kind.name == "gpt" and loaded.run_dir is None and loaded.step is None
+
+
+@pytest.mark.extra("tokenizers", "hf")
+@pytest.mark.extra("safetensors", "hf")
+def test_a_folders_config_json_travels_in_loaded_and_is_written_back_by_the_writer(tmp_path_factory):
+    """A GPT-2 folder's config.json rides in ``Loaded.hf_config``, not on the model; given to the writer, its
+    entries minitf does not compute are written back."""
+    from minitf.lm import gpt2
+    from tests.test_generate import folder as make_folder
+    folder = make_folder.__wrapped__(tmp_path_factory)
+    config = json.loads((folder / "config.json").read_text()) | {"task_specific_params": {"text-generation": {}}}
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded = minitf.load(folder)
+    assert loaded.hf_config == config and not hasattr(loaded.model, "hf_config")
+    out = tmp_path_factory.mktemp("out")
+    gpt2.save_pretrained(loaded.model, out, loaded.hf_config)
+    assert json.loads((out / "config.json").read_text()) == config
+    gpt2.save_pretrained(loaded.model, out / "bare")  # without it: only what minitf computes
+    assert "task_specific_params" not in json.loads((out / "bare" / "config.json").read_text())

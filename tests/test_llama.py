@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 import minitf
 from minitf import backend
-from minitf.gpt import generate
+from minitf.sampling import generate
 from minitf.llama import Llama, LlamaConfig
 from minitf.llama import hf as llama_hf
 from minitf.llama.config import preset
@@ -249,7 +249,7 @@ def test_logits_loss_and_every_gradient_match_transformers(config, family, seed,
         theirs.save_pretrained(folder)
         model = Llama.from_pretrained(folder)
         assert model.embed_tokens.weight.data.dtype == np.float64
-        assert model.config.attention_bias == (family == "qwen2") and model.hf_config["model_type"] == family
+        assert model.config.attention_bias == (family == "qwen2") and llama_hf.pretrained_config(folder)[1]["model_type"] == family
         assert model.config.tie_word_embeddings == config["tie_word_embeddings"]
         B, L = data.draw(st.integers(1, 3)), data.draw(st.integers(2, 8))
         rng = np.random.default_rng(seed)
@@ -390,6 +390,20 @@ def command(*args, stdin=""):
 
 
 @with_folder
+def test_a_folders_config_json_travels_in_loaded_and_is_written_back_by_the_writer(folder, tmp_path):
+    """The folder's config.json rides in ``Loaded.hf_config``, not on the model; given to the writer, its entries
+    minitf does not compute (transformers_version here) are written back."""
+    loaded = minitf.load(folder)
+    assert loaded.hf_config == json.loads((folder / "config.json").read_text())
+    assert not hasattr(loaded.model, "hf_config") and "transformers_version" in loaded.hf_config
+    llama_hf.save_pretrained(loaded.model, tmp_path / "kept", loaded.hf_config)
+    kept = json.loads((tmp_path / "kept" / "config.json").read_text())
+    assert kept["transformers_version"] == loaded.hf_config["transformers_version"]
+    loaded.model.save_pretrained(tmp_path / "bare")  # without it: only what minitf computes
+    assert "transformers_version" not in json.loads((tmp_path / "bare" / "config.json").read_text())
+
+
+@with_folder
 def test_the_tokenizer_encodes_and_decodes_as_transformers_does(folder):
     """<s> first (the post-processor's), the same ids as transformers' tokenizer of the same file, and text back
     without the special tokens; the end-of-text ids are generation_config.json's list."""
@@ -406,7 +420,7 @@ def test_the_tokenizer_encodes_and_decodes_as_transformers_does(folder):
 
 @with_folder
 def test_generate_samples_a_llama_folder_as_minitf_and_transformers_do(folder):
-    """--checkpoint FOLDER: greedy text equals minitf.gpt.generate's on the folder's model and transformers'
+    """--checkpoint FOLDER: greedy text equals minitf.sampling.generate's on the folder's model and transformers'
     generate decoded; a seed makes sampling reproducible."""
     torch, transformers = _hf()
     prompts = ["the cat", "a small house"]

@@ -14,7 +14,7 @@ def test_train_py_trains_the_llama_block_resumes_it_exactly_and_generate_samples
     import json
     import subprocess
     import sys
-    from minitf.gpt import generate
+    from minitf.sampling import generate
     from minitf.llama.model import Llama
     from minitf.training import checkpoint as ckpt
     from minitf.train import main as train_main

@@ -11,7 +11,9 @@ import sys
 import pytest
 
 from minitf import backend
-from minitf.gpt import GPT, generate
+from minitf.gpt import GPT
+from minitf.lm import gpt2
+from minitf.sampling import generate
 from minitf.training import checkpoint as ckpt
 from minitf.train import main as train_main
 from tests.runs import CPU_ENV, ROOT, final_params, metrics, one_error_line
@@ -41,7 +43,7 @@ def gpt2_folder(texts, folder, num_layers=2, max_len=None):
     backend.manual_seed(0)
     model = GPT.preset("gpt2", tokenizer.get_vocab_size(), max_len=max_len or N_POSITIONS, d_model=24, num_heads=2,
                        num_layers=num_layers, d_ff=48, dropout=0.1)
-    model.save_pretrained(folder)
+    gpt2.save_pretrained(model, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(dict(config, eos_token_id=tokenizer.token_to_id("<|endoftext|>"))))
     return folder
@@ -84,7 +86,7 @@ def test_init_from_starts_from_the_folders_weights_and_tokenizer(pretrained, tmp
     assert (config["init_from"], config["tokenizer"], config["n_positions"], config["d_model"],
             config["num_decoder_layers"], config["vocab_size"]) == (str(folder.resolve()), "pretrained", N_POSITIONS,
                                                                      24, 2, vocabulary(folder))
-    start = GPT.from_pretrained(folder).state_dict()
+    start = gpt2.from_pretrained(folder).state_dict()
     trained = ckpt.read_checkpoint(ckpt.checkpoint_path(run, 1))["params"]
     assert set(trained) == set(start)
     assert max(float(np.abs(trained[name] - start[name]).max()) for name in start) < 1e-6
@@ -154,8 +156,8 @@ def _no_tokenizer(folder, tmp):
 def _other_vocabulary(folder, tmp):
     shutil.copytree(folder, tmp / "other")
     config = json.loads((tmp / "other" / "config.json").read_text())
-    GPT.preset("gpt2", 200, max_len=N_POSITIONS, d_model=24, num_heads=2, num_layers=2, d_ff=48).save_pretrained(
-        tmp / "other")
+    gpt2.save_pretrained(GPT.preset("gpt2", 200, max_len=N_POSITIONS, d_model=24, num_heads=2, num_layers=2, d_ff=48),
+                         tmp / "other")
     (tmp / "other" / "config.json").write_text(json.dumps(dict(json.loads(
         (tmp / "other" / "config.json").read_text()), eos_token_id=config["eos_token_id"])))
     return ["--init-from", str(tmp / "other")]

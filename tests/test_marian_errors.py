@@ -167,12 +167,13 @@ def test_a_config_declaring_more_layers_than_its_weights_hold_is_one_line_before
 @pytest.mark.extra("safetensors", "hf")
 def test_a_gpt2_config_declaring_more_layers_than_its_weights_hold_is_one_line(tmp_path):
     from minitf.gpt import GPT
+    from minitf.lm import gpt2
     backend.manual_seed(0)
-    GPT.preset("gpt2", 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8).save_pretrained(tmp_path / "g")
+    gpt2.save_pretrained(GPT.preset("gpt2", 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8), tmp_path / "g")
     config = json.loads((tmp_path / "g" / "config.json").read_text())
     (tmp_path / "g" / "config.json").write_text(json.dumps(dict(config, n_layer=10 ** 7)))
     with pytest.raises(ValueError, match="config.json declares n_layer 10000000, but the weights hold 1 such layers"):
-        GPT.from_pretrained(tmp_path / "g")
+        gpt2.from_pretrained(tmp_path / "g")
 
 
 @pytest.mark.extra("safetensors", "hf")

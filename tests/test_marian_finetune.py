@@ -255,7 +255,8 @@ def test_the_command_reads_the_weights_once(folder, data, tmp_path, monkeypatch)
 # --------------------------------------------------------------------------- bad input: one line, no run folder
 def _gpt2_folder(folder, tmp):
     from minitf.gpt import GPT
-    GPT.preset("gpt2", 50, max_len=16, d_model=8, num_heads=2, num_layers=1, d_ff=16).save_pretrained(tmp / "gpt2")
+    from minitf.lm import gpt2
+    gpt2.save_pretrained(GPT.preset("gpt2", 50, max_len=16, d_model=8, num_heads=2, num_layers=1, d_ff=16), tmp / "gpt2")
     return ["--init-from", tmp / "gpt2"]
 
 

@@ -162,6 +162,7 @@ def gpt2_and_marian_models():
     (``poison(model)`` puts a NaN and an infinity there) and its format's writer ``save(model, folder)``."""
     import minitf
     from minitf.gpt import GPT
+    from minitf.lm import gpt2
     from minitf.nmt import marian
     backend.manual_seed(0)
     gpt = GPT.preset("gpt2", 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8)
@@ -172,7 +173,7 @@ def gpt2_and_marian_models():
          "decoder_start_token_id": 19, "eos_token_id": 0, "max_position_embeddings": 64,
          "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True, "dropout": 0.1}))
     return [(gpt, lambda m: m.decoder.layers[0].feed_forward.linear1.weight.data, "transformer.h.0.mlp.c_fc.weight",
-             lambda m, folder: m.save_pretrained(folder)),
+             gpt2.save_pretrained),
             (translation, lambda m: m.decoder.layers[0].feed_forward.linear1.weight.data,
              "model.decoder.layers.0.fc1.weight", marian.save_pretrained)]
 
@@ -474,9 +475,10 @@ def test_a_damaged_sharded_folder_is_refused_in_one_line_naming_the_file_and_ten
 
 def test_from_pretrained_refuses_bfloat16_and_other_dtypes_in_one_line(tmp_path):
     """Before: dtype="bfloat16" was a bare TypeError from NumPy ("data type 'bfloat16' not understood")."""
-    from minitf import GPT, pretrained
+    from minitf import pretrained
+    from minitf.lm import gpt2
     from minitf.nmt import marian
-    for read in (GPT.from_pretrained, marian.from_pretrained):
+    for read in (gpt2.from_pretrained, marian.from_pretrained):
         for dtype in ("bfloat16", "int32", "float128", "nonsense"):
             with pytest.raises(ValueError) as error:
                 read(tmp_path / "nowhere", dtype=dtype)  # refused before the folder is looked at
@@ -502,13 +504,14 @@ def test_a_bfloat16_folder_in_shards_from_transformers_reads_as_torch_widens_it(
     import torch
     import transformers
 
-    from minitf import GPT
+    from minitf.lm import gpt2
     from minitf.nmt import marian
     torch.manual_seed(0)
     if kind == "gpt2":
         config = transformers.GPT2Config(vocab_size=11, n_positions=6, n_embd=8, n_head=2, n_layer=2, bos_token_id=0,
                                          eos_token_id=0)
-        model, inputs, read = transformers.GPT2LMHeadModel(config), dict(input_ids=torch.tensor([[1, 2, 3, 10]])), GPT
+        model, inputs = transformers.GPT2LMHeadModel(config), dict(input_ids=torch.tensor([[1, 2, 3, 10]]))
+        read = gpt2.from_pretrained
     else:
         config = transformers.MarianConfig(
             vocab_size=20, d_model=8, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
@@ -516,7 +519,7 @@ def test_a_bfloat16_folder_in_shards_from_transformers_reads_as_torch_widens_it(
             activation_function="swish", scale_embedding=True, pad_token_id=19, decoder_start_token_id=19,
             eos_token_id=0, forced_eos_token_id=0, bos_token_id=0, dropout=0.0, attention_dropout=0.0,
             activation_dropout=0.0)
-        model, read = transformers.MarianMTModel(config), marian
+        model, read = transformers.MarianMTModel(config), marian.from_pretrained
         inputs = dict(input_ids=torch.tensor([[3, 5, 7, 0]]), decoder_input_ids=torch.tensor([[19, 4, 6]]))
     model.eval()
     with torch.no_grad():
@@ -534,7 +537,7 @@ def test_a_bfloat16_folder_in_shards_from_transformers_reads_as_torch_widens_it(
     weights = read_weights(tmp_path / "model.safetensors.index.json")
     widened = {name: t.float().numpy() for name, t in model.state_dict().items()}
     assert weights and all(weights[name].tobytes() == widened[name].tobytes() for name in weights)
-    ours = read.from_pretrained(tmp_path).eval()  # GPT.from_pretrained gives a model in training mode (dropout)
+    ours = read(tmp_path).eval()  # gpt2.from_pretrained gives a model in training mode (dropout)
     with minitf.no_grad():
         logits = backend.to_numpy(ours(*(x.numpy() for x in inputs.values())))
     assert np.abs(logits - expected).max() < 1e-5 * np.abs(expected).max()

@@ -388,7 +388,7 @@ def gpt_loss_of(model):
 
 def test_gpt_trace_parameter_gradients_agree_with_finite_differences(traced_gpt):
     tracer, model, loss = traced_gpt
-    assert type(model).__name__ == "GPT" and model.config["pre_norm"] and model.config["positions"] == "learned"
+    assert type(model).__name__ == "GPT" and model.config.pre_norm and model.config.positions == "learned"
     assert loss == pytest.approx(gpt_loss_of(model), abs=1e-12)
     analytic, numeric = analytic_and_numeric(model, gpt_loss_of)
     assert np.abs(analytic).max() > 1e-3

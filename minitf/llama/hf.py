@@ -255,11 +255,10 @@ def from_pretrained(model_class, folder, dtype=None):
     """The ``model_class`` (:class:`minitf.llama.model.Llama`) of a Hugging Face folder, built under ``dtype``
     (default: minitf's default float dtype) after config.json and every tensor are checked."""
     dtype = pretrained.model_dtype(dtype)
-    config, hf = pretrained_config(folder)
+    config, _ = pretrained_config(folder)
     state = read_pretrained_state(folder, config, dtype)
     with backend.default_dtype(dtype):
         model = model_class(config)
-    model.hf_config = hf  # kept, so that save_pretrained writes back its other entries
     model.load_state_dict(state)
     return model
 
@@ -297,14 +296,15 @@ def hf_config_of(config, previous, dtype):
     return hf
 
 
-def save_pretrained(model, folder):
+def save_pretrained(model, folder, hf_config=None):
     """Write ``model`` as a Hugging Face folder (config.json, generation_config.json, model.safetensors in the
-    model's dtype), each file atomically; a ValueError before anything is written for a folder that cannot be one
+    model's dtype), each file atomically; ``hf_config``: the config.json it was read from (a ``Loaded.hf_config``),
+    whose other entries are written back. A ValueError before anything is written for a folder that cannot be one
     or weights holding NaN or infinity."""
     folder = pathlib.Path(folder)
     pretrained.check_save_folder(folder)
     config = model.config
-    hf = hf_config_of(config, getattr(model, "hf_config", {}), str(model.embed_tokens.weight.data.dtype))
+    hf = hf_config_of(config, hf_config or {}, str(model.embed_tokens.weight.data.dtype))
     pretrained.write_weights(folder / pretrained.WEIGHTS, minitf_to_hf_state(model.state_dict(), config))
     pretrained.write_json(folder / "config.json", hf)
     generation = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf.get(k) is not None}

@@ -57,12 +57,12 @@ class LlamaKind(Kind):
             raise DataError(f"reading a {hf.LLAMA_FOLDER} needs the tokenizers package, not installed here: "
                             "pip install -e '.[hf]'")
         folder = pathlib.Path(folder)
-        config, _ = hf.pretrained_config(folder)  # every config value checked first
+        config, hf_config = hf.pretrained_config(folder)  # every config value checked first
         tokenizer_path(folder)                    # then the tokenizer's presence, before the weights are read
         model = Llama.from_pretrained(folder).eval()
         tokenizer = read_tokenizer(folder, config.eos_ids)
         return Loaded(model, tokenizer, self, folder, None, context=config.max_position_embeddings,
-                      context_why="its max_position_embeddings")
+                      context_why="its max_position_embeddings", hf_config=hf_config)
 
 
 KIND = LlamaKind()

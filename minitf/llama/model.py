@@ -127,10 +127,10 @@ class Llama(Module):
         config.json and every tensor checked first, bfloat16 and float16 weights widened, built under ``dtype``."""
         return hf.from_pretrained(cls, folder, dtype)
 
-    def save_pretrained(self, folder):
-        """Write this model as a Hugging Face folder (:func:`minitf.llama.hf.save_pretrained`) that transformers
-        loads with the same logits."""
-        hf.save_pretrained(self, folder)
+    def save_pretrained(self, folder, hf_config=None):
+        """Write this model as a Hugging Face folder (:func:`minitf.llama.hf.save_pretrained`; ``hf_config``: the
+        config.json it was read from, whose other entries are kept) that transformers loads with the same logits."""
+        hf.save_pretrained(self, folder, hf_config)
 
     def num_parameters_of_shape(self):
         """The parameters a model of this config has, counted from the config alone."""

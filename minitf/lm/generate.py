@@ -13,7 +13,7 @@ token (``eos_token_id`` in config.json), which is not written.
 
 The model comes from the one loader (:func:`minitf.loader.load`): a model of any kind whose models generate
 (``Kind.generates``: a :class:`minitf.gpt.GPT`, a :class:`minitf.llama.model.Llama`), sampled by
-:func:`minitf.gpt.generate`, and a tokenizer with the interface of
+:func:`minitf.sampling.generate`, and a tokenizer with the interface of
 :class:`minitf.training.tokenizer.Tokenizer` (``encode(texts)`` -> id lists, ``decode(id_lists)`` ->
 texts, ``vocab_size``, ``eos_id`` or None, and optionally ``eos_ids``: every end-of-text id).
 """
@@ -23,10 +23,10 @@ import pathlib
 import sys
 
 from minitf import backend, kinds
-from minitf.gpt import generate
 from minitf.lm.kind import KIND
 from minitf.loader import load
 from minitf.pretrained import model_type
+from minitf.sampling import generate
 from minitf.training import checkpoint as ckpt
 from minitf.training.text import answer_each_line, decode_lines
 from minitf.training.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,

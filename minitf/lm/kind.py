@@ -5,8 +5,7 @@ tokenizer from a checkpoint, a GPT-2 folder read whole, and its ``train.py`` tas
 import importlib.util
 import pathlib
 
-from minitf import gpt
-from minitf.lm import config as config_checks
+from minitf.lm import config as config_checks, gpt2
 from minitf.lm.config import PRESETS
 from minitf.training.errors import DataError
 from minitf.training.kind import Kind, Loaded
@@ -16,7 +15,7 @@ class LanguageModelKind(Kind):
     name = "gpt"
     title = "language model"
     hf_model_types = ("gpt2",)
-    hf_what = gpt.GPT2_FOLDER
+    hf_what = gpt2.GPT2_FOLDER
     presets = PRESETS
     # block_size: tokens per training block (the model's context); n_positions: rows of the learned position
     # table (None: block_size; a GPT-2 folder's n_positions); activation and layer_norm_eps: the feed-forward's
@@ -48,7 +47,7 @@ class LanguageModelKind(Kind):
 
     def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
         from minitf.lm.data import TextTokenizer
-        learned = model.config["positions"] == "learned"
+        learned = model.config.positions == "learned"
         return Loaded(model, TextTokenizer(tokenizer), self, pathlib.Path(source), None, run_dir, checkpoint, meta,
                       model.max_len if learned else config.block_size,
                       "its learned positions" if learned else "its training blocks")
@@ -64,10 +63,11 @@ class LanguageModelKind(Kind):
         folder = pathlib.Path(folder)
         if all((folder / name).is_file() for name in ("config.json", "model.safetensors")):
             tokenizer_files(folder)  # a missing tokenizer is found before the weights are read
-        model = gpt.GPT.from_pretrained(folder)
-        tokenizer = read_pretrained_tokenizer(folder, pretrained_eos_id(model.hf_config, model.vocab_size))
+        _, hf = gpt2.pretrained_config(folder)  # config.json as read: it travels with the model for an export
+        model = gpt2.from_pretrained(folder)
+        tokenizer = read_pretrained_tokenizer(folder, pretrained_eos_id(hf, model.vocab_size))
         return Loaded(model, tokenizer, self, folder, None, context=model.max_len,
-                      context_why="its learned positions")
+                      context_why="its learned positions", hf_config=hf)
 
 
 KIND = LanguageModelKind()

@@ -8,7 +8,7 @@ import pathlib
 
 from minitf import backend
 from minitf.pretrained import model_type, weights_path
-from minitf.gpt import pretrained_config, read_pretrained_state
+from minitf.lm.gpt2 import pretrained_config, read_pretrained_state
 from minitf.lm.corpus import default_text_splits
 from minitf.lm.data import (CharTokenizer, TextCorpus, load_tokenizer, pretrained_eos_id, read_pretrained_tokenizer,
                             tokenizer_files, tokenizer_kind)
@@ -82,17 +82,17 @@ class LanguageModelTask(Task):
         except ValueError as error:
             raise UsageError(f"--init-from {args.init_from}: {error}") from None
         tokenizer_files(args.init_from)  # a folder without a tokenizer is refused before anything starts
-        if not model["tie_embeddings"]:
+        if not model.tie_embeddings:
             raise UsageError(f"--init-from {args.init_from}: its output projection is not tied to the embedding "
                              "(tie_word_embeddings false); train.py fine-tunes GPT-2's tied shape only")
         try:  # damaged weights (truncated, a NaN): refused here, before any run folder; the trainer gets these
             self.read_once(weights_path(args.init_from), lambda: read_pretrained_state(args.init_from, model))
         except ValueError as error:
             raise DataError(f"--init-from {args.init_from}: {error}") from None
-        return dict(d_model=model["d_model"], num_heads=model["num_heads"], num_decoder_layers=model["num_layers"],
-                    d_ff=model["d_ff"], pre_norm=model["pre_norm"], n_positions=model["max_len"],
-                    activation=model["activation"], layer_norm_eps=float(model["layer_norm_eps"]),
-                    vocab_size=model["vocab_size"], tokenizer="pretrained", init_from=str(args.init_from.resolve()),
+        return dict(d_model=model.d_model, num_heads=model.num_heads, num_decoder_layers=model.num_layers,
+                    d_ff=model.d_ff, pre_norm=model.pre_norm, n_positions=model.max_len,
+                    activation=model.activation, layer_norm_eps=float(model.layer_norm_eps),
+                    vocab_size=model.vocab_size, tokenizer="pretrained", init_from=str(args.init_from.resolve()),
                     lr_scale=args.lr_scale or FINE_TUNE_LR_SCALE)
 
     def new_run(self, args, given, config, run_dir, world):

@@ -8,9 +8,11 @@ import pathlib
 import time
 
 from minitf.backend import host as np
-from minitf.gpt import GPT, generate, read_pretrained_state
+from minitf.gpt import GPT, GPTConfig
+from minitf.lm.gpt2 import read_pretrained_state
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import no_grad
+from minitf.sampling import generate
 from minitf.training import trainer as base
 from minitf.training.config import with_added_fields
 from minitf.training.errors import StepOutOfMemory
@@ -26,16 +28,21 @@ SAMPLE_TOKENS = 64
 NO_IGNORE = -1
 
 
-def gpt_from_run_config(config, vocab_size):
-    """The GPT a ``--model gpt`` run trains, from its config (``RunConfig.to_dict()``, or a checkpoint's
-    meta.json ``config``): GPT-2's choices, the run's sizes, ``num_decoder_layers`` blocks, ``n_positions``
-    positions (``block_size`` unless the run started from a pretrained model). For loading a run's checkpoint
-    elsewhere (sampling)."""
+def gpt_config_of_run(config, vocab_size):
+    """The :class:`minitf.gpt.GPTConfig` of a ``--model gpt`` run's config (``RunConfig.to_dict()``, or a
+    checkpoint's meta.json ``config``): GPT-2's choices, the run's sizes, ``num_decoder_layers`` blocks,
+    ``n_positions`` positions (``block_size`` unless the run started from a pretrained model)."""
     config = with_added_fields(config)  # a run of an older minitf: the fields it did not have keep its meaning
-    return GPT(vocab_size, max_len=config["n_positions"] or config["block_size"], d_model=config["d_model"],
-               num_heads=config["num_heads"], num_layers=config["num_decoder_layers"], d_ff=config["d_ff"],
-               dropout=config["dropout"], pre_norm=config["pre_norm"], activation=config["activation"],
-               layer_norm_eps=config["layer_norm_eps"])
+    return GPTConfig(vocab_size, max_len=config["n_positions"] or config["block_size"], d_model=config["d_model"],
+                     num_heads=config["num_heads"], num_layers=config["num_decoder_layers"], d_ff=config["d_ff"],
+                     dropout=config["dropout"], pre_norm=config["pre_norm"], activation=config["activation"],
+                     layer_norm_eps=config["layer_norm_eps"])
+
+
+def gpt_from_run_config(config, vocab_size):
+    """The GPT a ``--model gpt`` run trains (:func:`gpt_config_of_run`). For loading a run's checkpoint
+    elsewhere (sampling)."""
+    return GPT.from_config(gpt_config_of_run(config, vocab_size))
 
 
 def build_gpt(config, vocab_size):

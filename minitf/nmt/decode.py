@@ -23,7 +23,7 @@ import dataclasses
 
 from minitf import backend
 from minitf.backend import xp
-from minitf.gpt import non_finite_logits_error, nonfinite_rows
+from minitf.sampling import non_finite_logits_error, nonfinite_rows
 from minitf.module import no_grad
 from minitf.nmt.data import pad_batch
 from minitf.training.errors import DataError

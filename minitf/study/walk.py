@@ -240,7 +240,7 @@ def language_model_walk(tracer, model):
     """The :class:`Walk` of a :class:`minitf.GPT`'s backward (decoder-only), for every layer from the top
     down, post-LN or pre-LN, learned or sinusoidal positions."""
     w, config = Walk(tracer), model.config
-    pre_norm, tied = config["pre_norm"], model.generator.weight is model.embed.weight
+    pre_norm, tied = config.pre_norm, model.generator.weight is model.embed.weight
     use = _uses(2, tied)
     w.section("the next-token loss and the output projection (logits = h W^T, W the tied (V, D) matrix)" if tied
               else "the next-token loss and the output projection (logits = h W^T)")
@@ -252,7 +252,7 @@ def language_model_walk(tracer, model):
         w.section("the final LayerNorm (pre-LN)")
         w.step("decoder.final_norm: dy of the last block = LN'(dh)", "decoder.final_norm", "dx", "stream",
                (Decoder.backward, "dx = self.final_norm.backward(dy)"))
-    for l in reversed(range(config["num_layers"])):
+    for l in reversed(range(config.num_layers)):
         layer = f"decoder.layers.{l}"
         activation = model.decoder.layers[l].feed_forward.activation
         name = type(activation).__name__
@@ -263,7 +263,7 @@ def language_model_walk(tracer, model):
         w.section(f"layer {l}: masked self-attention (no cross-attention: no encoder)")
         w.block(f"{layer}.self_attn_block", f"{layer}.self_attn", SELF_ATTENTION, pre_norm)
         w.point(f"decoder.layers.{l} in", layer, "dx")
-    learned = config["positions"] == "learned"
+    learned = config.positions == "learned"
     w.section(("learned positions" if learned else "sinusoidal positions") + (" and the tied embedding" if tied
                                                                               else " and the embedding"))
     if learned:

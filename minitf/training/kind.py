@@ -57,7 +57,7 @@ class Kind:
     #: The command that uses a run of this kind (said when another command is given one).
     use_a_run = ""
     #: Whether its models continue text (``python -m minitf.generate`` samples them with
-    #: :func:`minitf.gpt.generate`: ``model(ids, cache=, start=)``, ``vocab_size``, ``position_limit``).
+    #: :func:`minitf.sampling.generate`: ``model(ids, cache=, start=)``, ``vocab_size``, ``position_limit``).
     generates = False
 
     def task(self):
