@@ -84,6 +84,13 @@ class Kind:
         """The :class:`Loaded` of a checkpoint of this kind (model and tokenizer read and checked)."""
         raise NotImplementedError
 
+    def write_folder(self, loaded, folder):
+        """Write ``loaded`` (a run of this kind, :class:`Loaded`) as a Hugging Face folder into the new or empty
+        ``folder`` (``python -m minitf.export``); a kind without a folder format to write refuses in one line."""
+        from minitf.training.errors import UsageError
+        raise UsageError(f"{loaded.source} is a --model {self.name} run, which minitf does not export to a Hugging "
+                         f"Face folder: {self.use_a_run}")
+
     def load_folder(self, folder, warn=None):
         """The :class:`Loaded` of a Hugging Face folder of one of :attr:`hf_model_types`: every value checked
         before the model is built; a one-line ValueError, DataError or UsageError names the file and key."""
