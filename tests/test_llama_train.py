@@ -183,3 +183,29 @@ def test_two_ranks_fine_tune_a_llama_folder_as_one_process(tuning, tmp_path):
     assert "data parallel: 2 ranks" in two.stderr
     (step, reference), (step_two, got) = final_params(tmp_path / "one"), final_params(tmp_path / "two")
     assert step == step_two == 3 and np.abs(got - reference).max() <= 1e-5 * np.abs(reference).max()
+
+
+@with_hf
+def test_fine_tuning_refusals_are_one_line(tuning, tmp_path, capsys):
+    """Blocks longer than the folder's positions, a shape flag the folder fixes, the folder given to --model gpt,
+    and an export of a run with minitf's own tokenizer (it has no tokenizer.json): one line each, nothing written."""
+    from minitf.export import main as export_main
+    from minitf.train import main as train_main
+    from tests.runs import one_error_line, train
+    from tests.test_lm_train import make_text
+    folder, text = tuning
+    for flags, words in [(FINE_TUNE + ["--block-size", "65"], "--block-size 65 is longer than the 64 positions"),
+                         (FINE_TUNE + ["--num-kv-heads", "1"], "--num-kv-heads cannot go with --init-from"),
+                         (["--model", "gpt"], "describes model_type 'llama', not 'gpt2'")]:
+        code, err = train(text + flags + ["--init-from", folder, "--out", tmp_path / "run"], capsys)
+        assert code == 2 and words in one_error_line(err), err
+        assert not (tmp_path / "run").exists()
+    scratch = make_text(tmp_path) + ["--model", "llama", "--tokenizer", "char", "--d-model", "16", "--num-heads", "2",
+                                     "--num-layers", "1", "--d-ff", "16", "--block-size", "16", "--max-tokens", "64",
+                                     "--max-steps", "1", "--no-progress", "--out", str(tmp_path / "scratch")]
+    assert train_main(scratch) == 0
+    capsys.readouterr()
+    assert export_main([str(tmp_path / "scratch"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "has no tokenizer.json to write" in one_error_line(err, "minitf.export")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
