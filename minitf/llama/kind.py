@@ -23,7 +23,7 @@ class LlamaKind(Kind):
     # grouped-query attention's key/value heads and the rotary base; llama: a fine-tuned folder's model config
     config_fields = ("block_size", "num_kv_heads", "rope_theta", "llama")
     model_fields = config_fields
-    page = None  # the inspect page draws a GPT's blocks (model.decoder); not yet a Llama's
+    page = "gpt"  # one text, each next token (as a GPT's); its numbers: page_parts
     use_a_run = "sample from it with python -m minitf.generate --checkpoint RUN"
 
     def task(self):
@@ -55,6 +55,22 @@ class LlamaKind(Kind):
                           model.position_limit, "its max_position_embeddings")
         return Loaded(model, TextTokenizer(tokenizer), self, pathlib.Path(source), None, run_dir, checkpoint, meta,
                       config.block_size, "its training blocks")
+
+    def walk(self, tracer, model):
+        from minitf.llama.study import llama_walk
+        return llama_walk(tracer, model)
+
+    def page_parts(self, model):
+        from minitf.llama.study import page_parts
+        return page_parts(model)
+
+    def describe_model(self, model):
+        from minitf.llama.study import describe
+        return describe(model)
+
+    def trace_example(self):
+        from minitf.llama.study import trace_example
+        return trace_example()
 
     def write_folder(self, loaded, folder):
         """A run fine-tuned from a folder written as one (``python -m minitf.export RUN FOLDER``): config.json,
