@@ -95,8 +95,8 @@ def test_init_from_fine_tunes_a_llama_folder_lowers_the_loss_and_exports_what_tr
     """The run starts from the folder's weights (a learning rate near 0 leaves its validation loss where the
     folder's model has it) and lowers the validation loss in 12 steps; config.json keeps the folder's model (the
     run needs the folder no more), the run's tokenizer encodes as the folder's tokenizer.json (<s> first);
-    generate --checkpoint RUN samples it, and export writes a folder that transformers' LlamaForCausalLM loads
-    with the run's logits."""
+    generate --checkpoint RUN samples it, export writes a folder that transformers' LlamaForCausalLM loads
+    with the run's logits, and inspect draws the run's page with its curves."""
     import json
     import subprocess
     import sys
@@ -142,6 +142,12 @@ def test_init_from_fine_tunes_a_llama_folder_lowers_the_loss_and_exports_what_tr
     ours = backend.to_numpy(loaded.model(ids))
     assert np.abs(ours - expected).max() <= 1e-4 * np.abs(expected).max(), np.abs(ours - expected).max()
     assert minitf.load(tmp_path / "out").tokenizer.encode([text_line]) == loaded.tokenizer.encode([text_line])
+    from minitf.inspect import main as inspect_main
+    from minitf.study.inspection import page
+    assert inspect_main(["--checkpoint", str(tuned), "--text", text_line, "--out", str(tmp_path / "page.html")]) == 0
+    data = page.read_data((tmp_path / "page.html").read_text(encoding="utf-8"))
+    assert data["title"] == "minitf inspect: Llama (pre-norm RMSNorm)" and data["curves"] is not None
+    assert data["examples"][0]["attention"][0]["heads"][3] == "head 3 (key/value head 1)"
 
 
 @with_hf
