@@ -260,6 +260,7 @@ class GroupedQueryAttention(Module):
     :class:`minitf.rotary.RotaryEmbedding` (default: rope_type "default", theta 10000). ``head_dim``
     defaults to D / H.
     """
+    record_weights = False  # set True to keep the last attention weights P (B, H, T, Tk) in ``self.weights``
 
     def __init__(self, d_model, num_heads, num_kv_heads=None, head_dim=None, qkv_bias=False, rotary=None):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -307,6 +308,8 @@ class GroupedQueryAttention(Module):
         K_rep, U_rep = xp.repeat(K, G, axis=1), xp.repeat(U, G, axis=1)  # (B, H, Tk, dk) each
         keep = attention_keep_mask(key_padding_mask, causal, T, Tk)
         O, P = scaled_dot_product_attention(Q, K_rep, U_rep, keep)      # each query head attends
+        if self.record_weights:                                         # for the inspection page
+            self.weights = P
         o = O.transpose(0, 2, 1, 3).reshape(B, T, H * E)                # (B, T, H, dk) -> (B, T, H*dk)
         self.save_for_backward(Q=Q, K_rep=K_rep, U_rep=U_rep, P=P)
         return self.o_proj(o)                                           # y = o W^O  (B, T, D)

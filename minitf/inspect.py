@@ -7,8 +7,8 @@ layer and head as a heat map, the backward pass (the gradient norm at each step 
 -m minitf.trace --walk``, for every layer, and each input token's embedding gradient), and for a run
 folder its training curves (metrics.jsonl). Sentences come from ``--text`` or stdin, one per line. A
 translation run or a Hugging Face Marian (opus-mt) folder scores ``--reference`` if given, else the model's
-own translation (beam search), teacher-forced; a GPT run (``train.py --model gpt``) or a Hugging Face GPT-2
-folder scores each next token of the text. ``--serve`` serves the page on http://127.0.0.1:PORT/ with a text box instead (docs/inspect.md).
+own translation (beam search), teacher-forced; a GPT or Llama run (``train.py --model gpt``, ``--model llama``)
+or a Hugging Face GPT-2 or Llama-family folder scores each next token of the text. ``--serve`` serves the page on http://127.0.0.1:PORT/ with a text box instead (docs/inspect.md).
 
 The numbers and the page are the core's (:mod:`minitf.study.inspection`); this command loads runs (with the
 checkpoint readers of the application), tokenizes and checks the input.
@@ -44,9 +44,11 @@ MAX_CURVE_POINTS = 2000
 # --------------------------------------------------------------------------- #
 class Loaded:
     """A model ready to inspect: the one loader's :class:`minitf.training.kind.Loaded` (``model``, ``tokenizer``,
-    ``source``, ``run_dir``, ``step``, ``context``, ``context_why``) with what the page needs: ``kind`` the page
-    its model kind draws ("translation" or "gpt", ``Kind.page``), ``piece(id)`` a token's text as the model sees
-    it, ``facts()`` [(label, value)] for the page's header."""
+    ``source``, ``run_dir``, ``step``, ``context``, ``context_why``) with what the page needs, each asked of its
+    model kind: ``kind`` the page it draws ("translation" or "gpt": one text, each next token; ``Kind.page``),
+    ``parts`` what the page's numbers read of the model (its walk, attention and embedding: ``Kind.page_parts``),
+    ``name`` and ``layout`` (``Kind.describe_model``), ``piece(id)`` a token's text as the model sees it,
+    ``facts()`` [(label, value)] for the page's header."""
 
     def __init__(self, loaded):
         if loaded.kind.page is None:  # a kind the page cannot draw yet (Kind.page): one line, not a traceback
@@ -58,6 +60,8 @@ class Loaded:
             loaded.source
         self.context, self.context_why, self.run_dir, self.step = loaded.context, loaded.context_why, \
             loaded.run_dir, loaded.step
+        self.parts = loaded.kind.page_parts(self.model)
+        self.name, self.layout, self.shape = loaded.kind.describe_model(self.model)
         # the checkpoints a run's averaged model was made of (its meta.json)
         self.averaged_from = (loaded.meta or {}).get("averaged_from")
         self.piece, self.source_piece = piece_function(self.tokenizer, target=True), piece_function(self.tokenizer)
@@ -67,20 +71,9 @@ class Loaded:
             self.eos_id = config.eos_id if config.eos_id is not None else self.tokenizer.eos_id
             self.decoding = loaded.decoding
 
-    @property
-    def layout(self):
-        return "pre-LN" if self.model.decoder.layers[0].ff_block.pre_norm else "post-LN"  # either model's
-
     def facts(self):
-        c = self.model.config
-        if self.kind == "gpt":
-            shape = (f"GPT, {self.layout}, {c.num_layers} layers, d_model {c.d_model}, {c.num_heads} heads, "
-                     f"d_ff {c.d_ff}, {c.activation}, {c.positions} positions")
-        else:
-            shape = (f"Transformer (encoder-decoder), {self.layout}, {c.num_encoder_layers} + "
-                     f"{c.num_decoder_layers} layers, d_model {c.d_model}, {c.num_heads} heads, d_ff {c.d_ff}")
         where = str(self.source) + loaded_note(self.step, self.averaged_from)
-        return [("model", shape), ("vocabulary", f"{self.tokenizer.vocab_size} tokens"),
+        return [("model", self.shape), ("vocabulary", f"{self.tokenizer.vocab_size} tokens"),
                 ("parameters", f"{self.model.num_parameters():,}"), ("loaded from", where),
                 ("context", f"{self.context} tokens ({self.context_why})")]
 
@@ -182,7 +175,7 @@ class Inspector:
             if len(ids) < 2:
                 raise DataError(f"{where} is one token; a language model needs at least 2 to score a next token")
             self._check_length(len(ids), where)
-            inspection = numbers.language_model(model, ids)
+            inspection = numbers.language_model(model, ids, parts=loaded.parts)
             data = example_data(inspection, text, ids, loaded.piece, target_from="the text's own next tokens",
                                 notes=notes)
             return data, notes
@@ -208,7 +201,7 @@ class Inspector:
                            f"“{loaded.tokenizer.decode([target])[0]}”")
         self._check_length(len(target) + 1, "--reference" if reference is not None else "the translation",
                            "tokens with its <s>")
-        inspection = numbers.translation(model, source, [bos] + target, target + [eos])
+        inspection = numbers.translation(model, source, [bos] + target, target + [eos], parts=loaded.parts)
         data = example_data(inspection, text, [bos] + target, loaded.piece, source_ids=source,
                             target_from=target_from, reference=reference, notes=notes,
                             source_piece=loaded.source_piece)
@@ -266,7 +259,7 @@ def page_data(loaded, examples, warnings=(), error=None, serve=None, read_run=Tr
             is_hugging_face_folder(loaded.source) else
             "No training curves: the checkpoint was given without its run folder's metrics.jsonl." if curves is None
             and loaded.run_dir is None else "No training curves: the run's metrics.jsonl has no training step yet.")
-    title = "minitf inspect: " + ("GPT" if loaded.kind == "gpt" else "translation") + f" ({loaded.layout})"
+    title = f"minitf inspect: {loaded.name} ({loaded.layout})"
     return {"title": title, "model": {"kind": loaded.kind, "layout": loaded.layout, "facts": loaded.facts()},
             "examples": examples, "warnings": list(warnings), "error": error, "serve": serve,
             "curves": curves, "curves_note": None if curves else note}
@@ -306,8 +299,8 @@ def check_out(out):
 def build_parser():
     p = OneLineParser(prog="python -m minitf.inspect", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, type=pathlib.Path, metavar="RUN_OR_FOLDER",
-                   help="a run folder of train.py (translation or --model gpt), one of its checkpoints, or a Hugging "
-                        "Face Marian (opus-mt) or GPT-2 folder")
+                   help="a run folder of train.py (of any --model), one of its checkpoints, or a Hugging Face "
+                        "Marian (opus-mt), GPT-2 or Llama-family folder")
     p.add_argument("--text", help="the sentence (default: one per line from stdin)")
     p.add_argument("--reference", help="translation: the target to score (default: the model's own translation)")
     p.add_argument("--beam", type=positive(int), default=None,

@@ -10,18 +10,25 @@ Transformer, printing every activation and every gradient with its name and shap
     python -m minitf.trace --grad-norms    # post-LN vs pre-LN: the gradient reaching each layer
     python -m minitf.trace --model gpt --no-params   # the same for a one-layer GPT (docs/gpt.md)
     python -m minitf.trace --model gpt --walk        # its gradient from the loss to the embedding
+    python -m minitf.trace --model llama --walk      # the Llama block's (docs/llama.md)
 
 The example and how it is recorded: ``minitf.study.tracer``; the three views that follow the
-gradient: ``minitf.study.walk``.
+gradient: ``minitf.study.walk``. Each model kind gives its example and its walk (``Kind.trace_example``,
+found through the registry :mod:`minitf.kinds`: this command knows no model kind).
 """
 import argparse
 
-from minitf import backend
+from minitf import backend, kinds
 from minitf.study.tools import run_tool
 from minitf.study.tracer import (CONFIG, GPT_CONFIG, GPT_IDS, GPT_NEXT, SMOOTHING, SRC, TGT_IN,  # noqa: F401 (the API)
                            TGT_OUT, Record, Tracer, build_model, format_array, named_modules, round_numbers, run,
                            run_gpt)
-from minitf.study.walk import print_gpt_walk, print_gradient_norms, print_norm_terms, print_walk
+from minitf.study.walk import print_gradient_norms, print_norm_terms
+
+
+def traced_kinds():
+    """{--model name: its kind's traced example}, the default kind first: every kind that has one."""
+    return {kind.name: example for kind in kinds.every() for example in [kind.trace_example()] if example}
 
 def first_of_class(tracer, class_name):
     """The dotted name of the first module of class ``class_name`` that ran a forward."""
@@ -57,9 +64,10 @@ def main(argv=None):
                         help="show only the first module of this class that runs (LayerNorm, "
                              "MultiHeadAttention, LabelSmoothedCrossEntropy, ...), and what runs inside it")
     parser.add_argument("--no-params", action="store_true", help="leave out the parameter gradients")
-    parser.add_argument("--model", choices=("transformer", "gpt"), default="transformer",
-                        help="the example: the encoder-decoder (default) or a one-layer GPT-2-style GPT "
-                             "with the next-token loss (docs/gpt.md)")
+    examples = traced_kinds()
+    parser.add_argument("--model", choices=tuple(examples), default=None,
+                        help="the example: the encoder-decoder (default), a one-layer GPT-2-style GPT with the "
+                             "next-token loss (docs/gpt.md) or a one-block Llama (docs/llama.md)")
     view = parser.add_mutually_exclusive_group()
     view.add_argument("--walk", action="store_true",
                       help="instead: the gradient from dL/dlogits down to the tied embedding, step by step, "
@@ -72,16 +80,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if (args.walk or args.norm_terms or args.grad_norms) and (args.only or args.first or args.no_params):
         parser.error("--walk, --norm-terms and --grad-norms take no other option (but --model)")
-    if args.grad_norms and args.model != "transformer":
+    if args.grad_norms and args.model is not None:
         parser.error("--grad-norms compares post-LN and pre-LN encoder-decoders; it takes no --model")
     if args.grad_norms:
         print_gradient_norms()
         return 0
-    gpt = args.model == "gpt"
+    example = examples[args.model or next(iter(examples))]
     with backend.default_dtype("float64"):
-        tracer, model, loss = run_gpt() if gpt else run()
+        tracer, model, loss = example.run()
     if args.walk:
-        (print_gpt_walk if gpt else print_walk)(tracer, model, loss)
+        example.print_walk(tracer, model, loss)
         return 0
     if args.norm_terms:
         print_norm_terms(tracer)
@@ -96,13 +104,8 @@ def main(argv=None):
         return not args.only or any(name == o or name.startswith(o + ".") or name.startswith(o + "/")
                                     for o in args.only)
 
-    if gpt:
-        print("trace: GPT, B=1, L=4, D=4, H=2 (dk=2), F=8, V=5, one layer, pre-LN, tanh GELU, learned positions, "
-              "float64, dropout 0")
-        print(f"ids {GPT_IDS}, next-token targets {GPT_NEXT} (-1: none, ignored); loss {loss:.6f}")
-    else:
-        print(f"trace: B=1, S=T=2, D=4, H=2 (dk=2), F=8, V=5, float64, dropout 0, smoothing {SMOOTHING}")
-        print(f"src_ids {SRC}, tgt_in_ids {TGT_IN}, tgt_out {TGT_OUT}; loss {loss:.6f}")
+    for line in example.header(loss):
+        print(line)
     print("arrays: name, shape, values (4 decimals); '-> y' is an output, 'dy' the gradient "
           "coming in, '-> dx' the gradient going out")
     records = [r for r in tracer.records if shown(r.name or "model")]

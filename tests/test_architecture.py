@@ -23,6 +23,7 @@ SHARED = {"benchmarks.common"}
 #: the train.py command, which picks a model's task by --model).
 APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate", "minitf.train", "minitf.export"}
 APPLICATION_ENTRY_POINTS |= {"minitf.inspect"}  # the inspection page (issue 37): above both models
+APPLICATION_ENTRY_POINTS |= {"minitf.trace"}  # the trace: each kind's example and walk, found through the registry
 #: The application's packages: the shared training machinery, one package per model kind, the registry of the
 #: kinds and the one loader.
 APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm", "minitf.llama", "minitf.kinds", "minitf.loader")

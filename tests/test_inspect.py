@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import minitf
-from minitf import backend
+from minitf import backend, kinds
 from minitf.study import tracer, walk
 from minitf.inspect import main as inspect_main, read_curves
 from minitf.study.inspection import numbers, page, serve
@@ -67,11 +67,14 @@ def page_of(model, inspection, input_ids, source_ids=None):
     return html, page.read_data(html)["examples"][0]
 
 
-def kept_weights(model, run):
-    """{(attention name, layer): P (H, Tq, Tk)} kept by the model's own attention in a forward of ``run()``."""
+def kept_weights(model, run, parts=None):
+    """{(attention name, layer): P (H, Tq, Tk)} kept by the model's own attention in a forward of ``run()``
+    (``parts``: its kind's page parts; default a GPT's or a Transformer's)."""
     found = {}
     with minitf.no_grad():
-        modules = numbers.attention_modules(model)
+        parts = parts or (numbers.language_model_parts(model) if isinstance(model, minitf.GPT)
+                          else numbers.translation_parts(model))
+        modules = parts.attention
         with numbers.keeping_weights([m for layers in modules.values() for m in layers]):
             run()
             for name, layers in modules.items():
@@ -220,6 +223,51 @@ def test_the_gpt_page_holds_the_models_own_numbers(preset, float64):
     np.testing.assert_allclose(data["embedding_grad"]["norms"], embedding, rtol=1e-10)
 
 
+def test_the_llama_page_holds_the_models_own_numbers_and_labels_the_shared_heads(float64):
+    """A Llama (6 query heads over 2 key/value heads, 2 blocks) on the GPT-style page, its numbers asked of its kind
+    (Kind.page_parts): every layer's attention is what its grouped-query attention keeps, each query head labelled
+    with the key/value head it reads; the loss and probabilities are the model's own forward's; the embedding's
+    gradient per position is what reaches its backward, and the page's walk is the kind's walk."""
+    from minitf.llama import Llama, LlamaConfig
+    minitf.manual_seed(3)
+    model = Llama(LlamaConfig(vocab_size=12, d_model=24, num_layers=2, num_heads=6, num_kv_heads=2, d_ff=32,
+                              max_position_embeddings=8)).eval()
+    kind = kinds.get("llama")
+    parts = kind.page_parts(model)
+    inspection = numbers.language_model(model, GPT_IDS, parts=parts)
+    _, data = page_of(model, inspection, GPT_IDS)
+    (attention,) = data["attention"]
+    assert attention["name"] == "causal self-attention" and attention["causal"] and attention["shape"] == [2, 6, 6, 6]
+    assert attention["heads"] == [f"head {h} (key/value head {h // 3})" for h in range(6)]
+    kept = kept_weights(model, lambda: model(GPT_IDS[None]), parts)
+    for l in range(2):
+        np.testing.assert_array_equal(page.decode_array(attention)[l], kept["causal self-attention", l].astype(np.float32))
+    loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+    targets = np.concatenate([GPT_IDS[1:], [-1]])
+    captured = {}
+    backward = model.embed_tokens.backward
+    model.embed_tokens.backward = lambda dy: captured.setdefault("dy", backend.to_numpy(dy)) is None or backward(dy)
+    try:
+        model.zero_grad()
+        logits = model(GPT_IDS[None])
+        loss = loss_fn(logits, targets[None])
+        model.backward(loss_fn.backward())
+    finally:
+        del model.embed_tokens.backward
+    z = backend.to_numpy(logits)[0]
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    assert data["loss"] == pytest.approx(float(loss), rel=1e-12)
+    L = len(GPT_IDS)
+    np.testing.assert_allclose(data["probability"][:-1], p[np.arange(L - 1), GPT_IDS[1:]], rtol=1e-12)
+    np.testing.assert_allclose(data["embedding_grad"]["norms"], np.linalg.norm(captured["dy"][0], axis=-1), rtol=1e-10)
+    assert data["embedding_grad"]["norms"][-1] == 0
+    labels = [s["label"] for s in data["walk"] if "label" in s]
+    assert labels[-1].startswith("embed_tokens.weight.grad = use 1 + use 2")
+    assert [name for name, _ in data["points"]] == ["norm out", "layers.1 in", "layers.0 in"]
+    assert kind.describe_model(model)[0] == "Llama"
+
+
 # --------------------------------------------------------------------------- the page's words
 def test_a_probability_shows_three_digits_and_below_one_never_shows_as_one():
     """0.998 was shown as "1" (two digits): three significant digits, more where those would round to 1."""
@@ -277,14 +325,20 @@ def _walk(inspection):
 
 def test_the_walk_is_the_walk_of_trace_for_its_examples(float64):
     """For the trace's one-layer examples the page's walk is `trace --walk`'s, step for step (labels and norms,
-    with its label smoothing), and `trace --model gpt --walk`'s."""
+    with its label smoothing), `trace --model gpt --walk`'s and `trace --model llama --walk`'s."""
     traced, model, _ = tracer.run()
     inspection = numbers.translation(tracer.build_model(), np.array(tracer.SRC[0]), np.array(tracer.TGT_IN[0]),
                                      np.array(tracer.TGT_OUT[0]), smoothing=tracer.SMOOTHING)
-    assert _walk(inspection) == _steps(walk.backward_walk(traced, model))
+    assert _walk(inspection) == _steps(walk.translation_walk(traced, model))
     traced, model, _ = tracer.run_gpt()
     inspection = numbers.language_model(tracer.build_model("gpt"), np.array(tracer.GPT_IDS[0]))
-    assert _walk(inspection) == _steps(walk.backward_walk(traced, model))
+    assert _walk(inspection) == _steps(walk.language_model_walk(traced, model))
+    llama = kinds.get("llama")
+    traced, model, _ = llama.trace_example().run()
+    from minitf.llama.study import build_trace_model
+    fresh = build_trace_model()
+    inspection = numbers.language_model(fresh, np.array(tracer.GPT_IDS[0]), parts=llama.page_parts(fresh))
+    assert _walk(inspection) == _steps(llama.walk(traced, model))
 
 
 @pytest.mark.parametrize("pre_norm", [False, True], ids=["post-LN", "pre-LN"])

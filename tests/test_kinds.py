@@ -13,7 +13,7 @@ import minitf
 from minitf import kinds
 from minitf.nmt.decode import DecodingSettings
 from minitf.training import checkpoint as ckpt
-from minitf.training.config import RunConfig, recorded_fields
+from minitf.training.config import SCHEMA_VERSION, RunConfig, recorded_fields
 from minitf.training.errors import DataError
 from tests.runs import CPU_ENV, ROOT, TINY, make_corpus, train
 from tests.test_lm_train import TINY_GPT, make_text
@@ -92,7 +92,7 @@ def test_a_run_written_before_the_kinds_loads_and_resumes(tmp_path, model):
     assert loaded.kind.name == model and loaded.step == 3
     assert train(["--resume", str(run), "--max-steps", "5", "--no-progress"]) == 0
     written = json.loads((run / "config.json").read_text())
-    assert written["schema_version"] == 9 and not FOREIGN[model] & set(written)
+    assert written["schema_version"] == SCHEMA_VERSION and not FOREIGN[model] & set(written)
     assert minitf.load(run).step == 5
 
 

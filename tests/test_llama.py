@@ -549,18 +549,26 @@ def test_a_bfloat16_sharded_qwen2_folder_reads_as_its_weights_rounded(tmp_path):
 
 
 @with_folder
-def test_inspect_refuses_a_llama_folder_in_one_line(folder):
-    """The page draws translation models and GPTs (Kind.page); a Llama folder is named and sent to generate
-    (before: an AttributeError traceback from the translation branch)."""
+def test_inspect_draws_a_llama_folders_page_with_its_shared_heads_labelled(folder):
+    """python -m minitf.inspect on a Llama folder: the GPT-style page (one text, each next token: <s> first, as the
+    folder's tokenizer puts it), its shape in the header, each query head named with the key/value head it reads
+    (before: refused in one line, no page drew grouped heads)."""
     import subprocess
     import sys
-    from tests.runs import CPU_ENV, ROOT, one_error_line
+    from minitf.study.inspection import page
+    from tests.runs import CPU_ENV, ROOT
+    out = folder.parent / "page.html"
     answer = subprocess.run([sys.executable, "-m", "minitf.inspect", "--checkpoint", str(folder), "--text", "the cat",
-                             "--out", str(folder.parent / "page.html")], capture_output=True, text=True, cwd=ROOT,
-                            env=CPU_ENV, timeout=120)
-    line = one_error_line(answer.stderr.splitlines(), "minitf.inspect")
-    assert answer.returncode == 2 and "does not draw yet" in line
-    assert f"python -m minitf.generate --checkpoint {folder}" in line
+                             "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=CPU_ENV, timeout=120)
+    assert answer.returncode == 0 and answer.stdout == f"{out}\n", answer.stderr
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    assert data["title"] == "minitf inspect: Llama (pre-norm RMSNorm)"
+    assert "4 query heads over 2 key/value heads" in dict(data["model"]["facts"])["model"]
+    (example,) = data["examples"]
+    assert example["input"][0] == "<s>"
+    (attention,) = example["attention"]
+    assert attention["heads"] == ["head 0 (key/value head 0)", "head 1 (key/value head 0)",
+                                  "head 2 (key/value head 1)", "head 3 (key/value head 1)"]
 
 
 @with_folder

@@ -20,7 +20,7 @@ import re
 import numpy as np
 import pytest
 
-from minitf import backend, trace
+from minitf import backend, kinds, trace
 from minitf.study import walk
 from minitf.backend import default_dtype
 from minitf.module import FlatBuffers
@@ -69,8 +69,8 @@ def test_parameter_gradients_agree_with_finite_differences(traced):
     assert np.abs(analytic - numeric).max() <= 1e-6 * np.abs(numeric).max() + 1e-8
 
 
-def perturbed_loss(model, name, call, index, delta):
-    """The loss with ``delta`` added to entry ``index`` of the output of call ``call``
+def perturbed_loss(model, name, call, index, delta, loss=loss_of):
+    """The loss (``loss(model)``) with ``delta`` added to entry ``index`` of the output of call ``call``
     of module ``name`` (a wrapper on that instance's forward, removed afterwards)."""
     module = dict(trace.named_modules(model))[name]
     original, count = module.forward, [0]
@@ -85,13 +85,18 @@ def perturbed_loss(model, name, call, index, delta):
 
     module.forward = forward
     try:
-        return loss_of(model)
+        return loss(model)
     finally:
         del module.forward
 
 
 def test_every_recorded_upstream_gradient_agrees_with_finite_differences(traced):
-    tracer, model, _ = traced
+    assert upstream_gradients_checked(*traced[:2], loss_of) >= 25  # embeddings (twice), every norm, dropout, ...
+
+
+def upstream_gradients_checked(tracer, model, loss):
+    """How many module calls of ``tracer``'s records have the upstream gradient dy (their backward's input) that
+    central differences of ``loss(model)`` give, found by perturbing that one call's output (asserted)."""
     modules = dict(trace.named_modules(model))
     checked = 0
     with default_dtype("float64"):
@@ -105,11 +110,11 @@ def test_every_recorded_upstream_gradient_agrees_with_finite_differences(traced)
             assert dy.shape == y.shape, record.name
             numeric = np.zeros_like(dy)
             for index in np.ndindex(*y.shape):
-                numeric[index] = (perturbed_loss(model, record.name, record.call, index, H)
-                                  - perturbed_loss(model, record.name, record.call, index, -H)) / (2 * H)
+                numeric[index] = (perturbed_loss(model, record.name, record.call, index, H, loss)
+                                  - perturbed_loss(model, record.name, record.call, index, -H, loss)) / (2 * H)
             assert np.abs(dy - numeric).max() <= 1e-6 * np.abs(numeric).max() + 1e-8, record.name
             checked += 1
-    assert checked >= 25          # embeddings (twice), every norm, dropout, linear, attention, ...
+    return checked
 
 
 def test_records_cover_every_module_and_the_wrappers_are_removed(traced):
@@ -285,7 +290,7 @@ WALKED_MODELS = {  # the shapes of model the trace's examples do not have, each 
 
 @pytest.mark.parametrize("name", list(WALKED_MODELS))
 def test_every_step_of_the_walk_names_its_line_for_every_shape_of_model(name):
-    """The one walk (minitf.study.walk.backward_walk: trace --walk prints it, the inspection page draws it) names the
+    """The one walk (the kind's, Kind.walk: trace --walk prints it, the inspection page draws it) names the
     line of minitf that computes each step for every layout, activation and kind of positions, not only for the
     trace's examples: each names exactly one line, and only a tied matrix's sum of uses names none."""
     import minitf
@@ -295,7 +300,8 @@ def test_every_step_of_the_walk_names_its_line_for_every_shape_of_model(name):
             tracer, model, _ = trace.run_gpt(minitf.GPT(**dict(trace.GPT_CONFIG, **WALKED_MODELS[name])))
         else:
             tracer, model, _ = trace.run(minitf.Transformer(**dict(trace.CONFIG, **WALKED_MODELS[name])))
-    steps = [s for s in walk.backward_walk(tracer, model).steps if not isinstance(s, str)]
+    kind = kinds.get("gpt" if name.startswith("gpt") else "transformer")
+    steps = [s for s in kind.walk(tracer, model).steps if not isinstance(s, str)]
     assert len(steps) >= 12
     for step in steps:
         if step.code is not None:
@@ -307,10 +313,95 @@ def test_every_step_of_the_walk_names_its_line_for_every_shape_of_model(name):
     assert all("= use 1 + use 2" in s.label for s in steps if s.code is None)
 
 
-def test_the_walk_refuses_a_model_it_has_no_walk_for(traced):
+def test_the_walk_is_the_kinds_and_a_kind_without_one_says_so(traced):
+    """trace and the page ask the model's kind for its walk (no table of model classes); a kind that has none is
+    one line naming it."""
+    from minitf.training.kind import Kind
+
+    class Bare(Kind):
+        name = "bare"
+
+    with pytest.raises(NotImplementedError, match="no backward walk for a --model bare model"):
+        Bare().walk(traced[0], traced[1])
+    assert not hasattr(walk, "WALKS") and not hasattr(walk, "backward_walk")
+
+
+# --------------------------------------------------------------------------- #
+# The Llama's walk (python -m minitf.trace --model llama --walk; minitf.llama.study)
+# --------------------------------------------------------------------------- #
+@pytest.fixture(scope="module")
+def traced_llama():
+    with default_dtype("float64"):
+        return kinds.get("llama").trace_example().run()
+
+
+def llama_loss(model):
+    """The Llama example's next-token loss, recomputed from scratch (no tracer)."""
     import minitf
-    with pytest.raises(TypeError, match="no backward walk for a Linear; minitf.study.walk.WALKS has Transformer, GPT"):
-        walk.backward_walk(traced[0], minitf.Linear(2, 2))
+    loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+    with minitf.no_grad():
+        return loss_fn(model(np.array(trace.GPT_IDS)), np.array(trace.GPT_NEXT))
+
+
+def test_the_llama_walk_is_made_of_the_real_gradients(traced_llama):
+    """Every upstream gradient the Llama example records (each RMSNorm, projection, SiLU, the rotary embedding's two
+    calls, each block) and every parameter's gradient agree with central differences; the walk's arrays are those
+    records: dK is the rotary's first backward's dy (k turned last), dk and dq its outputs, the sum of tied uses is
+    the embedding's gradient."""
+    tracer, model, _ = traced_llama
+    assert upstream_gradients_checked(tracer, model, llama_loss) >= 18  # every module call but the model
+    analytic, numeric = analytic_and_numeric(model, llama_loss)
+    assert np.abs(analytic).max() > 1e-3 and np.abs(analytic - numeric).max() <= 1e-6 * np.abs(numeric).max() + 1e-8
+    labelled = [s for s in kinds.get("llama").walk(tracer, model).steps if not isinstance(s, str)]
+    steps = {start: s for s in labelled for start in [s.label[:len(start)] for start in (
+        "layers.0.self_attn: dK = dK_rep", "layers.0.self_attn.rotary: dk = dK turne",
+        "layers.0.self_attn.rotary: dq = dQ turne", "embed_tokens.weight.grad = use 1 + ", "lm_head: W.grad += dl",
+        "embed_tokens: W.grad[ids] ")]}
+    rotary = [r for r in tracer.records if r.name == "layers.0.self_attn.rotary" and r.kind == "backward"]
+    assert [r.call for r in rotary] == [0, 1]
+    dK = dict(rotary[0].inputs)["dy"]
+    assert dK.shape == (1, 4, 2, 2) and np.array_equal(steps["layers.0.self_attn: dK = dK_rep"].array, dK)
+    assert np.array_equal(steps["layers.0.self_attn.rotary: dk = dK turne"].array, dict(rotary[0].outputs)["dx"])
+    assert np.array_equal(steps["layers.0.self_attn.rotary: dq = dQ turne"].array, dict(rotary[1].outputs)["dx"])
+    total = steps["embed_tokens.weight.grad = use 1 + "].array
+    np.testing.assert_allclose(total, backend.to_numpy(model.embed_tokens.weight.grad), rtol=1e-12)
+    np.testing.assert_allclose(steps["lm_head: W.grad += dl"].array + steps["embed_tokens: W.grad[ids] "].array,
+                               total, rtol=1e-12)
+
+
+LLAMA_SHAPES = {"tied, 4 query heads over 2": {}, "untied, multi-head (G = 1)": dict(tie_word_embeddings=False,
+                                                                                        num_kv_heads=4),
+                "multi-query (1 key/value head), 2 blocks": dict(num_kv_heads=1, num_layers=2)}
+
+
+@pytest.mark.parametrize("name", list(LLAMA_SHAPES))
+def test_every_step_of_the_llama_walk_names_its_line(name):
+    """Each step names the one line of minitf that computes it (the file and line as the source is now), for
+    grouped, multi-head and multi-query attention, tied and untied; only a tied matrix's sum names none."""
+    from minitf.llama.study import build_trace_model
+    from minitf.study.tracer import run_next_token
+    root = pathlib.Path(__file__).resolve().parents[1]
+    with default_dtype("float64"):
+        tracer, model, _ = run_next_token(build_trace_model(**LLAMA_SHAPES[name]))
+    steps = [s for s in kinds.get("llama").walk(tracer, model).steps if not isinstance(s, str)]
+    assert len(steps) == 4 + 16 * model.config.num_layers + 1 + model.config.tie_word_embeddings
+    for step in steps:
+        if step.code is not None:
+            path, number = walk.source_line(*step.code)[0].split(":")
+            line = (root / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
+            assert line.strip().startswith(walk.source_line(*step.code)[1]), (step.label, line)
+    assert [s.label for s in steps if s.code is None] == ([steps[-1].label] if "untied" not in name else [])
+
+
+def test_trace_prints_the_llama_walk_with_its_lines():
+    text = walk_output("--model", "llama")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    places = re.findall(r"^   (minitf/\S+\.py):(\d+)  (.+)$", text, re.M)
+    assert len(places) == 21
+    for path, number, code in places:
+        line = (root / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
+        assert line.strip().startswith(code), (path, number, code, line)
+    assert "4 query heads over 2 key/value heads" in text and "rotary" in text
 
 
 def test_the_trace_views_take_no_other_option(capsys):

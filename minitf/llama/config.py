@@ -126,25 +126,50 @@ RUN_PRESETS = {
 }
 
 
+def folder_fields(config):
+    """A :class:`LlamaConfig` as JSON values (a fine-tuning run's ``llama`` field: the folder's model, kept in
+    config.json so that the run needs the folder no more)."""
+    values = dataclasses.asdict(config)
+    eos = values["eos_token_id"]
+    return dict(values, eos_token_id=list(eos) if isinstance(eos, tuple) else eos)
+
+
+def from_folder_fields(values):
+    """The :class:`LlamaConfig` of :func:`folder_fields`' values; a ValueError naming what does not fit."""
+    names = [f.name for f in dataclasses.fields(LlamaConfig)]
+    if not isinstance(values, dict) or sorted(values) != sorted(names):
+        got = sorted(values) if isinstance(values, dict) else type(values).__name__
+        raise ValueError(f"\"llama\" must hold the fields {names}, got {got}")
+    eos = values["eos_token_id"]
+    return LlamaConfig(**dict(values, eos_token_id=tuple(eos) if isinstance(eos, list) else eos))
+
+
 def validate_run(config):
     """Refuse (one line naming the flag) what does not fit in a ``--model llama`` run's own fields, and a shape the
-    Llama block cannot take (checked by building its :class:`LlamaConfig` once)."""
+    Llama block cannot take (checked by building its :class:`LlamaConfig` once); a fine-tuning run's blocks must
+    fit in its folder's positions."""
     from minitf.training.errors import UsageError
     if not (isinstance(config.block_size, int) and not isinstance(config.block_size, bool) and config.block_size > 0):
         raise UsageError(f"--block-size must be a positive integer, got {config.block_size!r}")
     if config.num_kv_heads is not None and not (isinstance(config.num_kv_heads, int) and config.num_kv_heads > 0):
         raise UsageError(f"--num-kv-heads must be a positive integer, got {config.num_kv_heads!r}")
     try:
-        run_model_config(config, 8)
+        model = run_model_config(config, 8)
     except ValueError as error:
         raise UsageError(str(error).replace("LlamaConfig: ", "--model llama: ")) from None
+    if config.llama is not None and config.block_size > model.max_position_embeddings:
+        raise UsageError(f"--block-size {config.block_size} is longer than the {model.max_position_embeddings} "
+                         f"positions of {config.init_from} (max_position_embeddings); give --block-size "
+                         f"{model.max_position_embeddings} or less")
 
 
 def run_model_config(config, vocab_size):
-    """The :class:`LlamaConfig` of a ``--model llama`` run's RunConfig: its sizes, ``num_decoder_layers`` blocks,
+    """The :class:`LlamaConfig` of a ``--model llama`` run's RunConfig: a fine-tuning run's folder's model (its
+    ``llama`` field, ``vocab_size`` aside: the folder's), or the run's sizes, ``num_decoder_layers`` blocks,
     ``block_size`` positions, tied output."""
+    if config.llama is not None:
+        return from_folder_fields(config.llama)
     return LlamaConfig(vocab_size=vocab_size, d_model=config.d_model, num_layers=config.num_decoder_layers,
                        num_heads=config.num_heads, num_kv_heads=config.num_kv_heads or config.num_heads,
                        d_ff=config.d_ff, rope_theta=float(config.rope_theta),
                        max_position_embeddings=config.block_size, tie_word_embeddings=True)
-

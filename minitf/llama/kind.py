@@ -8,7 +8,7 @@ import pathlib
 from minitf.llama import hf
 from minitf.llama.config import RUN_PRESETS, run_model_config, validate_run
 from minitf.llama.model import Llama
-from minitf.training.errors import DataError
+from minitf.training.errors import DataError, UsageError
 from minitf.training.kind import Kind, Loaded
 
 
@@ -20,10 +20,10 @@ class LlamaKind(Kind):
     generates = True
     presets = RUN_PRESETS
     # block_size: tokens per training block and the model's positions (the GPT's too); num_kv_heads and rope_theta:
-    # grouped-query attention's key/value heads and the rotary base
-    config_fields = ("block_size", "num_kv_heads", "rope_theta")
+    # grouped-query attention's key/value heads and the rotary base; llama: a fine-tuned folder's model config
+    config_fields = ("block_size", "num_kv_heads", "rope_theta", "llama")
     model_fields = config_fields
-    page = None  # the inspect page draws a GPT's blocks (model.decoder); not yet a Llama's
+    page = "gpt"  # one text, each next token (as a GPT's); its numbers: page_parts
     use_a_run = "sample from it with python -m minitf.generate --checkpoint RUN"
 
     def task(self):
@@ -34,6 +34,9 @@ class LlamaKind(Kind):
         validate_run(config)
 
     def read_tokenizer(self, data, origin="tokenizer.model"):
+        from minitf.llama.tokenizer import LlamaTokenizer
+        if LlamaTokenizer.written(data):  # a fine-tuning run's: its folder's tokenizer.json
+            return LlamaTokenizer.from_bytes(data, origin)
         from minitf.lm.data import tokenizer_from_bytes  # the language model's tokenizers (BPE, characters)
         return tokenizer_from_bytes(data, origin)
 
@@ -46,8 +49,40 @@ class LlamaKind(Kind):
 
     def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
         from minitf.lm.data import TextTokenizer
+        from minitf.llama.tokenizer import LlamaTokenizer
+        if isinstance(tokenizer, LlamaTokenizer):  # fine-tuned from a folder: its tokenizer and positions, as there
+            return Loaded(model, tokenizer, self, pathlib.Path(source), None, run_dir, checkpoint, meta,
+                          model.position_limit, "its max_position_embeddings")
         return Loaded(model, TextTokenizer(tokenizer), self, pathlib.Path(source), None, run_dir, checkpoint, meta,
                       config.block_size, "its training blocks")
+
+    def walk(self, tracer, model):
+        from minitf.llama.study import llama_walk
+        return llama_walk(tracer, model)
+
+    def page_parts(self, model):
+        from minitf.llama.study import page_parts
+        return page_parts(model)
+
+    def describe_model(self, model):
+        from minitf.llama.study import describe
+        return describe(model)
+
+    def trace_example(self):
+        from minitf.llama.study import trace_example
+        return trace_example()
+
+    def write_folder(self, loaded, folder):
+        """A run fine-tuned from a folder written as one (``python -m minitf.export RUN FOLDER``): config.json,
+        generation_config.json, model.safetensors (:meth:`Llama.save_pretrained`) and its tokenizer.json."""
+        from minitf.llama.tokenizer import LlamaTokenizer
+        if not isinstance(loaded.tokenizer, LlamaTokenizer):
+            raise UsageError(f"{loaded.source}: a --model llama run of minitf's own tokenizer "
+                             f"({loaded.model.config.vocab_size} ids) has no tokenizer.json to write; export runs "
+                             "fine-tuned with --init-from, or sample from it with python -m minitf.generate "
+                             "--checkpoint RUN")
+        loaded.model.save_pretrained(folder)
+        loaded.tokenizer.save(folder)
 
     def load_folder(self, folder, warn=None):
         """A Llama, Qwen2 or Mistral folder: config.json (and generation_config.json), the weights, tokenizer.json;

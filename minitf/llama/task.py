@@ -3,12 +3,21 @@ tokenizer (BPE or characters), the blocks, the loss, validation and the end of t
 (:class:`minitf.lm.task.LanguageModelTask`, :class:`minitf.lm.trainer.LanguageModelTrainer`: this kind extends the
 language-model kind); what differs is the model (:class:`minitf.llama.model.Llama`, built from the run's
 RunConfig by :func:`minitf.llama.config.run_model_config`) and its own flags (``--num-kv-heads``,
-``--rope-theta``). No ``--init-from`` yet: a Llama-family folder is read and sampled, not fine-tuned."""
-from minitf.llama.config import RUN_PRESETS, run_model_config
+``--rope-theta``). ``--init-from FOLDER`` fine-tunes a Hugging Face Llama, Qwen2 or Mistral folder: its model's
+config is kept in the run (``llama``), its weights are the start and its tokenizer.json the run's tokenizer."""
+import importlib.util
+import pathlib
+
+from minitf.llama import hf
+from minitf.llama.config import RUN_PRESETS, folder_fields, run_model_config
 from minitf.llama.model import Llama
-from minitf.lm.task import LanguageModelTask
+from minitf.llama.tokenizer import LlamaTokenizer, read_tokenizer
+from minitf.lm.data import TextCorpus, load_tokenizer
+from minitf.lm.task import FINE_TUNE_LR_SCALE, PRETRAINED_FIXED, LanguageModelTask, new_text_data, read_texts
 from minitf.lm.trainer import LanguageModelTrainer
-from minitf.training.errors import positive
+from minitf.pretrained import weights_path
+from minitf.training.errors import DataError, UsageError, positive
+from minitf.training.task import RunData, before_training, refuse_with_init_from
 
 
 class LlamaTrainer(LanguageModelTrainer):
@@ -16,6 +25,27 @@ class LlamaTrainer(LanguageModelTrainer):
 
     def build_model(self):
         return Llama(run_model_config(self.config, self.tokenizer.vocab_size))
+
+    def read_pretrained(self):
+        return hf.read_pretrained_state(self.config.init_from, self.model.config)
+
+
+def load_run_tokenizer(path):
+    """A ``--model llama`` run's tokenizer.model: a fine-tuning run's folder tokenizer, or the language model's."""
+    path = pathlib.Path(path)
+    data = path.read_bytes() if path.is_file() else b""
+    return LlamaTokenizer.from_bytes(data, str(path)) if LlamaTokenizer.written(data) else load_tokenizer(path)
+
+
+def read_init_tokenizer(config):
+    """The tokenizer.json of --init-from's folder, ending text at the model's end-of-text ids; refused where it
+    has more ids than the model's vocabulary."""
+    model = run_model_config(config, config.vocab_size)
+    tokenizer = read_tokenizer(config.init_from, model.eos_ids)
+    if tokenizer.vocab_size > model.vocab_size:
+        raise DataError(f"--init-from {config.init_from}: its tokenizer has {tokenizer.vocab_size} tokens and its "
+                        f"model {model.vocab_size}; they do not belong together: copy the model's own tokenizer")
+    return tokenizer
 
 
 class LlamaTask(LanguageModelTask):
@@ -28,8 +58,10 @@ class LlamaTask(LanguageModelTask):
     trainer = LlamaTrainer
     config_flags = LanguageModelTask.config_flags + ("num_kv_heads", "rope_theta")
     resume_fixed = LanguageModelTask.resume_fixed + ("num_kv_heads", "rope_theta")
-    pretrained = None  # a Llama-family folder is read and sampled (minitf.load, generate), not fine-tuned yet
-    init_from_help = ""
+    pretrained = "Llama, Qwen2 or Mistral"
+    init_from_help = ("fine-tune a Hugging Face Llama, Qwen2 or Mistral folder (config.json, model.safetensors or "
+                      "its shards, tokenizer.json): its shape, weights and tokenizer (needs pip install -e '.[hf]'; "
+                      f"--lr-scale {FINE_TUNE_LR_SCALE:g} unless given)")
 
     def add_arguments(self, parser):
         """Only its own flags: the data flags are the language model's (its task adds them to the parser)."""
@@ -43,3 +75,39 @@ class LlamaTask(LanguageModelTask):
     def given_flags(self, args):
         return super().given_flags(args) + [flag for flag, given in (
             ("--num-kv-heads", args.num_kv_heads is not None), ("--rope-theta", args.rope_theta is not None)) if given]
+
+    def pretrained_fields(self, args):
+        """A Llama-family folder's model (checked key by key), its tokenizer (present and readable) and its weights
+        (read and checked once, :meth:`read_once`), before any run folder is made."""
+        folder = args.init_from
+        refuse_with_init_from(args, PRETRAINED_FIXED + ("num_kv_heads", "rope_theta"))
+        if importlib.util.find_spec("tokenizers") is None:
+            raise UsageError("--init-from needs the tokenizers package, not installed here: pip install -e '.[hf]'")
+        if args.corpus_dir is not None or args.bpe_dropout:
+            raise UsageError(f"--init-from {folder} reads the text with its folder's tokenizer: give --train-text "
+                             "... without --corpus-dir or --bpe-dropout (minitf's own tokenizers' options)")
+        try:
+            config, _ = hf.pretrained_config(folder)
+        except ValueError as error:
+            raise UsageError(f"--init-from {folder}: {error}") from None
+        read_tokenizer(folder, config.eos_ids)  # a missing or unreadable tokenizer.json: named before the weights
+        try:  # damaged weights (truncated, a NaN): refused here, before any run folder; the trainer gets these
+            self.read_once(weights_path(folder), lambda: hf.read_pretrained_state(folder, config))
+        except ValueError as error:
+            raise DataError(f"--init-from {folder}: {error}") from None
+        return dict(d_model=config.d_model, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+                    num_decoder_layers=config.num_layers, d_ff=config.d_ff, rope_theta=config.rope_theta,
+                    vocab_size=config.vocab_size, tokenizer="pretrained", init_from=str(folder.resolve()),
+                    llama=folder_fields(config), lr_scale=args.lr_scale or FINE_TUNE_LR_SCALE)
+
+    def new_run(self, args, given, config, run_dir, world):
+        if config.init_from is None:
+            return super().new_run(args, given, config, run_dir, world)
+        with before_training(run_dir):
+            return new_text_data(args, config, run_dir, world, read_init_tokenizer, load_run_tokenizer)
+
+    def reopen(self, config, run_dir):
+        if config.init_from is None:
+            return super().reopen(config, run_dir)
+        tokenizer = load_run_tokenizer(run_dir / "tokenizer.model")
+        return RunData(tokenizer, TextCorpus(tokenizer, read_texts(config.data), config.block_size))

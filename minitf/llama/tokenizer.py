@@ -27,6 +27,30 @@ class LlamaTokenizer(HuggingFaceTokenizer):
         super().__init__(tokenizer, json.dumps({"format": FORMAT, "eos_ids": list(self.eos_ids),
                                                 "tokenizer": tokenizer.to_str()}).encode("utf-8"))
 
+    @classmethod
+    def from_bytes(cls, data, origin="tokenizer.model"):
+        """The tokenizer a fine-tuning run keeps in its tokenizer.model (:meth:`model_bytes`; a checkpoint's copy)."""
+        tokenizers = tokenizers_package(origin)
+        try:
+            values = json.loads(data.decode("utf-8"))
+            eos_ids = values["eos_ids"]
+            if values.get("format") != FORMAT or not all(type(e) is int for e in eos_ids):
+                raise ValueError("not a Llama-family tokenizer")
+            tokenizer = tokenizers.Tokenizer.from_str(values["tokenizer"])
+        except Exception as error:  # the tokenizers package raises a bare Exception
+            raise DataError(f"{origin} is not a Llama-family tokenizer written by train.py --model llama --init-from "
+                            f"({str(error).strip() or type(error).__name__}); use the run's own tokenizer.model") from None
+        return cls(tokenizer, eos_ids)
+
+    @staticmethod
+    def written(data):
+        """Whether a tokenizer.model's bytes are one :meth:`model_bytes` wrote (json.dumps writes "format" first)."""
+        return f'"format": "{FORMAT}"'.encode() in data[:64]
+
+    def save(self, folder):
+        """Write tokenizer.json into ``folder`` (the folder's own file, as read)."""
+        (pathlib.Path(folder) / "tokenizer.json").write_text(self._tokenizer.to_str(), encoding="utf-8")
+
 
 def read_tokenizer(folder, eos_ids=()):
     """The :class:`LlamaTokenizer` of ``folder``'s tokenizer.json; a one-line DataError for a folder without one

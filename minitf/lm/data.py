@@ -178,8 +178,9 @@ class TextTokenizer:
 
 
 def _line_breaks_as_eos(tokenizer):
-    """Whether ``tokenizer`` is sentencepiece BPE, which has no line break: lines are joined by EOS."""
-    return not isinstance(tokenizer, (CharTokenizer, PretrainedTokenizer))
+    """Whether ``tokenizer`` is sentencepiece BPE, which has no line break: lines are joined by EOS (a Hugging Face
+    folder's tokenizer, GPT-2's or a Llama's, has the line break's byte)."""
+    return not isinstance(tokenizer, (CharTokenizer, HuggingFaceTokenizer))
 
 
 def encode_text(tokenizer, text):

@@ -69,5 +69,22 @@ class LanguageModelKind(Kind):
         return Loaded(model, tokenizer, self, folder, None, context=model.max_len,
                       context_why="its learned positions", hf_config=hf)
 
+    # -- what the study tools ask (minitf.study: the shared walk and page numbers of the GPT)
+    def walk(self, tracer, model):
+        from minitf.study.walk import language_model_walk
+        return language_model_walk(tracer, model)
+
+    def page_parts(self, model):
+        from minitf.study.inspection.numbers import language_model_parts
+        return language_model_parts(model)
+
+    def describe_model(self, model):
+        from minitf.study.inspection.numbers import describe_language_model
+        return describe_language_model(model)
+
+    def trace_example(self):
+        from minitf.study import tracer, walk
+        return tracer.Example(tracer.run_gpt, tracer.gpt_header, walk.print_gpt_walk)
+
 
 KIND = LanguageModelKind()

@@ -148,9 +148,10 @@ def read_texts(paths):
             if paths.get(f"{split}_text") is not None}
 
 
-def new_text_data(args, config, run_dir, world):
+def new_text_data(args, config, run_dir, world, init_tokenizer=None, load=load_tokenizer):
     """A new language-model run's text (--train-text ..., or the default text, fetched once by rank 0), its
-    tokenizer (made by rank 0: BPE, characters or --init-from's) and config.json."""
+    tokenizer (made by rank 0: BPE, characters or --init-from's, ``init_tokenizer(config)``: default
+    :func:`read_init_tokenizer`, GPT-2's) and config.json; the other ranks read rank 0's with ``load(path)``."""
     if not world.is_root:  # rank 0 fetches the default text once; the others then find it in the cache
         world.barrier()
     paths = text_paths(args)
@@ -163,7 +164,7 @@ def new_text_data(args, config, run_dir, world):
         with new_run_folder(run_dir):
             if config.tokenizer in ("char", "pretrained"):
                 tokenizer = (CharTokenizer(texts["train"]) if config.tokenizer == "char" else
-                             read_init_tokenizer(config))
+                             (init_tokenizer or read_init_tokenizer)(config))
                 files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
             else:
                 tokenizer = prepare_tokenizer(run_dir, texts["train"].split("\n"), config.vocab_size, log)
@@ -174,7 +175,7 @@ def new_text_data(args, config, run_dir, world):
         config.write(run_dir)
     world.barrier()
     if not world.is_root:
-        tokenizer = load_tokenizer(run_dir / "tokenizer.model")
+        tokenizer = load(run_dir / "tokenizer.model")
         config.vocab_size = tokenizer.vocab_size
         corpus = TextCorpus(tokenizer, texts, config.block_size)
     return RunData(tokenizer, corpus)

@@ -70,8 +70,9 @@ def tokenizer_files(tokenizer, src_lang, tgt_lang):
 
 def export(run, folder, warn=None):
     """Write the model and tokenizer of ``run`` (a run or checkpoint folder) as a Marian ``folder`` (new or
-    empty); returns the checkpoint's meta. A one-line error (UsageError, CheckpointError, ValueError) before
-    anything is written for a folder in use, a run that is not a translation run, a model Marian cannot hold."""
+    empty). A one-line error (UsageError, CheckpointError, ValueError) before
+    anything is written for a folder in use, a model Marian cannot hold. A run of another kind is written by its
+    kind (:meth:`minitf.training.kind.Kind.write_folder`). Returns the :class:`minitf.training.kind.Loaded` run."""
     run, folder = pathlib.Path(run), pathlib.Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise UsageError(f"{folder} {'is a file' if not folder.is_dir() else 'is not empty'}; give a new or empty "
@@ -84,7 +85,10 @@ def export(run, folder, warn=None):
     if is_hugging_face_folder(run):
         raise UsageError(f"{run} is already a Hugging Face folder, not a run of train.py: there is nothing to "
                          "export (use it as it is, or copy it)")
-    loaded = load(run, warn, kind=KIND)
+    loaded = load(run, warn)
+    if loaded.kind is not KIND:  # a run of another kind: its own folder format (or its one-line refusal)
+        loaded.kind.write_folder(loaded, folder)
+        return loaded
     model, tokenizer, meta = loaded.model, loaded.tokenizer, loaded.meta
     config = meta.get("config", {})
     generation = None
@@ -103,15 +107,15 @@ def export(run, folder, warn=None):
                            generation=generation, tokenizer_files=files or {})
     if files is None:
         tokenizer.save(folder)
-    return meta
+    return loaded
 
 
 def run(argv=None):
     args = parse_args(argv)
-    meta = export(args.run, args.folder, warn=lambda message: print(message, file=sys.stderr))
-    print(f"wrote {args.folder}: a Hugging Face Marian folder of step {meta.get('step', '?')} "
-          f"(load it with transformers.MarianMTModel.from_pretrained, or translate with "
-          f"python -m minitf.translate --checkpoint {args.folder})", file=sys.stderr)
+    loaded = export(args.run, args.folder, warn=lambda message: print(message, file=sys.stderr))
+    print(f"wrote {args.folder}: a {loaded.kind.hf_what} of step {loaded.step if loaded.step is not None else '?'} "
+          f"(load it with transformers' from_pretrained, or "
+          f"{loaded.kind.use_a_run.replace('RUN', str(args.folder))})", file=sys.stderr)
     return 0
 
 

@@ -72,5 +72,22 @@ class TranslationKind(Kind):
         return Loaded(model, tokenizer, self, folder, decoding, context=marian.max_positions(hf),
                       context_why="its position table, max_position_embeddings", hf_config=hf)
 
+    # -- what the study tools ask (minitf.study: the shared walk and page numbers of the encoder-decoder)
+    def walk(self, tracer, model):
+        from minitf.study.walk import translation_walk
+        return translation_walk(tracer, model)
+
+    def page_parts(self, model):
+        from minitf.study.inspection.numbers import translation_parts
+        return translation_parts(model)
+
+    def describe_model(self, model):
+        from minitf.study.inspection.numbers import describe_translation
+        return describe_translation(model)
+
+    def trace_example(self):
+        from minitf.study import tracer, walk
+        return tracer.Example(tracer.run, tracer.header, walk.print_walk)
+
 
 KIND = TranslationKind()

@@ -5,7 +5,7 @@ run's data, and :class:`TranslationTrainer`. The interface is :class:`minitf.tra
 import os
 import pathlib
 
-from minitf import backend
+from minitf import backend, kinds
 from minitf.pretrained import model_type
 from minitf.nmt import corpora, marian, prepare
 from minitf.nmt.corpora import default_corpus_splits
@@ -108,9 +108,10 @@ class TranslationTask(Task):
             raise UsageError("--init-from reads the training text with its folder's tokenizer: give the files as "
                              "--train-src ... (or none, for the default corpus), not a prepared corpus "
                              "(--corpus-dir, --corpus wmt14-en-de: minitf's own tokenizer's ids)")
-        if model_type(folder) == "gpt2":
-            raise UsageError(f"--init-from {folder} is a Hugging Face GPT-2 folder (a language model), not a "
-                             "translation model: to fine-tune it, add --model gpt")
+        other = kinds.for_model_type(model_type(folder))
+        if other is not None and other.name != self.name:
+            raise UsageError(f"--init-from {folder} is a {other.hf_what} (a {other.title}), not a translation "
+                             f"model: to fine-tune it, add --model {other.name}")
         try:
             hf, model, weights = marian.read_folder_config(folder, training=True)
             generation = read_generation_json(folder)  # kept in the run: an export writes it again

@@ -181,6 +181,28 @@ class Tracer:
         return f"{self.stack[-1]}/attention" if self.stack else "attention"
 
 
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One traced example of ``python -m minitf.trace --model NAME``, as the model's kind gives it
+    (``Kind.trace_example``): ``run()`` -> (tracer, model, loss) (inside ``default_dtype("float64")``),
+    ``header(loss)`` -> the lines that open the trace, ``print_walk(tracer, model, loss)`` ``--walk``'s view."""
+    run: object
+    header: object
+    print_walk: object
+
+
+def header(loss):
+    """The lines that open the trace of the encoder-decoder example."""
+    return [f"trace: B=1, S=T=2, D=4, H=2 (dk=2), F=8, V=5, float64, dropout 0, smoothing {SMOOTHING}",
+            f"src_ids {SRC}, tgt_in_ids {TGT_IN}, tgt_out {TGT_OUT}; loss {loss:.6f}"]
+
+
+def gpt_header(loss):
+    """The lines that open the trace of the GPT example."""
+    return ["trace: GPT, B=1, L=4, D=4, H=2 (dk=2), F=8, V=5, one layer, pre-LN, tanh GELU, learned positions, "
+            "float64, dropout 0", f"ids {GPT_IDS}, next-token targets {GPT_NEXT} (-1: none, ignored); loss {loss:.6f}"]
+
+
 def build_model(model_class="transformer"):
     """The traced model: CONFIG (or GPT_CONFIG for "gpt"), float64, weight matrices set to round numbers."""
     backend.manual_seed(0)
@@ -210,7 +232,12 @@ def run(model=None):
 def run_gpt(model=None):
     """The GPT example: forward, the next-token loss (no smoothing) and backward under a Tracer.
     Returns (tracer, model, loss). Call inside ``default_dtype("float64")``."""
-    model = build_model("gpt") if model is None else model
+    return run_next_token(build_model("gpt") if model is None else model)
+
+
+def run_next_token(model):
+    """A decoder-only ``model`` (the GPT's, or a kind's) on the GPT example's ids: forward, the next-token loss
+    (no smoothing) and backward under a Tracer. Returns (tracer, model, loss)."""
     loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
     tracer = Tracer(model, extra=[("loss", loss_fn)])
     model.zero_grad()

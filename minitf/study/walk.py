@@ -1,9 +1,10 @@
 """The backward walk, and the views of the trace that follow the gradient (``python -m minitf.trace --walk``,
 ``--norm-terms``, ``--grad-norms``):
 
-- :func:`backward_walk`: the gradient of one backward from dL/dlogits down to the embeddings, step by
+- the backward walk: the gradient of one backward from dL/dlogits down to the embeddings, step by
   step (:class:`Walk`), for any number of layers, post-LN or pre-LN; one walk per model shape
-  (:func:`translation_walk`, :func:`language_model_walk`), found by the model's class. ``trace --walk``
+  (:func:`translation_walk`, :func:`language_model_walk`; a kind's package may build its own from
+  :class:`Walk`), which the model's kind names (``Kind.walk``: these tools import no kind). ``trace --walk``
   prints it, the inspection page draws its norms (:mod:`minitf.study.inspection.numbers`);
 - ``print_walk``: the walk of the example of ``minitf.study.tracer``, one step per line of code, with the
   file and line computed from the source at run time (docs/walk.md); ``print_gpt_walk``: the same for
@@ -21,7 +22,6 @@ import minitf
 from minitf import backend
 from minitf.attention import MultiHeadAttention
 from minitf.backend import host as numpy  # host arrays for printing
-from minitf.gpt import GPT
 from minitf.layers import (GELU, Embedding, LayerNorm, LearnedPositionalEmbedding, OutputProjection, ReLU,
                            SiLU)
 from minitf.loss import LabelSmoothedCrossEntropy
@@ -280,21 +280,6 @@ def language_model_walk(tracer, model):
     return w
 
 
-#: the walk of each model class: one per shape (the trace and the inspection page find it here by the model's class;
-#: the model kinds' packages sit above these study tools, which import none of them)
-WALKS = {Transformer: translation_walk, GPT: language_model_walk}
-
-
-def backward_walk(tracer, model):
-    """The :class:`Walk` of ``model``'s backward from the records of ``tracer`` (a Tracer that recorded a forward,
-    the loss as "loss" and a backward): :func:`translation_walk` or :func:`language_model_walk`, by its class."""
-    for cls in type(model).__mro__:
-        if cls in WALKS:
-            return WALKS[cls](tracer, model)
-    raise TypeError(f"no backward walk for a {type(model).__name__}; minitf.study.walk.WALKS has "
-                    f"{', '.join(cls.__name__ for cls in WALKS)}")
-
-
 # --------------------------------------------------------------------------- #
 # Printing the walk of the trace's examples
 # --------------------------------------------------------------------------- #
@@ -306,14 +291,15 @@ def print_gpt_walk(tracer, model, loss):
     print("positions 0 and 2 and predicted at 1; row 0 of the position table), and the line of minitf")
     print("that computes it. The last position's dlogits row is 0: it has no next token, and no earlier")
     print("position reads it (the causal mask), so its row is 0 in every gradient below the loss.")
-    _print_steps(backward_walk(tracer, model).steps, lambda array: array[3] if array.shape == model.embed.weight.shape
-                 else array[0] if array.ndim == 2 else array[0, 0])
+    print_steps(language_model_walk(tracer, model).steps, lambda array: array[3] if array.shape == model.embed.weight.shape
+                else array[0] if array.ndim == 2 else array[0, 0])
     last = backend.to_numpy(dict(backward_record(tracer, "loss").outputs)["dlogits"])[0, -1]
     print()
     print(f"dlogits at the last position: {format_values(last)}")
 
 
-def _print_steps(steps, row_of):
+def print_steps(steps, row_of):
+    """Print a walk's ``steps``, numbered: each with its shape, norm, one row (``row_of(array)``) and its line."""
     number = 0
     for step in steps:
         if isinstance(step, str):
@@ -335,8 +321,8 @@ def print_walk(tracer, model, loss):
     print("row 4 of a (V, D) weight gradient: token 4 is in the source, the target and the output),")
     print("and the line of minitf that computes it; in a residual block, dx_skip, dh and dx are")
     print("the names of SublayerConnection.backward (dropout 0, so Dropout'(g) = g)")
-    _print_steps(backward_walk(tracer, model).steps,
-                 lambda array: array[4] if array.shape == model.src_embed.weight.shape else array[0, 0])
+    print_steps(translation_walk(tracer, model).steps,
+                lambda array: array[4] if array.shape == model.src_embed.weight.shape else array[0, 0])
 
 
 # --------------------------------------------------------------------------- #

@@ -24,9 +24,12 @@ from minitf.training.files import write_json_atomic
 #: 9: config.json holds the shared fields and its kind's own only (8 held every kind's; read as 9 by dropping
 #: the other kinds' fields, which that run did not compute), and ``optimizer`` (minitf.optim.OPTIMIZERS),
 #: ``num_kv_heads`` and ``rope_theta`` (the Llama family's).
-SCHEMA_VERSION = 9
+#: 10: ``llama`` (a Llama-family model fine-tuned from a Hugging Face folder: its model's config; ``init_from``
+#: names the folder).
+SCHEMA_VERSION = 10
 #: Fields added since an older schema, with the values that keep the old meaning (a file's own values win).
-_ADDED_SINCE_8 = {"optimizer": "adam", "num_kv_heads": None, "rope_theta": 10000.0}
+_ADDED_SINCE_9 = {"llama": None}
+_ADDED_SINCE_8 = {"optimizer": "adam", "num_kv_heads": None, "rope_theta": 10000.0, **_ADDED_SINCE_9}
 _ADDED_SINCE_7 = {"marian": None, **_ADDED_SINCE_8}
 _ADDED_SINCE_6 = {"init_from": None, "n_positions": None, "activation": "gelu_tanh", "layer_norm_eps": 1e-5,
                   **_ADDED_SINCE_7}
@@ -34,7 +37,7 @@ _ADDED_SINCE_5 = {"model": "transformer", "block_size": 128, "tokenizer": "bpe",
 _ADDED_SINCE_4 = {"lexicon": 0.0, **_ADDED_SINCE_5}
 _ADDED_SINCE_2 = {"accumulate": 1, "zero": 0, "bpe_dropout": 0.0, **_ADDED_SINCE_4}
 ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2, 4: _ADDED_SINCE_4, 5: _ADDED_SINCE_5, 6: _ADDED_SINCE_6,
-                7: _ADDED_SINCE_7, 8: _ADDED_SINCE_8}
+                7: _ADDED_SINCE_7, 8: _ADDED_SINCE_8, 9: _ADDED_SINCE_9}
 
 TOKENIZERS = ("bpe", "char")  # --tokenizer's choices; "pretrained" is the tokenizer of --init-from's folder
 PRECISIONS = ("fp32", "tf32", "fp16")
@@ -114,6 +117,9 @@ class RunConfig:
     # None}, kept so that the run needs the folder no more: the model is built from "config", an export writes
     # both again. Each kind records only its own of these (minitf.nmt.kind, minitf.lm.kind: ``config_fields``)
     marian: dict | None = None
+    # llama from a Hugging Face Llama, Qwen2 or Mistral folder: its model's config (minitf.llama.config.LlamaConfig's
+    # fields), kept so that the run needs the folder no more: the model is built from it, an export writes it again
+    llama: dict | None = None
     # the recipe
     vocab_size: int = 4000
     warmup: int = 800

@@ -84,6 +84,32 @@ class Kind:
         """The :class:`Loaded` of a checkpoint of this kind (model and tokenizer read and checked)."""
         raise NotImplementedError
 
+    # -- what the study tools ask (they import no kind: python -m minitf.trace and minitf.inspect find it here)
+    def walk(self, tracer, model):
+        """The backward walk of ``model`` (a :class:`minitf.study.walk.Walk`) from the records of ``tracer``."""
+        raise NotImplementedError(f"no backward walk for a --model {self.name} model")
+
+    def page_parts(self, model):
+        """What the inspection page reads of ``model``: a :class:`minitf.study.inspection.numbers.Parts` (its walk,
+        its attention modules, its embedding), for the page :attr:`page` names."""
+        raise NotImplementedError(f"no inspection page for a --model {self.name} model")
+
+    def describe_model(self, model):
+        """(its name on the page, its layout, its shape in one line) for the inspection page's header."""
+        raise NotImplementedError
+
+    def trace_example(self):
+        """``python -m minitf.trace --model NAME``'s example (a :class:`minitf.study.tracer.Example`), or None
+        where this kind has none."""
+        return None
+
+    def write_folder(self, loaded, folder):
+        """Write ``loaded`` (a run of this kind, :class:`Loaded`) as a Hugging Face folder into the new or empty
+        ``folder`` (``python -m minitf.export``); a kind without a folder format to write refuses in one line."""
+        from minitf.training.errors import UsageError
+        raise UsageError(f"{loaded.source} is a --model {self.name} run, which minitf does not export to a Hugging "
+                         f"Face folder: {self.use_a_run}")
+
     def load_folder(self, folder, warn=None):
         """The :class:`Loaded` of a Hugging Face folder of one of :attr:`hf_model_types`: every value checked
         before the model is built; a one-line ValueError, DataError or UsageError names the file and key."""

@@ -357,17 +357,17 @@
     h("option", {value: "max"}, scale, "0 to the map's largest weight");
     const area = h("div", {id: "heatmap-area"}, box);
     const weights = kinds.map(floats);
-    function fill(select, n, extra) {
+    function fill(select, n, extra, labels) {
       const keep = select.value;
       select.textContent = "";
-      for (let i = 0; i < n; i++) h("option", {value: i}, select, String(i));
+      for (let i = 0; i < n; i++) h("option", {value: i}, select, labels ? labels[i] : String(i));
       if (extra) h("option", {value: "all"}, select, extra);
       if ([...select.options].some((o) => o.value === keep)) select.value = keep;
     }
     function draw() {
       const a = kinds[Number(kind.value)], [L, H] = a.shape;
       fill(layer, L);
-      fill(head, H, "all heads");
+      fill(head, H, "all heads", a.heads && a.heads.map((label) => label.replace(/^head /, "")));
       area.textContent = "";
       drawHeatmaps(area, ex, a, weights[Number(kind.value)], Number(layer.value), head.value, scale.value, (h_) => {
         head.value = String(h_);
@@ -379,6 +379,11 @@
     head.addEventListener("change", draw);
     scale.addEventListener("change", draw);
     draw();
+  }
+
+  // a head's name: "head 3", or its kind's label ("head 3 (key/value head 1)": grouped-query attention)
+  function headLabel(a, hd) {
+    return a.heads ? a.heads[hd] : `head ${hd}`;
   }
 
   function drawHeatmaps(area, ex, a, values, layer, head, scale, choose) {
@@ -402,14 +407,14 @@
       for (let hd = 0; hd < H; hd++) {
         const figure = h("figure", {"data-head": hd}, grid);
         heatmap(figure, a, rows, cols, predicted, (i, j) => at(hd, i, j), {small: true, layer: layer, head: hd, top: top});
-        h("figcaption", {}, figure, `head ${hd}`);
+        h("figcaption", {}, figure, headLabel(a, hd));
         figure.addEventListener("click", () => choose(hd));
       }
       gradientLegend(area, BLUES, "0", fmt(top, 3), "attention weight" + (top < 1 ? " (colours stretched to the largest weight shown)" : ""));
       return;
     }
     const hd = Number(head);
-    h("h3", {}, area, `${a.name}, layer ${layer}, head ${hd}`);
+    h("h3", {}, area, `${a.name}, layer ${layer}, ${headLabel(a, hd)}`);
     h("p", {class: "caption"}, area, KIND_CAPTIONS[a.name]);
     heatmap(area, a, rows, cols, predicted, (i, j) => at(hd, i, j), {layer: layer, head: hd, top: top});
     gradientLegend(area, BLUES, "0", fmt(top, 3), "attention weight" + (top < 1 ? " (colours stretched to this map's largest weight)" : ""));

@@ -113,7 +113,8 @@ def example_data(inspection, text, input_ids, piece, source_ids=None, target_fro
         "top_text": [[probability_text(float(p)) for p in probs] for probs in inspection.top_probs],
         "loss": float(inspection.loss), "num_tokens": inspection.num_tokens, "smoothing": inspection.smoothing,
         "attention": [dict(name=name, rows=AXES[name][0], cols=AXES[name][1], causal=name in CAUSAL,
-                           **encode_array(weights)) for name, weights in inspection.attention.items()],
+                           heads=inspection.head_labels.get(name), **encode_array(weights))
+                      for name, weights in inspection.attention.items()],
         "walk": [{"section": step} if isinstance(step, str) else
                  {"label": step.label, "norm": step.norm, "shape": list(step.shape), "kind": step.kind}
                  for step in inspection.walk],
