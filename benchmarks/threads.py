@@ -15,7 +15,9 @@ norm and the scaling); ``loss`` the label-smoothed loss forward and backward ove
 ``layernorm`` forward and backward over (``--rows``, 512); ``silu``/``gelu`` forward and backward over
 (``--rows``, 2048); ``dropout`` over (``--rows``, 512); ``softmax`` the attention core's forward and backward
 over (B, H, T, T) = (32, 8, 64, 64); ``decode_attention`` one cached decoding step's attention core (64
-sentences, 8 heads, one query against 30 cached positions). ``threshold``: softmax over (rows, 512) for
+sentences, 8 heads, one query against 30 cached positions); ``decode_normalizer`` beam search's log-softmax
+normalizer over the vocabulary at one step (nmt/decode.py's ``shifted_exp_sums`` and the log), (beam x batch,
+V) = (32, ``--vocab``) logits. ``threshold``: softmax over (rows, 512) for
 growing row counts, to place ``backend.THREAD_MIN_ELEMENTS``.
 
 Timings on a busy machine mostly measure the other work: compare ratios of runs made on a quiet one.
@@ -150,6 +152,18 @@ def decode_attention_part(args):
     compare("decode attention", setup, run, args.threads, args.rounds, lambda s: s["y"])
 
 
+def decode_normalizer_part(args):
+    from minitf.nmt.decode import shifted_exp_sums
+    logits = rand((32, args.vocab), 14, 3.0)                      # beam 4 x 8 sentences, or 32 greedy rows
+
+    def setup():
+        return {"logits": logits.copy(), "row_max": logits.max(axis=1, keepdims=True)}
+
+    def run(s):
+        s["log_sum"] = np.log(shifted_exp_sums(s["logits"], s["row_max"]))
+    compare("decode normalizer", setup, run, args.threads, args.rounds, lambda s: (s["logits"], s["log_sum"]))
+
+
 def threshold_part(args):
     from minitf.layers import softmax
     for rows in (32, 64, 128, 256, 512, 1024, 2048):
@@ -163,7 +177,7 @@ def threshold_part(args):
             backend.THREAD_MIN_ELEMENTS = saved
 
 
-PARTS = ("adam", "loss", "layernorm", "silu", "gelu", "dropout", "softmax", "decode_attention")
+PARTS = ("adam", "loss", "layernorm", "silu", "gelu", "dropout", "softmax", "decode_attention", "decode_normalizer")
 
 
 def main(argv=None):
@@ -198,6 +212,8 @@ def main(argv=None):
             softmax_part(args)
         elif part == "decode_attention":
             decode_attention_part(args)
+        elif part == "decode_normalizer":
+            decode_normalizer_part(args)
         elif part == "threshold":
             threshold_part(args)
     return 0

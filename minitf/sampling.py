@@ -113,8 +113,12 @@ def choose_tokens(logits, temperature=1.0, top_k=None, top_p=None, rng=None):
     if top_k is not None and top_k < V:
         kth = np.partition(z, V - top_k, axis=-1)[:, V - top_k, None]     # the k-th largest  (B, 1)
         z = np.where(z >= kth, z, -np.inf)
-    p = np.exp(z - z.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)                                   # softmax  (B, V)
+
+    def softmax_rows(z):                                                 # a block of rows' softmax
+        p = np.exp(z - z.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        return p
+    p = backend.by_rows(softmax_rows, z)                                 # softmax (B, V), rows on threads
     if top_p is not None and top_p < 1:
         order = np.argsort(-p, axis=-1, kind="stable")                   # most likely first
         sorted_p = np.take_along_axis(p, order, axis=-1)

@@ -104,7 +104,7 @@ def test_init_from_fine_tunes_a_llama_folder_lowers_the_loss_and_exports_what_tr
     import transformers
     from minitf import backend
     from minitf.export import main as export_main
-    from minitf.gpt import generate
+    from minitf.sampling import generate
     from minitf.llama.model import Llama
     from minitf.llama.tokenizer import read_tokenizer
     from minitf.train import main as train_main

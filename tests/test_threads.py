@@ -420,3 +420,61 @@ def test_greedy_and_beam_decoding_give_the_same_tokens_threaded(splits, monkeypa
     assert threaded[0] == plain[0]
     assert [[h for h, _ in e] for e in threaded[1]] == [[h for h, _ in e] for e in plain[1]]
     assert [[s for _, s in e] for e in threaded[1]] == [[s for _, s in e] for e in plain[1]]
+
+
+# --------------------------------------------------------------------------- #
+# Decoding's normalizer over the vocabulary: beam search's log-softmax, the sampler's softmax
+# --------------------------------------------------------------------------- #
+def test_beam_search_normalizer_threaded_is_bit_identical(splits):
+    """The shift and exp of (beams x sentences, V) logits on blocks of rows (nmt/decode.py), banned ids at -inf."""
+    from minitf.nmt.decode import row_sums, shifted_exp_sums
+
+    def run():
+        logits = rand((32, 5000), 24, scale=3.0)                        # 32 rows of 5000: 160K elements
+        logits[:, [0, 7]] = -np.inf                                    # banned: exp gives 0
+        row_max = logits.max(axis=1, keepdims=True)
+        sums = shifted_exp_sums(logits, row_max)
+        return logits, sums
+    plain, threaded = one_and_many(run, splits)
+    assert_all_same_bytes(plain, threaded)
+    logits = rand((32, 5000), 24, scale=3.0)
+    logits[:, [0, 7]] = -np.inf
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))      # the plain lines, out of place
+    assert same_bytes(threaded[0], shifted) and same_bytes(threaded[1], row_sums(shifted))
+    assert not threaded[0][:, [0, 7]].any()
+
+
+@pytest.mark.parametrize("top_k, top_p", [(None, None), (40, 0.9)])
+def test_sampling_softmax_threaded_is_bit_identical(splits, monkeypatch, top_k, top_p):
+    """The sampler's softmax over (B, V) host logits (sampling.py's choose_tokens) on blocks of rows: the same
+    probabilities, so the same tokens from the same generator."""
+    from minitf.sampling import choose_tokens
+    softmaxes, by_rows = [], backend.by_rows
+
+    def recorded(fn, *arrays):
+        result = by_rows(fn, *arrays)
+        softmaxes.append(result)
+        return result
+    monkeypatch.setattr(backend, "by_rows", recorded)
+
+    def run():
+        logits = rand((8, 50257), 25, np.float64, scale=4.0)
+        tokens = choose_tokens(logits, temperature=0.8, top_k=top_k, top_p=top_p, rng=np.random.default_rng(26))
+        return tokens, softmaxes[-1]
+    plain, threaded = one_and_many(run, splits)
+    assert_all_same_bytes(plain, threaded)
+    assert threaded[1].shape == (8, 50257) and np.allclose(threaded[1].sum(axis=-1), 1.0)
+
+
+def test_generation_gives_the_same_tokens_threaded(splits, monkeypatch):
+    """A small GPT's sampling, every call split (the threshold lowered), from the same seed: the same tokens."""
+    monkeypatch.setattr(backend, "THREAD_MIN_ELEMENTS", 64)
+    monkeypatch.setattr(backend, "THREAD_BLOCK_ELEMENTS", 64)
+
+    def run():
+        backend.manual_seed(2)
+        model = minitf.GPT(vocab_size=97, max_len=32, d_model=16, num_heads=2, num_layers=2, d_ff=32, dropout=0.0)
+        prompt = np.random.default_rng(27).integers(0, 97, (6, 5))
+        return minitf.gpt.generate(model, prompt, 12, temperature=0.9, top_p=0.95, seed=28)
+    plain, threaded = one_and_many(run, splits, calls=12)
+    assert_all_same_bytes(plain, threaded)

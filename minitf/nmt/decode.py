@@ -223,6 +223,22 @@ def row_sums(x):
     return x @ xp.ones(x.shape[-1], dtype=x.dtype)
 
 
+def _exp_shifted_in_place(logits, row_max):
+    """``logits = exp(logits - row_max)`` in place, for a block of rows (for backend.by_rows: returns nothing)."""
+    logits -= row_max
+    xp.exp(logits, out=logits)
+
+
+def shifted_exp_sums(logits, row_max):
+    """(N,) each row's sum of exp(logits - row_max), the normalizer of a log-softmax shifted by ``row_max``
+    (N, 1); overwrites ``logits`` (N, V) with exp(logits - row_max) (the caller needs the logits no more). The
+    shift and the exp, a pass over the vocabulary each, run on blocks of rows (threads: the same numbers as
+    the plain lines); the sums are one matrix-vector product (:func:`row_sums`, on BLAS's threads)."""
+    # logits -= row_max; xp.exp(logits, out=logits): on blocks of rows (threads)
+    backend.by_rows(_exp_shifted_in_place, logits, row_max)
+    return row_sums(logits)
+
+
 def top_k_columns(scores, k):
     """(N, k) column indices of the ``k`` largest entries of each row of ``scores`` (N, V), in no order: the
     set ``argpartition`` would give (up to ties), for about one pass over (N, V) instead of a partition of it.
@@ -262,8 +278,7 @@ def _step_top_logprobs(model, tokens, prefix, memory, src_mask, cache, t, k, pad
     row_max = top.max(axis=1, keepdims=True)                     # (N, 1) the row's largest logit is in its top k
     if not renormalize:
         row_max = xp.maximum(row_max, banned_logits.max(axis=1, keepdims=True))
-    logits -= row_max                                            # the logits are not needed any more: in place
-    sum_exp = row_sums(xp.exp(logits, out=logits))               # (N,) the banned ids' exp(-inf) add 0
+    sum_exp = shifted_exp_sums(logits, row_max)                  # (N,) the banned ids' exp(-inf) add 0
     if not renormalize:
         sum_exp += row_sums(xp.exp(banned_logits - row_max))     # the paper's rules: they count
     log_sum = xp.log(sum_exp)[:, None]                           # (N, 1)

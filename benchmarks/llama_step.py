@@ -1,0 +1,416 @@
+"""A Llama-family model (SmolLM2-135M's shape) in minitf and in transformers: the training step (forward, loss,
+backward, Adam) and greedy generation with the key/value cache, each framework in a process of its own.
+
+    pip install -e ".[bench]"      # torch, transformers, safetensors: only for the comparison
+    python benchmarks/llama_step.py --threads 2 --rounds 5 --json llama-2.json   # SmolLM2-135M's shape
+    python benchmarks/llama_step.py --shape tiny --rounds 1                        # dry run
+
+The model: a random ``transformers.LlamaForCausalLM`` built from a ``LlamaConfig`` of SmolLM2-135M's shape
+(``--shape smollm2``: 30 layers, d_model 576, 9 query heads, 3 key/value heads, d_ff 1536, vocabulary 49,152,
+tied output, rope theta 100,000, RMSNorm eps 1e-5; minitf's ``smollm2-135m`` preset) with transformers' own
+initialisation (std 576^-0.5, the preset's), saved with ``save_pretrained`` into a temporary folder in float32.
+Both frameworks read that folder: transformers with ``LlamaForCausalLM.from_pretrained`` (its default attention,
+named in the output), minitf with ``minitf.llama.Llama.from_pretrained`` (float32): the same weights on both
+sides. ``--shape tiny`` is a small model for dry runs and tests.
+
+Training step (``--part step``): a fixed batch of random ids, ``batch`` x ``block`` (4 x 256) inputs and the
+next ids as targets. minitf: zero_grad, ``model(inputs)``, ``LabelSmoothedCrossEntropy(0.0)`` (plain
+next-token cross-entropy), backward, ``minitf.Adam``; PyTorch: ``cross_entropy`` on the logits, autograd,
+``torch.optim.AdamW`` (its default implementation). Same settings: lr 3e-4, betas (0.9, 0.95), eps 1e-8 and no
+weight decay: minitf has no weight decay (its Adam is AdamW with ``weight_decay=0``, the same update), so
+AdamW runs with ``weight_decay=0.0``; AdamW's default of 0.01 would add one pass over the parameters
+(``p *= 1 - lr * wd``) to PyTorch's side only. No dropout (Llama has none), so the first step's losses agree
+to float32 rounding (checked: relative 1e-4, printed). Memory: each step process reads its resident set after
+the model is loaded, then resets its peak (``/proc/self/clear_refs``) and builds the optimizer; after the
+timed steps its peak (VmHWM) less that resident set is the step's peak memory (gradients, the optimizer's
+state, activations and temporaries) over the loaded model, in MiB. minitf's process keeps freed memory for
+reuse from then on (``minitf.backend.keep_freed_memory``, as train.py runs), PyTorch's malloc is as it is.
+
+Generation (``--part generate``): ``prompts`` (8) random prompts of ``prompt_len`` (32) ids, ``new_tokens``
+(64) new tokens each, greedy, no end token (both generate every token). minitf: ``minitf.sampling.generate(model,
+prompts, n, temperature=0)`` (its key/value cache); transformers: ``generate(do_sample=False,
+max_new_tokens=n, min_new_tokens=n, eos_token_id=None)`` under ``torch.inference_mode``. The new tokens are
+compared prompt by prompt (printed; they are equal unless float32 rounding flips a near tie).
+
+Method: each part starts two fresh processes, one per framework (this script with ``--worker``), so that
+NumPy's OpenBLAS threads and PyTorch's OpenMP threads never share a process and each peak is its own; the
+processes take turns, one step (or one whole generation) at a time, timed inside each process, after a warm-up
+(the first step, or one generation); a short pause between turns lets the idle process's threads stop
+spinning. ``--threads N`` sets both processes' threads (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``,
+``MKL_NUM_THREADS``, ``MINITF_THREADS`` and ``torch.set_num_threads``); the default is this machine's cores.
+Prints the machine, then per part the median and spread of each framework, the ratio of the medians and the
+spread of the per-round ratios; ``--json OUT`` writes every number.
+"""
+import argparse
+import gc
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+import minitf  # noqa: E402
+from benchmarks.common import GPT_BETAS, GPT_EPS, GPT_LR, blas_description, cpu_model  # noqa: E402
+from minitf.llama.config import PRESETS  # noqa: E402
+
+np = minitf.backend.host
+
+#: Model shapes (minitf.llama.config's fields) and the work of each part: ``smollm2`` is SmolLM2-135M's
+#: (minitf's smollm2-135m preset); ``tiny`` is for dry runs and tests.
+SHAPES = {
+    "smollm2": dict(model=PRESETS["smollm2-135m"], batch=4, block=256, prompts=8, prompt_len=32, new_tokens=64),
+    "tiny": dict(model=dict(vocab_size=512, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=128,
+                            rope_theta=100000.0, max_position_embeddings=256, tie_word_embeddings=True,
+                            initializer_range=0.125, bos_token_id=0, eos_token_id=0),
+                 batch=2, block=32, prompts=3, prompt_len=8, new_tokens=16),
+}
+PARTS = ("step", "generate")
+LR, BETAS, EPS = GPT_LR, GPT_BETAS, GPT_EPS     # one Adam setting for both frameworks (as benchmarks/gpt_step.py)
+PAUSE = 0.3                                     # seconds between turns: the idle process's threads stop spinning
+LOSS_TOLERANCE = 1e-4                           # the first step's losses, relative
+
+
+# --------------------------------------------------------------------------- #
+# the folder, the batch and the prompts
+# --------------------------------------------------------------------------- #
+def make_folder(shape, folder, seed=0):
+    """A random LlamaForCausalLM of ``shape`` saved in float32 (config.json, model.safetensors)."""
+    import torch
+    import transformers
+
+    m = shape["model"]
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=m["vocab_size"], hidden_size=m["d_model"], num_hidden_layers=m["num_layers"],
+        num_attention_heads=m["num_heads"], num_key_value_heads=m["num_kv_heads"], intermediate_size=m["d_ff"],
+        hidden_act="silu", rms_norm_eps=m.get("rms_norm_eps", 1e-5),
+        rope_parameters={"rope_type": "default", "rope_theta": m["rope_theta"]},
+        max_position_embeddings=m["max_position_embeddings"], tie_word_embeddings=m["tie_word_embeddings"],
+        initializer_range=m["initializer_range"], bos_token_id=m["bos_token_id"], eos_token_id=m["eos_token_id"],
+        pad_token_id=None, attention_bias=False, mlp_bias=False, attention_dropout=0.0)
+    transformers.LlamaForCausalLM(config).float().save_pretrained(folder)
+    return folder
+
+
+def step_batch(shape, seed=1):
+    """Host int64 (inputs, targets), each (batch, block): random ids, the targets the next ids."""
+    ids = np.random.default_rng(seed).integers(0, shape["model"]["vocab_size"], (shape["batch"], shape["block"] + 1))
+    return ids[:, :-1].copy(), ids[:, 1:].copy()
+
+
+def prompt_ids(shape, seed=2):
+    """Host int64 (prompts, prompt_len) random ids (id 0, the end token, left out)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, shape["model"]["vocab_size"], (shape["prompts"], shape["prompt_len"]))
+
+
+# --------------------------------------------------------------------------- #
+# the worker: one framework, one part, in a process of its own
+# --------------------------------------------------------------------------- #
+def _status_bytes(field):
+    """A memory field of /proc/self/status (VmRSS: resident now, VmHWM: its peak), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024                # reported in kB
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def reset_peak():
+    """The resident set now (bytes), after resetting the peak to it (Linux >= 4.0; else the peak keeps the past)."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        pass
+    return _status_bytes("VmRSS")
+
+
+class MinitfSide:
+    """minitf's model of the folder (float32) and one part's work: ``run()`` -> {"seconds", "loss" or "tokens"}."""
+
+    def __init__(self, folder, shape, part):
+        from minitf.llama import Llama
+        self.model = Llama.from_pretrained(folder, dtype="float32")
+        self.parameters = self.model.num_parameters()
+        self.shape, self.part = shape, part
+        if part == "step":
+            self.model.train()
+            self.inputs, self.targets = (minitf.backend.asarray(a) for a in step_batch(shape))
+            self.baseline = reset_peak()
+            minitf.backend.keep_freed_memory()                        # as train.py runs
+            self.loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+            self.optimizer = minitf.Adam(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS)
+        else:
+            self.prompts = prompt_ids(shape)
+
+    def run(self):
+        start = time.perf_counter()
+        if self.part == "step":
+            self.optimizer.zero_grad()
+            loss = self.loss_fn(self.model(self.inputs), self.targets)
+            self.model.backward(self.loss_fn.backward())
+            self.optimizer.step()
+            minitf.backend.synchronize()
+            return {"seconds": time.perf_counter() - start, "loss": float(loss)}
+        from minitf.sampling import generate
+        ids = generate(self.model, self.prompts, self.shape["new_tokens"], temperature=0)
+        return {"seconds": time.perf_counter() - start, "tokens": ids[:, self.prompts.shape[1]:].tolist()}
+
+
+class TorchSide:
+    """transformers' LlamaForCausalLM of the folder (float32) and the same work."""
+
+    def __init__(self, folder, shape, part):
+        import torch
+        import transformers
+        self.torch = torch
+        self.model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        self.parameters = sum(p.numel() for p in self.model.parameters())
+        self.attention = self.model.config._attn_implementation
+        self.shape, self.part = shape, part
+        if part == "step":
+            self.model.train()
+            self.inputs, self.targets = (torch.from_numpy(a) for a in step_batch(shape))
+            self.baseline = reset_peak()
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+        else:
+            self.model.eval()
+            self.prompts = torch.from_numpy(prompt_ids(shape))
+
+    def run(self):
+        torch, start = self.torch, time.perf_counter()
+        if self.part == "step":
+            self.optimizer.zero_grad()
+            logits = self.model(self.inputs).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.targets.reshape(-1))
+            value = loss.item()
+            loss.backward()
+            self.optimizer.step()
+            return {"seconds": time.perf_counter() - start, "loss": value}
+        n = self.shape["new_tokens"]
+        with torch.inference_mode():
+            ids = self.model.generate(self.prompts, attention_mask=torch.ones_like(self.prompts), do_sample=False,
+                                      max_new_tokens=n, min_new_tokens=n, eos_token_id=None, pad_token_id=0)
+        return {"seconds": time.perf_counter() - start, "tokens": ids[:, self.prompts.shape[1]:].tolist()}
+
+
+def worker(args):
+    """Answer the parent's commands on stdin, one JSON line each on stdout: run, memory, quit."""
+    import warnings
+    warnings.filterwarnings("ignore")                                 # transformers' notices about settings
+    out = sys.stdout
+    sys.stdout = sys.stderr                                           # only the answers go to the parent
+    if args.worker == "PyTorch":
+        import torch
+        import transformers
+        torch.set_num_threads(args.threads)
+        transformers.utils.logging.disable_progress_bar()
+    before = _status_bytes("VmRSS")
+    side = (MinitfSide if args.worker == "minitf" else TorchSide)(args.folder, SHAPES[args.shape], args.part)
+    info = {"parameters": side.parameters, "loaded_mib": (_status_bytes("VmRSS") - before) / 2 ** 20,
+            "attention": getattr(side, "attention", None)}
+    if args.worker == "PyTorch":
+        import torch
+        info["threads"] = torch.get_num_threads()
+    else:
+        info["threads"] = minitf.backend.threads()
+    print(json.dumps(info), file=out, flush=True)
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "run":
+            answer = side.run()
+        elif command == "memory":
+            answer = {"peak_mib": (_status_bytes("VmHWM") - side.baseline) / 2 ** 20}
+        else:
+            break
+        print(json.dumps(answer), file=out, flush=True)
+
+
+# --------------------------------------------------------------------------- #
+# the parent: two workers, taking turns
+# --------------------------------------------------------------------------- #
+class Worker:
+    def __init__(self, name, part, folder, args):
+        env = os.environ | {name: str(args.threads) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                                   "MKL_NUM_THREADS", "MINITF_THREADS")}
+        self.name = name
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", name, "--part", part, "--folder", str(folder),
+             "--shape", args.shape, "--threads", str(args.threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.info = self.answer()
+
+    def answer(self):
+        line = self.process.stdout.readline()
+        if not line:
+            error = self.process.stderr.read().strip().splitlines()
+            raise SystemExit(f"llama_step.py: the {self.name} process failed: {error[-1] if error else 'no output'}")
+        return json.loads(line)
+
+    def ask(self, command):
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.answer()
+
+    def close(self):
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write("quit\n")
+                self.process.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def take_turns(part, folder, args):
+    """Both workers of ``part``: their info, the warm-up answers, every round's answers, and (step) their memory."""
+    workers = {}
+    try:
+        for name in ("minitf", "PyTorch"):
+            workers[name] = Worker(name, part, folder, args)
+        first = {}
+        for name, w in workers.items():
+            first[name] = w.ask("run")                              # the warm-up: equal models, equal outputs
+            time.sleep(PAUSE)
+        rounds = {name: [] for name in workers}
+        for _ in range(args.rounds):
+            for name, w in workers.items():
+                rounds[name].append(w.ask("run"))
+                time.sleep(PAUSE)
+        memory = {name: w.ask("memory")["peak_mib"] for name, w in workers.items()} if part == "step" else None
+        return {name: w.info for name, w in workers.items()}, first, rounds, memory
+    finally:
+        for w in workers.values():
+            w.close()
+
+
+def spread(values, scale=1e3, digits=0):
+    return f"{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}"
+
+
+def summary(rounds):
+    """{"times", "median", "ratio", "round_ratios"} of both frameworks' rounds."""
+    times = {name: [r["seconds"] for r in answers] for name, answers in rounds.items()}
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    return {"times": times, "median": medians, "ratio": medians["minitf"] / medians["PyTorch"],
+            "round_ratios": [a / b for a, b in zip(times["minitf"], times["PyTorch"])]}
+
+
+def bench_step(folder, args):
+    shape = SHAPES[args.shape]
+    info, first, rounds, memory = take_turns("step", folder, args)
+    losses = {name: answer["loss"] for name, answer in first.items()}
+    relative = abs(losses["minitf"] - losses["PyTorch"]) / abs(losses["PyTorch"])
+    result = summary(rounds) | {"first_loss": losses, "loss_relative_difference": relative,
+                                "losses_agree": relative <= LOSS_TOLERANCE, "peak_mib": memory, "workers": info}
+    tokens = shape["batch"] * shape["block"]
+    print(f"\n## Training step: batch {shape['batch']} x block {shape['block']} ({tokens:,} tokens), next-token "
+          "cross-entropy, Adam (minitf) / AdamW with weight_decay 0 (PyTorch); parameters "
+          + ", ".join(f"{k} {v['parameters']:,}" for k, v in info.items()))
+    print(f"first-step loss: minitf {losses['minitf']:.6f}, PyTorch {losses['PyTorch']:.6f} (relative difference "
+          f"{relative:.1e}: {'equal' if result['losses_agree'] else 'NOT equal'} to {LOSS_TOLERANCE:g})")
+    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
+    print("| framework | median step ms (spread) | tokens/s | peak memory over the loaded model (MiB) |")
+    print("|---|---:|---:|---:|")
+    for name, t in result["times"].items():
+        m = result["median"][name]
+        print(f"| {name} | {m * 1e3:.0f} ({spread(t)}) | {tokens / m:,.0f} | {memory[name]:,.0f} |")
+    print(f"\nminitf / PyTorch: **{result['ratio']:.2f}x** (medians; per-round ratios "
+          f"{spread(result['round_ratios'], 1, 2)}); peak memory **{memory['minitf'] / memory['PyTorch']:.2f}x**")
+    return result
+
+
+def bench_generate(folder, args):
+    shape = SHAPES[args.shape]
+    info, first, rounds, _ = take_turns("generate", folder, args)
+    result = summary(rounds)
+    for name, answers in rounds.items():
+        if any(a["tokens"] != first[name]["tokens"] for a in answers):
+            raise SystemExit(f"llama_step.py: {name}'s greedy tokens changed from one round to the next")
+    ours, theirs = first["minitf"]["tokens"], first["PyTorch"]["tokens"]
+    equal = sum(a == b for a, b in zip(ours, theirs))
+    new = shape["prompts"] * shape["new_tokens"]
+    result |= {"prompts_equal": equal, "prompts": shape["prompts"], "tokens": {"minitf": ours, "transformers": theirs},
+               "workers": info}
+    print(f"\n## Greedy generation: {shape['prompts']} prompts of {shape['prompt_len']} ids, {shape['new_tokens']} new "
+          f"tokens each ({new:,} in all), key/value cache; transformers' attention: {info['PyTorch']['attention']}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
+    print("| framework | median s (spread) | new tokens/s |")
+    print("|---|---:|---:|")
+    for name, t in result["times"].items():
+        label = "transformers" if name == "PyTorch" else name
+        print(f"| {label} | {result['median'][name]:.2f} ({spread(t, 1, 2)}) | {new / result['median'][name]:,.0f} |")
+    print(f"\nminitf / transformers time: **{result['ratio']:.2f}x** (medians; per-round ratios "
+          f"{spread(result['round_ratios'], 1, 2)}); new tokens equal token for token: {equal}/{shape['prompts']} "
+          "prompts")
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=PARTS + ("all",), default="all")
+    parser.add_argument("--shape", choices=list(SHAPES), default="smollm2")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="threads of each framework's process (default: this machine's cores)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per framework, taking turns")
+    parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
+    parser.add_argument("--worker", choices=["minitf", "PyTorch"], help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("threads", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.worker:
+        return worker(args)
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        parser.error(f"--json {args.json}: its folder does not exist; give a file in an existing folder")
+    try:
+        import torch
+        import transformers
+        import safetensors  # noqa: F401  (minitf reads the folder's model.safetensors with it)
+    except ImportError as error:
+        parser.exit(2, f"llama_step.py needs torch, transformers and safetensors ({error}): "
+                       'pip install -e ".[bench]"\n')
+    transformers.utils.logging.disable_progress_bar()
+    shape = SHAPES[args.shape]
+    m = shape["model"]
+    command = f"python benchmarks/llama_step.py {' '.join(sys.argv[1:] if argv is None else argv)}"
+    machine = (f"{cpu_model()}, {os.cpu_count()} logical CPUs; NumPy {np.__version__}, BLAS {blas_description()}; "
+               f"PyTorch {torch.__version__}, transformers {transformers.__version__}")
+    print(f"- command: `{command}`")
+    print(f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}; load average before: {os.getloadavg()[0]:.2f}")
+    print(f"- CPU: {machine}; {args.threads} threads in each framework's process")
+    print(f"- model ({args.shape}): random LlamaForCausalLM, {m['num_layers']} layers, d_model {m['d_model']}, "
+          f"{m['num_heads']} query heads, {m['num_kv_heads']} key/value heads, d_ff {m['d_ff']}, vocabulary "
+          f"{m['vocab_size']:,}, {'tied' if m['tie_word_embeddings'] else 'untied'} output, rope theta "
+          f"{m['rope_theta']:g}; both read the same saved folder, float32")
+    print(f"- method: a process per framework and part, taking turns, {args.rounds} timed rounds each after a "
+          "warm-up")
+    results = {"command": command, "machine": machine, "threads": args.threads, "shape": args.shape,
+               "date": time.strftime("%Y-%m-%d %H:%M %Z"), "rounds": args.rounds}
+    with tempfile.TemporaryDirectory(prefix="llama_step_") as tmp:
+        folder = make_folder(shape, pathlib.Path(tmp) / "model")
+        gc.collect()
+        for part in (PARTS if args.part == "all" else (args.part,)):
+            results[part] = (bench_step if part == "step" else bench_generate)(folder, args)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    if "step" in results and not results["step"]["losses_agree"]:
+        print("llama_step.py: the first step's losses differ: the two models are not the same", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The dry run of benchmarks/llama_step.py (issue 43's speed item) at its ``tiny`` shape: both parts run as the
+command runs, each framework in its own process, the first training step's losses agree (the same model read from
+the same folder on both sides, no dropout), greedy generation gives the same tokens for every prompt, each side's
+peak memory is measured, and --json writes the same numbers. No timing is checked: that is the benchmark's job on
+a quiet machine. Skipped without the bench extra."""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "llama_step.py"
+
+pytestmark = [pytest.mark.extra("torch", "bench"), pytest.mark.extra("transformers", "bench"),
+              pytest.mark.extra("safetensors", "bench")]
+
+
+def run(*args):
+    """The command in a process of its own (its two workers in theirs)."""
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env=os.environ | {"PYTHONPATH": str(ROOT)})
+
+
+def test_the_dry_run_steps_from_equal_losses_and_generates_equal_tokens(tmp_path):
+    out_json = tmp_path / "llama.json"
+    result = run("--shape", "tiny", "--rounds", "1", "--threads", "1", "--json", str(out_json))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "- CPU: " in out and "1 threads in each framework's process" in out
+    losses = re.search(r"first-step loss: minitf ([\d.]+), PyTorch ([\d.]+) \(relative difference \S+: equal", out)
+    assert losses and abs(float(losses[1]) - float(losses[2])) <= 1e-4 * float(losses[2]), out
+    assert re.search(r"minitf / PyTorch: \*\*[\d.]+x\*\* .*peak memory \*\*[\d.]+x\*\*", out), out
+    assert re.search(r"new tokens equal token for token: 3/3 prompts", out), out
+    numbers = json.loads(out_json.read_text())
+    assert numbers["threads"] == 1 and numbers["shape"] == "tiny"
+    step, generation = numbers["step"], numbers["generate"]
+    assert step["losses_agree"] and all(p > 0 for p in step["peak_mib"].values())
+    assert {w["threads"] for w in step["workers"].values()} == {1}                 # both processes got the setting
+    assert step["workers"]["minitf"]["parameters"] == step["workers"]["PyTorch"]["parameters"]
+    assert generation["tokens"]["minitf"] == generation["tokens"]["transformers"]
+    assert len(generation["tokens"]["minitf"]) == 3 and {len(t) for t in generation["tokens"]["minitf"]} == {16}
+    assert len(set(sum(generation["tokens"]["minitf"], []))) > 2                  # not one token over and over
+
+
+def test_a_bad_flag_is_one_line():
+    result = run("--rounds", "0")
+    assert result.returncode == 2 and "--rounds must be at least 1, got 0" in result.stderr
+    assert "Traceback" not in result.stderr
