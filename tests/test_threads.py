@@ -475,6 +475,6 @@ def test_generation_gives_the_same_tokens_threaded(splits, monkeypatch):
         backend.manual_seed(2)
         model = minitf.GPT(vocab_size=97, max_len=32, d_model=16, num_heads=2, num_layers=2, d_ff=32, dropout=0.0)
         prompt = np.random.default_rng(27).integers(0, 97, (6, 5))
-        return minitf.gpt.generate(model, prompt, 12, temperature=0.9, top_p=0.95, seed=28)
+        return minitf.sampling.generate(model, prompt, 12, temperature=0.9, top_p=0.95, seed=28)
     plain, threaded = one_and_many(run, splits, calls=12)
     assert_all_same_bytes(plain, threaded)
