@@ -11,18 +11,24 @@ Transformer, printing every activation and every gradient with its name and shap
     python -m minitf.trace --model gpt --no-params   # the same for a one-layer GPT (docs/gpt.md)
     python -m minitf.trace --model gpt --walk        # its gradient from the loss to the embedding
     python -m minitf.trace --model llama --walk      # the Llama block's (docs/llama.md)
+    python -m minitf.trace --checkpoint RUN_OR_FOLDER --text "Der Hund." --no-params   # a trained model
 
 The example and how it is recorded: ``minitf.study.tracer``; the three views that follow the
 gradient: ``minitf.study.walk``. Each model kind gives its example and its walk (``Kind.trace_example``,
-found through the registry :mod:`minitf.kinds`: this command knows no model kind).
+found through the registry :mod:`minitf.kinds`: this command knows no model kind). ``--checkpoint`` reads
+any run, checkpoint or Hugging Face folder through the one loader (:func:`minitf.load`) and traces one
+short text through that model, widened to float64; its kind says how (``Kind.trace_loaded``).
 """
-import argparse
+import pathlib
+import sys
 
 from minitf import backend, kinds
-from minitf.study.tools import run_tool
-from minitf.study.tracer import (CONFIG, GPT_CONFIG, GPT_IDS, GPT_NEXT, SMOOTHING, SRC, TGT_IN,  # noqa: F401 (the API)
-                           TGT_OUT, Record, Tracer, build_model, format_array, named_modules, round_numbers, run,
-                           run_gpt)
+from minitf.loader import load
+from minitf.study.tools import one_line_parser, run_tool
+from minitf.training.errors import report_errors
+from minitf.study.tracer import (CONFIG, GPT_CONFIG, GPT_IDS, GPT_NEXT, MAX_TOKENS, SMOOTHING, SRC,  # noqa: F401
+                           TEXT, TGT_IN, TGT_OUT, Record, Tracer, build_model, format_array, named_modules,
+                           round_numbers, run, run_gpt, widen)
 from minitf.study.walk import print_gradient_norms, print_norm_terms
 
 
@@ -56,8 +62,26 @@ def format_record(record, calls=1, base_depth=0, partner=None):
     return "\n".join(lines)
 
 
+def loaded_example(path, text):
+    """The :class:`minitf.study.tracer.Example` of the model at ``path`` (read by :func:`minitf.load`, widened to
+    float64): one forward and backward of ``text``, as the model's kind says (``Kind.trace_loaded``)."""
+    loaded = load(path, warn=lambda message: print(message, file=sys.stderr))
+    widen(loaded.model)
+    return loaded.kind.trace_loaded(loaded, text)
+
+
+def read_checkpoint(path, text):
+    """(exit status, :func:`loaded_example`): a missing or damaged ``path``, or a ``text`` that does not fit, is
+    the loader's one line on stderr (``minitf.trace: error: ...``) and a non-zero status, as in the other
+    commands."""
+    found = []
+    status = report_errors("minitf.trace", lambda _: found.append(loaded_example(path, text)) or 0, None,
+                           memory_hint="trace a smaller model")
+    return status, found[0] if found else None
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m minitf.trace", description=__doc__.split("\n\n")[0])
+    parser = one_line_parser(prog="python -m minitf.trace", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="show only modules whose dotted name starts with one of these")
     parser.add_argument("--first", metavar="CLASS",
@@ -68,6 +92,15 @@ def main(argv=None):
     parser.add_argument("--model", choices=tuple(examples), default=None,
                         help="the example: the encoder-decoder (default), a one-layer GPT-2-style GPT with the "
                              "next-token loss (docs/gpt.md) or a one-block Llama (docs/llama.md)")
+    parser.add_argument("--checkpoint", type=pathlib.Path, metavar="RUN_OR_FOLDER",
+                        help="instead of a built-in example: a run folder of train.py (any --model), one of its "
+                             "checkpoints, or a Hugging Face Marian, GPT-2 or Llama-family folder, traced in float64 "
+                             "(its weights widened) on --text")
+    parser.add_argument("--text", help=f"with --checkpoint: the text, cut to its first {MAX_TOKENS} tokens; a "
+                                       "translation model reads it as the source and as the target (teacher-forced: "
+                                       "its start token, then the text's tokens, each scored on the next, </s> "
+                                       "last), a language model as the prompt, each token scored on the next "
+                                       f"(default: {TEXT!r})")
     view = parser.add_mutually_exclusive_group()
     view.add_argument("--walk", action="store_true",
                       help="instead: the gradient from dL/dlogits down to the tied embedding, step by step, "
@@ -79,13 +112,27 @@ def main(argv=None):
                            "initialisation, post-LN and pre-LN (docs/layers/residual.md)")
     args = parser.parse_args(argv)
     if (args.walk or args.norm_terms or args.grad_norms) and (args.only or args.first or args.no_params):
-        parser.error("--walk, --norm-terms and --grad-norms take no other option (but --model)")
+        parser.error("--walk, --norm-terms and --grad-norms take no other option (but --model, or --checkpoint and --text "
+                     "for --norm-terms)")
     if args.grad_norms and args.model is not None:
         parser.error("--grad-norms compares post-LN and pre-LN encoder-decoders; it takes no --model")
+    if args.checkpoint is not None and args.model is not None:
+        parser.error("--model picks a built-in example; --checkpoint's folder fixes the model: give one of them")
+    if args.checkpoint is not None and (args.walk or args.grad_norms):
+        parser.error("--walk and --grad-norms follow the built-in examples line by line; a loaded model's walk (the "
+                     "gradient's norm at each step) is on python -m minitf.inspect --checkpoint PATH's page")
+    if args.text is not None and args.checkpoint is None:
+        parser.error("--text goes with --checkpoint (the built-in examples have their own ids)")
     if args.grad_norms:
         print_gradient_norms()
         return 0
-    example = examples[args.model or next(iter(examples))]
+    if args.checkpoint is not None:
+        backend.check_environment()
+        status, example = read_checkpoint(args.checkpoint, TEXT if args.text is None else args.text)
+        if status:
+            return status
+    else:
+        example = examples[args.model or next(iter(examples))]
     with backend.default_dtype("float64"):
         tracer, model, loss = example.run()
     if args.walk:

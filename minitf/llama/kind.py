@@ -68,6 +68,11 @@ class LlamaKind(Kind):
         from minitf.llama.study import describe
         return describe(model)
 
+    def trace_loaded(self, loaded, text):
+        """The text as the prompt, each position scored on its next token."""
+        from minitf.study.tracer import next_token_example
+        return next_token_example(loaded, text)
+
     def trace_example(self):
         from minitf.llama.study import trace_example
         return trace_example()

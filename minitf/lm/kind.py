@@ -82,6 +82,11 @@ class LanguageModelKind(Kind):
         from minitf.study.inspection.numbers import describe_language_model
         return describe_language_model(model)
 
+    def trace_loaded(self, loaded, text):
+        """The text as the prompt, each position scored on its next token."""
+        from minitf.study.tracer import next_token_example
+        return next_token_example(loaded, text)
+
     def trace_example(self):
         from minitf.study import tracer, walk
         return tracer.Example(tracer.run_gpt, tracer.gpt_header, walk.print_gpt_walk)

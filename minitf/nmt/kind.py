@@ -89,5 +89,14 @@ class TranslationKind(Kind):
         from minitf.study import tracer, walk
         return tracer.Example(tracer.run, tracer.header, walk.print_walk)
 
+    def trace_loaded(self, loaded, text):
+        """The text as source and target; the decoder starts and ends with the model's ids (a Marian folder's),
+        else the tokenizer's, as translate decodes."""
+        from minitf.study.tracer import translation_example
+        config, tokenizer = loaded.model.config, loaded.tokenizer
+        start = config.decoder_start_id if config.decoder_start_id is not None else tokenizer.bos_id
+        end = config.eos_id if config.eos_id is not None else tokenizer.eos_id
+        return translation_example(loaded, text, start, end)
+
 
 KIND = TranslationKind()

@@ -218,8 +218,15 @@ def run(model=None):
     """Forward, loss and backward of the example under a Tracer. Returns
     (tracer, model, loss). Call inside ``default_dtype("float64")``."""
     model = build_model() if model is None else model
-    loss_fn = minitf.LabelSmoothedCrossEntropy(smoothing=SMOOTHING, ignore_index=CONFIG["pad_id"])
-    src, tgt_in, tgt_out = (numpy.array(a) for a in (SRC, TGT_IN, TGT_OUT))
+    return run_translation(model, SRC, TGT_IN, TGT_OUT, SMOOTHING, CONFIG["pad_id"])
+
+
+def run_translation(model, src, tgt_in, tgt_out, smoothing=0.0, pad_id=0):
+    """An encoder-decoder ``model`` on (B, S) source ids and (B, T) target ids (``tgt_in`` its start token first,
+    ``tgt_out`` the same shifted by one): forward, the label-smoothed loss (``pad_id`` ignored) and backward under a
+    Tracer. Returns (tracer, model, loss)."""
+    loss_fn = minitf.LabelSmoothedCrossEntropy(smoothing=smoothing, ignore_index=pad_id)
+    src, tgt_in, tgt_out = (numpy.array(a) for a in (src, tgt_in, tgt_out))
     tracer = Tracer(model, extra=[("loss", loss_fn)])
     model.zero_grad()
     with tracer.active():
@@ -235,24 +242,94 @@ def run_gpt(model=None):
     return run_next_token(build_model("gpt") if model is None else model)
 
 
-def run_next_token(model):
-    """A decoder-only ``model`` (the GPT's, or a kind's) on the GPT example's ids: forward, the next-token loss
-    (no smoothing) and backward under a Tracer. Returns (tracer, model, loss)."""
+def run_next_token(model, ids=GPT_IDS, targets=GPT_NEXT):
+    """A decoder-only ``model`` (the GPT's, or a kind's) on (B, L) ``ids`` (default: the GPT example's) and their
+    next-token ``targets`` (-1: none): forward, the next-token loss (no smoothing) and backward under a Tracer.
+    Returns (tracer, model, loss)."""
     loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
     tracer = Tracer(model, extra=[("loss", loss_fn)])
     model.zero_grad()
     with tracer.active():
-        logits = model(numpy.array(GPT_IDS))
-        loss = loss_fn(logits, numpy.array(GPT_NEXT))
+        logits = model(numpy.array(ids))
+        loss = loss_fn(logits, numpy.array(targets))
         model.backward(loss_fn.backward())
     return tracer, model, loss
+
+
+# --------------------------------------------------------------------------- #
+# python -m minitf.trace --checkpoint PATH: one short text through a loaded model
+# --------------------------------------------------------------------------- #
+#: The most tokens of ``--text`` traced (per side of a translation): the output stays readable.
+MAX_TOKENS = 8
+#: ``--text``'s default.
+TEXT = "Der Hund sieht ein Haus."
+
+
+def widen(model):
+    """Every parameter of ``model`` as float64, in place (its gradient zeroed): the trace's arithmetic is then
+    float64's, as the built-in examples'. Returns the dtype the weights had (a tied parameter is widened once)."""
+    params = list(model.parameters())
+    dtype = params[0].data.dtype if params else numpy.dtype("float64")
+    for p in params:
+        p.data = backend.asarray(p.data, dtype="float64")
+        p.grad = backend.xp.zeros_like(p.data)
+    return numpy.dtype(dtype)
+
+
+def encode_text(encode, text, limit, what):
+    """``encode([text])``'s ids cut to ``limit``; a one-line ValueError when they are none."""
+    ids = [int(i) for i in encode([text])[0]]
+    if not ids:
+        raise ValueError(f"--text {text!r} gives no {what} tokens with this tokenizer; give text in its alphabet")
+    return ids[:limit]
+
+
+def next_token_example(loaded, text, max_tokens=MAX_TOKENS):
+    """The :class:`Example` of a loaded decoder-only model (a kind whose models continue text): ``text`` tokenized
+    by its tokenizer and cut to ``max_tokens`` (and its context) is the prompt, each position scored on the next
+    token, the last on none."""
+    ids = encode_text(loaded.tokenizer.encode, text, min(max_tokens, loaded.context or max_tokens), "")
+    if len(ids) < 2:
+        raise ValueError(f"--text {text!r} is {len(ids)} token; a language model needs at least 2 to score a "
+                         "next token: give a longer text")
+    targets = ids[1:] + [-1]
+    return Example(lambda: run_next_token(loaded.model, [ids], [targets]),
+                   lambda loss: loaded_header(loaded, [f"ids {[ids]}, next-token targets {[targets]} "
+                                                       f"(-1: none, ignored); loss {loss:.6f}"]), None)
+
+
+def translation_example(loaded, text, start_id, end_id, max_tokens=MAX_TOKENS):
+    """The :class:`Example` of a loaded encoder-decoder: ``text`` is the source (its first ``max_tokens`` - 1
+    tokens and ``end_id``) and the target (its target side's tokens, teacher-forced: the decoder reads ``start_id``
+    and the first tokens, and is scored on each next one, ``end_id`` last)."""
+    limit = min(max_tokens, loaded.context or max_tokens) - 1
+    src = encode_text(loaded.tokenizer.encode, text, limit, "source") + [end_id]
+    tgt = encode_text(getattr(loaded.tokenizer, "encode_target", loaded.tokenizer.encode), text, limit, "target")
+    tgt_in, tgt_out = [start_id] + tgt, tgt + [end_id]
+    model = loaded.model
+    return Example(lambda: run_translation(model, [src], [tgt_in], [tgt_out], 0.0, model.pad_id),
+                   lambda loss: loaded_header(loaded, [f"src_ids {[src]}, tgt_in_ids {[tgt_in]}, tgt_out {[tgt_out]}"
+                                                       f" (the text on both sides); loss {loss:.6f}"]), None)
+
+
+def loaded_header(loaded, lines):
+    """The lines that open the trace of a loaded model: what it is, where from, then ``lines``."""
+    shape = loaded.kind.describe_model(loaded.model)[2]
+    return [f"trace: {shape}", f"from {loaded.source}, float64, eval mode (dropout off), no label smoothing",
+            *lines]
+
+
+#: Arrays of more entries print as a summary (3 rows and columns at each edge): a loaded model's (8, 58101)
+#: logits stay 7 lines; the built-in examples' arrays (at most 64 entries) print whole.
+SUMMARY = 64
 
 
 def format_values(value):
     """An array's values as NumPy prints them, 4 decimals, no signed zeros."""
     if value.dtype.kind in "iub":
         return numpy.array2string(value)
-    text = numpy.array2string(value, precision=4, floatmode="fixed", suppress_small=True, max_line_width=200)
+    text = numpy.array2string(value, precision=4, floatmode="fixed", suppress_small=True, max_line_width=200,
+                              threshold=SUMMARY, edgeitems=3)  # a big array: its corners, "..." between
     return text.replace("-0.0000", " 0.0000")              # no signed zeros: they are rounding
 
 

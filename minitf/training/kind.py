@@ -103,6 +103,14 @@ class Kind:
         where this kind has none."""
         return None
 
+    def trace_loaded(self, loaded, text):
+        """``python -m minitf.trace --checkpoint PATH``'s example of ``loaded`` (a model of this kind, widened to
+        float64): a :class:`minitf.study.tracer.Example` of one forward and backward of ``text`` (tokenized by
+        ``loaded.tokenizer``, cut to a few tokens); a kind without one refuses in one line."""
+        from minitf.training.errors import UsageError
+        raise UsageError(f"{loaded.source} holds a --model {self.name} model, which python -m minitf.trace does "
+                         f"not trace yet; {self.use_a_run.replace('RUN', str(loaded.source))}")
+
     def write_folder(self, loaded, folder):
         """Write ``loaded`` (a run of this kind, :class:`Loaded`) as a Hugging Face folder into the new or empty
         ``folder`` (``python -m minitf.export``); a kind without a folder format to write refuses in one line."""
