@@ -1,9 +1,9 @@
 """The one loader: ``minitf.load(path)`` reads a run folder of ``train.py`` (its best.json's choice, else its
 newest good checkpoint), one of its checkpoint folders, or a Hugging Face folder of any model kind minitf reads
 (:mod:`minitf.kinds`: Marian, GPT-2), and returns a :class:`minitf.training.kind.Loaded`: the model, its
-tokenizer and its decoding settings. Every command (``translate``, ``generate``, ``inspect``, ``export``) loads
-through here, so each takes ``--checkpoint PATH`` for all of them, and a damaged folder is named by the reader of
-its kind (a broken config.json is "config.json is not readable JSON: ...")."""
+tokenizer and its decoding settings. Every command (``translate``, ``generate``, ``inspect``, ``export``,
+``trace``) loads through here, so each takes ``--checkpoint PATH`` for all of them, and a damaged folder is named
+by the reader of its kind (a broken config.json is "config.json is not readable JSON: ...")."""
 import json
 import pathlib
 

@@ -112,8 +112,8 @@ def main(argv=None):
                            "initialisation, post-LN and pre-LN (docs/layers/residual.md)")
     args = parser.parse_args(argv)
     if (args.walk or args.norm_terms or args.grad_norms) and (args.only or args.first or args.no_params):
-        parser.error("--walk, --norm-terms and --grad-norms take no other option (but --model, or --checkpoint and --text "
-                     "for --norm-terms)")
+        parser.error("--walk, --norm-terms and --grad-norms take no other option (but --model, or --checkpoint "
+                     "and --text for --norm-terms)")
     if args.grad_norms and args.model is not None:
         parser.error("--grad-norms compares post-LN and pre-LN encoder-decoders; it takes no --model")
     if args.checkpoint is not None and args.model is not None:

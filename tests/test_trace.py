@@ -10,10 +10,14 @@
 4. the views of minitf.study.walk: the LayerNorm variance term is the derivative of the loss
    along the row (scale invariance where docs/trace.md says so), the walk's file:line
    references point at the lines it prints and its tied-weight sum adds up, and the
-   gradient norms of --grad-norms agree with central differences.
+   gradient norms of --grad-norms agree with central differences;
+5. ``--checkpoint PATH`` (a translation run, a GPT run, a Llama folder made by transformers): the trace names
+   every module that ran, and its loss and parameter gradients are those of a plain forward and backward of the
+   loaded model on the same ids; a big array prints as its corners; its refusals are one line.
 """
 import contextlib
 import io
+import json
 import pathlib
 import re
 
@@ -545,3 +549,185 @@ def test_gpt_trace_prints_every_call_with_its_shapes_and_refuses_grad_norms(caps
     with pytest.raises(SystemExit) as error:
         trace.main(["--model", "gpt", "--grad-norms"])
     assert error.value.code == 2 and "takes no --model" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- #
+# --checkpoint PATH: any run or folder the loader reads, one short text through it
+# --------------------------------------------------------------------------- #
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory):
+    from tests.runs import QUIET, TINY, make_corpus, train
+    folder = tmp_path_factory.mktemp("nmt")
+    assert train(make_corpus(folder) + TINY + QUIET + ["--max-steps", "2", "--out", folder / "run"]) == 0
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory):
+    from tests.runs import train
+    from tests.test_lm_train import TINY_GPT, make_text
+    folder = tmp_path_factory.mktemp("gpt")
+    assert train(make_text(folder) + TINY_GPT + ["--max-steps", "2", "--out", folder / "run"]) == 0
+    return folder / "run"
+
+
+def direct_gradients(path, text):
+    """(loss, {name: gradient}, ids) of one plain forward and backward (no tracer) of the model at ``path``, its
+    weights cast to float64 here, on ``text`` cut as trace --help says: a translation model's source is its first 7
+    tokens and </s>, its target the same text's, after the decoder's start token; a language model's ids are the
+    first 8 tokens, each scored on the next."""
+    import minitf
+    loaded = minitf.load(path)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    with default_dtype("float64"):
+        for p in model.parameters():
+            p.data, p.grad = p.data.astype(np.float64), np.zeros(p.data.shape)
+        model.zero_grad()
+        if hasattr(model, "encoder"):
+            config = model.config
+            start = config.decoder_start_id if config.decoder_start_id is not None else tokenizer.bos_id
+            end = config.eos_id if config.eos_id is not None else tokenizer.eos_id
+            src = list(tokenizer.encode([text])[0][:7]) + [end]
+            tgt = list(getattr(tokenizer, "encode_target", tokenizer.encode)([text])[0][:7])
+            loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=model.pad_id)
+            loss = loss_fn(model(np.array([src]), np.array([[start] + tgt])), np.array([tgt + [end]]))
+            ids = (src, [start] + tgt, tgt + [end])
+        else:
+            ids = list(tokenizer.encode([text])[0][:8])
+            loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+            loss = loss_fn(model(np.array([ids])), np.array([ids[1:] + [-1]]))
+            ids = (ids,)
+        model.backward(loss_fn.backward())
+    return float(loss), {n: backend.to_numpy(p.grad) for n, p in model.named_parameters()}, ids
+
+
+def printed_parameters(out):
+    """{name: (value, grad)} of the parameters the trace printed whole (those of at most 64 entries)."""
+    found = {}
+    for name, value, grad in re.findall(r"^  (\S+)\n    value +\(\d+,\) +\[([^.\]]*\.[^\]]*)\]\n    grad +\(\d+,\) +"
+                                        r"\[([^\]]*)\]$", out, re.M):
+        if "..." not in value + grad:
+            found[name] = tuple(np.array([float(v) for v in part.split()]) for part in (value, grad))
+    return found
+
+
+def check_traced(path, text, capsys, start):
+    """trace --checkpoint PATH --text TEXT: it opens with the model, names every module that ran, and its loss and
+    every parameter gradient are those of a plain forward and backward of the loaded model on the same ids."""
+    assert trace.main(["--checkpoint", str(path), "--text", text]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"trace: {start}") and f"from {path}, float64" in out
+    loss, grads, ids = direct_gradients(path, text)
+    for sequence in ids:
+        assert str([sequence]) in out.splitlines()[2]
+    assert float(re.search(r"; loss (\S+)$", out.splitlines()[2]).group(1)) == pytest.approx(loss, abs=1e-6)
+    example = trace.loaded_example(path, text)
+    with default_dtype("float64"):
+        tracer, model, traced_loss = example.run()
+    assert float(traced_loss) == pytest.approx(loss, rel=1e-12)
+    traced = dict(model.named_parameters())
+    assert set(traced) == set(grads)
+    for name, grad in grads.items():
+        assert traced[name].data.dtype == np.float64
+        np.testing.assert_allclose(backend.to_numpy(traced[name].grad), grad, rtol=1e-10, atol=1e-14, err_msg=name)
+    ran = {r.name for r in tracer.records if r.kind == "forward" and "/" not in r.name}
+    for name in ran - {""}:
+        assert re.search(rf"^\s*forward {re.escape(name)}(  \(call 1 of \d+\))?$", out, re.M), name
+        assert re.search(rf"^\s*backward {re.escape(name)}(  \(call \d+ of \d+.*\))?$", out, re.M), name
+    shown = printed_parameters(out)
+    assert shown, "no parameter printed whole"
+    for name, (_, grad) in shown.items():
+        np.testing.assert_allclose(grad, grads[name], atol=6e-5, err_msg=name)   # 4 decimals
+    assert all(len(line) < 400 for line in out.splitlines())
+    return out
+
+
+def test_trace_of_a_translation_run_is_its_plain_forward_and_backward(translation_run, capsys):
+    out = check_traced(translation_run, "Der Hund sieht ein Haus und die Katze.", capsys, "Transformer")
+    assert "forward encoder.layers.0.self_attn" in out and "backward decoder.layers.0.cross_attn" in out
+
+
+@pytest.mark.extra("safetensors", "hf")
+def test_trace_of_a_marian_folder_starts_its_decoder_as_the_folder_says(tmp_path, capsys):
+    """A Marian folder (a random minitf model with Marian's options saved by save_pretrained): the decoder starts
+    from its <pad> (decoder_start_id), both sides end with its </s> = 0, the target side is read by its target
+    vocabulary."""
+    import minitf
+    from minitf.nmt import marian
+    from tests.marian_files import write_tokenizer_files
+    folder = tmp_path / "opus-mt"
+    V = write_tokenizer_files(folder)
+    minitf.manual_seed(3)
+    model = minitf.Transformer(V, V, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=32,
+                               dropout=0.0, pad_id=V - 1, activation="silu", positions="halves", output_bias=True,
+                               mask_target_padding=False, freeze_pad_embedding=True, decoder_start_id=V - 1, eos_id=0)
+    marian.save_pretrained(model, folder)
+    out = check_traced(folder, "Der Hund läuft", capsys, "Transformer")
+    ids = re.search(r"src_ids (\[\[.*?\]\]), tgt_in_ids (\[\[.*?\]\]), tgt_out (\[\[.*?\]\])", out).groups()
+    src, tgt_in, tgt_out = (json.loads(sequence)[0] for sequence in ids)
+    assert tgt_in[0] == V - 1 and src[-1] == tgt_out[-1] == 0 and tgt_in[1:] == tgt_out[:-1]
+
+
+def test_trace_of_a_gpt_run_is_its_plain_forward_and_backward(gpt_run, capsys):
+    check_traced(gpt_run, "the dog sees a bird in the red house", capsys, "GPT")
+    assert trace.main(["--checkpoint", str(gpt_run), "--text", "the cat", "--first", "LayerNorm", "--no-params"]) == 0
+    out = capsys.readouterr().out
+    assert "forward decoder.layers.0.self_attn_block.norm" in out and "parameters and their" not in out
+    # --norm-terms reads any tracer: one row per position (a character each) of every LayerNorm that ran (pre-LN: 2
+    # per layer and the final one); the terms themselves are checked on the built-in example above
+    assert trace.main(["--checkpoint", str(gpt_run), "--text", "the cat", "--norm-terms"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()[2:] if line.strip()]
+    import minitf
+    model = minitf.load(gpt_run).model
+    norms = sum(type(m).__name__ == "LayerNorm" for _, m in trace.named_modules(model))
+    assert norms == 2 * model.config.num_layers + 1 and len(rows) == norms * len("the cat")
+
+
+def llama_folder(tmp_path_factory):
+    from tests.test_llama import make_folder
+    return make_folder(tmp_path_factory.mktemp("llama") / "folder")
+
+
+@pytest.mark.extra("tokenizers", "hf")
+@pytest.mark.extra("torch", "bench")
+@pytest.mark.extra("transformers", "bench")
+@pytest.mark.extra("safetensors", "bench")
+def test_trace_of_a_llama_folder_is_its_plain_forward_and_backward(tmp_path_factory, tmp_path, capsys):
+    folder = llama_folder(tmp_path_factory)
+    out = check_traced(folder, "the cat sees a dog and the dog likes the cat", capsys, "Llama")
+    assert "forward layers.0.self_attn.rotary" in out and "backward layers.1.mlp.act" in out
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for file in folder.iterdir():
+        (broken / file.name).write_bytes(file.read_bytes())
+    (broken / "config.json").write_text("{not json", encoding="utf-8")
+    assert trace.main(["--checkpoint", str(broken)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.json is not readable JSON" in err[0]
+
+
+def test_a_big_array_prints_as_its_corners():
+    from minitf.study.tracer import format_array
+    text = format_array("logits", np.arange(8 * 58101, dtype=np.float64).reshape(8, 58101) / 7, "  ")
+    lines = text.splitlines()
+    assert len(lines) == 7 and "..." in text and len(text) < 1000
+    assert lines[0].split("[[")[1].split()[0] == "0.0000" and f"{(8 * 58101 - 1) / 7:.4f}" in lines[-1]
+
+
+def test_checkpoint_refusals_are_one_line(gpt_run, tmp_path, capsys):
+    for argv, words in ((["--checkpoint", str(gpt_run), "--model", "gpt"], "fixes the model"),
+                        (["--checkpoint", str(gpt_run), "--walk"], "minitf.inspect"),
+                        (["--checkpoint", str(gpt_run), "--grad-norms"], "minitf.inspect"),
+                        (["--text", "the cat"], "--text goes with --checkpoint")):
+        with pytest.raises(SystemExit) as error:
+            trace.main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert error.value.code == 2 and len(err) == 1 and words in err[0], argv
+    for argv, words in ((["--checkpoint", str(tmp_path / "missing")], "does not exist"),
+                        (["--checkpoint", str(gpt_run), "--text", "t"], "at least 2"),
+                        (["--checkpoint", str(gpt_run), "--text", ""], "gives no")):
+        assert trace.main(argv) == 1, argv
+        captured = capsys.readouterr()
+        err = captured.err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("minitf.trace: error: ") and words in err[0], argv
+        assert captured.out == ""

@@ -48,8 +48,11 @@ def norm_terms(tracer):
 def print_norm_terms(tracer):
     print("LayerNorm backward, dx = r (dxhat - mean(dxhat) - xhat mean(dxhat * xhat)), per row")
     print(f"{'norm':40s} {'row':>3s} {'mean(dxhat)':>12s} {'mean(dxhat*xhat)':>17s}")
-    for name, row, mean, variance_term in norm_terms(tracer):
+    rows = norm_terms(tracer)
+    for name, row, mean, variance_term in rows:
         print(f"{name:40s} {row:3d} {mean:12.4f} {variance_term:17.1e}")
+    if not rows:
+        print("(no LayerNorm ran in this model)")
 
 
 # --------------------------------------------------------------------------- #
