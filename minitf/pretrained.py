@@ -77,6 +77,13 @@ def weights_path(folder):
         else folder / WEIGHTS
 
 
+#: Hugging Face's ``activation_function`` -> minitf's activation (``minitf.layers.ACTIVATIONS``), one table for every
+#: format that names its activation so (Marian, GPT-2): ACT2FN's "swish" and "silu" are both x sigmoid(x), its
+#: "gelu_new" and "gelu_pytorch_tanh" both GELU's tanh form. A new activation's Hugging Face name goes here.
+HF_ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+                  "gelu_pytorch_tanh": "gelu_tanh"}
+#: minitf's activation -> the name a config.json minitf writes gives it (the one the original folders use)
+HF_NAME_OF_ACTIVATION = {"silu": "swish", "relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new"}
 #: The model dtypes a folder is read into (backend.set_default_dtype's)
 MODEL_DTYPES = ("float32", "float64", "float16")
 

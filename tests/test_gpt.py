@@ -4,6 +4,7 @@ GPT-2's initialisation, and sampling with the key/value cache against full recom
 
 Tolerances as in tests/test_transformer.py: rtol 1e-6 for a layer without LayerNorm, 1e-5
 (LN_RTOL) with one inside; a wrong backward is off by O(1)."""
+import json
 import math
 import re
 
@@ -310,16 +311,20 @@ def test_save_pretrained_then_from_pretrained_gives_the_same_model(tmp_path, opt
 
 
 @pytest.mark.extra("safetensors", "hf")
-def test_save_pretrained_refuses_a_model_gpt2_cannot_describe(tmp_path):
+def test_save_pretrained_refuses_a_model_gpt2_cannot_describe(tmp_path, monkeypatch):
     for preset in ("paper", "gpt1"):
         model = GPT.preset(preset, 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8)
         with pytest.raises(ValueError, match="a Hugging Face GPT-2 folder cannot hold this model: it has post-LN"):
             gpt2.save_pretrained(model, tmp_path / preset)
         assert not (tmp_path / preset).exists()
     model = GPT.preset("gpt2", 11, max_len=6, d_model=4, num_heads=2, num_layers=1, d_ff=8, activation="silu")
+    gpt2.save_pretrained(model, tmp_path / "silu")  # one table of Hugging Face names for every format: "swish"
+    assert json.loads((tmp_path / "silu" / "config.json").read_text())["activation_function"] == "swish"
+    assert gpt2.from_pretrained(tmp_path / "silu").config.activation == "silu"
+    monkeypatch.delitem(gpt2.HF_NAME_OF_ACTIVATION, "silu")  # an activation the table has no name for
     with pytest.raises(ValueError, match="cannot hold this model: it has the 'silu' activation"):
-        gpt2.save_pretrained(model, tmp_path / "silu")
-    assert not (tmp_path / "silu").exists()
+        gpt2.save_pretrained(model, tmp_path / "unnamed")
+    assert not (tmp_path / "unnamed").exists()
 
 
 @pytest.mark.extra("safetensors", "hf")
@@ -333,7 +338,7 @@ def test_from_pretrained_names_what_does_not_fit(tmp_path):
     with pytest.raises(ValueError, match="is not a folder"):
         gpt2.from_pretrained(tmp_path / "nowhere")
     for change, message in [({"model_type": "bert"}, "model_type 'bert', not 'gpt2'"),
-                            ({"activation_function": "silu"}, "activation_function 'silu'"),
+                            ({"activation_function": "quick_gelu"}, "activation_function 'quick_gelu'"),
                             ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
                             ({"n_embd": 6}, r"wrong shape for its config.json: transformer.wte.weight \(11, 4\) "
                                             r"\(expected \(11, 6\)\)")]:

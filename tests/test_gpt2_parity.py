@@ -56,7 +56,7 @@ def gpt2_configs(draw):
     return dict(vocab_size=draw(st.integers(5, 60)), n_positions=draw(st.integers(4, 12)),
                 n_embd=H * draw(st.integers(2, 6)), n_layer=draw(st.integers(1, 2)), n_head=H,
                 n_inner=draw(st.none() | st.integers(1, 12)),
-                activation_function=draw(st.sampled_from(["gelu_new", "gelu", "relu"])),
+                activation_function=draw(st.sampled_from(["gelu_new", "gelu", "relu", "swish", "silu"])),
                 tie_word_embeddings=draw(st.booleans()))
 
 
@@ -67,7 +67,7 @@ def test_logits_loss_and_every_gradient_match_hugging_face_gpt2(config, seed, da
     folder = tmp_path_factory.mktemp("gpt2")
     hf.save_pretrained(folder)
     model = gpt2.from_pretrained(folder)
-    assert model.embed.weight.data.dtype == np.float64 and model.config.activation in ("gelu_tanh", "gelu", "relu")
+    assert model.embed.weight.data.dtype == np.float64 and model.config.activation in ("gelu_tanh", "gelu", "relu", "silu")
     B, L = data.draw(st.integers(1, 3)), data.draw(st.integers(1, config["n_positions"]))
     ids = np.random.default_rng(seed).integers(0, config["vocab_size"], (B, L))
     # the shift written out: position t's target is token t + 1; the last position has none (-1)

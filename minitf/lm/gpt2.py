@@ -10,6 +10,7 @@ import pathlib
 
 from minitf import backend, pretrained
 from minitf.gpt import GPT, GPTConfig
+from minitf.pretrained import HF_ACTIVATIONS, HF_NAME_OF_ACTIVATION
 
 
 def from_pretrained(folder, dtype=None):
@@ -54,9 +55,6 @@ _LAYER = [("ln_1.weight", "self_attn_block.norm.gamma"), ("ln_1.bias", "self_att
           ("ln_2.weight", "ff_block.norm.gamma"), ("ln_2.bias", "ff_block.norm.beta"),
           ("mlp.c_fc.weight", "feed_forward.linear1.weight"), ("mlp.c_fc.bias", "feed_forward.linear1.bias"),
           ("mlp.c_proj.weight", "feed_forward.linear2.weight"), ("mlp.c_proj.bias", "feed_forward.linear2.bias")]
-#: Hugging Face's activation_function -> minitf's activation
-HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
-_HF_NAME_OF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 
 def name_map(config):
@@ -194,7 +192,7 @@ def hf_config_of(config, previous, dtype):
                                     ("sinusoidal positions", config.positions != "learned"),
                                     ("a scaled embedding", config.scale_embedding),
                                     (f"the {config.activation!r} activation",
-                                     config.activation not in _HF_NAME_OF_ACTIVATION)] if bad]
+                                     config.activation not in HF_NAME_OF_ACTIVATION)] if bad]
     if wrong:
         raise ValueError(f"a Hugging Face GPT-2 folder cannot hold this model: it has {', '.join(wrong)}; "
                          "only GPT-2's shape (GPT.preset('gpt2', ...)) can be saved")
@@ -202,7 +200,7 @@ def hf_config_of(config, previous, dtype):
     hf.update(architectures=["GPT2LMHeadModel"], model_type="gpt2", vocab_size=config.vocab_size,
               n_positions=config.max_len, n_embd=config.d_model, n_head=config.num_heads,
               n_layer=config.num_layers, n_inner=config.d_ff,
-              activation_function=_HF_NAME_OF_ACTIVATION[config.activation],
+              activation_function=HF_NAME_OF_ACTIVATION[config.activation],
               resid_pdrop=config.dropout, embd_pdrop=config.dropout,
               attn_pdrop=0.0,  # minitf has no dropout on the attention weights (nor has the paper)
               layer_norm_epsilon=config.layer_norm_eps, initializer_range=config.init_std,

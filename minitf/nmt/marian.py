@@ -26,6 +26,7 @@ import pathlib
 
 from minitf import backend, pretrained
 from minitf.atomic import write_atomic
+from minitf.pretrained import HF_ACTIVATIONS, HF_NAME_OF_ACTIVATION
 from minitf.layers import sinusoidal_table
 from minitf.transformer import Transformer, TransformerConfig
 
@@ -33,10 +34,6 @@ np = backend.host  # files are read and written on the host
 
 WHAT = "Hugging Face Marian folder"
 MODEL_TYPES = ("marian",)
-#: Hugging Face's activation_function -> minitf's activation (ACT2FN: "swish" and "silu" are both x sigmoid(x))
-HF_ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
-                  "gelu_pytorch_tanh": "gelu_tanh"}
-_HF_NAME_OF_ACTIVATION = {"silu": "swish", "relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new"}
 #: Legacy entries of old opus-mt config.json files that today's transformers no longer reads, with the only
 #: value minitf (and the code transformers runs) computes: any other value is refused, never ignored.
 LEGACY_FIXED = {"normalize_before": False, "add_final_layer_norm": False, "normalize_embedding": False,
@@ -424,7 +421,7 @@ def config_json(model, previous=None, decoder_start_id=None, eos_id=None, max_po
               encoder_layers=c.num_encoder_layers, decoder_layers=c.num_decoder_layers,
               encoder_attention_heads=c.num_heads, decoder_attention_heads=c.num_heads,
               encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff,
-              activation_function=_HF_NAME_OF_ACTIVATION[c.activation],
+              activation_function=HF_NAME_OF_ACTIVATION[c.activation],
               scale_embedding=c.scale_embedding, dropout=c.dropout,
               **{key: hf.get(key, 0.0) for key in ZERO_ONLY},  # training-only, off when translating: the folder's kept
               pad_token_id=c.pad_id, eos_token_id=eos, forced_eos_token_id=eos, decoder_start_token_id=start,
