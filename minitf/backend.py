@@ -14,7 +14,13 @@ import itertools
 import os
 import threading
 
-import numpy
+# OpenBLAS's idle threads spin for 2^28 cycles (about 0.1 s) after each product before they sleep, on the very
+# cores that by_rows' threads need next: the training step with both ran 5-10% slower than with one thread
+# (benchmarks/benchmark.py, docs/benchmarks.md). Told to sleep at once (2^4 cycles, OpenBLAS's least), they
+# give the cores back; a user's own setting wins. OpenBLAS reads it once, as NumPy loads it: hence before.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+import numpy  # noqa: E402
 
 #: Host-side NumPy, for work that always lives on the CPU (data loading,
 #: batching, parameter initialisation before the copy to the device).
