@@ -15,10 +15,11 @@ import os
 import threading
 
 # OpenBLAS's idle threads spin for 2^28 cycles (about 0.1 s) after each product before they sleep, on the very
-# cores that by_rows' threads need next: the training step with both ran 5-10% slower than with one thread
-# (benchmarks/benchmark.py, docs/benchmarks.md). Told to sleep at once (2^4 cycles, OpenBLAS's least), they
-# give the cores back; a user's own setting wins. OpenBLAS reads it once, as NumPy loads it: hence before.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+# cores that by_rows' threads need next: the training step with both ran 5-10% slower than with one thread.
+# After 2^16 cycles (tens of microseconds) they still bridge back-to-back products, then give the cores back
+# (2^4, OpenBLAS's least, made small products wait for their wake-up: docs/benchmarks.md). A user's own
+# setting wins. OpenBLAS reads it once, as NumPy loads it: hence before the import.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
 
 import numpy  # noqa: E402
 

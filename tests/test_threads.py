@@ -481,7 +481,7 @@ def test_generation_gives_the_same_tokens_threaded(splits, monkeypatch):
 
 
 def test_openblas_idle_threads_are_told_to_sleep_at_once_unless_the_user_says_otherwise():
-    """Importing minitf sets OPENBLAS_THREAD_TIMEOUT (read once, when NumPy loads OpenBLAS) to 4 where it is unset,
+    """Importing minitf sets OPENBLAS_THREAD_TIMEOUT (read once, when NumPy loads OpenBLAS) to 16 where it is unset,
     so that OpenBLAS's idle threads do not spin on the cores by_rows' threads need; a user's own value is kept."""
     import os
     import subprocess
@@ -489,7 +489,7 @@ def test_openblas_idle_threads_are_told_to_sleep_at_once_unless_the_user_says_ot
     show = "import minitf, os; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     unset = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, check=True)
-    assert unset.stdout.strip() == "4"
+    assert unset.stdout.strip() == "16"
     own = subprocess.run([sys.executable, "-c", show], env=env | {"OPENBLAS_THREAD_TIMEOUT": "20"},
                          capture_output=True, text=True, check=True)
     assert own.stdout.strip() == "20"
