@@ -119,7 +119,7 @@ from minitf import backend  # noqa: E402
 from minitf.nmt.decode import beam_search, greedy_decode  # noqa: E402
 from benchmarks.common import (BOS, CONFIGS, CORPUS, DEFAULT_RUN, PAD, MinitfStep, TorchStep,  # noqa: E402
                                blas_description, blas_threads, build_model, cpu_model, default_corpus_paths,
-                               first_batches, make_batch, matmul_peak_gflops, tokenized_corpus)
+                               first_batches, make_batch, matmul_peak_gflops, status_bytes, tokenized_corpus)
 
 np = backend.host
 
@@ -178,13 +178,6 @@ def machine_lines(args, threads, peak):
 # --------------------------------------------------------------------------- #
 # measurements
 # --------------------------------------------------------------------------- #
-def _status_bytes(field):
-    """A memory field of /proc/self/status (VmRSS: resident now, VmHWM: its peak), in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024                # reported in kB
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def memory_probe(framework, config_name):
@@ -204,13 +197,13 @@ def memory_probe(framework, config_name):
             clear.write("5")                             # reset VmHWM to the current RSS (Linux >= 4.0)
     except OSError:
         pass                                             # then VmHWM also covers the imports' peak
-    start = _status_bytes("VmRSS")
+    start = status_bytes("VmRSS")
     step = TorchStep(c, batch, "cpu") if framework == "torch" else MinitfStep(c, batch)
     for _ in range(3):
         step()
     # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the parent across
     # exec, so a subprocess of a big process would report the parent's peak
-    peak = _status_bytes("VmHWM")
+    peak = status_bytes("VmHWM")
     print(json.dumps({"peak_growth": peak - start}))
 
 

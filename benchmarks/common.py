@@ -406,3 +406,12 @@ class TorchGPTStep:
         self.optimizer.step()
         self.sync()
         return value
+
+
+def status_bytes(field):
+    """A memory field of /proc/self/status (VmRSS: resident now, VmHWM: its peak), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024                # reported in kB
+    raise RuntimeError(f"no {field} in /proc/self/status")

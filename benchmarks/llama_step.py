@@ -55,7 +55,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
-from benchmarks.common import GPT_BETAS, GPT_EPS, GPT_LR, blas_description, cpu_model  # noqa: E402
+from benchmarks.common import GPT_BETAS, GPT_EPS, GPT_LR, blas_description, cpu_model, status_bytes  # noqa: E402
 from minitf.llama.config import PRESETS  # noqa: E402
 
 np = minitf.backend.host
@@ -112,13 +112,6 @@ def prompt_ids(shape, seed=2):
 # --------------------------------------------------------------------------- #
 # the worker: one framework, one part, in a process of its own
 # --------------------------------------------------------------------------- #
-def _status_bytes(field):
-    """A memory field of /proc/self/status (VmRSS: resident now, VmHWM: its peak), in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024                # reported in kB
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def reset_peak():
@@ -129,7 +122,7 @@ def reset_peak():
             clear.write("5")
     except OSError:
         pass
-    return _status_bytes("VmRSS")
+    return status_bytes("VmRSS")
 
 
 class MinitfSide:
@@ -212,9 +205,9 @@ def worker(args):
         import transformers
         torch.set_num_threads(args.threads)
         transformers.utils.logging.disable_progress_bar()
-    before = _status_bytes("VmRSS")
+    before = status_bytes("VmRSS")
     side = (MinitfSide if args.worker == "minitf" else TorchSide)(args.folder, SHAPES[args.shape], args.part)
-    info = {"parameters": side.parameters, "loaded_mib": (_status_bytes("VmRSS") - before) / 2 ** 20,
+    info = {"parameters": side.parameters, "loaded_mib": (status_bytes("VmRSS") - before) / 2 ** 20,
             "attention": getattr(side, "attention", None)}
     if args.worker == "PyTorch":
         import torch
@@ -227,7 +220,7 @@ def worker(args):
         if command == "run":
             answer = side.run()
         elif command == "memory":
-            answer = {"peak_mib": (_status_bytes("VmHWM") - side.baseline) / 2 ** 20}
+            answer = {"peak_mib": (status_bytes("VmHWM") - side.baseline) / 2 ** 20}
         else:
             break
         print(json.dumps(answer), file=out, flush=True)

@@ -24,7 +24,7 @@ from minitf import backend
 from minitf.layers import (ACTIVATIONS, Dropout, Embedding, LearnedPositionalEmbedding,
                            OutputProjection, PositionalEncoding)
 from minitf.module import Module
-from minitf.transformer import Decoder, check_ids
+from minitf.transformer import Decoder, check_ids, check_sizes
 
 POSITIONS = ("learned", "sinusoidal")
 INITS = ("gpt2", "normal", "xavier")
@@ -51,13 +51,7 @@ class GPTConfig:
     tie_embeddings: bool = True
 
     def __post_init__(self):
-        for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers", "d_ff"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.num_heads != 0:
-            raise ValueError(f"d_model must be divisible by num_heads, got d_model={self.d_model}, "
-                             f"num_heads={self.num_heads}")
+        check_sizes(self, ("vocab_size", "max_len", "d_model", "num_heads", "num_layers", "d_ff"))
         for name, allowed in [("activation", tuple(ACTIVATIONS)), ("positions", POSITIONS), ("init", INITS)]:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")

@@ -209,6 +209,18 @@ def check_ids(ids, name, vocab_size):
 # --------------------------------------------------------------------------- #
 # The whole model (paper section 3, figure 1)
 # --------------------------------------------------------------------------- #
+def check_sizes(config, names):
+    """A model config's sizes: each of ``names`` a positive integer, and d_model a multiple of num_heads (the
+    heads split it); a ValueError naming the first that is not. Shared by TransformerConfig and GPTConfig."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if config.d_model % config.num_heads != 0:
+        raise ValueError(f"d_model must be divisible by num_heads, got d_model={config.d_model}, "
+                         f"num_heads={config.num_heads}")
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """The model's shape and options, declared and checked once (here): ``Transformer(V, V, **options)``
@@ -238,14 +250,8 @@ class TransformerConfig:
     eos_id: int | None = None
 
     def __post_init__(self):
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers",
-                     "num_decoder_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.num_heads != 0:
-            raise ValueError(f"d_model must be divisible by num_heads, got d_model={self.d_model}, "
-                             f"num_heads={self.num_heads}")
+        check_sizes(self, ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers",
+                           "num_decoder_layers"))
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("share_embeddings=True needs one shared vocabulary, got "
                              f"src_vocab_size={self.src_vocab_size} and tgt_vocab_size={self.tgt_vocab_size}; "

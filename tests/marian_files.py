@@ -82,6 +82,21 @@ def generation_config(pad, **changes):
             "renormalize_logits": True} | changes
 
 
+def minitf_marian_folder(folder, seed=3):
+    """A random Marian-shaped minitf.Transformer (2+2 layers, d_model 16, SiLU, halves positions, an output bias,
+    pad as the decoder's start, eos 0) saved by minitf's own writer into ``folder`` with tokenizer files trained
+    here; returns the model. No torch needed."""
+    import minitf
+    from minitf.nmt import marian
+    V = write_tokenizer_files(folder)
+    minitf.manual_seed(seed)
+    model = minitf.Transformer(V, V, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=32,
+                               dropout=0.0, pad_id=V - 1, activation="silu", positions="halves", output_bias=True,
+                               mask_target_padding=False, freeze_pad_embedding=True, decoder_start_id=V - 1, eos_id=0)
+    marian.save_pretrained(model, folder)
+    return model
+
+
 def make_marian_folder(folder, seed=0, eos_bias=1.0, pad_bias=2.0, scale=0.3, d_model=16, layers=2, **generation):
     """A random MarianMTModel (2+2 layers, d_model 16, swish, scaled embeddings, a zero pad row, non-zero
     final_logits_bias) saved into ``folder`` with tokenizer files and generation_config.json; returns the folder.

@@ -628,14 +628,9 @@ def test_a_marian_folder_gives_a_page_in_its_own_ids(tmp_path, capsys, float64):
     tokenizer files trained here): the decoder starts from <pad>, the source ends with </s> = 0, the pieces come
     from vocab.json, and the page's numbers are the model's own."""
     from minitf.nmt import marian
-    from tests.marian_files import write_tokenizer_files
+    from tests.marian_files import minitf_marian_folder
     folder = tmp_path / "opus-mt"
-    V = write_tokenizer_files(folder)
-    minitf.manual_seed(3)
-    model = minitf.Transformer(V, V, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=32,
-                               dropout=0.0, pad_id=V - 1, activation="silu", positions="halves", output_bias=True,
-                               mask_target_padding=False, freeze_pad_embedding=True, decoder_start_id=V - 1, eos_id=0)
-    marian.save_pretrained(model, folder)
+    V = minitf_marian_folder(folder).config.src_vocab_size
     out = tmp_path / "page.html"
     code, err, _ = run_inspect(["--checkpoint", folder, "--text", "Der Hund läuft", "--reference", "The dog runs",
                                 "--out", out], capsys)

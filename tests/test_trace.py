@@ -652,16 +652,9 @@ def test_trace_of_a_marian_folder_starts_its_decoder_as_the_folder_says(tmp_path
     """A Marian folder (a random minitf model with Marian's options saved by save_pretrained): the decoder starts
     from its <pad> (decoder_start_id), both sides end with its </s> = 0, the target side is read by its target
     vocabulary."""
-    import minitf
-    from minitf.nmt import marian
-    from tests.marian_files import write_tokenizer_files
+    from tests.marian_files import minitf_marian_folder
     folder = tmp_path / "opus-mt"
-    V = write_tokenizer_files(folder)
-    minitf.manual_seed(3)
-    model = minitf.Transformer(V, V, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=32,
-                               dropout=0.0, pad_id=V - 1, activation="silu", positions="halves", output_bias=True,
-                               mask_target_padding=False, freeze_pad_embedding=True, decoder_start_id=V - 1, eos_id=0)
-    marian.save_pretrained(model, folder)
+    V = minitf_marian_folder(folder).config.src_vocab_size
     out = check_traced(folder, "Der Hund läuft", capsys, "Transformer")
     ids = re.search(r"src_ids (\[\[.*?\]\]), tgt_in_ids (\[\[.*?\]\]), tgt_out (\[\[.*?\]\])", out).groups()
     src, tgt_in, tgt_out = (json.loads(sequence)[0] for sequence in ids)
