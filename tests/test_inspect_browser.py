@@ -45,7 +45,7 @@ def browser():
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
     """Pages of a post-LN and a pre-LN translation run (2 + 2 layers, a reference with a word the model
-    never saw) and of a GPT run."""
+    never saw), of a GPT run and of a Llama-block run."""
     folder = tmp_path_factory.mktemp("pages")
     corpus = make_corpus(folder)
     made = {}
@@ -60,6 +60,12 @@ def pages(tmp_path_factory):
     assert train(make_text(folder) + TINY_GPT + ["--max-steps", "6", "--eval-every", "3", "--out", run]) == 0
     made["gpt"] = (run, folder / "gpt.html")
     assert inspect_main(["--checkpoint", str(run), "--text", "the cat sees a dog.", "--out", str(made["gpt"][1])]) == 0
+    run = folder / "llama"
+    assert train(make_text(folder) + TINY_GPT + ["--model", "llama", "--num-kv-heads", "1", "--max-steps", "6",
+                                                  "--eval-every", "3", "--out", run]) == 0
+    made["llama"] = (run, folder / "llama.html")
+    assert inspect_main(["--checkpoint", str(run), "--text", "the cat sees a dog.", "--out",
+                         str(made["llama"][1])]) == 0
     return made
 
 
@@ -109,7 +115,7 @@ def heatmap(driver):
 
 
 @needs_chromium
-@pytest.mark.parametrize("name", ["post", "pre", "gpt"])
+@pytest.mark.parametrize("name", ["post", "pre", "gpt", "llama"])
 def test_the_page_opens_from_disk_with_no_error_and_no_request(name, browser, pages, tmp_path):
     data = open_page(browser, pages[name][1])
     assert console_errors(browser) == [] and fetched(browser) == []
@@ -125,6 +131,19 @@ def test_the_page_opens_from_disk_with_no_error_and_no_request(name, browser, pa
     charts = browser.find_elements("css selector", "#training figure")
     assert [c.get_attribute("data-chart") for c in charts] == ["loss", "score", "lr"]
     assert console_errors(browser) == []
+
+
+@needs_chromium
+@pytest.mark.parametrize("name, says", [("post", "This model is post-LN: in each block dx = LN′(dy)"),
+                                        ("pre", "This model is pre-LN: in each block dx = dy + N′(dh) (N its LayerNorm)"),
+                                        ("llama", "This model is pre-norm RMSNorm: in each block dx = dy + N′(dh) "
+                                                  "(N its RMSNorm)")])
+def test_the_backward_caption_names_the_models_own_norm_and_layout(name, says, browser, pages):
+    """The backward section says how the model's blocks pass the gradient: a Llama is pre-norm with RMSNorm (its
+    page once called it post-LN, the caption's fallback)."""
+    open_page(browser, pages[name][1])
+    caption = browser.find_element("css selector", "#backward p.caption").text
+    assert says in caption and ("post-LN" in caption) == (name == "post")
 
 
 @needs_chromium

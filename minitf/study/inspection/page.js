@@ -477,12 +477,14 @@
   function backwardSection(ex, parent, model) {
     const box = section("backward", "Backward pass", parent);
     const gpt = ex.source === null;
+    const norm = model.layout.includes("RMSNorm") ? "RMSNorm" : "LayerNorm";
     h("p", {class: "caption"}, box, `One backward of the loss above (${fmt(ex.loss, 4)}), by the model's own ` +
       "backward passes; each number is the Euclidean norm of a gradient array over all its positions. " +
-      (model.layout === "pre-LN"
-        ? "This model is pre-LN: in each block dx = dy + LN′(dh), the skip connection passes dy down unchanged " +
-          "and the sublayer adds its share, so no LayerNorm stands between a layer's output and its input; only " +
-          "each stack's final LayerNorm rescales the gradient, once, at the top of the stack."
+      (model.layout !== "post-LN"   // pre-LN, or the Llama's pre-norm RMSNorm: the same shape of backward
+        ? `This model is ${model.layout}: in each block dx = dy + N′(dh) (N its ${norm}), the skip connection ` +
+          `passes dy down unchanged and the sublayer adds its share, so no ${norm} stands between a layer's ` +
+          `output and its input; only each stack's final ${norm} rescales the gradient, once, at the top of the ` +
+          "stack."
         : "This model is post-LN: in each block dx = LN′(dy) + Sublayer′(LN′(dy)), the LayerNorm's backward " +
           "rescales the gradient before it splits into the skip and the sublayer, once per block, so its size " +
           "can shrink or grow from block to block.") +
