@@ -19,7 +19,7 @@ import sys
 import unicodedata
 import webbrowser
 
-from minitf import backend
+from minitf import backend, kinds
 from minitf.atomic import writable_target, write_atomic
 from minitf.study.inspection import numbers
 from minitf.study.inspection.page import example_data, loaded_note, render
@@ -250,6 +250,12 @@ def _finite(value):
 # --------------------------------------------------------------------------- #
 # The page
 # --------------------------------------------------------------------------- #
+def walk_command(kind):
+    """The command that prints ``kind``'s backward walk on its one-layer example (the page's walk names it)."""
+    model = "" if kind.name == kinds.names()[0] else f" --model {kind.name}"  # the registry's first: the default
+    return f"python -m minitf.trace{model} --walk"
+
+
 def page_data(loaded, examples, warnings=(), error=None, serve=None, read_run=True):
     """The JSON of a whole page (see :func:`minitf.study.inspection.page.render`); ``read_run=False``: no run file is
     read (the server's error page: the error may be that file)."""
@@ -260,7 +266,8 @@ def page_data(loaded, examples, warnings=(), error=None, serve=None, read_run=Tr
             "No training curves: the checkpoint was given without its run folder's metrics.jsonl." if curves is None
             and loaded.run_dir is None else "No training curves: the run's metrics.jsonl has no training step yet.")
     title = f"minitf inspect: {loaded.name} ({loaded.layout})"
-    return {"title": title, "model": {"kind": loaded.kind, "layout": loaded.layout, "facts": loaded.facts()},
+    return {"title": title, "model": {"kind": loaded.kind, "layout": loaded.layout, "facts": loaded.facts(),
+                                      "walk_command": walk_command(loaded.loaded.kind)},
             "examples": examples, "warnings": list(warnings), "error": error, "serve": serve,
             "curves": curves, "curves_note": None if curves else note}
 

@@ -147,6 +147,21 @@ def test_the_backward_caption_names_the_models_own_norm_and_layout(name, says, b
 
 
 @needs_chromium
+@pytest.mark.parametrize("name, command, norm", [("post", "python -m minitf.trace --walk", "LayerNorm"),
+                                                 ("gpt", "python -m minitf.trace --model gpt --walk", "LayerNorm"),
+                                                 ("llama", "python -m minitf.trace --model llama --walk", "RMSNorm")])
+def test_the_walk_names_its_own_trace_command_and_norm(name, command, norm, browser, pages):
+    """The walk's caption names the command that prints the same steps for this model's kind, and its legend the
+    model's own norm (a Llama page once named --model gpt and LayerNorm)."""
+    open_page(browser, pages[name][1])
+    figure = browser.find_element("css selector", "#backward figure[data-chart='walk']")
+    caption = figure.find_element("css selector", "p.caption").text
+    legend = figure.find_element("css selector", ".legend").text
+    assert f"The steps that {command} prints" in caption and f"inside a block ({norm}′" in legend
+    assert ("SublayerConnection" in caption) == (norm == "LayerNorm")
+
+
+@needs_chromium
 def test_the_selectors_change_the_heat_map(browser, pages, tmp_path):
     from selenium.webdriver.support.ui import Select
     data = open_page(browser, pages["post"][1])

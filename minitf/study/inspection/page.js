@@ -471,13 +471,15 @@
 
   // ------------------------------------------------------------------ the backward pass
   const KIND_COLOURS = {loss: "#cf222e", stream: "#0969da", branch: "#8c959f", weight: "#bf8700"};
-  const KIND_NAMES = {loss: "dL/dlogits", stream: "the residual stream (between blocks, the stacks' ends, the memory)",
-                      branch: "inside a block (LayerNorm′, a sublayer's backward)", weight: "a weight matrix's gradient"};
+  // the legend of the walk's bars; a block's norm is the model's own (LayerNorm or the Llama's RMSNorm)
+  const kindNames = (norm) => ({loss: "dL/dlogits", stream: "the residual stream (between blocks, the stacks' ends, the memory)",
+                                branch: `inside a block (${norm}′, a sublayer's backward)`, weight: "a weight matrix's gradient"});
+  const normOf = (model) => (model.layout || "").includes("RMSNorm") ? "RMSNorm" : "LayerNorm";
 
   function backwardSection(ex, parent, model) {
     const box = section("backward", "Backward pass", parent);
     const gpt = ex.source === null;
-    const norm = model.layout.includes("RMSNorm") ? "RMSNorm" : "LayerNorm";
+    const norm = normOf(model);
     h("p", {class: "caption"}, box, `One backward of the loss above (${fmt(ex.loss, 4)}), by the model's own ` +
       "backward passes; each number is the Euclidean norm of a gradient array over all its positions. " +
       (model.layout !== "post-LN"   // pre-LN, or the Llama's pre-norm RMSNorm: the same shape of backward
@@ -508,7 +510,7 @@
       width: Math.max(420, 60 * ex.points.length + 120), height: 330,
     });
     embeddingChart(charts, ex);
-    walkChart(box, ex);
+    walkChart(box, ex, model);
   }
 
   function embeddingChart(parent, ex) {
@@ -544,15 +546,16 @@
                transform: `rotate(-90 14 ${(m.t + H - m.b) / 2})`}, svg, "gradient norm");
   }
 
-  function walkChart(parent, ex) {
+  function walkChart(parent, ex, model) {
     const figure = h("figure", {"data-chart": "walk"}, parent);
+    const norm = normOf(model);
     h("h3", {}, figure, "Every step of the walk, from dL/dlogits down to the embeddings");
-    h("p", {class: "caption"}, figure, "The steps that python -m minitf.trace " + (ex.source === null ? "--model gpt " : "") +
-      "--walk prints for its one-layer example, here for every layer of this model, in the order the backward runs " +
-      "them (the names are those of SublayerConnection.backward: dx_skip, dh, dx). The bar is the norm of the " +
-      "gradient on a log scale; hover for its shape.");
+    h("p", {class: "caption"}, figure, `The steps that ${model.walk_command} prints for its one-layer example, ` +
+      "here for every layer of this model, in the order the backward runs them" +
+      (norm === "LayerNorm" ? " (the names are those of SublayerConnection.backward: dx_skip, dh, dx)" : "") +
+      ". The bar is the norm of the gradient on a log scale; hover for its shape.");
     const legend = h("div", {class: "legend"}, figure);
-    for (const [kind, name] of Object.entries(KIND_NAMES)) {
+    for (const [kind, name] of Object.entries(kindNames(norm))) {
       const sw = h("span", {class: "swatch"}, legend);
       sw.style.background = KIND_COLOURS[kind];
       h("span", {}, legend, name + "  ");
