@@ -18,7 +18,10 @@ over (B, H, T, T) = (32, 8, 64, 64); ``decode_attention`` one cached decoding st
 sentences, 8 heads, one query against 30 cached positions); ``decode_normalizer`` beam search's log-softmax
 normalizer over the vocabulary at one step (nmt/decode.py's ``shifted_exp_sums`` and the log), (beam x batch,
 V) = (32, ``--vocab``) logits. ``threshold``: softmax over (rows, 512) for
-growing row counts, to place ``backend.THREAD_MIN_ELEMENTS``.
+growing row counts, to place ``backend.THREAD_MIN_ELEMENTS``. ``in_place --ref REV``: GELU's tanh form (forward
+and backward over (``--rows``, 768)) and the attention core with its backward at the default GPT run's shape
+((16, 4, 128, 48), causal), this tree's code (each step into an array it already has) against revision REV's
+(999164a: the plain lines, a fresh array for each operation), alternating, on 1 thread and on ``--threads``.
 
 Timings on a busy machine mostly measure the other work: compare ratios of runs made on a quiet one.
 """
@@ -177,12 +180,51 @@ def threshold_part(args):
             backend.THREAD_MIN_ELEMENTS = saved
 
 
+def in_place_part(args):
+    import tempfile
+    from benchmarks.common import load_reference
+    if not args.ref:
+        raise SystemExit("threads.py: --part in_place needs --ref REV, the revision to compare with (999164a)")
+    old = load_reference(args.ref, tempfile.mkdtemp())
+    x, dy = rand((args.rows, 768), 15, 2.0), rand((args.rows, 768), 16)
+    Q, K, U, dO = (rand((16, 4, 128, 48), seed) for seed in (17, 18, 19, 20))
+    keep = ~np.triu(np.ones((128, 128), dtype=bool), k=1)[None, None]
+
+    def gelu(lib):
+        layer = lib.layers.GELU("tanh")
+        return lambda: (layer(x), layer.backward(dy))
+
+    def attention(lib):
+        def run():
+            O, P = lib.attention.scaled_dot_product_attention(Q, K, U, keep)
+            return (O, P) + tuple(lib.attention.scaled_dot_product_attention_backward(dO, Q, K, U, P))
+        return run
+    for name, make in (("gelu_tanh f+b", gelu), ("attention core f+b", attention)):
+        runs = {args.ref: make(old), "this tree": make(minitf)}
+        for count in sorted({1, args.threads}):
+            times, results = {k: [] for k in runs}, {}
+            with backend.thread_count(count), old.backend.thread_count(count):
+                for r in range(args.rounds + 1):                 # round 0: the warm-up
+                    for key in (runs if r % 2 else reversed(list(runs))):
+                        start = time.perf_counter()
+                        results[key] = runs[key]()
+                        if r:
+                            times[key].append(time.perf_counter() - start)
+            (a, ta), (b, tb) = times.items()
+            same = same_bytes(*results.values())
+            print(f"{name:20s} {count} thread(s): {a} {statistics.median(ta) * 1e3:.2f} ms, {b} "
+                  f"{statistics.median(tb) * 1e3:.2f} ms ({min(tb) * 1e3:.2f}-{max(tb) * 1e3:.2f}): "
+                  f"{statistics.median(tb) / statistics.median(ta):.2f}x   {'same bytes' if same else 'DIFFERENT'}",
+                  flush=True)
+
+
 PARTS = ("adam", "loss", "layernorm", "silu", "gelu", "dropout", "softmax", "decode_attention", "decode_normalizer")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=PARTS + ("all", "threshold"), default="all")
+    parser.add_argument("--part", choices=PARTS + ("all", "threshold", "in_place"), default="all")
+    parser.add_argument("--ref", help="in_place: the revision whose code to compare with")
     parser.add_argument("--threads", type=int, default=None, help="the threaded side (default: backend.threads())")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--params", type=int, default=74_000_000, help="Adam's parameters (opus-mt: 74M)")
@@ -216,6 +258,8 @@ def main(argv=None):
             decode_normalizer_part(args)
         elif part == "threshold":
             threshold_part(args)
+        elif part == "in_place":
+            in_place_part(args)
     return 0
 
 

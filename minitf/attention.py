@@ -10,7 +10,7 @@ import math
 
 from minitf import backend
 from minitf.backend import xp
-from minitf.layers import Linear, init_array, matmul_rows, plain_softmax_backward
+from minitf.layers import Linear, init_array, matmul_rows
 from minitf.module import Module, Parameter, is_grad_enabled
 
 
@@ -65,24 +65,28 @@ def scaled_dot_product_attention(Q, K, U, keep=None):
 def attend(Q, K, U, keep=None):
     """:func:`scaled_dot_product_attention`, its products on the calling thread (and BLAS's)."""
     scale = 1.0 / math.sqrt(Q.shape[-1])
-    A = (Q @ K.swapaxes(-1, -2)) * scale                         # A = Q K^T / sqrt(dk)  (B, H, Tq, Tk)
-    # P = softmax(A), masked: on blocks of rows on the threads (inline inside a block of the whole core)
-    P = backend.by_rows(masked_softmax, A, *([] if keep is None else [keep]))
+    A = Q @ K.swapaxes(-1, -2)                                   # (B, H, Tq, Tk)
+    A *= scale                                                   # A = Q K^T / sqrt(dk), in place
+    # P = softmax(A), masked, in A's own memory (the core's largest array: no second one); on blocks of rows
+    # on the threads (inline inside a block of the whole core)
+    backend.by_rows(masked_softmax_in_place, A, *([] if keep is None else [keep]))
+    P = A                                                        # (B, H, Tq, Tk)
     O = P @ U                                                    # O = P U  (B, H, Tq, dk)
     return O, P
 
 
-def masked_softmax(A, keep=None):
-    """softmax(A) over the last axis where ``keep`` (broadcast to A) is True, 0 elsewhere."""
+def masked_softmax_in_place(A, keep=None):
+    """A := softmax(A) over the last axis where ``keep`` (broadcast to A) is True, 0 elsewhere: each step in A's
+    own memory, the plain NumPy line in its comment (the same numbers, bit for bit)."""
     if keep is not None:
         # a very negative (finite) score: exp() makes it 0, and no inf - inf = NaN
-        A = xp.where(keep, A, backend.finfo(A.dtype).min / 2)
-    e = xp.exp(A - A.max(axis=-1, keepdims=True))               # shifted for stability
+        xp.copyto(A, backend.finfo(A.dtype).min / 2, where=~keep)  # A = xp.where(keep, A, finfo.min / 2)
+    A -= A.max(axis=-1, keepdims=True)                           # shifted for stability
+    e = xp.exp(A, out=A)                                         # e = xp.exp(A - A.max(axis=-1, keepdims=True))
     if keep is not None:
         e *= keep                                                # exact zeros where masked
     total = e.sum(axis=-1, keepdims=True)
-    P = e / xp.where(total > 0, total, 1)                        # P = softmax(A); all-masked row -> 0
-    return P
+    e /= xp.where(total > 0, total, 1)                           # P = softmax(A) = e / total; all-masked row -> 0
 
 
 def scaled_dot_product_attention_backward(dO, Q, K, U, P):
@@ -100,12 +104,21 @@ def attend_backward(dO, Q, K, U, P):
     dP = dO @ U.swapaxes(-1, -2)                                 # (B, H, Tq, Tk)
     dU = P.swapaxes(-1, -2) @ dO                                 # (B, H, Tk, dk)
     # P = softmax(A) row-wise  =>  dA = P * (dP - sum_j dP_j P_j); masked P = 0 gives dA = 0
-    # dA = P * (dP - (dP * P).sum(axis=-1, keepdims=True)), on blocks of rows (inline inside a block)
-    dA = backend.by_rows(plain_softmax_backward, P, dP)          # (B, H, Tq, Tk)
+    # dA = P * (dP - (dP * P).sum(axis=-1, keepdims=True)), in dP's memory, on blocks of rows (inline inside a block)
+    backend.by_rows(softmax_backward_in_place, dP, P)
+    dA = dP                                                      # (B, H, Tq, Tk)
     # A = Q K^T * scale  =>  dQ = dA K * scale,  dK = dA^T Q * scale
-    dQ = (dA @ K) * scale                                        # (B, H, Tq, dk)
-    dK = (dA.swapaxes(-1, -2) @ Q) * scale                       # (B, H, Tk, dk)
+    dQ = dA @ K                                                  # (B, H, Tq, dk)
+    dQ *= scale                                                  # dQ = (dA @ K) * scale, in place
+    dK = dA.swapaxes(-1, -2) @ Q                                 # (B, H, Tk, dk)
+    dK *= scale                                                  # dK = (dA^T @ Q) * scale, in place
     return dQ, dK, dU
+
+
+def softmax_backward_in_place(dP, P):
+    """dP := P * (dP - sum_j dP_j P_j) over the last axis: the scores' gradient dA, in dP's memory."""
+    dP -= (dP * P).sum(axis=-1, keepdims=True)
+    dP *= P
 
 
 def append_to_cache(cache, k, v):
@@ -220,15 +233,17 @@ class MultiHeadAttention(Module):
         # o = merge_heads(O)  =>  dO = split_heads(do)
         dQ, dK, dU = scaled_dot_product_attention_backward(
             self.split_heads(do), saved.Q, saved.K, saved.U, saved.P)           # (B, H, Tq|Tk, dk)
-        # Q = split_heads(q) ... => dq = merge_heads(dQ) ...
-        dq, dk, dv = self.merge_heads(dQ), self.merge_heads(dK), self.merge_heads(dU)  # (B, Tq|Tk, D)
         W = self.w_qkv.data
         if memory is None:
+            # Q = split_heads(q) ... => [dq dk dv] = the 3H heads' gradients side by side, in one copy
+            dqkv = xp.concatenate([dX.transpose(0, 2, 1, 3) for dX in (dQ, dK, dU)], axis=2)  # (B, Tq, 3H, dk)
+            dqkv = dqkv.reshape(-1, 3 * D)                                      # (B*Tq, 3D)
             # [q k v] = x W_qkv + b  =>  dW_qkv = x^T [dq dk dv],  dx = [dq dk dv] W_qkv^T
-            dqkv = xp.concatenate([dq, dk, dv], axis=-1).reshape(-1, 3 * D)     # (B*Tq, 3D)
             self.w_qkv.grad += x.reshape(-1, D).T @ dqkv                        # (D, 3D)
             self.b_qkv.grad += dqkv.sum(axis=0)                                 # (3D,)
             return (dqkv @ W.T).reshape(x.shape), None                          # (B*Tq, D) -> (B, Tq, D)
+        # Q = split_heads(q) ... => dq = merge_heads(dQ) ...
+        dq, dk, dv = self.merge_heads(dQ), self.merge_heads(dK), self.merge_heads(dU)  # (B, Tq|Tk, D)
         # q = x W^Q + b^Q  =>  dW^Q = x^T dq,  dx = dq W^Q^T
         dq_rows = dq.reshape(-1, D)                                             # (B*Tq, D)
         self.w_qkv.grad[:, :D] += x.reshape(-1, D).T @ dq_rows                  # (D, D)

@@ -399,9 +399,16 @@ class GELU(Module):
     def rows(self, x):
         """(y, Phi(x)) of x, and tanh(u) for the tanh form; elementwise."""
         if self.approximate == "tanh":
-            u = SQRT_2_OVER_PI * (x + GELU_CUBIC * (x * x * x))   # u = sqrt(2/pi) (x + 0.044715 x^3)
-            t = xp.tanh(u)
-            cdf = 0.5 * (1.0 + t)                                # Phi(x) ~ (1 + tanh u) / 2
+            # u = SQRT_2_OVER_PI * (x + GELU_CUBIC * (x * x * x));  t = xp.tanh(u);  cdf = 0.5 * (1.0 + t)
+            # (below one step at a time in u's memory: no fresh array for each operation)
+            u = x * x
+            u *= x                                               # x^3
+            u *= GELU_CUBIC
+            u += x
+            u *= SQRT_2_OVER_PI                                  # u = sqrt(2/pi) (x + 0.044715 x^3)
+            t = xp.tanh(u, out=u)
+            cdf = t + 1.0
+            cdf *= 0.5                                           # Phi(x) ~ (1 + tanh u) / 2
         else:
             cdf = 0.5 * (1.0 + backend.erf(x * (1.0 / math.sqrt(2.0))))  # Phi(x) = (1 + erf(x / sqrt 2)) / 2
         y = x * cdf                                              # y = x Phi(x)
@@ -421,9 +428,19 @@ class GELU(Module):
             pdf = xp.exp(-0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi))
             return dy * (cdf + x * pdf)
         # y = x (1 + tanh u) / 2  =>  dy/dx = (1 + t) / 2 + x (1 - t^2) / 2 * du/dx,
-        # du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-        du_dx = SQRT_2_OVER_PI * (1.0 + (3.0 * GELU_CUBIC) * (x * x))
-        return dy * (cdf + 0.5 * x * (1.0 - t * t) * du_dx)
+        # du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2). In NumPy, below one step at a time in two arrays:
+        # du_dx = SQRT_2_OVER_PI * (1.0 + (3.0 * GELU_CUBIC) * (x * x))
+        # dy_dx = cdf + 0.5 * x * (1.0 - t * t) * du_dx
+        du_dx = x * x
+        du_dx *= 3.0 * GELU_CUBIC
+        du_dx += 1.0
+        du_dx *= SQRT_2_OVER_PI                                  # du/dx
+        dy_dx = t * t
+        xp.subtract(1.0, dy_dx, out=dy_dx)                       # 1 - t^2
+        dy_dx *= 0.5 * x
+        dy_dx *= du_dx                                           # 0.5 x (1 - t^2) du/dx
+        dy_dx += cdf                                             # dy/dx
+        return dy * dy_dx
 
 
 # --------------------------------------------------------------------------- #

@@ -5,6 +5,7 @@ inputs large enough to split at the default sizes (``backend.THREAD_MIN_ELEMENTS
 to have split (a spy on the blocks) and its results to be the same bytes as the one-thread run's. Clipping's
 norm, a whole-array sum, is the one use that is equal to rounding instead (and the same for any thread count).
 """
+import math
 import threading
 
 import pytest
@@ -313,6 +314,61 @@ def test_layernorm_threaded_is_the_plain_formula(splits):
     assert splits["calls"] == 1
     mean = x.mean(axis=-1, keepdims=True)
     assert same_bytes(y, (x - mean) * (1.0 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + 1e-5)))
+
+
+def plain_gelu_tanh(x):
+    """GELU's tanh form as the plain NumPy lines in the comments of GELU.rows / backward_rows: (y, cdf, t)."""
+    from minitf.layers import GELU_CUBIC, SQRT_2_OVER_PI
+    u = SQRT_2_OVER_PI * (x + GELU_CUBIC * (x * x * x))
+    t = np.tanh(u)
+    cdf = 0.5 * (1.0 + t)
+    return x * cdf, cdf, t
+
+
+def plain_gelu_tanh_backward(dy, x, cdf, t):
+    from minitf.layers import GELU_CUBIC, SQRT_2_OVER_PI
+    du_dx = SQRT_2_OVER_PI * (1.0 + (3.0 * GELU_CUBIC) * (x * x))
+    return dy * (cdf + 0.5 * x * (1.0 - t * t) * du_dx)
+
+
+def plain_attention(Q, K, U, keep, dO):
+    """The attention core and its backward as plain NumPy lines (each step a fresh array): O, P, dQ, dK, dU."""
+    scale = 1.0 / math.sqrt(Q.shape[-1])                     # a Python float: the arrays keep their dtype
+    A = (Q @ K.swapaxes(-1, -2)) * scale
+    if keep is not None:
+        A = np.where(keep, A, np.finfo(A.dtype).min / 2)
+    e = np.exp(A - A.max(axis=-1, keepdims=True))
+    if keep is not None:
+        e *= keep
+    total = e.sum(axis=-1, keepdims=True)
+    P = e / np.where(total > 0, total, 1)
+    dP = dO @ U.swapaxes(-1, -2)
+    dA = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
+    return P @ U, P, (dA @ K) * scale, (dA.swapaxes(-1, -2) @ Q) * scale, P.swapaxes(-1, -2) @ dO
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, THREADS])
+def test_in_place_steps_are_the_plain_lines(dtype, threads):
+    """GELU's tanh form and the attention core compute each step into an array they already have (no fresh
+    array for each operation); the comments above them hold the plain NumPy lines, and these are what the
+    code computes, bit for bit, on one thread and on several (the same operations in the same order)."""
+    x, dy = rand((64, 16, 96), 21, dtype, scale=3.0), rand((64, 16, 96), 22, dtype)
+    with backend.thread_count(threads):
+        gelu = GELU("tanh")
+        y = gelu(x)
+        dx = gelu.backward(dy)
+    y_plain, cdf, t = plain_gelu_tanh(x)
+    assert same_bytes(y, y_plain)
+    assert same_bytes(dx, plain_gelu_tanh_backward(dy, x, cdf, t))
+    B, H, T, dk = 8, 4, 100, 24
+    Q, K, U, dO = (rand((B, H, T, dk), seed, dtype) for seed in (23, 24, 25, 26))
+    for keep in (None, ~np.triu(np.ones((T, T), dtype=bool), k=1)[None, None],
+                 (np.arange(T)[None, :] < np.array([T, 1, 50, 0, 7, T, 3, 99])[:, None])[:, None, None, :]):
+        with backend.thread_count(threads):
+            O, P = scaled_dot_product_attention(Q, K, U, keep)
+            grads = scaled_dot_product_attention_backward(dO, Q, K, U, P)
+        assert_all_same_bytes(plain_attention(Q, K, U, keep, dO), (O, P) + tuple(grads))
 
 
 def test_softmax_and_its_backward_threaded_are_bit_identical(splits):

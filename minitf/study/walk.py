@@ -108,7 +108,7 @@ EMBEDDING = (Embedding.backward, "backend.add_at_rows(")
 def activation_line(activation):
     """(function, snippet) of the line of ``activation``'s backward that computes dx, None for an unknown one."""
     snippets = {ReLU: "dy * (y > 0)", SiLU: "return dy * (s + x * ds_dx)",
-                GELU: "return dy * (cdf + 0.5" if getattr(activation, "approximate", None) == "tanh"
+                GELU: "return dy * dy_dx" if getattr(activation, "approximate", None) == "tanh"
                 else "return dy * (cdf + x * pdf)"}
     snippet = snippets.get(type(activation))
     # the line lives in the per-row function the backward runs on threads (minitf.backend.by_rows), if it has one
