@@ -45,11 +45,11 @@ float32 rounding, printed). The step's model is the same random model with its e
 into a second folder). minitf also trains the output bias, which transformers keeps as a buffer (58,101
 numbers of 74 million).
 
-Method (as ``benchmarks/gpt_step.py --in-process``): one process, minitf and transformers alternating (each round times a
-whole translation of the sentences, or one step, of each), after a warm-up (the first batch's first 8
+Method (as ``benchmarks/gpt_step.py --in-process``): one process, minitf and transformers alternating (each round
+times a whole translation of the sentences, or one step, of each), after a warm-up (the first batch's first 8
 sentences translated; ``--warmup`` steps); PyTorch gets as many threads (``torch.set_num_threads``) as NumPy's
-BLAS has. Prints the machine, then per part the median and spread of each framework, the ratio of the medians
-and the spread of the per-round ratios. The process's malloc keeps freed memory for reuse, as train.py's and
+BLAS has. Prints the machine, then per part the median and spread of each framework, the ratio of the medians and
+the spread of the per-round ratios. The process's malloc keeps freed memory for reuse, as train.py's and
 minitf.translate's do.
 """
 import argparse
