@@ -1,6 +1,7 @@
 """Where the milliseconds of one minitf training step go: per-layer forward and backward.
 
     python benchmarks/layer_profile.py --config base [--steps 5]
+    python benchmarks/layer_profile.py --gpt default           # the GPT's step (benchmarks/gpt_step.py's shapes)
 
 Every module of the model gets its ``forward`` and ``backward`` wrapped (on the
 instance, the classes are untouched) with a timer that charges each call its *own*
@@ -23,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import minitf  # noqa: E402
 minitf.backend.keep_freed_memory()  # as train.py runs (no page faults for each fresh temporary)
 from minitf import backend  # noqa: E402
-from benchmarks.common import CONFIGS, MinitfStep, load_reference, make_batch  # noqa: E402
+from benchmarks.common import CONFIGS, GPT_SHAPES, MinitfGPTStep, MinitfStep, load_reference, make_batch  # noqa: E402
 
 
 class Timers:
@@ -67,8 +68,9 @@ def instrument(lib, model, loss_fn, optimizer, timers):
 
 
 def _profiled_step(lib, c, batch):
-    """An instrumented training step of ``lib``'s model (``MinitfStep``), its timers, and an undo."""
-    step = MinitfStep(c, batch, lib=lib)
+    """An instrumented training step of ``lib``'s model (``MinitfStep``, or ``MinitfGPTStep`` for a GPT shape),
+    its timers, and an undo."""
+    step = MinitfGPTStep(c, lib=lib) if c.get("kind") == "gpt" else MinitfStep(c, batch, lib=lib)
     timers = Timers()
     originals = instrument(lib, step.model, step.loss_fn, step.optimizer, timers)
 
@@ -135,17 +137,20 @@ def main(argv=None):
     parser.add_argument("--config", choices=list(CONFIGS), default="base")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--ref", help="also profile this git revision, alternating (before / after)")
+    parser.add_argument("--gpt", choices=list(GPT_SHAPES), help="profile the GPT's step of this shape instead")
     args = parser.parse_args(argv)
-    c = CONFIGS[args.config]
+    c = CONFIGS[args.config] if args.gpt is None else dict(GPT_SHAPES[args.gpt], kind="gpt")
+    if args.gpt:
+        args.config = f"GPT {args.gpt}"
     print(f"{args.config}: median of {args.steps} steps, load average {os.getloadavg()[0]:.2f}, "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}\n")
     if args.ref is None:
-        print_table(*profile(c, make_batch(c), args.steps))
+        print_table(*profile(c, None if args.gpt else make_batch(c), args.steps))
         return
     import tempfile
     with tempfile.TemporaryDirectory() as folder:
         minitf_ref = load_reference(args.ref, folder)
-        before, after = profile(c, make_batch(c), args.steps, libs=(minitf_ref, minitf))
+        before, after = profile(c, None if args.gpt else make_batch(c), args.steps, libs=(minitf_ref, minitf))
     print_comparison(before, after, args.ref)
 
 
