@@ -51,7 +51,7 @@ def keep_freed_memory():
     on first touch (measured on 2 cores: a default-preset step 372 -> 297 ms). Never
     trimming matters once a step's temporaries pass 1 GiB (SmolLM2-135M's step: 230,000 page
     faults a step with a 1 GiB trim threshold, none without; 5.2 -> 4.2 s). Called by
-    train.py and minitf.translate, not on import. Linux/glibc only; returns True where it
+    train.py, translate, generate and inspect, not on import. Linux/glibc only; returns True where it
     took effect. The process's memory then stays near its peak."""
     import ctypes
     import ctypes.util

@@ -209,13 +209,19 @@ def check_ids(ids, name, vocab_size):
 # --------------------------------------------------------------------------- #
 # The whole model (paper section 3, figure 1)
 # --------------------------------------------------------------------------- #
-def check_sizes(config, names):
-    """A model config's sizes: each of ``names`` a positive integer, and d_model a multiple of num_heads (the
-    heads split it); a ValueError naming the first that is not. Shared by TransformerConfig and GPTConfig."""
+def check_positive_ints(config, names):
+    """Each of ``names`` of a model config a positive integer (not a bool); a ValueError naming the first that is
+    not. Shared by TransformerConfig, GPTConfig and LlamaConfig."""
     for name in names:
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_sizes(config, names):
+    """A model config's sizes: each of ``names`` a positive integer, and d_model a multiple of num_heads (the
+    heads split it); a ValueError naming the first that is not. Shared by TransformerConfig and GPTConfig."""
+    check_positive_ints(config, names)
     if config.d_model % config.num_heads != 0:
         raise ValueError(f"d_model must be divisible by num_heads, got d_model={config.d_model}, "
                          f"num_heads={config.num_heads}")

@@ -5,6 +5,7 @@ import dataclasses
 import math
 
 from minitf.rotary import LLAMA3_KEYS
+from minitf.transformer import check_positive_ints
 
 
 def _is_int(value):
@@ -44,11 +45,8 @@ class LlamaConfig:
     eos_token_id: int | tuple | None = None
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
-                     "max_position_embeddings"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"LlamaConfig: {name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
+                                   "max_position_embeddings"))
         if self.head_dim is not None and (not _is_int(self.head_dim) or self.head_dim < 1):
             raise ValueError(f"LlamaConfig: head_dim must be a positive integer or None, got {self.head_dim!r}")
         if self.head_dim is None and self.d_model % self.num_heads:

@@ -518,8 +518,8 @@
     const figure = h("figure", {"data-chart": "embedding"}, parent);
     h("h3", {}, figure, gpt ? "Which tokens the loss is most sensitive to" : "Which source tokens the loss is most sensitive to");
     h("p", {class: "caption"}, figure, "|dL/d(embedding row)| at each " + (gpt ? "position" : "source position") +
-      ": the gradient that reaches the embedding of the token read there (× the embedding's scale, as " +
-      "Embedding.backward adds it into the tied matrix). A taller bar: a small change of that token's vector moves the loss more." +
+      ": the gradient Embedding.backward adds into the embedding row of the token read there (dy times the " +
+      "embedding's scale: √d_model where the model scales its embeddings, as the paper's does, else 1). A taller bar: a small change of that token's vector moves the loss more." +
       (ex.embedding_grad.note ? " " + ex.embedding_grad.note : ""));
     const bar = Math.max(10, Math.min(36, Math.floor(560 / tokens.length)));
     const m = {l: 70, r: 10, t: 10, b: 90}, W = m.l + bar * tokens.length + m.r, H = 300;
