@@ -176,7 +176,7 @@ def shared_validation(folder, out):
         if trainer is None:
             continue
         sources = trainer.corpus.text["valid"][0]
-        record = trainer.validate(len(sources), beam=1, samples=0, model_name=name)
+        record = trainer.validate(bleu_sentences=len(sources), samples=0, model_name=name)
         result[name] = {"greedy": trainer.translate_shared(sources, 1), "beam": trainer.translate_shared(sources, 2)}
         if world.is_root:
             result[name].update(bleu=record["bleu"], bleu_stats=record["bleu_stats"].tolist())

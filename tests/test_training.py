@@ -141,10 +141,10 @@ def test_the_end_reserve_follows_measured_validations(monkeypatch):
     monkeypatch.setattr(trainer_module, "clock", FakeClock())
     monkeypatch.setattr(trainer_module, "_command_start", None)
     wall = WallBudget(10)
-    assert wall.end_reserve(500, 500, beam=4) == pytest.approx(0.08 * 600 + WallBudget.MARGIN_SECONDS)
+    assert wall.end_reserve(500, 500, test_cost=2.0) == pytest.approx(0.08 * 600 + WallBudget.MARGIN_SECONDS)
     wall.note_validation(20.0, 200)   # 0.1 s per sentence
-    expected = 20.0 + 2 * 0.1 * 500 + 0.1 * 500 * WallBudget.BEAM_FACTOR + WallBudget.MARGIN_SECONDS
-    assert wall.end_reserve(500, 500, beam=4) == pytest.approx(expected)
+    expected = 20.0 + 2 * 0.1 * 500 + 0.1 * 500 * 2.0 + WallBudget.MARGIN_SECONDS
+    assert wall.end_reserve(500, 500, test_cost=2.0) == pytest.approx(expected)
     assert not wall.over(expected)
     trainer_module.clock.t += 600 - expected
     assert wall.over(expected)

@@ -123,7 +123,7 @@ class LanguageModelTrainer(Trainer):
         ids = generate(self.model, prompt[None, :], new, temperature=0.8, top_k=40, seed=0)[0]
         return decode_ids(self.tokenizer, prompt), decode_ids(self.tokenizer, ids[prompt.size:])
 
-    def validate(self, bleu_sentences=0, beam=1, bar=None, split="valid", samples=1, model_name=None):
+    def validate(self, bar=None, split="valid", samples=1, model_name=None):
         """Loss, perplexity and bits per character (nll summed / characters of the text, in bits) on
         ``split``, logged and written to metrics.jsonl, with a sample; rank 0 returns the record, the others {}."""
         started = base.clock()

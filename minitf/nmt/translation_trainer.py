@@ -50,6 +50,8 @@ def load_tokenizer(path):
 class TranslationTrainer(Trainer):
     """A run of ``python train.py`` (the default ``--model transformer``): ``corpus`` is a
     :class:`minitf.nmt.data.Corpus` or :class:`minitf.nmt.data.IndexedCorpus`."""
+    #: Beam search costs about this many times a greedy decode of the same sentences (the end's time estimate).
+    BEAM_FACTOR = 2.0
 
     def build_model(self):
         """The model of this run (translation: the encoder-decoder Transformer; fine-tuning: the Marian folder's,
@@ -94,7 +96,8 @@ class TranslationTrainer(Trainer):
         n_test = len(self.corpus.text["test"][0]) if "test" in self.corpus.text else 0
         # a third candidate model at the end when validation perplexity has turned up
         candidates = 3 if self.valid_ppl and min(self.valid_ppl.values()) < self.valid_ppl[max(self.valid_ppl)] else 2
-        return self.budget.end_reserve(n_valid, n_test, self.config.beam, candidates)
+        test_cost = self.BEAM_FACTOR if self.config.beam > 1 else 1.0
+        return self.budget.end_reserve(n_valid, n_test, test_cost, candidates)
 
     def _out_of_memory(self, update):
         self.model.clear_saved()
@@ -148,9 +151,12 @@ class TranslationTrainer(Trainer):
             hypotheses[rank::world.size] = share
         return hypotheses
 
-    def validate(self, bleu_sentences, beam, bar=None, split="valid", samples=3, model_name=None):
-        """Loss, perplexity and (``bleu_sentences`` > 0) BLEU on ``split``, logged and written to
-        metrics.jsonl. Every rank evaluates and decodes a share; rank 0 returns the record, the others {}."""
+    def validate(self, bar=None, split="valid", samples=3, model_name=None, bleu_sentences=None, beam=1):
+        """Loss, perplexity and (``bleu_sentences`` > 0; None: the run's --bleu-sentences) BLEU with ``beam`` on
+        ``split``, logged and written to metrics.jsonl. Every rank evaluates and decodes a share; rank 0 returns
+        the record, the others {}."""
+        if bleu_sentences is None:
+            bleu_sentences = self.config.bleu_sentences
         started = base.clock()
         loss, ppl = self.evaluate_loss(split)
         record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3))
@@ -219,7 +225,7 @@ class TranslationTrainer(Trainer):
         for name, path in plan:  # pick on validation BLEU (greedy, quick), report test with beam
             self.model.load_state_dict(last if name == "last" else ckpt.read_checkpoint(path)["params"])
             # on the whole validation set: on 200 sentences the choice flipped between identical runs
-            record = self.validate(len(self.corpus.text["valid"][0]), beam=1, samples=0, model_name=name)
+            record = self.validate(bleu_sentences=len(self.corpus.text["valid"][0]), samples=0, model_name=name)
             self.log(f"  ({name})")
             stats.append(record.get("bleu_stats"))
         chosen = world.bcast_object(self._choose([n for n, _ in plan], stats) if world.is_root else None)
@@ -230,7 +236,8 @@ class TranslationTrainer(Trainer):
                 pathlib.Path("checkpoints") / pathlib.Path(path).name)})
         if "test" in self.corpus.text:
             start = time.perf_counter()
-            record = self.validate(len(self.corpus.text["test"][0]), beam=config.beam, split="test", samples=5)
+            record = self.validate(bleu_sentences=len(self.corpus.text["test"][0]), beam=config.beam, split="test",
+                                   samples=5)
             if world.is_root:
                 self.log(f"test BLEU {record['bleu']:.2f} with the {name} model (beam {config.beam}, alpha "
                          f"{config.alpha}, {time.perf_counter() - start:.0f} s to translate "

@@ -9,9 +9,11 @@ and llm.c's ``gpt2_update``) serves N ranks of ``mpiexec``, K accumulated batche
 (``--accumulate``) and Adam's moments sharded over the ranks (``--zero 1``): it takes K
 consecutive batches of the global batch list (the same on every rank: it depends only on
 (seed, epoch)), each rank runs its token-balanced share of each batch, and each
-micro-batch's gradient is scaled by its non-pad target tokens / those of the whole update,
-so one sum over ranks gives the gradient of the loss averaged over the update's tokens,
-whatever N and K. Resuming is exact: dropout is re-seeded from (seed, step) before every
+micro-batch's gradient is scaled by its tokens that carry loss (translation's target tokens,
+a masked language model's masked positions) / those of the whole update, so one sum over
+ranks gives the gradient of the loss averaged over the update's tokens, whatever N and K.
+A model's auxiliary losses (a mixture of experts' load balance) are added with their
+coefficients and logged apart. Resuming is exact: dropout is re-seeded from (seed, step) before every
 step, so a checkpoint needs only the parameters, Adam's moments and the position in the data.
 """
 import dataclasses
@@ -50,11 +52,13 @@ def micro_batch_seed(seed, step, rank, j, accumulate):
 @dataclasses.dataclass
 class UpdateResult:
     """What one update measured (host numbers: the logged scalars)."""
-    loss: float            # label-smoothed loss averaged over the update's non-pad target tokens
+    loss: float            # the loss averaged over the update's tokens that carry loss (+ the auxiliary losses)
     nll_sum: float         # unsmoothed negative log-likelihood summed over them (for perplexity)
     tokens: float          # non-pad target tokens of the update, all ranks
     grad_norm: float       # global gradient norm before clipping (nan when the loss was not finite)
     nonfinite: str = None  # None, "loss", "gradients" or (fp16) "overflow": the update was skipped
+    aux: dict = dataclasses.field(default_factory=dict)  # each auxiliary loss averaged as the loss is (logged
+    #                        apart; ``loss`` holds them times their coefficients)
 
 
 #: exp() of a per-token NLL above this overflows into meaningless numbers early in training
@@ -184,9 +188,8 @@ class WallBudget:
     """Wall seconds spent by a run and what is left of ``--max-minutes`` (None: no budget), the whole
     command from its start to its last line. Training stops early enough for the end, whose cost is
     estimated from the measured periodic validations (the end decodes the validation set per candidate
-    model and the test set with beam search): a slower machine stops sooner instead of overrunning."""
-    #: Beam search costs about this many times a greedy decode of the same sentences.
-    BEAM_FACTOR = 2.0
+    model and the test set, which a kind may evaluate at a higher cost per sentence: translation's beam search):
+    a slower machine stops sooner instead of overrunning."""
     #: Seconds added to the estimate for saving, averaging and the examples.
     MARGIN_SECONDS = 10.0
     #: Before any validation was timed: reserve this share of the budget for the end.
@@ -208,15 +211,16 @@ class WallBudget:
         self.validation_seconds = float(seconds)
         self.seconds_per_sentence = float(seconds) / max(int(sentences), 1)
 
-    def end_reserve(self, n_valid, n_test, beam, candidates=2):
-        """Seconds to keep for what follows training: one more periodic validation, a greedy decode
-        of the ``n_valid`` sentences per candidate model, the test set with ``beam``, a margin."""
+    def end_reserve(self, n_valid, n_test, test_cost=1.0, candidates=2):
+        """Seconds to keep for what follows training: one more periodic validation, an evaluation of the
+        ``n_valid`` sentences per candidate model, the test set's ``n_test`` at ``test_cost`` times a validation
+        sentence's time, a margin."""
         if self.limit is None:
             return 0.0
         if self.seconds_per_sentence is None:
             return self.UNMEASURED_SHARE * self.limit + self.MARGIN_SECONDS
         per = self.seconds_per_sentence
-        test = per * n_test * (self.BEAM_FACTOR if beam > 1 else 1.0)
+        test = per * n_test * test_cost
         return self.validation_seconds + candidates * per * n_valid + test + self.MARGIN_SECONDS
 
     def over(self, reserve):
@@ -322,12 +326,38 @@ class Trainer:
 
     def epoch_batches(self):
         """(batches, lengths) of this epoch: the global batch list (index arrays, the same on every rank,
-        from (seed, epoch)) and the host arrays (source, target) of tokens per item that weigh the ranks'
-        shares and the update's mean."""
+        from (seed, epoch)) and what measures its items (by default the host arrays (input, target) of tokens per
+        item: :meth:`rank_items` and :meth:`loss_tokens` read them)."""
         raise NotImplementedError
 
+    def rank_items(self, index, lengths):
+        """This rank's items of the batch ``index``: about 1/ranks of its input + target tokens each."""
+        return rank_share(index, *lengths, self.world.size, self.world.rank)
+
+    def loss_tokens(self, index, lengths):
+        """The tokens that carry loss in the batch ``index``, every rank's items (a host number: the update's mean
+        divides by their sum over its batches). By default every target token; a masked language model counts
+        its masked positions."""
+        return int(lengths[1][np.asarray(index)].sum())
+
     def forward_loss(self, share):
-        """The loss of the training items ``share`` (index array) of this epoch."""
+        """The loss of the training items ``share`` (index array) of this epoch: its ``loss_fn`` holds the tokens
+        that carried it (``num_tokens``) and their summed negative log-likelihood (``nll_sum``)."""
+        raise NotImplementedError
+
+    def auxiliary_coefficients(self):
+        """{name: coefficient} of the auxiliary losses this run's model reports after every forward (a mixture of
+        experts' load balance): the update adds coefficient x loss to the loss, logs each loss apart and calls
+        :meth:`backward_auxiliary`. None by default."""
+        return {}
+
+    def auxiliary_losses(self):
+        """{name: value} (host numbers) of the auxiliary losses of the last :meth:`forward_loss`."""
+        return {}
+
+    def backward_auxiliary(self, scale):
+        """Add ``scale`` x the gradient of sum(coefficient x loss) of :meth:`auxiliary_losses` into the
+        parameters' gradients (after the model's backward of the same micro-batch)."""
         raise NotImplementedError
 
     def end_reserve(self):
@@ -338,9 +368,10 @@ class Trainer:
         """The StepOutOfMemory to raise for ``update`` (after freeing the step's caches)."""
         raise NotImplementedError
 
-    def validate(self, bleu_sentences, beam, bar=None, split="valid", samples=3, model_name=None):
-        """Evaluate on ``split``, log, write metrics.jsonl; a periodic validation (``split`` "valid", no
-        ``model_name``) records ``valid_ppl[step]`` on every rank. Rank 0 returns the record, the others {}."""
+    def validate(self, bar=None, split="valid", samples=3, model_name=None):
+        """Evaluate on ``split`` as the kind does (its own measures: translation's BLEU with its settings), log,
+        write metrics.jsonl; a periodic validation (``split`` "valid", no ``model_name``) records
+        ``valid_ppl[step]`` on every rank. Rank 0 returns the record, the others {}."""
         raise NotImplementedError
 
     def finish(self, final):
@@ -353,39 +384,46 @@ class Trainer:
         return self.optimizer.hi - self.optimizer.lo < self.optimizer.flat.data.size
 
     def update(self, batches, lengths):
-        """One update on ``batches`` (K lists of sentence indices of the global batch list), given this
-        epoch's ``lengths`` (source, target): forward and backward of this rank's share of each batch,
-        the gradient summed over ranks, clipping, Adam; returns an :class:`UpdateResult`. A non-finite
-        loss skips backward, non-finite gradients skip Adam (parameters and moments untouched); with
-        fp16 they are a loss-scale overflow: the scale halves and the update is skipped."""
+        """One update on ``batches`` (K lists of item indices of the global batch list), given this epoch's
+        ``lengths`` (:meth:`epoch_batches`): forward and backward of this rank's share of each batch, the gradient
+        summed over ranks, clipping, Adam; returns an :class:`UpdateResult`. A non-finite loss skips backward,
+        non-finite gradients skip Adam (parameters and moments untouched); with fp16 they are a loss-scale
+        overflow: the scale halves and the update is skipped."""
         # overflow is checked below and reported once, not as numpy warnings
         with backend.host.errstate(over="ignore", invalid="ignore", divide="ignore"):
             return self._update(batches, lengths)
 
     def _update(self, batches, lengths):
         c, world, opt, model, loss_fn = self.config, self.world, self.optimizer, self.model, self.loss_fn
-        src_lens, tgt_lens = lengths
-        total = float(sum(int(tgt_lens[np.asarray(b)].sum()) for b in batches))  # target tokens + EOS, all ranks
+        total = float(sum(self.loss_tokens(b, lengths) for b in batches))  # tokens that carry loss, all ranks
         opt.zero_grad()
-        stats = np.zeros(3)  # sum of loss * weight, sum of nll, tokens: host numbers, logged
+        coefficients = self.auxiliary_coefficients()
+        names = sorted(coefficients)
+        stats = np.zeros(3 + len(names))  # sum of loss * weight, sum of nll, tokens, each aux loss * weight: logged
         for j, index in enumerate(batches):
-            share = rank_share(index, src_lens, tgt_lens, world.size, world.rank)
+            share = self.rank_items(index, lengths)
             if share.size == 0:
                 continue
             backend.manual_seed(micro_batch_seed(c.seed, self.step, world.rank, j, len(batches)))
             loss = self.forward_loss(share)
             weight = loss_fn.num_tokens / total  # this share's part of the update's mean (1.0 for one batch)
-            stats += (loss * weight, loss_fn.nll_sum, loss_fn.num_tokens)
+            aux = self.auxiliary_losses() if names else {}
+            stats += (loss * weight, loss_fn.nll_sum, loss_fn.num_tokens, *(aux[k] * weight for k in names))
             if not math.isfinite(loss):
                 model.clear_saved()
                 loss_fn.clear_saved()  # its (B, T, V) cache too
                 continue
-            model.backward(loss_fn.backward(weight * (opt.scale if self.mixed else 1.0)))  # grads add up
+            scale = weight * (opt.scale if self.mixed else 1.0)
+            model.backward(loss_fn.backward(scale))  # grads add up
+            if names:
+                self.backward_auxiliary(scale)
         if world.size > 1:
             stats = world.sum_host(stats)
-        loss, nll_sum, tokens = (float(s) for s in stats)
+        loss, nll_sum, tokens = (float(s) for s in stats[:3])
+        aux = {k: float(v) for k, v in zip(names, stats[3:])}
+        loss += sum(coefficients[k] * v for k, v in aux.items())  # what the gradient is the gradient of
         if not math.isfinite(loss):  # the same on every rank: all skip the update
-            return UpdateResult(loss, nll_sum, tokens, float("nan"), "loss")
+            return UpdateResult(loss, nll_sum, tokens, float("nan"), "loss", aux)
         grads = opt.unscale_grads() if self.mixed else opt.flat.grad  # float32 (fp16: / scale)
         if self.sharded:  # ZeRO-1: this rank gets the sum of its shard only
             grads = self.collectives.reduce_scatter(grads)
@@ -400,11 +438,11 @@ class Trainer:
         finite = math.isfinite(grad_norm)
         if self.mixed:
             return UpdateResult(loss, nll_sum, tokens, grad_norm,
-                                None if opt.update(finite, grads if self.sharded else None) else "overflow")
+                                None if opt.update(finite, grads if self.sharded else None) else "overflow", aux)
         if not finite:
-            return UpdateResult(loss, nll_sum, tokens, grad_norm, "gradients")
+            return UpdateResult(loss, nll_sum, tokens, grad_norm, "gradients", aux)
         opt.step(grads if self.sharded else None)
-        return UpdateResult(loss, nll_sum, tokens, grad_norm)
+        return UpdateResult(loss, nll_sum, tokens, grad_norm, aux=aux)
 
     def finished(self):
         """Every rank stops at the same step: finished if any rank is; a signal seen by any rank
@@ -455,6 +493,7 @@ class Trainer:
                                    ppl=round(ppl, 3), lr=lr, tokens=int(result.tokens),
                                    tokens_per_s=round(tokens_per_s, 1), elapsed=round(self.elapsed, 2),
                                    grad_norm=round(result.grad_norm, 4),
+                                   **{f"aux_{k}": round(v, 6) for k, v in result.aux.items()},
                                    **(dict(loss_scale=self.optimizer.scale, overflows=self.optimizer.overflows)
                                       if self.mixed else {}))
                 if bar is not None:
@@ -465,7 +504,7 @@ class Trainer:
                 if now - window_start > 30:
                     window_tokens, window_start = 0, now
                 if self.step % c.eval_every == 0:
-                    self.validate(c.bleu_sentences, beam=1, bar=bar)
+                    self.validate(bar=bar)
                 if self.step % c.save_every == 0:
                     self.save()
             if self.batch_in_epoch >= len(batches):
