@@ -45,7 +45,7 @@ MAX_CURVE_POINTS = 2000
 class Loaded:
     """A model ready to inspect: the one loader's :class:`minitf.training.kind.Loaded` (``model``, ``tokenizer``,
     ``source``, ``run_dir``, ``step``, ``context``, ``context_why``) with what the page needs, each asked of its
-    model kind: ``kind`` the page it draws ("translation" or "gpt": one text, each next token; ``Kind.page``),
+    model kind: ``page`` what the page draws and calls things (``Kind.page``, a :class:`minitf.training.kind.Page`),
     ``parts`` what the page's numbers read of the model (its walk, attention and embedding: ``Kind.page_parts``),
     ``name`` and ``layout`` (``Kind.describe_model``), ``piece(id)`` a token's text as the model sees it,
     ``facts()`` [(label, value)] for the page's header."""
@@ -56,7 +56,7 @@ class Loaded:
             raise UsageError(f"{loaded.source} holds a {loaded.kind.name} model, which the inspection page does not "
                              f"draw yet (it draws translation models and GPTs); {use}")
         self.loaded = loaded
-        self.model, self.tokenizer, self.kind, self.source = loaded.model, loaded.tokenizer, loaded.kind.page, \
+        self.model, self.tokenizer, self.page, self.source = loaded.model, loaded.tokenizer, loaded.kind.page, \
             loaded.source
         self.context, self.context_why, self.run_dir, self.step = loaded.context, loaded.context_why, \
             loaded.run_dir, loaded.step
@@ -65,7 +65,7 @@ class Loaded:
         # the checkpoints a run's averaged model was made of (its meta.json)
         self.averaged_from = (loaded.meta or {}).get("averaged_from")
         self.piece, self.source_piece = piece_function(self.tokenizer, target=True), piece_function(self.tokenizer)
-        if self.kind == "translation":  # the ids the decoder starts and ends with: the model's (Marian), else the tokenizer's
+        if self.page.pairs:  # the ids the decoder starts and ends with: the model's (Marian), else the tokenizer's
             config = self.model.config
             self.bos_id = config.decoder_start_id if config.decoder_start_id is not None else self.tokenizer.bos_id
             self.eos_id = config.eos_id if config.eos_id is not None else self.tokenizer.eos_id
@@ -170,7 +170,7 @@ class Inspector:
         unknown = unknown_characters(loaded.tokenizer, text + (reference or ""))
         notes = [f"{where} has characters the tokenizer does not know: {' '.join(unknown)} (each became its "
                  "unknown token, which the model reads as one token without meaning)"] if unknown else []
-        if loaded.kind == "gpt":
+        if not loaded.page.pairs:  # one text, each next token
             ids = self._encode(text, where)
             if len(ids) < 2:
                 raise DataError(f"{where} is one token; a language model needs at least 2 to score a next token")
@@ -211,9 +211,9 @@ class Inspector:
 # --------------------------------------------------------------------------- #
 # The run's curves
 # --------------------------------------------------------------------------- #
-def read_curves(run_dir, kind):
-    """The curves of a run's metrics.jsonl for the page (None when it has no training record); a torn or
-    foreign line is skipped."""
+def read_curves(run_dir, page):
+    """The curves of a run's metrics.jsonl for the page (None when it has no training record), named as the kind's
+    ``page`` (a :class:`minitf.training.kind.Page`) names them; a torn or foreign line is skipped."""
     path = pathlib.Path(run_dir) / "metrics.jsonl"
     train, valid = [], []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -231,12 +231,9 @@ def read_curves(run_dir, kind):
         return None
     stride = -(-len(train) // MAX_CURVE_POINTS)
     train = train[::stride]
-    score = "bleu" if kind == "translation" else "ppl"
-    return {"path": str(path),
-            "loss_name": "label-smoothed cross-entropy" if kind == "translation" else "cross-entropy",
-            "score_name": "BLEU (validation)" if kind == "translation" else "perplexity (validation)",
-            "score_caption": ("Corpus BLEU of the run's validation sentences, translated by the model of that step."
-                              if kind == "translation" else "exp(validation cross-entropy): lower is better."),
+    score = page.score
+    return {"path": str(path), "loss_name": page.loss_name, "score_name": page.score_name,
+            "score_caption": page.score_caption,
             "train": {"step": [r["step"] for r in train], "loss": [r["loss"] for r in train],
                       "lr": [r.get("lr") if _finite(r.get("lr")) else None for r in train]},
             "valid": {"step": [r["step"] for r in valid], "loss": [r["loss"] for r in valid],
@@ -259,14 +256,15 @@ def walk_command(kind):
 def page_data(loaded, examples, warnings=(), error=None, serve=None, read_run=True):
     """The JSON of a whole page (see :func:`minitf.study.inspection.page.render`); ``read_run=False``: no run file is
     read (the server's error page: the error may be that file)."""
-    curves = read_curves(loaded.run_dir, loaded.kind) if loaded.run_dir is not None and read_run else None
+    curves = read_curves(loaded.run_dir, loaded.page) if loaded.run_dir is not None and read_run else None
     note = ("No training curves on an error page." if not read_run else
             "No training curves: a Hugging Face folder has no metrics.jsonl." if loaded.run_dir is None and
             is_hugging_face_folder(loaded.source) else
             "No training curves: the checkpoint was given without its run folder's metrics.jsonl." if curves is None
             and loaded.run_dir is None else "No training curves: the run's metrics.jsonl has no training step yet.")
     title = f"minitf inspect: {loaded.name} ({loaded.layout})"
-    return {"title": title, "model": {"kind": loaded.kind, "layout": loaded.layout, "facts": loaded.facts(),
+    return {"title": title, "model": {"kind": loaded.page.layout, "text_label": loaded.page.text_label,
+                                      "layout": loaded.layout, "facts": loaded.facts(),
                                       "walk_command": walk_command(loaded.loaded.kind)},
             "examples": examples, "warnings": list(warnings), "error": error, "serve": serve,
             "curves": curves, "curves_note": None if curves else note}
@@ -347,8 +345,8 @@ def run(argv=None):
     check_out(args.out)
     sentences = read_sentences(args)
     loaded = load(args.checkpoint, warn)
-    if args.reference is not None and loaded.kind == "gpt":
-        raise UsageError("--reference is for a translation model; a GPT scores the text's own next tokens")
+    if args.reference is not None and not loaded.page.pairs:
+        raise UsageError(f"--reference is for a translation model; {loaded.page.no_reference}")
     inspector = Inspector(loaded, args.max_tokens, args.beam)
     examples, warnings = [], []
     for text, where in sentences:
@@ -371,7 +369,7 @@ def run(argv=None):
 def serve(args, warn):
     loaded = load(args.checkpoint, warn)
     inspector = Inspector(loaded, args.max_tokens, args.beam)
-    form = {"max_chars": args.max_chars, "reference": loaded.kind == "translation"}
+    form = {"max_chars": args.max_chars, "reference": loaded.page.pairs}
 
     def page(query, examples=(), warnings=(), error=None):
         shown = dict(form, text=query.get("text", ""), reference_text=query.get("reference", ""))
@@ -382,8 +380,8 @@ def serve(args, warn):
         if text is None:
             return 200, page(query)
         reference = query.get("reference") or None
-        if reference is not None and loaded.kind == "gpt":
-            raise BadRequest("a reference is for a translation model; a GPT scores the text's own next tokens")
+        if reference is not None and not loaded.page.pairs:
+            raise BadRequest(f"a reference is for a translation model; {loaded.page.no_reference}")
         try:
             example, notes = inspector.example(text, reference, "the sentence")
         except DataError as error:

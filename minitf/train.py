@@ -15,30 +15,77 @@ import sys
 import time
 
 from minitf import backend, kinds
-from minitf.optim import OPTIMIZERS
 from minitf.training import checkpoint as ckpt, files, trainer as training
-from minitf.training.config import INVOCATION_OPTIONS, PRECISIONS, RESUME_CHANGEABLE, RUN_OPTIONS, RunConfig
+from minitf.training.config import RunConfig, options
 from minitf.training.distributed import get_world, launched_by_mpi
 from minitf.training.download import DEFAULT_CACHE, sigterm_raises
-from minitf.training.errors import CheckpointError, Interrupted, OneLineParser, UsageError, positive, report_errors
+from minitf.training.errors import (CheckpointError, Interrupted, OneLineParser, UsageError, non_negative, positive,
+                                   report_errors)
 from minitf.training.files import check_output_folder, check_resumable, file_sha256
 from minitf.training.task import default, log
 
 #: The models, by ``--model``: every kind's task (minitf.kinds), the first the default.
 TASKS = {kind.name: kind.task() for kind in kinds.every()}
-#: The flags of every model that name the model, recipe or data of a run: refused with --resume (with the tasks'
-#: own, :attr:`minitf.training.task.Task.resume_fixed`).
-RESUME_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
-                "pre_norm", "vocab_size", "max_len", "warmup", "label_smoothing", "bpe_dropout", "seed", "preset",
-                "precision", "corpus_dir", "prepare_again", "model", "init_from", "optimizer")
-#: The flags of every model copied into a new run's config (with the tasks' own, ``Task.config_flags``).
-CONFIG_FLAGS = ("d_model", "num_heads", "d_ff", "dropout", "pre_norm", "vocab_size", "warmup", "lr_scale",
-                "max_tokens", "max_minutes", "max_steps", "epochs", "max_len", "seed", "label_smoothing",
-                "bpe_dropout", "clip_norm", "optimizer", "skip_nonfinite", "precision", "accumulate", "zero",
-                "model") + RUN_OPTIONS  # and each task's config_flags
+#: The command's own options, which no run config holds, and whether ``--resume`` takes them (--out only as the
+#: run's folder): every other option is a run-config field (its declaration says) or a kind's data (refused).
+COMMAND_OPTIONS = {"model": False, "preset": False, "num_layers": False, "init_from": False, "corpus_dir": False,
+                   "prepare_again": False, "device": True, "out": True, "resume": True, "no_progress": True,
+                   "cache_dir": True}
+#: The argparse type of each declared ``type`` (minitf.training.config.option).
+FLAG_TYPES = {"positive int": positive(int), "positive float": positive(float), "int": int, "float": float,
+              "non-negative": non_negative, "str": str}
 
 
-def build_parser():
+def declared_flags(kind=None):
+    """{dest: (flag, argparse keywords, group)} of the run-config fields of ``kind`` (None: the shared ones) that
+    have a flag."""
+    flags = {}
+    for name, field in options(RunConfig if kind is None else kind.run_config).items():
+        m = field.metadata
+        if not m["flag"]:
+            continue
+        keywords = dict(default=m["flag_default"])
+        if m["action"]:
+            keywords["action"] = m["action"]
+        else:
+            keywords.update({k: v for k, v in (("type", FLAG_TYPES.get(m["type"])), ("choices", m["choices"]),
+                                               ("metavar", m["metavar"])) if v is not None})
+        if m["help"]:
+            keywords["help"] = m["help"].replace("{default}", default(name, kind)) if "{default}" in m["help"] else m["help"]
+        flags[name] = ("--" + name.replace("_", "-"), keywords, m["group"])
+    return flags
+
+
+class _Flags:
+    """The one parser as each kind adds its flags to it: a flag two kinds declare (the language models' --block-size,
+    --train-text) is added once and belongs to both; :attr:`owners` maps each dest to the kinds it belongs to."""
+
+    def __init__(self, parser):
+        self.parser, self.groups, self.owners, self.kind = parser, {}, {}, None
+
+    def group(self, title):
+        if title not in self.groups:
+            self.groups[title] = _Group(self, self.parser.add_argument_group(title))
+        return self.groups[title]
+
+    add_argument_group = group  # a task's add_arguments(parser) sees this object as the parser
+
+    def add(self, target, flag, **keywords):
+        dest = keywords.get("dest") or flag.lstrip("-").replace("-", "_")
+        if dest not in self.owners:
+            target.add_argument(flag, **keywords)
+        self.owners.setdefault(dest, set()).add(self.kind)
+
+
+class _Group:
+    def __init__(self, flags, group):
+        self.flags, self.group = flags, group
+
+    def add_argument(self, flag, **keywords):
+        self.flags.add(self.group, flag, **keywords)
+
+
+def _parser_and_owners():
     default_model, *others = TASKS.values()
     p = OneLineParser(prog="train.py", description=f"Train {default_model.description}" + "".join(
         f", or with --model {task.name} {task.description}" for task in others) + ".")
@@ -46,56 +93,24 @@ def build_parser():
                    help="; ".join(f"{task.name}: {task.summary}" for task in TASKS.values()))
     p.add_argument("--preset", choices=sorted({p for kind in kinds.every() for p in kind.presets}), default="tiny",
                    help="model size and recipe: " + "; ".join(task.presets_help for task in TASKS.values()))
-    g = p.add_argument_group("model (override the preset)")
-    g.add_argument("--d-model", type=positive(int))
-    g.add_argument("--num-heads", type=positive(int))
-    g.add_argument("--num-layers", type=positive(int), help="encoder and decoder layers")
-    g.add_argument("--num-encoder-layers", type=positive(int))
-    g.add_argument("--num-decoder-layers", type=positive(int))
-    g.add_argument("--d-ff", type=positive(int))
-    g.add_argument("--dropout", type=float)
-    g.add_argument("--pre-norm", action="store_true", help="pre-LN blocks instead of the paper's post-LN")
-    g = p.add_argument_group("recipe")
-    g.add_argument("--vocab-size", type=positive(int), help="joint BPE vocabulary size")
-    g.add_argument("--max-tokens", type=positive(int), help="padded tokens per batch and side (paper: ~25000)")
-    g.add_argument("--max-len", type=positive(int), help=f"skip longer sentences (in BPE tokens; {default('max_len')})")
-    g.add_argument("--warmup", type=positive(int), help="warmup steps of the learning-rate schedule")
-    g.add_argument("--lr-scale", type=positive(float), help="factor on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)")
-    g.add_argument("--label-smoothing", type=float, help=default("label_smoothing"))
-    g.add_argument("--bpe-dropout", type=float, help="BPE-dropout on the training side: probability of "
-                   "dropping a merge, sampled anew each epoch from (seed, epoch) (0 = off; the preset's value)")
-    g.add_argument("--clip-norm", type=float, help=f"global gradient-norm clipping (0 = off; {default('clip_norm')})")
-    g.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
-                   help=f"the update rule ({default('optimizer')}: the paper's, beta1 0.9, beta2 0.98, eps 1e-9)")
-    g.add_argument("--accumulate", type=positive(int), metavar="K",
-                   help=f"batches of --max-tokens per update (gradient accumulation; {default('accumulate')})")
-    g.add_argument("--zero", type=int, choices=[0, 1],
-                   help=f"1: shard Adam's moments over the mpiexec ranks (ZeRO-1); same parameters as 0 "
-                   f"({default('zero')})")
-    g.add_argument("--skip-nonfinite", action="store_true",
-                   help="skip (and count) a step whose loss is not finite instead of stopping")
+    flags = _Flags(p)
+    flags.kind = "*"  # every kind's: the shared run config
+    shared = declared_flags()
+    for dest, (flag, keywords, group) in shared.items():
+        flags.add(flags.group(group).group, flag, **keywords)
+        if dest == "num_heads":
+            flags.group(group).group.add_argument("--num-layers", type=positive(int), help="encoder and decoder layers")
+    for kind in kinds.every():  # each kind's own fields, then its task's data flags
+        flags.kind = kind.name
+        for dest, (flag, keywords, group) in declared_flags(kind).items():
+            if dest not in shared:
+                flags.add(flags.group(group).group, flag, **keywords)
+        TASKS[kind.name].add_arguments(flags)
     g = p.add_argument_group("run")
     g.add_argument("--device", choices=["cpu", "gpu"], default=None, help="default: MINITF_DEVICE, else cpu")
-    g.add_argument("--precision", choices=PRECISIONS,
-                   help=f"{default('precision')}: fp32; tf32 (GPU: TF32 tensor-core matmuls via CUPY_TF32=1); "
-                   "fp16 (float16 model, "
-                   "float32 master weights and Adam moments, dynamic loss scaling)")
-    g.add_argument("--seed", type=int, help=default("seed"))
-    g.add_argument("--max-steps", type=positive(int))
-    g.add_argument("--epochs", type=positive(int))
-    g.add_argument("--max-minutes", type=positive(float),
-                   help="wall time of the whole command: training stops early enough for validation, "
-                   "checkpoints and the end-of-run evaluation to end within it")
     g.add_argument("--out", type=pathlib.Path, help="run folder (default runs/<preset>)")
     g.add_argument("--resume", type=pathlib.Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
-    g.add_argument("--eval-every", type=positive(int), help=f"steps between validations ({default('eval_every')})")
-    g.add_argument("--save-every", type=positive(int), help=f"steps between checkpoints ({default('save_every')})")
-    g.add_argument("--keep", type=positive(int), help=f"checkpoints kept ({default('keep')})")
-    g.add_argument("--average", type=int, help=f"average the last N checkpoints at the end (0/1 = off; "
-                   f"{default('average')})")
     g.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
-    for task in TASKS.values():
-        task.add_arguments(p)
     g = p.add_argument_group("a pretrained start, a prepared corpus, the cache (either model)")
     g.add_argument("--init-from", type=pathlib.Path, metavar="FOLDER",
                    help="; ".join(f"--model {task.name}: {task.init_from_help}" for task in TASKS.values()
@@ -107,7 +122,16 @@ def build_parser():
                    help="prepare the corpus of --corpus-dir (with its --train-src etc.) or of --corpus wmt14-en-de "
                    "again: replaces one made from other files or settings, or damaged (a whole one is reused)")
     g.add_argument("--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE)
-    return p
+    return p, flags.owners
+
+
+def build_parser():
+    return _parser_and_owners()[0]
+
+
+def flag_owners():
+    """{dest: the names of the kinds whose flag it is ("*": every kind's)} of every run-config and data flag."""
+    return _parser_and_owners()[1]
 
 
 def given_options(argv):
@@ -119,15 +143,18 @@ def given_options(argv):
     return {name for name, value in vars(parser.parse_args(argv)).items() if value is not unset}
 
 
-def check_model_flags(args):
-    """One line for a data flag of another model than --model's (--train-src with --model gpt, ...); a flag two
-    kinds share (the language models' --train-text) belongs to both."""
+def check_model_flags(args, given):
+    """One line for a flag of another kind than --model's (--train-src with --model gpt, ...); a flag two kinds
+    share (the language models' --train-text) belongs to both."""
     task = TASKS[args.model]
-    own = set(task.given_flags(args))
-    for other in TASKS.values():
-        flags = [flag for flag in other.given_flags(args) if flag not in own] if other is not task else []
-        if flags:
-            raise UsageError(task.foreign_flags_error(flags, other))
+    owners = flag_owners()
+    foreign = {}
+    for dest in sorted(given, key=lambda d: list(owners).index(d) if d in owners else -1):
+        kinds_of = owners.get(dest, {"*"})
+        if "*" not in kinds_of and args.model not in kinds_of:
+            foreign.setdefault(min(kinds_of, key=list(TASKS).index), []).append("--" + dest.replace("_", "-"))
+    for owner, flags in foreign.items():
+        raise UsageError(task.foreign_flags_error(flags, TASKS[owner]))
 
 
 def config_from_args(args):
@@ -135,9 +162,8 @@ def config_from_args(args):
     task = TASKS[args.model]
     layers = dict(num_encoder_layers=args.num_encoder_layers or args.num_layers,
                   num_decoder_layers=args.num_decoder_layers or args.num_layers)
-    flags = CONFIG_FLAGS + tuple(name for each in TASKS.values() for name in each.config_flags)
-    values = {name: getattr(args, name) for name in flags}
-    values["pre_norm"] = args.pre_norm or None  # not given: the preset's (a GPT's is pre-LN, GPT-2's choice)
+    values = {name: getattr(args, name) for name in declared_flags(kinds.get(args.model))} | layers
+    values["model"] = args.model
     if args.init_from is not None:
         if task.pretrained is None:
             starts = [each for each in TASKS.values() if each.pretrained]
@@ -145,8 +171,7 @@ def config_from_args(args):
                                                                             for each in starts)
                              + ": add " + " or ".join(f"--model {each.name}" for each in starts))
         values.update(task.pretrained_fields(args))
-        layers = {}
-    config = RunConfig.from_preset(args.preset, **layers, **values)
+    config = RunConfig.from_preset(args.preset, **values)
     task.check_config(args, config)
     return config
 
@@ -169,61 +194,69 @@ def run(argv=None):
     if args.resume is not None:
         return resume_run(args, given_options(argv))
     task = TASKS[args.model]
-    check_model_flags(args)
+    given = given_options(argv)
+    check_model_flags(args, given)
     config = config_from_args(args)
     run_dir = args.out or task.default_run_dir(args.preset)
     world = get_world()
     check_output_folder(run_dir)
     setup_device(config.precision, args.device)
-    data = task.new_run(args, given_options(argv), config, run_dir, world)
+    data = task.new_run(args, given, config, run_dir, world)
     trainer = task.make_trainer(config, run_dir, data, log, progress=not args.no_progress)
     log(task.describe(trainer, data, run_dir))
     return trainer.train_and_finish()
 
 
-def resume_changeable(task=None):
-    """What ``--resume`` may change: every kind's, and the run's task's own (translation's BLEU decoding); before
-    the run's config.json is read (``task`` None), any task's own."""
-    own = task.resume_changeable if task is not None else tuple(
-        dict.fromkeys(k for each in TASKS.values() for k in each.resume_changeable))
-    return RESUME_CHANGEABLE + RUN_OPTIONS + own
+def resume_rules(model=None):
+    """{dest: its resume rule} of the run-config flags of the kind ``model`` (None: before the run's config.json is
+    read, any kind's: the most lenient rule of each)."""
+    config_classes = [kinds.get(model).run_config] if model else [kind.run_config for kind in kinds.every()]
+    rules = {}
+    for config_class in config_classes:
+        for name, field in options(config_class).items():
+            if field.metadata["flag"] and rules.get(name, "fixed") == "fixed":
+                rules[name] = field.metadata["resume"]
+    return rules
 
 
-def check_resume_flags(args, given, task=None):
-    """Refuse the flags that belong to the run being resumed, or (``task``: the run's, once its config.json is
-    read) to another kind's runs."""
-    allowed = resume_changeable(task)
-    owned = RESUME_FIXED + tuple(k for each in TASKS.values() for k in each.resume_fixed + each.resume_changeable)
-    fixed = [k for k in dict.fromkeys(owned) if k in given and k not in allowed]
+def check_resume_flags(args, given, model=None):
+    """Refuse the flags that belong to the run being resumed, or (``model``: the run's kind, once its config.json is
+    read) to another kind's runs: every flag but the command's own and those whose declaration lets --resume
+    change them."""
+    rules = resume_rules(model)
+    allowed = [name for name, rule in rules.items() if rule != "fixed"]
+    fixed = [k for k in sorted(given) if rules.get(k, "fixed") == "fixed" and not COMMAND_OPTIONS.get(k)]
     if args.out is not None and pathlib.Path(args.out).resolve() != pathlib.Path(args.resume).resolve():
         fixed.append("out")
     if fixed:
         flags = ", ".join("--" + k.replace("_", "-") for k in fixed)
         raise UsageError(f"--resume continues a run with its own settings, so {flags} cannot be given; allowed with "
-                         "--resume: " + ", ".join("--" + k.replace("_", "-") for k in allowed)
-                         + ", --device, --skip-nonfinite, --no-progress")
+                         "--resume: " + ", ".join("--" + k.replace("_", "-") for k in allowed if rules[k] != "invocation")
+                         + ", --device, " + ", ".join("--" + k.replace("_", "-") for k in allowed
+                                                      if rules[k] == "invocation") + ", --no-progress")
 
 
 def resume_run(args, given):
     run_dir = args.resume
     check_resume_flags(args, given)
     config = RunConfig.read(run_dir)  # reads only: the run's kind decides which of its flags --resume takes
-    check_resume_flags(args, given, TASKS[config.model])
+    check_resume_flags(args, given, config.model)
     world = get_world()
     if world.is_root:  # before anything is written; refused while another process trains here
         files.lock_run_folder(run_dir)
     check_resumable(run_dir)
-    changed = {k: getattr(args, k) for k in resume_changeable(TASKS[config.model])
-               if k in given and getattr(args, k) != getattr(config, k)}
-    lengths = ("max_steps", "epochs", "max_minutes")
+    rules = resume_rules(config.model)
+    changed = {k: getattr(args, k) for k, rule in rules.items()
+               if rule not in ("fixed", "invocation") and k in given and getattr(args, k) != getattr(config, k)}
+    lengths = [k for k, rule in rules.items() if rule == "length"]
     if changed.keys() & set(lengths):  # a new length replaces the old one
         changed.update({key: getattr(args, key) for key in lengths})
     for name, value in changed.items():
         setattr(config, name, value)
     config.validate()
-    for name in INVOCATION_OPTIONS:  # for this invocation only: not given means RunConfig's default
-        value = getattr(args, name)
-        setattr(config, name, RunConfig.__dataclass_fields__[name].default if value is None else value)
+    for name in (k for k, rule in rules.items() if rule == "invocation"):  # this invocation only: not given means
+        value = getattr(args, name)                                         # the field's default
+        setattr(config, name, options(type(config))[name].default if value is None else value)
     setup_device(config.precision, args.device)
     for key, digest in config.data_sha256.items():
         data_file = config.data.get(key) if key != "manifest" else pathlib.Path(config.data["prepared"]) / "manifest.json"
@@ -252,7 +285,7 @@ def resume_run(args, given):
             trainer.metrics.append_unwritten(state["meta"].get("unwritten_metrics"))
     if changed and world.is_root:  # written only now: a refused --resume changes nothing
         config.write(run_dir)
-        recipe = sorted(set(changed) & {"max_tokens", "lr_scale", "clip_norm"})
+        recipe = sorted(k for k in changed if rules[k] == "recipe")
         if recipe:
             log("warning: changed " + ", ".join(f"--{k.replace('_', '-')} to {changed[k]}" for k in recipe)
                 + ": from here on the run departs from an uninterrupted one (config.json now holds the new values)")
@@ -275,11 +308,11 @@ def check_command(args, argv):
         check_resume_flags(args, given_options(argv))
         with contextlib.redirect_stderr(io.StringIO()):  # its notes: said once, by rank 0
             config = RunConfig.read(args.resume)
-        check_resume_flags(args, given_options(argv), TASKS[config.model])
+        check_resume_flags(args, given_options(argv), config.model)
         check_resumable(args.resume)
         return 0
     task = TASKS[args.model]
-    check_model_flags(args)
+    check_model_flags(args, given_options(argv))
     config = config_from_args(args)
     check_output_folder(args.out or task.default_run_dir(args.preset))
     task.check_command(args, config)

@@ -24,15 +24,25 @@ SHARED = {"benchmarks.common"}
 APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate", "minitf.train", "minitf.export"}
 APPLICATION_ENTRY_POINTS |= {"minitf.inspect"}  # the inspection page (issue 37): above both models
 APPLICATION_ENTRY_POINTS |= {"minitf.trace"}  # the trace: each kind's example and walk, found through the registry
+def _kind_packages():
+    """({kind name: its package}, {package: the packages it extends}) from the registry (minitf.kinds) and each kind's
+    ``extends``: a new kind's package is checked the moment its registry line is written."""
+    from minitf import kinds
+    package = {name: module.rsplit(".", 1)[0] for name, module in kinds.KINDS.items()}
+    return package, {package[kind.name]: tuple(package[other] for other in kind.extends) for kind in kinds.every()
+                     if kind.extends}
+
+
+#: The model packages, one per kind in the registry: none imports another (what they share belongs in
+#: minitf.training), except where a kind extends another (``Kind.extends``: the Llama family trains with the
+#: language model's task, trainer and tokenizers).
+MODEL_PACKAGES = tuple(dict.fromkeys(_kind_packages()[0].values()))
+EXTENDS = _kind_packages()[1]
 #: The application's packages: the shared training machinery, one package per model kind, the registry of the
 #: kinds and the one loader.
-APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm", "minitf.llama", "minitf.kinds", "minitf.loader")
+APPLICATION_PACKAGES = ("minitf.training", *MODEL_PACKAGES, "minitf.kinds", "minitf.loader")
 #: The core's model modules (the models a learner reads): the shared machinery imports none of them.
 CORE_MODEL_MODULES = ("minitf.transformer", "minitf.gpt")
-#: The model packages: none imports another (what they share belongs in minitf.training), except where a kind
-#: extends another: the Llama family trains with the language model's task, trainer and tokenizers.
-MODEL_PACKAGES = ("minitf.nmt", "minitf.lm", "minitf.llama")
-EXTENDS = {"minitf.llama": ("minitf.lm",)}
 
 
 def module_name(path, root=ROOT):
@@ -203,6 +213,11 @@ def test_neither_model_imports_the_other():
     that extends another (EXTENDS: the Llama family, the language model) imports that one, never the reverse."""
     wrong = model_crossings(import_graph())
     assert not wrong, f"a model's modules importing the other's (move what they share into minitf.training): {wrong}"
+
+
+def test_the_packages_come_from_the_registry():
+    assert {"minitf.nmt", "minitf.lm", "minitf.llama"} <= set(MODEL_PACKAGES)
+    assert EXTENDS["minitf.llama"] == ("minitf.lm",) and "minitf.nmt" not in EXTENDS
 
 
 def test_model_crossings_are_seen():

@@ -27,13 +27,13 @@ FOREIGN = {"transformer": {"block_size", "n_positions", "activation", "layer_nor
 
 
 def test_the_registry_lists_each_kind_once_with_fields_of_the_run_config():
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    shared = {f.name for f in dataclasses.fields(RunConfig)}
     for kind in kinds.every():
         assert kind is kinds.get(kind.name)
-        assert set(kind.config_fields) <= fields and set(kind.model_fields) <= set(kind.config_fields), kind.name
-        others = {f for other in kinds.every() if other is not kind for f in other.config_fields}
-        # a field some kinds own is recorded for those kinds only (the GPT and the Llama block share block_size)
-        assert set(recorded_fields(kind.name)) == fields - (others - set(kind.config_fields)), kind.name
+        assert issubclass(kind.run_config, RunConfig) and set(kind.config_fields).isdisjoint(shared), kind.name
+        assert set(kind.model_fields) <= set(kind.config_fields), kind.name
+        # config.json records the shared fields and the kind's own (the GPT and the Llama block share block_size)
+        assert set(recorded_fields(kind.name)) == shared | set(kind.config_fields), kind.name
         for model_type in kind.hf_model_types:
             assert kinds.for_model_type(model_type) is kind
     assert kinds.names()[0] == "transformer" and kinds.for_model_type("bert") is None
@@ -64,7 +64,7 @@ def as_schema_8(values):
     """A schema-9 config dict as the minitf before the kinds wrote it: every field of every kind, at the values
     it recorded for fields its run did not compute (RunConfig's defaults), and schema_version 8."""
     every = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-             for f in dataclasses.fields(RunConfig)}
+             for kind in kinds.every() for f in dataclasses.fields(kind.run_config)}
     return {**every, **values, "schema_version": 8}
 
 
@@ -158,3 +158,95 @@ def test_a_folders_config_json_travels_in_loaded_and_is_written_back_by_the_writ
     assert json.loads((out / "config.json").read_text()) == config
     gpt2.save_pretrained(loaded.model, out / "bare")  # without it: only what minitf computes
     assert "task_specific_params" not in json.loads((out / "bare" / "config.json").read_text())
+
+
+# --------------------------------------------------------------------------- #
+# a kind's options, declared once (minitf.training.config.option): the parser, --resume's rules, config.json and the
+# refusal of another kind's flags derive from the declarations
+# --------------------------------------------------------------------------- #
+def _flag_value(action):
+    """A value argparse accepts for ``action`` (none for a switch)."""
+    if action.nargs == 0:
+        return []
+    if action.choices:
+        return [str(list(action.choices)[0])]
+    return ["1"]
+
+
+def test_every_declared_flag_is_in_the_parser_and_belongs_to_its_kinds():
+    from minitf.train import build_parser, declared_flags, flag_owners
+    parser = build_parser()
+    dests = {action.dest for action in parser._actions}
+    owners = flag_owners()
+    for kind in kinds.every():
+        for dest in declared_flags(kind):
+            assert dest in dests, (kind.name, dest)
+            assert "*" in owners[dest] or kind.name in owners[dest], (kind.name, dest, owners[dest])
+    # the language models share their text flags and block size; translation's are its own
+    assert owners["train_text"] == owners["block_size"] == {"gpt", "llama"}
+    assert owners["beam"] == owners["train_src"] == {"transformer"} and owners["d_model"] == {"*"}
+
+
+def test_each_flag_of_another_kind_is_refused_in_one_line(capsys):
+    """Every flag some kinds own, given to a kind that does not own it: exit 2 and one line naming the flag (before:
+    a kind's flag missing from one of eight hand lists went through silently)."""
+    from minitf.train import build_parser, flag_owners, main
+    actions = {action.dest: action for action in build_parser()._actions}
+    owners = flag_owners()
+    tried = 0
+    for dest, kinds_of in owners.items():
+        if "*" in kinds_of:
+            continue
+        for kind in kinds.names():
+            if kind in kinds_of:
+                continue
+            flag = actions[dest].option_strings[0]
+            assert main(["--model", kind, flag, *_flag_value(actions[dest]), "--out", "/nonexistent/x"]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and flag in err[0] and "belong to" in err[0], (kind, flag, err)
+            tried += 1
+    assert tried >= 10
+
+
+def test_a_kinds_option_missing_from_an_older_config_json_reads_as_declared_and_a_shared_one_is_refused():
+    """A kind's option added after a run started needs no schema bump: its declared ``absent`` value fills it. A
+    shared field missing is still a config.json of another minitf."""
+    from minitf.training.config import own_options
+    for model in kinds.names():
+        written = RunConfig.from_preset("tiny", model=model).to_dict()
+        for name, field in own_options(kinds.get(model).run_config).items():
+            older = {k: v for k, v in written.items() if k != name}
+            assert getattr(RunConfig.from_dict(older), name) == field.metadata["absent"], (model, name)
+        with pytest.raises(Exception, match=r"missing \['warmup'\]"):
+            RunConfig.from_dict({k: v for k, v in written.items() if k != "warmup"})
+
+
+@pytest.mark.parametrize("model, flag, allowed", [("transformer", "beam", True), ("gpt", "beam", False),
+                                                  ("gpt", "eval_every", True), ("llama", "num_kv_heads", False),
+                                                  ("transformer", "max_tokens", True), ("gpt", "block_size", False),
+                                                  ("llama", "skip_nonfinite", True), ("transformer", "src_lang", False)])
+def test_what_resume_takes_comes_from_the_declarations(tmp_path, model, flag, allowed):
+    import argparse
+    from minitf.train import check_resume_flags
+    from minitf.training.errors import UsageError
+    args = argparse.Namespace(out=None, resume=tmp_path)
+    if allowed:
+        check_resume_flags(args, {flag}, model)
+    else:
+        with pytest.raises(UsageError, match=f"--{flag.replace('_', '-')} cannot be given"):
+            check_resume_flags(args, {flag}, model)
+
+
+def test_a_run_of_another_kind_is_named_once_not_as_unusable_checkpoints(tmp_path, capsys):
+    """Before: ``generate --checkpoint`` of a translation run with two checkpoints said "none of the 2 checkpoints
+    ... is usable"; the run's kind is the run's, so the line names it and the command that reads it."""
+    from minitf.lm.generate import main as generate_main
+    run = tmp_path / "run"
+    assert train(make_corpus(tmp_path) + TINY + ["--max-steps", "2", "--save-every", "1", "--out", str(run)]) == 0
+    assert len(ckpt.list_checkpoints(run)) == 2
+    capsys.readouterr()
+    assert generate_main(["--checkpoint", str(run), "--prompt", "the"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none of" not in err[0], err
+    assert f"{run} is the run folder of a --model transformer run, not of a --model gpt run" in err[0], err
+    assert f"translate with python -m minitf.translate --checkpoint {run}" in err[0], err

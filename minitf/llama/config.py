@@ -4,7 +4,9 @@ SmolLM2-135M's shape."""
 import dataclasses
 import math
 
+from minitf.lm.config import TextBlocksRunConfig, check_decoder_only
 from minitf.rotary import LLAMA3_KEYS
+from minitf.training.config import option
 from minitf.transformer import check_positive_ints
 
 
@@ -124,6 +126,23 @@ RUN_PRESETS = {
 }
 
 
+_GROUP = "the Llama block (--model llama)"
+
+
+@dataclasses.dataclass
+class LlamaRunConfig(TextBlocksRunConfig):
+    """A ``--model llama`` run's config: the language models' text blocks, grouped-query attention's key/value heads,
+    the rotary base, and a fine-tuned folder's model config (``llama``, from --init-from)."""
+    num_kv_heads: int | None = option(None, "key/value heads of grouped-query attention, a divisor of --num-heads "
+                                      f"(default: the preset's, {RUN_PRESETS['tiny']['num_kv_heads']} for tiny)",
+                                      model=True, type="positive int", group=_GROUP)
+    rope_theta: float = option(10000.0, f"the rotary positions' base (default: {RUN_PRESETS['tiny']['rope_theta']:g})",
+                               model=True, type="positive float", group=_GROUP)
+    # from a Hugging Face Llama, Qwen2 or Mistral folder: its model's config (LlamaConfig's fields), kept so that the
+    # run needs the folder no more: the model is built from it, an export writes it again
+    llama: dict | None = option(None, flag=False, model=True)
+
+
 def folder_fields(config):
     """A :class:`LlamaConfig` as JSON values (a fine-tuning run's ``llama`` field: the folder's model, kept in
     config.json so that the run needs the folder no more)."""
@@ -147,6 +166,7 @@ def validate_run(config):
     Llama block cannot take (checked by building its :class:`LlamaConfig` once); a fine-tuning run's blocks must
     fit in its folder's positions."""
     from minitf.training.errors import UsageError
+    check_decoder_only(config)
     if not (isinstance(config.block_size, int) and not isinstance(config.block_size, bool) and config.block_size > 0):
         raise UsageError(f"--block-size must be a positive integer, got {config.block_size!r}")
     if config.num_kv_heads is not None and not (isinstance(config.num_kv_heads, int) and config.num_kv_heads > 0):

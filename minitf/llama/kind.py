@@ -6,24 +6,22 @@ import importlib.util
 import pathlib
 
 from minitf.llama import hf
-from minitf.llama.config import RUN_PRESETS, run_model_config, validate_run
+from minitf.llama.config import RUN_PRESETS, LlamaRunConfig, run_model_config, validate_run
 from minitf.llama.model import Llama
 from minitf.training.errors import DataError, UsageError
-from minitf.training.kind import Kind, Loaded
+from minitf.training.kind import NEXT_TOKEN_PAGE, Kind, Loaded
 
 
 class LlamaKind(Kind):
     name = "llama"
+    extends = ("gpt",)  # its task and trainer are the language model's (minitf.lm)
     title = "language model"
     hf_model_types = hf.FAMILY
     hf_what = hf.LLAMA_FOLDER
     generates = True
     presets = RUN_PRESETS
-    # block_size: tokens per training block and the model's positions (the GPT's too); num_kv_heads and rope_theta:
-    # grouped-query attention's key/value heads and the rotary base; llama: a fine-tuned folder's model config
-    config_fields = ("block_size", "num_kv_heads", "rope_theta", "llama")
-    model_fields = config_fields
-    page = "gpt"  # one text, each next token (as a GPT's); its numbers: page_parts
+    run_config = LlamaRunConfig
+    page = NEXT_TOKEN_PAGE  # one text, each next token (as a GPT's); its numbers: page_parts
     use_a_run = "sample from it with python -m minitf.generate --checkpoint RUN"
 
     def task(self):
@@ -86,8 +84,14 @@ class LlamaKind(Kind):
                              f"({loaded.model.config.vocab_size} ids) has no tokenizer.json to write; export runs "
                              "fine-tuned with --init-from, or sample from it with python -m minitf.generate "
                              "--checkpoint RUN")
-        loaded.model.save_pretrained(folder)
+        hf.save_pretrained(loaded.model, folder, loaded.hf_config)
         loaded.tokenizer.save(folder)
+
+    def writes(self, model):
+        return isinstance(model, Llama)
+
+    def write_model(self, model, folder, hf_config=None):
+        hf.save_pretrained(model, folder, hf_config)
 
     def load_folder(self, folder, warn=None):
         """A Llama, Qwen2 or Mistral folder: config.json (and generation_config.json), the weights, tokenizer.json;

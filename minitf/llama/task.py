@@ -16,7 +16,7 @@ from minitf.lm.data import TextCorpus, load_tokenizer
 from minitf.lm.task import FINE_TUNE_LR_SCALE, PRETRAINED_FIXED, LanguageModelTask, new_text_data, read_texts
 from minitf.lm.trainer import LanguageModelTrainer
 from minitf.pretrained import weights_path
-from minitf.training.errors import DataError, UsageError, positive
+from minitf.training.errors import DataError, UsageError
 from minitf.training.task import RunData, before_training, refuse_with_init_from
 
 
@@ -56,25 +56,10 @@ class LlamaTask(LanguageModelTask):
     summary = "the Llama block (minitf.llama) on the language model's data: --train-text, or the World English Bible"
     presets_help = f"--model llama: {', '.join(RUN_PRESETS)}"
     trainer = LlamaTrainer
-    config_flags = LanguageModelTask.config_flags + ("num_kv_heads", "rope_theta")
-    resume_fixed = LanguageModelTask.resume_fixed + ("num_kv_heads", "rope_theta")
     pretrained = "Llama, Qwen2 or Mistral"
     init_from_help = ("fine-tune a Hugging Face Llama, Qwen2 or Mistral folder (config.json, model.safetensors or "
                       "its shards, tokenizer.json): its shape, weights and tokenizer (needs pip install -e '.[hf]'; "
                       f"--lr-scale {FINE_TUNE_LR_SCALE:g} unless given)")
-
-    def add_arguments(self, parser):
-        """Only its own flags: the data flags are the language model's (its task adds them to the parser)."""
-        g = parser.add_argument_group("the Llama block (--model llama)")
-        g.add_argument("--num-kv-heads", type=positive(int),
-                       help="key/value heads of grouped-query attention, a divisor of --num-heads (default: the "
-                            f"preset's, {RUN_PRESETS['tiny']['num_kv_heads']} for tiny)")
-        g.add_argument("--rope-theta", type=positive(float),
-                       help=f"the rotary positions' base (default: {RUN_PRESETS['tiny']['rope_theta']:g})")
-
-    def given_flags(self, args):
-        return super().given_flags(args) + [flag for flag, given in (
-            ("--num-kv-heads", args.num_kv_heads is not None), ("--rope-theta", args.rope_theta is not None)) if given]
 
     def pretrained_fields(self, args):
         """A Llama-family folder's model (checked key by key), its tokenizer (present and readable) and its weights

@@ -1,6 +1,9 @@
 """The language-model kind's part of the run config: its presets and the checks of its own fields
 (``LanguageModelKind.config_fields``). Read by its kind (:mod:`minitf.lm.kind`) and its task."""
+import dataclasses
+
 from minitf.layers import ACTIVATIONS
+from minitf.training.config import TOKENIZERS, RunConfig, option
 from minitf.training.errors import UsageError
 
 #: The language model's presets: GPT-2's choices (pre-LN, GELU, learned positions) at a CPU size;
@@ -12,8 +15,37 @@ PRESETS = {
 }
 
 
+GROUP = "language models (--model gpt, llama)"
+
+
+@dataclasses.dataclass
+class TextBlocksRunConfig(RunConfig):
+    """What every language model's run adds: blocks of text and their tokenizer (the GPT's and the Llama's)."""
+    block_size: int = option(128, "tokens per training block, the model's context (default: "
+                             f"{PRESETS['tiny']['block_size']})", model=True, type="positive int", group=GROUP)
+    tokenizer: str = option("bpe", "bpe: sentencepiece BPE of --vocab-size (default); char: one id per character of "
+                            "the training text", choices=TOKENIZERS, group=GROUP)
+
+
+@dataclasses.dataclass
+class LanguageModelRunConfig(TextBlocksRunConfig):
+    """A ``--model gpt`` run's config: text blocks, and what a GPT-2 folder fixes (--init-from)."""
+    n_positions: int | None = option(None, flag=False, model=True)  # rows of the learned position table (None: block_size)
+    activation: str = option("gelu_tanh", flag=False, model=True)   # the feed-forward's (GPT-2's gelu_new)
+    layer_norm_eps: float = option(1e-5, flag=False, model=True)
+
+
+def check_decoder_only(config):
+    """A decoder-only model: at least one block (``num_decoder_layers``; ``--num-layers`` sets it, and the encoder
+    layers it also sets are not built)."""
+    if config.num_decoder_layers < 1:
+        raise UsageError(f"--num-decoder-layers must be a positive integer (the model's blocks), got "
+                         f"{config.num_decoder_layers!r}")
+
+
 def validate(config):
     """Refuse (one line naming the flag or key) what does not fit in a language-model run's own fields."""
+    check_decoder_only(config)
     if config.activation not in ACTIVATIONS:
         raise UsageError(f"activation must be one of {tuple(ACTIVATIONS)}, got {config.activation!r}")
     if not (isinstance(config.layer_norm_eps, float) and 0 < config.layer_norm_eps < 1):

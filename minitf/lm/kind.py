@@ -6,9 +6,9 @@ import importlib.util
 import pathlib
 
 from minitf.lm import config as config_checks, gpt2
-from minitf.lm.config import PRESETS
+from minitf.lm.config import PRESETS, LanguageModelRunConfig
 from minitf.training.errors import DataError
-from minitf.training.kind import Kind, Loaded
+from minitf.training.kind import NEXT_TOKEN_PAGE, Kind, Loaded
 
 
 class LanguageModelKind(Kind):
@@ -17,12 +17,8 @@ class LanguageModelKind(Kind):
     hf_model_types = ("gpt2",)
     hf_what = gpt2.GPT2_FOLDER
     presets = PRESETS
-    # block_size: tokens per training block (the model's context); n_positions: rows of the learned position
-    # table (None: block_size; a GPT-2 folder's n_positions); activation and layer_norm_eps: the feed-forward's
-    # and LayerNorm's (GPT-2's gelu_new and 1e-5; a folder's own)
-    config_fields = ("block_size", "n_positions", "activation", "layer_norm_eps")
-    model_fields = config_fields
-    page = "gpt"
+    run_config = LanguageModelRunConfig
+    page = NEXT_TOKEN_PAGE
     generates = True
     use_a_run = "sample from it with python -m minitf.generate --checkpoint RUN"
 
@@ -51,6 +47,26 @@ class LanguageModelKind(Kind):
         return Loaded(model, TextTokenizer(tokenizer), self, pathlib.Path(source), None, run_dir, checkpoint, meta,
                       model.max_len if learned else config.block_size,
                       "its learned positions" if learned else "its training blocks")
+
+    def writes(self, model):
+        from minitf.gpt import GPT
+        return isinstance(model, GPT)
+
+    def write_model(self, model, folder, hf_config=None):
+        gpt2.save_pretrained(model, folder, hf_config)
+
+    def write_folder(self, loaded, folder):
+        """A GPT-2 folder: config.json (a folder's other entries kept), model.safetensors and tokenizer.json, for a
+        GPT-2 folder or a run fine-tuned from one (a run of minitf's own tokenizer has none to write)."""
+        from minitf.training.errors import UsageError
+        from minitf.training.tokenizer import HuggingFaceTokenizer
+        tokenizer = getattr(loaded.tokenizer, "tokenizer", loaded.tokenizer)  # a TextTokenizer wraps the run's
+        if not isinstance(tokenizer, HuggingFaceTokenizer):
+            raise UsageError(f"{loaded.source}: a --model gpt run of minitf's own tokenizer has no GPT-2 tokenizer "
+                             "to write; export runs fine-tuned from a GPT-2 folder with --init-from, or sample from it "
+                             f"with python -m minitf.generate --checkpoint {loaded.source} (nothing was written)")
+        gpt2.save_pretrained(loaded.model, folder, loaded.hf_config)
+        tokenizer.save(folder)
 
     def load_folder(self, folder, warn=None):
         """A GPT-2 folder: config.json, model.safetensors and a tokenizer (tokenizer.json, or vocab.json and

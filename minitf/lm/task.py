@@ -15,9 +15,8 @@ from minitf.lm.data import (CharTokenizer, TextCorpus, load_tokenizer, pretraine
 from minitf.lm.prepare import open_prepared_text, prepare_text_corpus
 from minitf.lm.trainer import LanguageModelTrainer
 from minitf.training import files
-from minitf.lm.config import PRESETS
-from minitf.training.config import TOKENIZERS
-from minitf.training.errors import DataError, UsageError, positive
+from minitf.lm.config import GROUP
+from minitf.training.errors import DataError, UsageError
 from minitf.training.files import file_sha256
 from minitf.training.task import (RunData, Task, before_training, log, new_run_folder, prepare_tokenizer,
                                   refuse_with_init_from, start_prepared_run)
@@ -41,8 +40,6 @@ class LanguageModelTask(Task):
                "--train-text")
     presets_help = "--model gpt: tiny"
     trainer = LanguageModelTrainer
-    config_flags = ("block_size", "tokenizer")
-    resume_fixed = ("block_size", "tokenizer", "train_text", "valid_text", "test_text")
     pretrained = "GPT"
     init_from_help = ("fine-tune a pretrained GPT-2: a Hugging Face folder (config.json, model.safetensors, "
                       "tokenizer.json or vocab.json and merges.txt) gives the model's shape, its weights and its "
@@ -50,19 +47,11 @@ class LanguageModelTask(Task):
                       "unless given)")
 
     def add_arguments(self, parser):
-        g = parser.add_argument_group("language model (--model gpt)")
-        g.add_argument("--block-size", type=positive(int), help="tokens per training block, the model's context "
-                       f"(default: {PRESETS['tiny']['block_size']})")
-        g.add_argument("--tokenizer", choices=TOKENIZERS, help="bpe: sentencepiece BPE of --vocab-size (default); "
-                       "char: one id per character of the training text")
+        """The text flags (its run config's fields declare the rest: minitf.lm.config.LanguageModelRunConfig)."""
+        g = parser.add_argument_group(GROUP)
         for split in TEXT_SPLITS:
             g.add_argument(f"--{split}-text", type=pathlib.Path, metavar="FILE",
                            help=f"the {split} text (UTF-8)" + (" (optional)" if split == "test" else ""))
-
-    def given_flags(self, args):
-        flags = [f"--{s}-text" for s in TEXT_SPLITS if getattr(args, f"{s}_text")]
-        return flags + [flag for flag, given in (("--block-size", args.block_size), ("--tokenizer", args.tokenizer))
-                        if given]
 
     def foreign_flags_error(self, flags, owner):
         return f"{', '.join(flags)} belong to {owner.title}; --model gpt trains on --train-text FILE --valid-text " \

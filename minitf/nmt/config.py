@@ -4,7 +4,7 @@ checks of its own fields (``TranslationKind.config_fields``), and the model a ru
 import dataclasses
 
 from minitf.nmt import marian
-from minitf.training.config import MODEL_FIELDS
+from minitf.training.config import RunConfig, option
 from minitf.training.errors import UsageError
 from minitf.training.tokenizer import PAD_ID
 
@@ -25,8 +25,34 @@ PRESETS = {
 MAX_ALPHA = 10.0
 
 
+_BLEU = "translation's BLEU (validation and the end of the run)"
+DATA_GROUP = "data (default: the Ding de-en example sentences, fetched with apt)"
+
+
+@dataclasses.dataclass
+class TranslationRunConfig(RunConfig):
+    """A translation run's config: the shared fields and translation's own, each declared once."""
+    lexicon: float = option(0.0, "mix the dictionary's headwords and phrases into each epoch, RATIO pairs per "
+                            "training sentence, a new sample every epoch; the tokenizer is trained on the sentences "
+                            "alone ({default}; 0 = sentences only; the preset's value is for the default corpus only; "
+                            "docs/results.md, 'Recipe arms')", type="non-negative", metavar="RATIO", group=DATA_GROUP)
+    src_lang: str = option("de", type="str", group=DATA_GROUP, flag_default="de")
+    tgt_lang: str = option("en", type="str", group=DATA_GROUP, flag_default="en")
+    bleu_sentences: int = option(200, "validation sentences decoded for BLEU ({default})", resume="changes",
+                                 type="int", group=_BLEU)
+    beam: int = option(4, "beam size ({default})", resume="changes", type="positive int", group=_BLEU)
+    alpha: float = option(0.6, "length penalty exponent ({default})", resume="changes", type="non-negative",
+                          group=_BLEU)
+    # a run fine-tuned from a Marian folder (--init-from): {"config": its config.json, "generation": its
+    # generation_config.json or None}, kept so that the run needs the folder no more (a checkpoint of the same model)
+    marian: dict | None = option(None, flag=False, model=True)
+
+
 def validate(config):
     """Refuse (one line naming the flag or key) what does not fit in a translation run's own fields."""
+    for name in ("num_encoder_layers", "num_decoder_layers"):
+        if getattr(config, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(config, name)!r}")
     for name in ("beam", "bleu_sentences"):
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "beam" else 0):
@@ -82,5 +108,6 @@ def model_config(config, vocab_size):
             raise ValueError(f"the tokenizer has {vocab_size} ids, the Marian model {folder.src_vocab_size}")
         return dataclasses.replace(folder, dropout=config.dropout)
     return TransformerConfig(src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
-                             **{k: getattr(config, k) for k in MODEL_FIELDS},
+                             **{k: getattr(config, k) for k in ("d_model", "num_heads", "num_encoder_layers",
+                                                                "num_decoder_layers", "d_ff", "dropout", "pre_norm")},
                              share_embeddings=True, pad_id=PAD_ID)

@@ -5,8 +5,8 @@ its model and tokenizer from a checkpoint, a Marian folder read whole, and its `
 import pathlib
 
 from minitf.nmt import config as config_checks, marian
-from minitf.nmt.config import PRESETS
-from minitf.training.kind import Kind, Loaded
+from minitf.nmt.config import PRESETS, TranslationRunConfig
+from minitf.training.kind import TRANSLATION_PAGE, Kind, Loaded
 
 
 class TranslationKind(Kind):
@@ -15,12 +15,8 @@ class TranslationKind(Kind):
     hf_model_types = marian.MODEL_TYPES
     hf_what = marian.WHAT
     presets = PRESETS
-    # lexicon: dictionary pairs mixed into each epoch; beam, alpha, bleu_sentences: the run's BLEU decoding;
-    # marian: {"config": the folder's config.json, "generation": its generation_config.json or None} of a run
-    # fine-tuned from a Marian folder (--init-from), kept so that the run needs the folder no more
-    config_fields = ("lexicon", "src_lang", "tgt_lang", "beam", "alpha", "bleu_sentences", "marian")
-    model_fields = ("marian",)  # a checkpoint of the same Marian model only
-    page = "translation"
+    run_config = TranslationRunConfig
+    page = TRANSLATION_PAGE
     use_a_run = "translate with python -m minitf.translate --checkpoint RUN"
 
     def task(self):
@@ -71,6 +67,22 @@ class TranslationKind(Kind):
                                     max_len=settings.max_len, min_len=settings.min_len, rules=settings.rules)
         return Loaded(model, tokenizer, self, folder, decoding, context=marian.max_positions(hf),
                       context_why="its position table, max_position_embeddings", hf_config=hf)
+
+    def writes(self, model):
+        from minitf.transformer import Transformer
+        return isinstance(model, Transformer)
+
+    def write_model(self, model, folder, hf_config=None):
+        """A Marian folder's config.json and weights (:func:`minitf.nmt.marian.save_pretrained`; minitf's BOS and EOS
+        where the model's config names none)."""
+        from minitf.training.tokenizer import BOS_ID, EOS_ID
+        marian.save_pretrained(model, folder, hf_config, decoder_start_id=BOS_ID, eos_id=EOS_ID)
+
+    def write_folder(self, loaded, folder):
+        """A Marian folder (:func:`minitf.nmt.export.write_folder`): a run's model and tokenizer, or a Marian folder
+        read by minitf.load written back."""
+        from minitf.nmt.export import write_folder
+        write_folder(loaded, folder)
 
     # -- what the study tools ask (minitf.study: the shared walk and page numbers of the encoder-decoder)
     def walk(self, tracer, model):

@@ -9,15 +9,15 @@ from minitf import backend, kinds
 from minitf.pretrained import model_type
 from minitf.nmt import corpora, marian, prepare
 from minitf.nmt.corpora import default_corpus_splits
-from minitf.nmt.config import model_config
+from minitf.nmt.config import DATA_GROUP, model_config
 from minitf.nmt.data import Corpus, IndexedCorpus, read_splits
 from minitf.nmt.marian_tokenizer import (MarianTokenizer, check_tokenizer, read_generation_config,
                                         read_generation_json)
 from minitf.nmt.translation_trainer import TranslationTrainer, load_tokenizer
 from minitf.training import files
-from minitf.training.errors import DataError, UsageError, non_negative, positive
+from minitf.training.errors import DataError, UsageError
 from minitf.training.files import file_sha256
-from minitf.training.task import (RunData, Task, before_training, default, log, new_run_folder, prepare_tokenizer,
+from minitf.training.task import (RunData, Task, before_training, log, new_run_folder, prepare_tokenizer,
                                   refuse_with_init_from, start_prepared_run)
 
 #: The parallel files' splits (--train-src ... --test-tgt).
@@ -46,10 +46,6 @@ class TranslationTask(Task):
     summary = "the paper's translation model (default)"
     presets_help = "tiny (CPU default), base and big (paper, Table 3)"
     trainer = TranslationTrainer
-    config_flags = ("lexicon", "src_lang", "tgt_lang", "bleu_sentences", "beam", "alpha")
-    resume_changeable = ("bleu_sentences", "beam", "alpha")
-    resume_fixed = ("src_lang", "tgt_lang", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src",
-                    "test_tgt", "phrases", "lexicon", "corpus")
     pretrained = "Marian (opus-mt) translation model"
     init_from_help = ("fine-tune a pretrained translation model: a Hugging Face Marian folder (an opus-mt model: "
                       "config.json, model.safetensors, source.spm, target.spm, vocab.json) gives the model's shape, "
@@ -57,36 +53,18 @@ class TranslationTask(Task):
                       f"{FINE_TUNE_LR_SCALE:g} unless given; the data must be the folder's language pair)")
 
     def add_arguments(self, parser):
-        g = parser.add_argument_group("translation's BLEU (validation and the end of the run)")
-        g.add_argument("--bleu-sentences", type=int,
-                       help=f"validation sentences decoded for BLEU ({default('bleu_sentences')})")
-        g.add_argument("--beam", type=positive(int), help=f"beam size ({default('beam')})")
-        g.add_argument("--alpha", type=non_negative, help=f"length penalty exponent ({default('alpha')})")
-        g = parser.add_argument_group("data (default: the Ding de-en example sentences, fetched with apt)")
+        """The data flags (its run config's fields declare the rest: minitf.nmt.config.TranslationRunConfig)."""
+        g = parser.add_argument_group(DATA_GROUP)
         for split in SPLITS:
             g.add_argument(f"--{split}-src", type=pathlib.Path)
             g.add_argument(f"--{split}-tgt", type=pathlib.Path)
-        g.add_argument("--src-lang", default="de")
-        g.add_argument("--tgt-lang", default="en")
         g.add_argument("--phrases", action="store_true",
                        help="also train on the dictionary's 64,832 phrase sub-entries (default: whole sentences only; "
                        "docs/results.md, 'Recipe arms': at the CPU budget the phrases did not help)")
-        g.add_argument("--lexicon", type=non_negative, metavar="RATIO",
-                       help="mix the dictionary's headwords and phrases into each epoch, RATIO pairs per training "
-                       "sentence, a new sample every epoch; the tokenizer is trained on the sentences alone "
-                       f"({default('lexicon')}; 0 = sentences only; the preset's value is for the default corpus "
-                       "only; docs/results.md, 'Recipe arms')")
         g.add_argument("--corpus", choices=["ding", "wmt14-en-de"], default="ding",
                        help="ding: the Ding dictionary's sentences (default); wmt14-en-de: the paper's WMT 2014 "
                        "English-German (about 4.5 million pairs, fetched and prepared once into --cache-dir; "
                        "docs/paper.md)")
-
-    def given_flags(self, args):
-        flags = [f"--{s}-{side}" for s in SPLITS for side in ("src", "tgt") if getattr(args, f"{s}_{side}")]
-        return flags + [flag for flag, given in (("--corpus", args.corpus != "ding"), ("--phrases", args.phrases),
-                                                 ("--lexicon", args.lexicon), ("--beam", args.beam is not None),
-                                                 ("--alpha", args.alpha is not None),
-                                                 ("--bleu-sentences", args.bleu_sentences is not None)) if given]
 
     def foreign_flags_error(self, flags, owner):
         return f"{', '.join(flags)} belong to {owner.title}: add --model {owner.name} (or use --train-src ... for " \

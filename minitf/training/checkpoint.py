@@ -395,8 +395,7 @@ def load_checkpoint_model(folder, kind=None):
         meta = state["meta"]
         recorded = recorded_kind(meta)
         if kind is not None and recorded is not None and recorded is not kind:
-            raise CheckpointError(f"{folder} is a checkpoint of a --model {recorded.name} run, not of a --model "
-                                  f"{kind.name} run: {recorded.use_a_run}")
+            raise AnotherKind(folder, recorded, kind)
         reader = kind or recorded
         if reader is None:
             raise CheckpointError(f"{folder}: meta.json's config names no model kind minitf has "
@@ -430,6 +429,16 @@ def load_checkpoint_model(folder, kind=None):
     return model.eval(), built["tokenizer"], state["meta"]
 
 
+class AnotherKind(CheckpointError):
+    """A checkpoint of another kind (``recorded``) than the command reads (``wanted``): the whole run is, so no
+    other checkpoint is tried."""
+
+    def __init__(self, where, recorded, wanted, what="a checkpoint of a"):
+        super().__init__(f"{where} is {what} --model {recorded.name} run, not of a --model {wanted.name} run: "
+                         f"{recorded.use_a_run.replace('RUN', str(where))}")
+        self.recorded, self.wanted = recorded, wanted
+
+
 def check_model_fits_file(at_least, config, model_file):
     """Refuse, before a model is built, a config declaring more parameters than ``model_file`` can
     hold (a crafted d_model 10**9 would ask for terabytes). ``at_least``: the kind's lower bound of its
@@ -461,6 +470,10 @@ def load_run(path, warn=None, rounds=10, kind=None):
             try:
                 result = load_checkpoint_model(folder, kind)  # meta.json's config passed its checks there:
                 result += (RunConfig.from_dict(result[2]["config"]), folder)
+            except AnotherKind as error:  # the run's kind, not a damaged checkpoint: said once, of the whole run
+                if folder == pathlib.Path(path):
+                    raise
+                raise AnotherKind(path, error.recorded, error.wanted, "the run folder of a") from None
             except (CheckpointError, DataError, OSError) as error:
                 if folder != pathlib.Path(path) and not folder.exists():  # pruned under us: list again
                     vanished = True

@@ -26,6 +26,7 @@ from minitf.training.files import write_json_atomic
 #: ``num_kv_heads`` and ``rope_theta`` (the Llama family's).
 #: 10: ``llama`` (a Llama-family model fine-tuned from a Hugging Face folder: its model's config; ``init_from``
 #: names the folder).
+#: Only the shared fields' changes bump it: a kind's option added later reads older files through its ``absent``.
 SCHEMA_VERSION = 10
 #: Fields added since an older schema, with the values that keep the old meaning (a file's own values win).
 _ADDED_SINCE_9 = {"llama": None}
@@ -41,15 +42,42 @@ ADDED_FIELDS = {2: _ADDED_SINCE_2, 3: _ADDED_SINCE_2, 4: _ADDED_SINCE_4, 5: _ADD
 
 TOKENIZERS = ("bpe", "char")  # --tokenizer's choices; "pretrained" is the tokenizer of --init-from's folder
 PRECISIONS = ("fp32", "tf32", "fp16")
-#: The fields that shape every kind's model (a checkpoint fits a run only if these and the kind's own
-#: ``Kind.model_fields`` agree, dropout aside).
-MODEL_FIELDS = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout", "pre_norm")
-#: What ``--resume`` may change: the run's length and a few recipe knobs.
-RESUME_CHANGEABLE = ("max_steps", "epochs", "max_minutes", "max_tokens", "lr_scale", "clip_norm", "accumulate")
-#: How often to evaluate and save, and what to report: a resumed run keeps them unless given again.
-RUN_OPTIONS = ("eval_every", "save_every", "keep", "average")  # and a kind's own (Task.resume_changeable)
-#: Flags that only steer this invocation (never refused with --resume).
-INVOCATION_OPTIONS = ("skip_nonfinite", "zero")  # --zero 1 only shards Adam's state: same trajectory
+#: What ``--resume`` does with an option (:func:`option`'s ``resume``): "fixed" names the run's model, recipe or
+#: data and is refused; "length" (a new length replaces the old one), "recipe" (changed with a warning: the run
+#: departs from an uninterrupted one) and "changes" (how the run evaluates, saves and reports) may be given again
+#: and are kept in config.json; "invocation" steers this invocation only (not given: the field's default).
+RESUME_RULES = ("fixed", "length", "recipe", "changes", "invocation")
+_AS_DEFAULT = object()
+
+
+def option(default, help="", *, flag=True, resume="fixed", model=False, type=None, choices=None, metavar=None,
+           action=None, group="recipe", flag_default=None, absent=_AS_DEFAULT):
+    """A run-config field declared once, with everything the rest derives from it: its ``train.py`` flag
+    (``--field-name``; ``flag=False``: set by the command or a folder, never by a flag), the flag's ``help``
+    (``{default}`` is replaced by the presets' values), ``type``, ``choices``, ``metavar``, ``action`` and
+    ``group`` in --help, its argparse value when not given (``flag_default``: None, the preset's), what ``--resume``
+    does with it (:data:`RESUME_RULES`), whether it shapes the model (``model``: a checkpoint fits a run only if
+    these agree, dropout aside), and the value a config.json written before the field existed means
+    (``absent``: the default unless said; a kind's new option needs no schema bump)."""
+    assert resume in RESUME_RULES, resume
+    metadata = dict(flag=flag, help=help, resume=resume, model=model, type=type, choices=choices, metavar=metavar,
+                    action=action, group=group, flag_default=flag_default,
+                    absent=default if absent is _AS_DEFAULT else absent)
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=dict, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def options(config_class):
+    """{name: dataclasses.Field} of every field of a run config class, in declaration order."""
+    return {f.name: f for f in dataclasses.fields(config_class)}
+
+
+def own_options(config_class):
+    """The fields a kind's run config adds to the shared :class:`RunConfig` (config.json records them for that kind
+    only)."""
+    shared = options(RunConfig)
+    return {name: f for name, f in options(config_class).items() if name not in shared}
 
 
 _noted = set()
@@ -79,92 +107,88 @@ def _kind(name):
 
 
 def _all_fields():
-    return [f.name for f in dataclasses.fields(RunConfig)]
+    """Every field some kind's run config has."""
+    return list(dict.fromkeys(name for kind in kinds.every() for name in options(kind.run_config)))
 
 
 def recorded_fields(model):
-    """The RunConfig fields a run of the kind ``model`` records in config.json: those no kind owns, and its own."""
-    owned = {field for kind in kinds.every() for field in kind.config_fields}
-    own = set(_kind(model).config_fields)
-    return [name for name in _all_fields() if name not in owned or name in own]
+    """The run-config fields a run of the kind ``model`` records in config.json: the shared ones and its own."""
+    return list(options(_kind(model).run_config))
 
 
 @dataclasses.dataclass
 class RunConfig:
-    """Everything that defines a training run. Field names are the flags' names
-    (``--d-model`` is ``d_model``)."""
-    # the model (paper Table 3)
-    preset: str = "tiny"
-    d_model: int = 128
-    num_heads: int = 4
-    num_encoder_layers: int = 2
-    num_decoder_layers: int = 2
-    d_ff: int = 512
-    dropout: float = 0.1
-    pre_norm: bool = False
-    model: str = "transformer"  # or "gpt": the decoder-only language model (minitf.lm)
-    block_size: int = 128       # gpt: tokens per training block (the model's context)
-    tokenizer: str = "bpe"      # gpt: "bpe" (sentencepiece), "char" (one id per character) or "pretrained"
-    # fine-tuned from a Hugging Face folder (--init-from): its path, and what its config.json fixes (a GPT-2
-    # folder for gpt; a Marian folder for transformer: then the sizes above, vocab_size and these two are its)
-    init_from: str | None = None
-    n_positions: int | None = None  # gpt: rows of the learned position table (None: block_size)
-    activation: str = "gelu_tanh"   # the feed-forward's (GPT-2's gelu_new; Marian's silu)
-    num_kv_heads: int | None = None  # llama: key/value heads of grouped-query attention (None: num_heads)
-    rope_theta: float = 10000.0      # llama: the rotary positions' base
-    layer_norm_eps: float = 1e-5
-    # transformer from a Marian folder: {"config": its config.json, "generation": its generation_config.json or
-    # None}, kept so that the run needs the folder no more: the model is built from "config", an export writes
-    # both again. Each kind records only its own of these (minitf.nmt.kind, minitf.lm.kind: ``config_fields``)
-    marian: dict | None = None
-    # llama from a Hugging Face Llama, Qwen2 or Mistral folder: its model's config (minitf.llama.config.LlamaConfig's
-    # fields), kept so that the run needs the folder no more: the model is built from it, an export writes it again
-    llama: dict | None = None
+    """Everything that defines a training run, shared by every kind; a kind's run config subclasses it with its
+    own fields (``Kind.run_config``: :class:`minitf.nmt.config.TranslationRunConfig`, ...). Field names are the
+    flags' names (``--d-model`` is ``d_model``); each field's :func:`option` declares its flag and rules."""
+    # the model (paper Table 3); which kind and preset are the command's (--model, --preset)
+    preset: str = option("tiny", flag=False)
+    d_model: int = option(128, model=True, group="model (override the preset)", type="positive int")
+    num_heads: int = option(4, model=True, group="model (override the preset)", type="positive int")
+    num_encoder_layers: int = option(2, model=True, group="model (override the preset)", type="positive int")
+    num_decoder_layers: int = option(2, model=True, group="model (override the preset)", type="positive int")
+    d_ff: int = option(512, model=True, group="model (override the preset)", type="positive int")
+    dropout: float = option(0.1, model=True, group="model (override the preset)", type="float")
+    pre_norm: bool = option(False, "pre-LN blocks instead of the paper's post-LN", model=True, action="store_true",
+                            group="model (override the preset)")
+    model: str = option("transformer", flag=False, model=True)  # the kind: minitf.kinds' name
+    tokenizer: str = option("bpe", flag=False)  # a language model's --tokenizer; "pretrained": --init-from's folder's
+    init_from: str | None = option(None, flag=False)  # fine-tuned from a Hugging Face folder: its path (--init-from)
     # the recipe
-    vocab_size: int = 4000
-    warmup: int = 800
-    lr_scale: float = 1.0
-    max_tokens: int = 1500
-    max_len: int = 100
-    label_smoothing: float = 0.1
-    bpe_dropout: float = 0.0
-    lexicon: float = 0.0  # dictionary pairs mixed into each epoch, per training sentence (--lexicon)
-    clip_norm: float = 0.0
-    optimizer: str = "adam"  # the update rule (minitf.optim.OPTIMIZERS); the paper's Adam (0.9, 0.98, 1e-9)
-    precision: str = "fp32"
-    seed: int = 1
-    skip_nonfinite: bool = False
+    vocab_size: int = option(4000, "joint BPE vocabulary size", type="positive int")
+    warmup: int = option(800, "warmup steps of the learning-rate schedule", type="positive int")
+    lr_scale: float = option(1.0, "factor on d_model^-0.5 * min(step^-0.5, step*warmup^-1.5)", resume="recipe",
+                             type="positive float")
+    max_tokens: int = option(1500, "padded tokens per batch and side (paper: ~25000)", resume="recipe",
+                             type="positive int")
+    max_len: int = option(100, "skip longer sentences (in BPE tokens; {default})", type="positive int")
+    label_smoothing: float = option(0.1, "{default}", type="float")
+    bpe_dropout: float = option(0.0, "BPE-dropout on the training side: probability of dropping a merge, sampled "
+                                "anew each epoch from (seed, epoch) (0 = off; the preset's value)", type="float")
+    clip_norm: float = option(0.0, "global gradient-norm clipping (0 = off; {default})", resume="recipe",
+                              type="float")
+    optimizer: str = option("adam", "the update rule ({default}: the paper's, beta1 0.9, beta2 0.98, eps 1e-9)",
+                            choices=tuple(OPTIMIZERS))
+    precision: str = option("fp32", "{default}: fp32; tf32 (GPU: TF32 tensor-core matmuls via CUPY_TF32=1); fp16 "
+                            "(float16 model, float32 master weights and Adam moments, dynamic loss scaling)",
+                            choices=PRECISIONS, group="run")
+    seed: int = option(1, "{default}", type="int", group="run")
+    skip_nonfinite: bool = option(False, "skip (and count) a step whose loss is not finite instead of stopping",
+                                  resume="invocation", action="store_true")
     # data parallelism: batches (of --max-tokens each, over all ranks) per update; ZeRO-1 sharded Adam
-    accumulate: int = 1
-    zero: int = 0
+    accumulate: int = option(1, "batches of --max-tokens per update (gradient accumulation; {default})",
+                             resume="changes", type="positive int", metavar="K")
+    zero: int = option(0, "1: shard Adam's moments over the mpiexec ranks (ZeRO-1); same parameters as 0 "
+                       "({default})", resume="invocation", type="int", choices=(0, 1))
     # how long: whichever comes first; all None means 10 epochs
-    max_steps: int | None = None
-    epochs: int | None = None
-    max_minutes: float | None = 14.0  # wall time of the whole command (schema 4; was training steps only)
+    max_steps: int | None = option(None, resume="length", type="positive int", group="run")
+    epochs: int | None = option(None, resume="length", type="positive int", group="run")
+    max_minutes: float | None = option(14.0, "wall time of the whole command: training stops early enough for "
+                                       "validation, checkpoints and the end-of-run evaluation to end within it",
+                                       resume="length", type="positive float", group="run")
     # evaluation, checkpoints, reporting
-    eval_every: int = 1000
-    save_every: int = 500
-    keep: int = 5
-    average: int = 5
-    bleu_sentences: int = 200
-    beam: int = 4
-    alpha: float = 0.6
-    # the data: six paths (test may be None) and their sha256 when the run started
-    src_lang: str = "de"
-    tgt_lang: str = "en"
-    data: dict = dataclasses.field(default_factory=dict)
-    data_sha256: dict = dataclasses.field(default_factory=dict)
+    eval_every: int = option(1000, "steps between validations ({default})", resume="changes", type="positive int",
+                             group="run")
+    save_every: int = option(500, "steps between checkpoints ({default})", resume="changes", type="positive int",
+                             group="run")
+    keep: int = option(5, "checkpoints kept ({default})", resume="changes", type="positive int", group="run")
+    average: int = option(5, "average the last N checkpoints at the end (0/1 = off; {default})", resume="changes",
+                          type="int", group="run")
+    # the data: its paths and their sha256 when the run started (the kind's task fills them)
+    data: dict = option({}, flag=False)
+    data_sha256: dict = option({}, flag=False)
 
     @classmethod
     def from_preset(cls, preset, **overrides):
         """The preset of the run's kind (``model``), then every override that is not None, validated.
         An explicit ``max_steps`` or ``epochs`` replaces the preset's time budget."""
-        model = overrides.get("model") or cls.model
+        model = overrides.get("model") or "transformer"
         kind = _kind(model)
+        cls = kind.run_config
         if preset not in kind.presets:
             raise UsageError(f"unknown preset {preset!r}{'' if model == kinds.names()[0] else ' for --model ' + model}; "
                              f"expected one of {sorted(kind.presets)}")
-        values = dict(kind.presets[preset], preset=preset)
+        values = dict(kind.presets[preset], preset=preset, model=model)
         given = {k: v for k, v in overrides.items() if v is not None}
         if "max_steps" in given or "epochs" in given:
             values["max_minutes"] = None
@@ -186,15 +210,17 @@ class RunConfig:
         if (self.tokenizer == "pretrained") != (self.init_from is not None):
             raise UsageError("the pretrained tokenizer comes with --init-from FOLDER and only with it; "
                              f"got tokenizer {self.tokenizer!r} and --init-from {self.init_from}")
-        for name in ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "vocab_size", "warmup",
-                     "max_tokens", "max_len", "eval_every", "save_every", "keep", "accumulate", "max_steps", "epochs"):
+        for name in ("d_model", "num_heads", "d_ff", "vocab_size", "warmup", "max_tokens", "max_len", "eval_every",
+                     "save_every", "keep", "accumulate", "max_steps", "epochs"):
             value = getattr(self, name)
             if value is None and name in ("max_steps", "epochs"):  # no such limit
                 continue
-            if name == "num_encoder_layers" and value == 0 and self.num_decoder_layers:  # a decoder-only model
-                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UsageError(f"{flag(name)} must be a positive integer, got {value!r}")
+        for name in ("num_encoder_layers", "num_decoder_layers"):  # how many of each: the kind's check
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UsageError(f"{flag(name)} must be a whole number, got {value!r}")
         for name in ("dropout", "label_smoothing", "bpe_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UsageError(f"{flag(name)} must be in [0, 1), got {getattr(self, name)}")
@@ -220,9 +246,9 @@ class RunConfig:
         return self
 
     def model_fields(self, with_dropout=False):
-        """The fields that shape this run's model: every kind's and its kind's own (dropout only if asked)."""
-        fields = MODEL_FIELDS + ("model",) + _kind(self.model).model_fields
-        return {k: getattr(self, k) for k in fields if with_dropout or k != "dropout"}
+        """The fields that shape this run's model (declared ``model=True``; dropout only if asked)."""
+        return {name: getattr(self, name) for name, f in options(type(self)).items()
+                if f.metadata["model"] and (with_dropout or name != "dropout")}
 
     def recorded_fields(self):
         """The fields config.json records: the shared ones and this run's kind's own."""
@@ -250,16 +276,19 @@ class RunConfig:
         if model not in kinds.names():
             raise UsageError(f"{where}: \"model\" is {model!r}; this minitf trains {', '.join(kinds.names())}; "
                              "start a new run")
+        config_class = _kind(model).run_config
         names = set(recorded_fields(model))
         if version_read < SCHEMA_VERSION:  # every kind's fields were recorded: the other kinds' are not this run's
             values = {k: v for k, v in values.items() if k in names or k not in _all_fields()}
+        own = own_options(config_class)  # a kind's option added since the run started: the value that keeps its meaning
+        values = {**{k: f.metadata["absent"] for k, f in own.items() if k not in values}, **values}
         unknown = sorted(set(values) - names - {"schema_version"})
         missing = sorted(names - set(values))
         if unknown or missing:
             raise UsageError(f"{where} does not match this minitf's run config of a --model {model} run (unknown "
                              f"{unknown}, missing {missing}); start a new run")
         try:
-            return cls(**{k: v for k, v in values.items() if k in names}).validate()
+            return config_class(**{k: v for k, v in values.items() if k in names}).validate()
         except (TypeError, ValueError) as error:
             raise UsageError(f"{where}: {error}") from None
 

@@ -5,6 +5,34 @@ it, and branch on nothing else. Its ``train.py`` part is its :class:`minitf.trai
 import dataclasses
 import pathlib
 
+from minitf.training.config import RunConfig, own_options
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """What ``python -m minitf.inspect`` draws for a kind and what it calls things: a kind's :attr:`Kind.page`.
+    ``layout``: the page's drawing ("translation": a source, its translation and cross-attention; "gpt": one text,
+    each next token); ``pairs``: it reads a sentence and its translation (a ``--reference`` may be given); the run's
+    curves' ``loss_name`` and validation ``score`` (a metrics.jsonl key) with its name and caption; ``text_label``:
+    the page's text box; ``no_reference``: why a reference is refused where the page takes none."""
+    layout: str
+    pairs: bool = False
+    loss_name: str = "cross-entropy"
+    score: str = "ppl"
+    score_name: str = "perplexity (validation)"
+    score_caption: str = "exp(validation cross-entropy): lower is better."
+    text_label: str = "text"
+    no_reference: str = ""
+
+
+#: The page of a model that continues one text (the GPT, the Llama family).
+NEXT_TOKEN_PAGE = Page("gpt", no_reference="a language model scores the text's own next tokens")
+#: The page of a translation model.
+TRANSLATION_PAGE = Page("translation", pairs=True, loss_name="label-smoothed cross-entropy", score="bleu",
+                        score_name="BLEU (validation)", text_label="sentence",
+                        score_caption="Corpus BLEU of the run's validation sentences, translated by the model of that "
+                                      "step.")
+
 
 @dataclasses.dataclass
 class Loaded:
@@ -41,18 +69,30 @@ class Kind:
     name = None
     #: What it is called in a sentence ("translation model").
     title = None
+    #: The kinds (their names) whose packages this kind's package builds on (the Llama family on the language
+    #: model's task and trainer); every other kind's package it never imports (tests/test_architecture.py).
+    extends = ()
     #: The ``model_type`` values of Hugging Face config.json files it reads (``minitf.load(FOLDER)``).
     hf_model_types = ()
     #: What its Hugging Face folders are called in a sentence ("Hugging Face Marian folder").
     hf_what = ""
     #: The presets of ``--preset`` for this kind: {name: {RunConfig field: value}}.
     presets = {}
-    #: The RunConfig fields only this kind uses: its config.json records them, another kind's never does.
-    config_fields = ()
-    #: Of those, the fields that shape its model (a checkpoint fits a run only if they agree).
-    model_fields = ()
-    #: Which page ``python -m minitf.inspect`` draws for it: "translation" (source, target, cross-attention) or
-    #: "gpt" (one text, each next token).
+    #: Its run config: :class:`minitf.training.config.RunConfig` and its own fields, each declared once with its
+    #: flag, help, resume rule and whether it shapes the model (:func:`minitf.training.config.option`); the
+    #: parser, --resume's rules, config.json and the refusal of another kind's flags derive from it.
+    run_config = RunConfig
+
+    @property
+    def config_fields(self):
+        """The run-config fields only this kind has: its config.json records them, another kind's never does."""
+        return tuple(own_options(self.run_config))
+
+    @property
+    def model_fields(self):
+        """Of those, the fields that shape its model (a checkpoint fits a run only if they agree)."""
+        return tuple(name for name, f in own_options(self.run_config).items() if f.metadata["model"])
+    #: What ``python -m minitf.inspect`` draws for it and what the page calls things (a :class:`Page`), or None.
     page = None
     #: The command that uses a run of this kind (said when another command is given one).
     use_a_run = ""
@@ -112,11 +152,22 @@ class Kind:
                          f"not trace yet; {self.use_a_run.replace('RUN', str(loaded.source))}")
 
     def write_folder(self, loaded, folder):
-        """Write ``loaded`` (a run of this kind, :class:`Loaded`) as a Hugging Face folder into the new or empty
-        ``folder`` (``python -m minitf.export``); a kind without a folder format to write refuses in one line."""
+        """Write ``loaded`` (a run, checkpoint or Hugging Face folder of this kind, :class:`Loaded`) as a Hugging Face
+        folder into the new or empty ``folder``: its model, config.json (a folder's other entries kept), generation
+        settings and tokenizer (:func:`minitf.save_pretrained`, ``python -m minitf.export``); what cannot be one
+        is refused in one line before anything is written."""
         from minitf.training.errors import UsageError
         raise UsageError(f"{loaded.source} is a --model {self.name} run, which minitf does not export to a Hugging "
                          f"Face folder: {self.use_a_run}")
+
+    def writes(self, model):
+        """Whether ``model`` is one of this kind's models (:meth:`write_model` writes it)."""
+        return False
+
+    def write_model(self, model, folder, hf_config=None):
+        """Write the bare ``model`` (no tokenizer) as a Hugging Face folder: config.json (``hf_config``'s other
+        entries kept) and its weights, through its format's ``save_pretrained``."""
+        raise NotImplementedError
 
     def load_folder(self, folder, warn=None):
         """The :class:`Loaded` of a Hugging Face folder of one of :attr:`hf_model_types`: every value checked

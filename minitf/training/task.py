@@ -34,8 +34,8 @@ class RunData:
 
 class Task:
     """One model of ``train.py --model NAME``. The class attributes describe it to the command; the methods are
-    called in this order for a new run: :meth:`add_arguments` (every task's, into one parser), :meth:`given_flags`
-    (of the other tasks: refused), :meth:`pretrained_fields` (with ``--init-from``), :meth:`check_config`,
+    called in this order for a new run: :meth:`add_arguments` (every task's, into one parser; the flags of
+    the other tasks are refused), :meth:`pretrained_fields` (with ``--init-from``), :meth:`check_config`,
     :meth:`default_run_dir`, :meth:`check_command` (before ``mpiexec`` starts the ranks) or :meth:`new_run` (in
     every rank), then :meth:`make_trainer` and :meth:`describe`. A resumed run calls :meth:`reopen` instead.
 
@@ -56,23 +56,15 @@ class Task:
     presets_help = ""
     #: The :class:`minitf.training.trainer.Trainer` subclass that runs it (its ``finish`` ends the run).
     trainer = None
-    #: The options of this task whose values a new run's RunConfig takes as they are.
-    config_flags = ()
-    #: This task's options that ``--resume`` refuses (they name the run's model or data).
-    resume_fixed = ()
-    #: This task's options that ``--resume`` may change (how the run reports: translation's BLEU decoding).
-    resume_changeable = ()
     #: What ``--init-from FOLDER`` starts this model from ("GPT"), or None: this model has no pretrained start.
     pretrained = None
     #: ``--init-from``'s help for this model (a task with ``pretrained``).
     init_from_help = ""
 
     def add_arguments(self, parser):
-        """Add this model's options to ``parser`` (every task's are in the one parser: --help shows them all)."""
-
-    def given_flags(self, args):
-        """This model's own data flags written on the command line (another ``--model`` refuses them)."""
-        return []
+        """Add this model's data options to ``parser`` (every task's are in the one parser: --help shows them all;
+        a flag two tasks add is one flag of both; another ``--model`` refuses them, ``--resume`` too). Its
+        run-config options are declared in its kind's run config (``Kind.run_config``), not here."""
 
     def foreign_flags_error(self, flags, owner):
         """The one line refusing ``flags`` of the task ``owner`` for a run of this model."""
@@ -140,12 +132,13 @@ class Task:
         raise NotImplementedError
 
 
-def default(name):
-    """'default: X' for a flag's help, from RunConfig and the default kind's presets: the one place that holds
-    the defaults."""
-    field = RunConfig.__dataclass_fields__[name].default
-    presets = kinds.get(kinds.names()[0]).presets
-    value = presets[RunConfig.preset].get(name, field)              # the default preset's value
+def default(name, kind=None):
+    """'default: X' for a flag's help, from the run config and the presets of ``kind`` (a :class:`Kind`; None: the
+    default kind's): the one place that holds the defaults."""
+    kind = kind or kinds.get(kinds.names()[0])
+    field = kind.run_config.__dataclass_fields__[name].default
+    presets = kind.presets
+    value = presets[RunConfig.preset].get(name, field) if RunConfig.preset in presets else field  # the default preset's
     other = [f"{v.get(name, field)} with --preset {p}" for p, v in presets.items() if v.get(name, field) != value]
     return f"default: {value}" + (f"; {', '.join(other)}" if other else "")
 

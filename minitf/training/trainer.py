@@ -357,7 +357,7 @@ class Trainer:
 
     def backward_auxiliary(self, scale):
         """Add ``scale`` x the gradient of sum(coefficient x loss) of :meth:`auxiliary_losses` into the
-        parameters' gradients (after the model's backward of the same micro-batch)."""
+        parameters' gradients (before the model's backward of the same micro-batch, whose caches it reads)."""
         raise NotImplementedError
 
     def end_reserve(self):
@@ -414,9 +414,9 @@ class Trainer:
                 loss_fn.clear_saved()  # its (B, T, V) cache too
                 continue
             scale = weight * (opt.scale if self.mixed else 1.0)
-            model.backward(loss_fn.backward(scale))  # grads add up
-            if names:
+            if names:  # the auxiliary losses' gradients first: the model's backward then consumes the caches
                 self.backward_auxiliary(scale)
+            model.backward(loss_fn.backward(scale))  # grads add up
         if world.size > 1:
             stats = world.sum_host(stats)
         loss, nll_sum, tokens = (float(s) for s in stats[:3])

@@ -212,7 +212,7 @@
 
   function serveForm(serve) {
     const form = h("form", {method: "get", action: "/", class: "box", id: "ask"}, page);
-    h("label", {for: "text"}, form, DATA.model.kind === "gpt" ? "text" : "sentence");
+    h("label", {for: "text"}, form, DATA.model.text_label);
     const text = h("input", {type: "text", name: "text", id: "text", maxlength: serve.max_chars, required: "",
                              placeholder: `at most ${serve.max_chars} characters`}, form);
     text.value = serve.text || "";
