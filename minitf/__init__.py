@@ -29,3 +29,11 @@ def load(path, warn=None):
     ``.tokenizer``, ``.decoding``, ``.kind``."""
     from minitf.loader import load as load_any  # the application's loader, imported only when asked for
     return load_any(path, warn)
+
+
+def save_pretrained(loaded_or_model, folder):
+    """Write what :func:`load` returned (a run, a checkpoint or a Hugging Face folder of any kind), or a bare model of
+    any kind, as a Hugging Face folder that transformers reads (:func:`minitf.loader.save_pretrained`: the model's
+    format, config.json, generation settings and tokenizer); the one writer beside the one loader."""
+    from minitf.loader import save_pretrained as save_any  # the application's writer, imported when asked for
+    return save_any(loaded_or_model, folder)

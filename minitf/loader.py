@@ -36,6 +36,28 @@ def refuse_other_kind(folder, found, wanted):
                       f"{found.use_a_run.replace('RUN', str(folder))}")
 
 
+def save_pretrained(loaded_or_model, folder):
+    """Write ``loaded_or_model`` as a Hugging Face folder into the new or empty ``folder``: a
+    :class:`minitf.training.kind.Loaded` (:func:`load`'s: a run, a checkpoint or a folder) by its kind's writer
+    (:meth:`Kind.write_folder`: model, config.json with a folder's other entries kept, generation settings,
+    tokenizer); a bare model by the kind whose model it is (:meth:`Kind.write_model`: config.json and weights).
+    A one-line error before anything is written for a folder in use or a model no format holds. Returns ``folder``."""
+    from minitf.training.kind import Loaded
+    folder = pathlib.Path(folder)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise UsageError(f"{folder} {'is a file' if not folder.is_dir() else 'is not empty'}; give a new or empty "
+                         "folder for the Hugging Face files (nothing was written)")
+    if isinstance(loaded_or_model, Loaded):
+        loaded_or_model.kind.write_folder(loaded_or_model, folder)
+        return folder
+    kind = next((kind for kind in kinds.every() if kind.writes(loaded_or_model)), None)
+    if kind is None:
+        raise UsageError(f"save_pretrained writes what minitf.load returns or a model of "
+                         f"{', '.join(kinds.names())}, got {type(loaded_or_model).__name__}")
+    kind.write_model(loaded_or_model, folder)
+    return folder
+
+
 def load(path, warn=None, kind=None, hugging_face=False):
     """The :class:`minitf.training.kind.Loaded` model of ``path`` (module doc); ``kind``: the one kind the
     caller reads (a :class:`minitf.training.kind.Kind`; a model of another kind is refused in one line saying

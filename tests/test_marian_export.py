@@ -10,7 +10,7 @@ import json
 import pytest
 
 from minitf import backend
-from minitf.nmt.export import main as export_main
+from minitf.export import main as export_main
 from minitf.training.checkpoint import load_model
 from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from tests.runs import one_error_line, snapshot

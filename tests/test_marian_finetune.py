@@ -187,7 +187,7 @@ def test_a_fine_tuning_run_resumes_exactly_without_the_folder_translates_and_exp
         expected += tokenizer.decode(greedy_decode(model, src, min_len=1))
     assert out.splitlines() == expected and any(expected)
 
-    from minitf.nmt.export import main as export_main
+    from minitf.export import main as export_main
     assert export_main([str(run), str(tmp_path / "exported")]) == 0
     back = marian.from_pretrained(tmp_path / "exported")
     ids = tokenizer.encode(sources)
@@ -208,7 +208,7 @@ def test_an_exported_minitf_run_fine_tunes_from_where_it_ended(tmp_path, capsys)
     metrics.jsonl keeps; with the pad as the start token it was 3.053, not 3.036), so the fine-tuning batches
     start the decoder from the model's own start token and use the run's ids. Before: refused, the folder's start
     token not being the tokenizer's pad."""
-    from minitf.nmt.export import main as export_main
+    from minitf.export import main as export_main
     from tests.runs import TINY, make_corpus
     files = make_corpus(tmp_path)
     quiet = ["--average", "0", "--eval-every", "20", "--bleu-sentences", "0"]
@@ -421,7 +421,7 @@ def test_fine_tuning_needs_no_safetensors_package_and_export_says_what_to_instal
     """minitf reads model.safetensors with its own reader: --init-from runs without the package (before: refused,
     "needs the safetensors package"); export writes model.safetensors with it, and says so in one line (before:
     a traceback ending in the ImportError)."""
-    from minitf.nmt.export import main as export_main
+    from minitf.export import main as export_main
     for module in ("safetensors", "safetensors.numpy"):
         monkeypatch.setitem(sys.modules, module, None)  # its import raises ImportError, installed or not
     code, err = train(data + FINE_TUNE + ["--init-from", folder, "--max-steps", "1", "--eval-every", "100",

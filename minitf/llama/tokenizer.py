@@ -47,10 +47,6 @@ class LlamaTokenizer(HuggingFaceTokenizer):
         """Whether a tokenizer.model's bytes are one :meth:`model_bytes` wrote (json.dumps writes "format" first)."""
         return f'"format": "{FORMAT}"'.encode() in data[:64]
 
-    def save(self, folder):
-        """Write tokenizer.json into ``folder`` (the folder's own file, as read)."""
-        (pathlib.Path(folder) / "tokenizer.json").write_text(self._tokenizer.to_str(), encoding="utf-8")
-
 
 def read_tokenizer(folder, eos_ids=()):
     """The :class:`LlamaTokenizer` of ``folder``'s tokenizer.json; a one-line DataError for a folder without one

@@ -238,6 +238,11 @@ class HuggingFaceTokenizer:
     def model_bytes(self):
         return self._bytes
 
+    def save(self, folder):
+        """Write tokenizer.json into ``folder`` (the tokenizer as read), atomically."""
+        from minitf.atomic import write_atomic
+        write_atomic(pathlib.Path(folder) / "tokenizer.json", self._tokenizer.to_str().encode("utf-8"))
+
     def encode(self, texts):
         return [encoding.ids for encoding in
                 self._tokenizer.encode_batch(list(texts), add_special_tokens=self.ADD_SPECIAL_TOKENS)]
