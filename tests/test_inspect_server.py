@@ -9,13 +9,17 @@ every wait bounded:
    gives a short 500 page;
 4. control characters of a request reach the log escaped; raw bytes that are not UTF-8 in the request line are
    a 400, raw UTF-8 is read as UTF-8;
-5. ``--text`` or ``--reference`` bytes that are not UTF-8 on the command line are one line and exit 1.
+5. ``--text`` or ``--reference`` bytes that are not UTF-8 on the command line are one line and exit 1;
+6. a metrics.jsonl that is not a regular file (a FIFO, a link to /dev/zero) is refused at once, never read, and
+   the server goes on.
 
 The page's numbers and the server's ordinary errors are in tests/test_inspect.py.
 """
 import contextlib
 import json
+import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -28,10 +32,15 @@ import urllib.request
 
 import pytest
 
+from minitf import inspect
 from minitf.study.inspection import page, serve
+from minitf.training.errors import DataError
 from tests.runs import CPU_ENV, ROOT, copy_run, read_line
 
 TIMEOUT = 30  # s: the longest any answer may take here (a blocked server fails the test, never hangs it)
+#: The address space a served command may take here (it needs about 200 MB): a server that reads a device
+#: without a limit fails with a MemoryError instead of filling the machine.
+MEMORY_LIMIT = 1 << 30
 
 
 def get(url, headers=None, timeout=TIMEOUT):
@@ -74,11 +83,17 @@ def in_process(respond=None, error_page=None, **options):
         thread.join(timeout=TIMEOUT)
 
 
+def limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
 @contextlib.contextmanager
 def serving(run):
-    """``python -m minitf.inspect --checkpoint RUN --serve`` on a free port: its base url."""
+    """``python -m minitf.inspect --checkpoint RUN --serve`` on a free port (its memory capped at
+    :data:`MEMORY_LIMIT`): its base url."""
     child = subprocess.Popen([sys.executable, "-m", "minitf.inspect", "--checkpoint", str(run), "--serve",
-                              "--port", "0", "--beam", "1"], cwd=ROOT, env=CPU_ENV, stderr=subprocess.PIPE)
+                              "--port", "0", "--beam", "1"], cwd=ROOT, env=CPU_ENV, stderr=subprocess.PIPE,
+                             preexec_fn=limit_memory)
     try:
         line = read_line(child.stderr.fileno())
         yield re.fullmatch(r"serving (http://127\.0\.0\.1:\d+/) \(Ctrl-C stops\)", line).group(1)
@@ -228,3 +243,35 @@ def test_command_line_text_that_is_not_utf8_is_one_line(flag, world, tmp_path):
     assert done.returncode == 1 and len(err) == 1, err
     assert err[0].startswith("minitf.inspect: error: ") and flag in err[0] and "UTF-8" in err[0], err
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- 6. run files that are not files
+def test_a_fifo_or_a_device_in_place_of_the_metrics_file_is_refused_and_the_server_goes_on(world, tmp_path):
+    run = copy_run(world["ref"], tmp_path / "run")
+    metrics = run / "metrics.jsonl"
+    with serving(run) as base:
+        assert get(base)[0] == 200
+        metrics.unlink()
+        os.mkfifo(metrics)  # no writer: an open() that waits for one never returns
+        for query in ("", "?text=Der+hund.", ""):  # each answered at once, and the server is not wedged
+            status, html = get(base + query, timeout=10)
+            data = page.read_data(html)
+            assert status == 500 and f"{metrics} is a FIFO" in data["error"] and data["curves"] is None, data["error"]
+        metrics.unlink()
+        metrics.symlink_to("/dev/zero")  # endless: read whole, it fills the memory
+        status, html = get(base, timeout=10)
+        error = page.read_data(html)["error"]
+        assert status == 500 and f"{metrics} is a character device" in error, error
+        metrics.unlink()
+        shutil.copy(world["ref"] / "metrics.jsonl", metrics)
+        status, html = get(base)  # a file again: its curves again
+        assert status == 200 and page.read_data(html)["curves"] is not None
+
+
+def test_a_metrics_file_longer_than_the_cap_is_refused_unread(world, monkeypatch):
+    size = (world["ref"] / "metrics.jsonl").stat().st_size
+    assert inspect.read_curves(world["ref"], "translation")["train"]["step"]  # read whole at its own size
+    monkeypatch.setattr(inspect, "MAX_METRICS_BYTES", size - 1)
+    with pytest.raises(DataError, match=f"metrics.jsonl holds {size:,} bytes, more than the {size - 1:,} read here"):
+        inspect.read_curves(world["ref"], "translation")
+

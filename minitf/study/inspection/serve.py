@@ -1,7 +1,8 @@
 """``python -m minitf.inspect --serve``: the inspection page on http://127.0.0.1:PORT/ with a text box;
 each sentence sent is computed by the one model the command loaded. Bound to 127.0.0.1 only; requests are
 served in threads (an idle or slow client holds only its own, and each read waits at most READ_TIMEOUT
-seconds) while the model computes one sentence at a time (a lock); the query capped in size. A request for
+seconds) while the model computes one sentence at a time (a lock; the page around its numbers, which reads the
+run's files, is made outside it); the query capped in size. A request for
 another host name gets a short refusal holding nothing of the run; a bad request is answered with an error
 in the page (status 400) and the server goes on. The security model: docs/inspect.md#security-model."""
 import html
@@ -58,13 +59,15 @@ def parse_query(path, max_chars):
     return query
 
 
-def make_server(respond, error_page, max_chars, port=0, log=None, timeout=READ_TIMEOUT):
+def make_server(compute, error_page, max_chars, port=0, log=None, timeout=READ_TIMEOUT, present=None):
     """A threading HTTP server on 127.0.0.1:``port`` (0: any free port; ``server.server_port`` says which).
-    ``respond(query)`` -> (status, html) answers a parsed query ({} for the empty form), one call at a time;
-    ``error_page(message, query)`` -> html answers a BadRequest (400) and anything ``respond`` raises
-    (500, the server goes on); if it fails too, a short page of the message answers. A request for another
-    host is refused (400) with :data:`REFUSAL` alone. Each read from a client waits at most ``timeout``
-    seconds. ``log(line)`` gets one line per request, control characters escaped (default: none)."""
+    ``compute(query)`` does the model's work for a parsed query ({} for the empty form), one call at a time;
+    ``present(query, computed)`` -> (status, html) makes the answer from what it returned, outside that lock,
+    so that a slow run file holds up no other request (without ``present``, ``compute`` returns (status,
+    html) itself); ``error_page(message, query)`` -> html answers a BadRequest (400) and anything else either
+    raises (500, the server goes on); if it fails too, a short page of the message answers. A request for
+    another host is refused (400) with :data:`REFUSAL` alone. Each read from a client waits at most
+    ``timeout`` seconds. ``log(line)`` gets one line per request, control characters escaped (default: none)."""
     one_at_a_time = threading.Lock()  # one model: its work is never concurrent
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -81,7 +84,8 @@ def make_server(respond, error_page, max_chars, port=0, log=None, timeout=READ_T
             try:
                 query = parse_query(self.path, max_chars)
                 with one_at_a_time:
-                    status, page = respond(query)
+                    computed = compute(query)
+                status, page = computed if present is None else present(query, computed)
             except BadRequest as error:
                 status, page = 400, self._error_page(str(error), query)
             except Exception as error:  # noqa: BLE001 -- one bad request must not stop the server
