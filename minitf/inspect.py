@@ -24,7 +24,7 @@ import webbrowser
 from minitf import backend, kinds
 from minitf.atomic import kind_of, writable_target, write_atomic
 from minitf.study.inspection import numbers
-from minitf.study.inspection.page import example_data, loaded_note, render
+from minitf.study.inspection.page import example_data, loaded_note, render, visible
 from minitf.study.inspection.serve import BadRequest, make_server, serve_forever
 from minitf.loader import load as load_any
 from minitf.pretrained import is_hugging_face_folder
@@ -375,7 +375,7 @@ def run(argv=None):
         backend.set_device(args.device)
     else:
         backend.check_environment()
-    warn = lambda message: print(message, file=sys.stderr)  # noqa: E731
+    warn = lambda message: print(visible(message), file=sys.stderr)  # noqa: E731 -- nothing raw reaches the terminal
     if args.serve:
         return serve(args, warn)
     check_out(args.out)
@@ -390,7 +390,7 @@ def run(argv=None):
         examples.append(example)
         warnings += notes
     for line in warnings:
-        print(f"warning: {line}", file=sys.stderr)
+        warn(f"warning: {line}")
     page = render(page_data(loaded, examples, warnings))
     try:
         write_atomic(args.out, page)

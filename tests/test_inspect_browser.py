@@ -102,10 +102,9 @@ def screenshot(driver, element_id, path):
 
 
 def shown(piece):
-    """A token as the page writes it (page.js's show)."""
+    """A token as the page writes it (page.js's show, after page.visible)."""
     if piece == "":
         return "∅"
-    piece = piece.replace("\n", "↵").replace("\t", "⇥")
     return "␣" + piece[1:] if piece.startswith(" ") else piece
 
 

@@ -11,7 +11,9 @@ every wait bounded:
    a 400, raw UTF-8 is read as UTF-8;
 5. ``--text`` or ``--reference`` bytes that are not UTF-8 on the command line are one line and exit 1;
 6. a metrics.jsonl that is not a regular file (a FIFO, a link to /dev/zero) is refused at once, never read, and
-   the server goes on.
+   the server goes on;
+7. direction and invisible characters (bidi overrides and isolates, zero-width spaces and joiners, ESC, BEL)
+   reach the page and the terminal as visible escapes (``[U+202E]``, ``\\x1b``).
 
 The page's numbers and the server's ordinary errors are in tests/test_inspect.py.
 """
@@ -27,7 +29,9 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -274,4 +278,70 @@ def test_a_metrics_file_longer_than_the_cap_is_refused_unread(world, monkeypatch
     monkeypatch.setattr(inspect, "MAX_METRICS_BYTES", size - 1)
     with pytest.raises(DataError, match=f"metrics.jsonl holds {size:,} bytes, more than the {size - 1:,} read here"):
         inspect.read_curves(world["ref"], "translation")
+
+
+# --------------------------------------------------------------------------- 7. direction and invisible characters
+#: What a hostile sentence may carry: a right-to-left override, isolates, zero-width space and joiner, word joiner,
+#: BOM, and a terminal's escape sequence with a bell.
+SPOOF = "Der \u202ehund\u200b und\u2066 \u200d\u2060\ufeff\u2067\u202a\x1b[31m\x07katze."
+#: What each becomes where the page or the terminal shows it.
+ESCAPED = ["[U+202E]", "[U+200B]", "[U+2066]", "[U+200D]", "[U+2060]", "[U+FEFF]", "[U+2067]", "[U+202A]",
+           "\\x1b", "\\x07"]
+
+
+def invisible(text):
+    """The characters of ``text`` that a browser or a terminal would not show as themselves."""
+    return [char for char in text if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs")]
+
+
+def strings(value):
+    """Every string in a page's JSON data."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings(item)
+
+
+def test_visible_escapes_the_hidden_characters_and_nothing_else():
+    ordinary = "Die Ärztin ▁Haus </s> 日本語 ‐ \u00a0 ä \\x1b [U+202E]"  # shown as they are (a no-break space too)
+    assert page.visible(ordinary) == ordinary
+    assert page.visible(SPOOF) == ("Der [U+202E]hund[U+200B] und[U+2066] [U+200D][U+2060][U+FEFF][U+2067][U+202A]"
+                                   "\\x1b[31m\\x07katze.")
+    hidden = "\n\t\r\x00\x7f\x9b\u00ad\u200e\u200f\u2028\u2029\U000e0041\udcff"
+    assert page.visible(hidden) == ("\\x0a\\x09\\x0d\\x00\\x7f\\x9b[U+00AD][U+200E][U+200F][U+2028][U+2029]"
+                                    "[U+E0041][U+DCFF]")
+    assert page.visible(page.visible(SPOOF + hidden)) == page.visible(SPOOF + hidden)  # escaping twice changes nothing
+
+
+def test_direction_and_invisible_characters_are_shown_escaped_in_the_page(world):
+    with serving(world["ref"]) as base:
+        query = urllib.parse.urlencode({"text": SPOOF, "reference": "\u202eThe dog."})
+        status, html = get(base + "?" + query)
+        data = page.read_data(html)
+        assert status == 200, data["error"]
+        shown = {key: value for key, value in data.items() if key != "serve"}
+        assert [invisible(text) for text in strings(shown) if invisible(text)] == []
+        note, = data["examples"][0]["notes"]  # the page's own warning, naming each character
+        assert all(escape in note for escape in ESCAPED), note
+        assert data["examples"][0]["reference"] == "[U+202E]The dog."
+        assert data["serve"]["text"] == SPOOF  # the text box keeps the sentence as sent: sent again, it is the same
+        status, html = get(base + "?" + urllib.parse.urlencode({"\u202etext": "x"}))  # an error page too
+        error = page.read_data(html)["error"]
+        assert status == 400 and "unknown field" in error and not invisible(error), error
+
+
+def test_direction_and_invisible_characters_reach_the_terminal_escaped(world, tmp_path):
+    out = tmp_path / "page.html"
+    done = subprocess.run([sys.executable, "-m", "minitf.inspect", "--checkpoint", str(world["ref"]), "--out",
+                           str(out), "--beam", "1", "--text", SPOOF], cwd=ROOT, env=CPU_ENV, capture_output=True,
+                          timeout=120)
+    err = done.stderr.decode("utf-8")
+    assert done.returncode == 0 and out.exists(), err
+    warning, = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert invisible(err.replace("\n", "")) == [] and all(escape in warning for escape in ESCAPED), ascii(err)
+    assert page.read_data(out.read_text(encoding="utf-8"))["examples"][0]["notes"] == [warning[len("warning: "):]]
 

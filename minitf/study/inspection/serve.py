@@ -11,6 +11,8 @@ import sys
 import threading
 import urllib.parse
 
+from minitf.study.inspection.page import visible
+
 HOST = "127.0.0.1"  # localhost only: never another interface
 #: The longest request line accepted (the text box's own cap is the command's --max-chars).
 MAX_URL = 16384
@@ -20,8 +22,6 @@ FIELDS = ("text", "reference")
 READ_TIMEOUT = 10
 #: The whole answer to a request for another host name: nothing of the run, nothing of the request.
 REFUSAL = f"this server answers requests for {HOST} or localhost only\n"
-#: C0 and C1 control characters (a terminal's escape sequences) as \xNN in the log, as http.server's own log does.
-CONTROL_ESCAPES = str.maketrans({c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))})
 
 
 class BadRequest(ValueError):
@@ -67,7 +67,8 @@ def make_server(compute, error_page, max_chars, port=0, log=None, timeout=READ_T
     html) itself); ``error_page(message, query)`` -> html answers a BadRequest (400) and anything else either
     raises (500, the server goes on); if it fails too, a short page of the message answers. A request for
     another host is refused (400) with :data:`REFUSAL` alone. Each read from a client waits at most
-    ``timeout`` seconds. ``log(line)`` gets one line per request, control characters escaped (default: none)."""
+    ``timeout`` seconds. ``log(line)`` gets one line per request, every hidden character escaped
+    (:func:`~minitf.study.inspection.page.visible`) (default: none)."""
     one_at_a_time = threading.Lock()  # one model: its work is never concurrent
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -115,8 +116,8 @@ def make_server(compute, error_page, max_chars, port=0, log=None, timeout=READ_T
             return (self.headers.get("Host") or "").rsplit(":", 1)[0] in (HOST, "localhost")
 
         def log_message(self, format, *args):  # noqa: A002 (the base class's name)
-            if log is not None:  # a request's escape sequences must not reach the terminal raw
-                log(f"{self.address_string()} {format % args}".translate(CONTROL_ESCAPES))
+            if log is not None:  # a request's escape sequences and direction controls never reach a terminal raw
+                log(visible(f"{self.address_string()} {format % args}"))
 
     server = http.server.ThreadingHTTPServer((HOST, port), Handler)
     server.daemon_threads = True  # a client still connected does not hold up Ctrl-C
