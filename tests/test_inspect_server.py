@@ -13,7 +13,9 @@ every wait bounded:
 6. a metrics.jsonl that is not a regular file (a FIFO, a link to /dev/zero) is refused at once, never read, and
    the server goes on;
 7. direction and invisible characters (bidi overrides and isolates, zero-width spaces and joiners, ESC, BEL)
-   reach the page and the terminal as visible escapes (``[U+202E]``, ``\\x1b``).
+   reach the page and the terminal as visible escapes (``[U+202E]``, ``\\x1b``);
+8. requests whose client has gone are not computed; an absolute URI naming another host is refused; an HTTP/0.9
+   request is answered at once.
 
 The page's numbers and the server's ordinary errors are in tests/test_inspect.py.
 """
@@ -345,3 +347,52 @@ def test_direction_and_invisible_characters_reach_the_terminal_escaped(world, tm
     assert invisible(err.replace("\n", "")) == [] and all(escape in warning for escape in ESCAPED), ascii(err)
     assert page.read_data(out.read_text(encoding="utf-8"))["examples"][0]["notes"] == [warning[len("warning: "):]]
 
+
+# --------------------------------------------------------------------------- 8. abandoned, misdirected, HTTP/0.9
+def test_requests_whose_client_has_gone_are_not_computed():
+    computed, release = [], threading.Event()
+
+    def respond(query):
+        computed.append(query.get("text"))
+        if query.get("text") == "first":
+            assert release.wait(TIMEOUT)  # the model busy while the others come and go
+        return 200, "page " + json.dumps(query)
+
+    with in_process(respond) as (server, base, lines):
+        first = threading.Thread(target=get, args=(base + "?text=first",))
+        first.start()
+        deadline = time.monotonic() + TIMEOUT
+        while computed != ["first"]:
+            assert time.monotonic() < deadline, computed
+            time.sleep(0.01)
+        for i in range(10):  # sent, and abandoned before their turn
+            with socket.create_connection(("127.0.0.1", server.server_port), timeout=TIMEOUT) as client:
+                client.sendall(b"GET /?text=gone%d HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n" % i)
+        release.set()
+        first.join(timeout=TIMEOUT)
+        while sum("gone" in line for line in lines) < 10:  # each one's turn came and went
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.01)
+        assert get(base + "?text=last", timeout=5) == (200, 'page {"text": "last"}')
+    assert computed == ["first", "last"], computed
+    assert sum("not computed" in line for line in lines) == 10, lines
+
+
+def test_an_absolute_uri_naming_another_host_is_refused():
+    with in_process() as (server, base, _):
+        port = server.server_port
+        for target in (b"http://other.host/?text=x", b"http://other.host:%d/?text=x" % port,
+                       b"HTTP://OTHER.HOST/?text=x", b"http://127.0.0.1@other.host/?text=x", b"https://other.host/"):
+            reply = raw_request(port, b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            assert status_of(reply) == 400 and reply.endswith(serve.REFUSAL.encode()), (target, reply)
+        for host in (b"127.0.0.1:%d" % port, b"localhost"):  # one naming this server is served
+            reply = raw_request(port, b"GET http://" + host + b"/?text=x HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            assert status_of(reply) == 200 and reply.endswith(b'page {"text": "x"}'), (host, reply)
+
+
+def test_an_http_0_9_request_is_answered_at_once():
+    with in_process() as (server, base, _):
+        started = time.monotonic()
+        reply = raw_request(server.server_port, b"GET /\r\n", timeout=5)  # HTTP/0.9: no version, no headers
+        assert time.monotonic() - started < 3 and b"HTTP/0.9" in reply, reply
+        assert get(base + "?text=x") == (200, 'page {"text": "x"}')
