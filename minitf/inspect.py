@@ -14,15 +14,17 @@ The numbers and the page are the core's (:mod:`minitf.study.inspection`); this c
 checkpoint readers of the application), tokenizes and checks the input.
 """
 import json
+import os
 import pathlib
+import stat
 import sys
 import unicodedata
 import webbrowser
 
 from minitf import backend, kinds
-from minitf.atomic import writable_target, write_atomic
+from minitf.atomic import kind_of, writable_target, write_atomic
 from minitf.study.inspection import numbers
-from minitf.study.inspection.page import example_data, loaded_note, render
+from minitf.study.inspection.page import example_data, loaded_note, render, visible
 from minitf.study.inspection.serve import BadRequest, make_server, serve_forever
 from minitf.loader import load as load_any
 from minitf.pretrained import is_hugging_face_folder
@@ -37,6 +39,8 @@ np = backend.host  # token ids live on the host
 MAX_SENTENCES = 20
 #: Train records drawn at most (a long run's are thinned evenly).
 MAX_CURVE_POINTS = 2000
+#: The longest metrics.jsonl read for the curves (a million steps' records is about 200 MB).
+MAX_METRICS_BYTES = 256 << 20
 
 
 # --------------------------------------------------------------------------- #
@@ -211,12 +215,42 @@ class Inspector:
 # --------------------------------------------------------------------------- #
 # The run's curves
 # --------------------------------------------------------------------------- #
+def read_regular_file(path, max_bytes):
+    """The bytes of ``path``, a regular file of at most ``max_bytes``. DataError, before anything is read, for
+    a FIFO, a device, a socket or a folder there (or at the end of a symbolic link there): it is opened without
+    waiting (a FIFO with no writer would hold ``open`` forever) and checked on the descriptor that is read (a
+    file swapped in between is not read either); DataError for a file longer than ``max_bytes`` (one that
+    grows while read included). Other failures (no file) are the OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            raise DataError(f"{path} is {kind_of(found.st_mode)}, not a regular file; nothing of it was "
+                            "read")
+        chunks, count = [], 0
+        while found.st_size <= max_bytes and count <= max_bytes:  # the whole file, or one byte past the cap
+            chunk = os.read(fd, min(max(found.st_size - count, 0) + 1, max_bytes + 1 - count))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            count += len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    if found.st_size > max_bytes or len(data) > max_bytes:
+        raise DataError(f"{path} holds {max(found.st_size, len(data)):,} bytes, more than the {max_bytes:,} read "
+                        "here; nothing of it was read (move it aside)")
+    return data
+
+
 def read_curves(run_dir, page):
     """The curves of a run's metrics.jsonl for the page (None when it has no training record), named as the kind's
-    ``page`` (a :class:`minitf.training.kind.Page`) names them; a torn or foreign line is skipped."""
+    ``page`` (a :class:`minitf.training.kind.Page`) names them; a torn or foreign line is skipped. A metrics.jsonl that is not a regular file, or longer than
+    :data:`MAX_METRICS_BYTES`, is a DataError (:func:`read_regular_file`)."""
     path = pathlib.Path(run_dir) / "metrics.jsonl"
     train, valid = [], []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    text = read_regular_file(path, MAX_METRICS_BYTES).decode("utf-8", errors="replace")
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except ValueError:
@@ -339,7 +373,7 @@ def run(argv=None):
         backend.set_device(args.device)
     else:
         backend.check_environment()
-    warn = lambda message: print(message, file=sys.stderr)  # noqa: E731
+    warn = lambda message: print(visible(message), file=sys.stderr)  # noqa: E731 -- nothing raw reaches the terminal
     if args.serve:
         return serve(args, warn)
     check_out(args.out)
@@ -354,7 +388,7 @@ def run(argv=None):
         examples.append(example)
         warnings += notes
     for line in warnings:
-        print(f"warning: {line}", file=sys.stderr)
+        warn(f"warning: {line}")
     page = render(page_data(loaded, examples, warnings))
     try:
         write_atomic(args.out, page)
@@ -375,10 +409,10 @@ def serve(args, warn):
         shown = dict(form, text=query.get("text", ""), reference_text=query.get("reference", ""))
         return render(page_data(loaded, list(examples), warnings, error, shown, read_run=error is None), served=True)
 
-    def respond(query):
+    def compute(query):  # the model's work, one sentence at a time: (examples, warnings)
         text = query.get("text")
         if text is None:
-            return 200, page(query)
+            return (), ()
         reference = query.get("reference") or None
         if reference is not None and not loaded.page.pairs:
             raise BadRequest(f"a reference is for a translation model; {loaded.page.no_reference}")
@@ -386,11 +420,11 @@ def serve(args, warn):
             example, notes = inspector.example(text, reference, "the sentence")
         except DataError as error:
             raise BadRequest(str(error)) from None
-        return 200, page(query, [example], notes)
+        return [example], notes
 
     try:
-        server = make_server(respond, lambda message, query: page(query, error=message), args.max_chars, args.port,
-                             log=warn)
+        server = make_server(compute, lambda message, query: page(query, error=message), args.max_chars, args.port,
+                             log=warn, present=lambda query, computed: (200, page(query, *computed)))
     except OSError as error:
         raise DataError(f"cannot serve on 127.0.0.1:{args.port}: {error.strerror or error}; choose another --port "
                         "(0: any free one)") from None

@@ -1,21 +1,20 @@
 """The inspection page as a person uses it, in a real browser: headless Chromium (Debian's ``chromium`` and
 ``chromium-driver``) driven by selenium (the ``browser`` extra). Each page opens from disk with no console
 error and no network request; the layer and head selectors change the heat map; hovering a target token shows
-its alternatives; the served page recomputes a typed sentence; a screenshot of each view is saved under the
+its alternatives; the served page recomputes a typed sentence; a right-to-left override in a linked sentence
+leaves the page's warning drawn left to right; a screenshot of each view is saved under the
 test's temporary folder (``pytest --basetemp DIR`` keeps them where you can look). The numbers themselves are
 checked against the model's without a browser (tests/test_inspect.py)."""
 import json
-import re
 import shutil
-import signal
-import subprocess
-import sys
+import urllib.parse
 
 import pytest
 
 from minitf.inspect import main as inspect_main
 from minitf.study.inspection import page
-from tests.runs import CPU_ENV, QUIET, ROOT, TINY, make_corpus, read_line, train
+from tests.runs import QUIET, ROOT, TINY, make_corpus, train
+from tests.test_inspect_server import serving
 from tests.test_lm_train import TINY_GPT, make_text
 
 pytestmark = pytest.mark.extra("selenium", "browser")
@@ -102,10 +101,9 @@ def screenshot(driver, element_id, path):
 
 
 def shown(piece):
-    """A token as the page writes it (page.js's show)."""
+    """A token as the page writes it (page.js's show, after page.visible)."""
     if piece == "":
         return "∅"
-    piece = piece.replace("\n", "↵").replace("\t", "⇥")
     return "␣" + piece[1:] if piece.startswith(" ") else piece
 
 
@@ -217,12 +215,7 @@ def test_hovering_a_target_token_shows_its_alternatives(name, browser, pages, tm
 
 @needs_chromium
 def test_the_served_page_recomputes_a_typed_sentence(browser, pages, tmp_path):
-    run = pages["post"][0]
-    child = subprocess.Popen([sys.executable, "-m", "minitf.inspect", "--checkpoint", str(run), "--serve",
-                              "--port", "0", "--beam", "1"], cwd=ROOT, env=CPU_ENV, stderr=subprocess.PIPE)
-    try:
-        base = re.fullmatch(r"serving (http://127\.0\.0\.1:\d+/) \(Ctrl-C stops\)",
-                            read_line(child.stderr.fileno())).group(1)
+    with serving(pages["post"][0]) as base:
         browser.get(base)
         browser.find_element("css selector", "body[data-ready='1']")
         box = browser.find_element("id", "text")
@@ -243,10 +236,37 @@ def test_the_served_page_recomputes_a_typed_sentence(browser, pages, tmp_path):
         assert entry["source"] == "network" and "status of 400" in entry["message"], entry
         assert fetched(browser) == []
         screenshot(browser, "error", tmp_path / "served-error.png")
-    finally:
-        child.send_signal(signal.SIGINT)
-        assert child.wait(timeout=60) == 0
-        child.stderr.close()
+
+
+#: The left edge of each character of ``arguments[1]`` where it first occurs in element ``arguments[0]``'s text,
+#: as the browser draws it.
+LEFT_EDGES = """
+const [element, word] = arguments, node = element.firstChild, at = node.data.indexOf(word), range = document.createRange();
+const edges = [];
+for (let i = at; i < at + word.length; i++) {
+  range.setStart(node, i); range.setEnd(node, i + 1); edges.push(range.getBoundingClientRect().left);
+}
+return edges;
+"""
+#: The characters of the page's text, as drawn, that the browser does not show as themselves (its own line
+#: breaks and tabs between blocks aside).
+HIDDEN_SHOWN = """
+return [...document.body.innerText].filter((c) => /[\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}]/u.test(c) && c !== "\\n" && c !== "\\t")
+  .map((c) => c.codePointAt(0));
+"""
+
+
+@needs_chromium
+def test_a_right_to_left_override_in_the_text_never_turns_the_pages_warning_around(browser, pages, tmp_path):
+    with serving(pages["post"][0]) as base:  # a link a page elsewhere could give
+        browser.get(base + "?" + urllib.parse.urlencode({"text": "Der \u202ehund\u200b und."}))
+        browser.find_element("css selector", "body[data-ready='1']")
+        warning = browser.find_element("css selector", "#example .box.warning")
+        screenshot(browser, "example", tmp_path / "override.png")
+        edges = browser.execute_script(LEFT_EDGES, warning, "unknown token")  # after the override in the text
+        assert edges == sorted(edges) and len(set(edges)) == len(edges), edges  # drawn left to right
+        assert "[U+202E]" in warning.text and "[U+200B]" in warning.text, warning.text
+        assert browser.execute_script(HIDDEN_SHOWN) == []
 
 
 @needs_chromium

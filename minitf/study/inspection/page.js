@@ -37,10 +37,10 @@
     return String(Number(x.toPrecision(digits || 3)));
   }
 
-  function show(piece) {  // a token as text one can see
+  function show(piece) {  // a token as text one can see (its hidden characters came escaped: page.visible)
     if (piece === null || piece === undefined) return "";
     if (piece === "") return "∅";
-    return piece.replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/^ /, "␣");
+    return piece.replace(/^ /, "␣");
   }
 
   function clip(text, n) { return text.length > n ? text.slice(0, n - 1) + "…" : text; }

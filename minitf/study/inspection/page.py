@@ -13,6 +13,7 @@ import json
 import math
 import pathlib
 import re
+import unicodedata
 
 from minitf.backend import host as np
 
@@ -21,6 +22,36 @@ HERE = pathlib.Path(__file__).resolve().parent
 TEMPLATE, SCRIPT, STYLE = "page.html", "page.js", "page.css"
 #: The id of the ``<script type="application/json">`` that holds the numbers.
 DATA_ID = "inspect-data"
+
+
+#: Unicode's categories of the characters that are not shown as themselves: control characters (C0, DEL, C1: a
+#: terminal's escape sequences, ESC, BEL), format characters (direction overrides, embeddings, isolates and marks,
+#: zero-width spaces and joiners, the word joiner, the BOM, the soft hyphen), line and paragraph separators, and
+#: lone surrogates.
+HIDDEN = ("Cc", "Cf", "Zl", "Zp", "Cs")
+
+
+def visible(text):
+    """``text`` with every character of :data:`HIDDEN` written as a visible escape: a control character as
+    ``\\xNN`` (``\\x1b``, as http.server's log writes it), any other as ``[U+XXXX]`` (``[U+202E]``). The one
+    escaping of what the page shows and of what ``minitf.inspect`` writes to the terminal: a right-to-left
+    override in a sentence cannot turn the page's own warning around, a zero-width character cannot hide, and
+    an escape sequence never reaches a terminal raw."""
+    if text.isprintable():  # nothing hidden (every HIDDEN character is unprintable): the common case, fast
+        return text
+    return "".join((f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" else f"[U+{ord(c):04X}]")
+                   if unicodedata.category(c) in HIDDEN else c for c in text)
+
+
+def _visible_data(value):
+    """``value`` (JSON data) with :func:`visible` applied to every string in it."""
+    if isinstance(value, str):
+        return visible(value)
+    if isinstance(value, dict):
+        return {key: _visible_data(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_visible_data(item) for item in value]
+    return value
 
 
 def encode_array(array):
@@ -141,7 +172,11 @@ def render(data, served=False):
     """The page (a str) for ``data``: {"title", "model": {...}, "examples": [example_data, ...],
     "curves": {...} or None, "warnings": [...], "error": None or a message, "serve": None or {"max_chars",
     "reference"}}. ``served``: the page comes from ``--serve`` and its form may be sent to the same
-    server (``form-action 'self'``); a file's page sends nothing anywhere."""
+    server (``form-action 'self'``); a file's page sends nothing anywhere. Every string the page shows goes in
+    through :func:`visible`; the text boxes of ``serve`` keep the sentence as it was sent (sent again, it is the
+    same sentence)."""
+    data = dict(_visible_data({key: value for key, value in data.items() if key != "serve"}),
+                serve=data.get("serve"))
     script, style = ((HERE / name).read_text(encoding="utf-8") for name in (SCRIPT, STYLE))
     csp = "; ".join(["default-src 'none'", f"script-src {_hash(script)}", f"style-src {_hash(style)}",
                      "img-src data:", "base-uri 'none'", "form-action " + ("'self'" if served else "'none'")])

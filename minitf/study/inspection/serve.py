@@ -1,14 +1,22 @@
 """``python -m minitf.inspect --serve``: the inspection page on http://127.0.0.1:PORT/ with a text box;
 each sentence sent is computed by the one model the command loaded. Bound to 127.0.0.1 only; requests are
 served in threads (an idle or slow client holds only its own, and each read waits at most READ_TIMEOUT
-seconds) while the model computes one sentence at a time (a lock); the query capped in size. A request for
-another host name gets a short refusal holding nothing of the run; a bad request is answered with an error
-in the page (status 400) and the server goes on. The security model: docs/inspect.md#security-model."""
+seconds) while the model computes one sentence at a time (a lock; the page around its numbers, which reads the
+run's files, is made outside it), and a request whose client has gone by its turn is not computed; the query
+capped in size. A request for another host name (in its Host header or in an absolute URI) gets a short
+refusal holding nothing of the run; an HTTP/0.9 request (no version) is answered at once; a bad request is
+answered with an error in the page (status 400) and the server goes on. The security model:
+docs/inspect.md#security-model."""
 import html
 import http.server
+import re
+import select
+import socket
 import sys
 import threading
 import urllib.parse
+
+from minitf.study.inspection.page import visible
 
 HOST = "127.0.0.1"  # localhost only: never another interface
 #: The longest request line accepted (the text box's own cap is the command's --max-chars).
@@ -17,10 +25,14 @@ MAX_URL = 16384
 FIELDS = ("text", "reference")
 #: Seconds one read from (or write to) a client may wait before its connection is closed.
 READ_TIMEOUT = 10
+#: The host names served (any port): a request naming another is refused.
+OURS = (HOST, "localhost")
 #: The whole answer to a request for another host name: nothing of the run, nothing of the request.
 REFUSAL = f"this server answers requests for {HOST} or localhost only\n"
-#: C0 and C1 control characters (a terminal's escape sequences) as \xNN in the log, as http.server's own log does.
-CONTROL_ESCAPES = str.maketrans({c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))})
+#: The whole answer to an HTTP/0.9 request (a request line with no version), which has no headers to wait for.
+NO_VERSION = "this server answers HTTP/1.0 and HTTP/1.1 requests only; this one names no version (HTTP/0.9)\n"
+#: A request target in absolute form (``http://host/path``): the host it names is the request's.
+ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class BadRequest(ValueError):
@@ -58,13 +70,18 @@ def parse_query(path, max_chars):
     return query
 
 
-def make_server(respond, error_page, max_chars, port=0, log=None, timeout=READ_TIMEOUT):
+def make_server(compute, error_page, max_chars, port=0, log=None, timeout=READ_TIMEOUT, present=None):
     """A threading HTTP server on 127.0.0.1:``port`` (0: any free port; ``server.server_port`` says which).
-    ``respond(query)`` -> (status, html) answers a parsed query ({} for the empty form), one call at a time;
-    ``error_page(message, query)`` -> html answers a BadRequest (400) and anything ``respond`` raises
-    (500, the server goes on); if it fails too, a short page of the message answers. A request for another
-    host is refused (400) with :data:`REFUSAL` alone. Each read from a client waits at most ``timeout``
-    seconds. ``log(line)`` gets one line per request, control characters escaped (default: none)."""
+    ``compute(query)`` does the model's work for a parsed query ({} for the empty form), one call at a time;
+    ``present(query, computed)`` -> (status, html) makes the answer from what it returned, outside that lock,
+    so that a slow run file holds up no other request (without ``present``, ``compute`` returns (status,
+    html) itself); ``error_page(message, query)`` -> html answers a BadRequest (400) and anything else either
+    raises (500, the server goes on); if it fails too, a short page of the message answers. A request whose
+    client has closed its connection by the time the lock is its own is not computed (a line in the log). A
+    request for another host (its Host header, or the host of an absolute URI) is refused (400) with
+    :data:`REFUSAL` alone, an HTTP/0.9 request (400) with :data:`NO_VERSION` at once. Each read from a client waits at most
+    ``timeout`` seconds. ``log(line)`` gets one line per request, every hidden character escaped
+    (:func:`~minitf.study.inspection.page.visible`) (default: none)."""
     one_at_a_time = threading.Lock()  # one model: its work is never concurrent
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -81,7 +98,11 @@ def make_server(respond, error_page, max_chars, port=0, log=None, timeout=READ_T
             try:
                 query = parse_query(self.path, max_chars)
                 with one_at_a_time:
-                    status, page = respond(query)
+                    if self._client_gone():  # queued, then abandoned: no one would read the page
+                        self.log_message('"%s" not computed: the client had closed the connection', self.requestline)
+                        return
+                    computed = compute(query)
+                status, page = computed if present is None else present(query, computed)
             except BadRequest as error:
                 status, page = 400, self._error_page(str(error), query)
             except Exception as error:  # noqa: BLE001 -- one bad request must not stop the server
@@ -106,13 +127,37 @@ def make_server(respond, error_page, max_chars, port=0, log=None, timeout=READ_T
             self.end_headers()
             self.wfile.write(body)
 
+        def parse_request(self):
+            if len(str(self.raw_requestline, "iso-8859-1").split()) == 2:  # HTTP/0.9: answered now, not after
+                self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")  # waiting for headers
+                self.command, self.request_version, self.close_connection = None, "HTTP/1.0", True
+                self._send(400, NO_VERSION, "text/plain")
+                return False
+            return super().parse_request()
+
         def _host_is_ours(self):
-            # a page elsewhere cannot reach this server through a name that resolves to 127.0.0.1 (DNS rebinding)
-            return (self.headers.get("Host") or "").rsplit(":", 1)[0] in (HOST, "localhost")
+            # a page elsewhere cannot reach this server through a name that resolves to 127.0.0.1 (DNS rebinding):
+            # its Host header names it; nor through a request line naming another host (an absolute URI, whose host
+            # a server obeys over the Host header)
+            hosts = [(self.headers.get("Host") or "").rsplit(":", 1)[0]]
+            if ABSOLUTE.match(self.path):
+                try:
+                    hosts.append(urllib.parse.urlsplit(self.path).hostname or "")
+                except ValueError:  # a malformed authority (a port that is not a number, a bracket left open)
+                    return False
+            return all(host.lower() in OURS for host in hosts)
+
+        def _client_gone(self):
+            """Whether the client has closed (or reset) its connection: at its end, nothing left to read."""
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+            except OSError:  # reset by the client
+                return True
 
         def log_message(self, format, *args):  # noqa: A002 (the base class's name)
-            if log is not None:  # a request's escape sequences must not reach the terminal raw
-                log(f"{self.address_string()} {format % args}".translate(CONTROL_ESCAPES))
+            if log is not None:  # a request's escape sequences and direction controls never reach a terminal raw
+                log(visible(f"{self.address_string()} {format % args}"))
 
     server = http.server.ThreadingHTTPServer((HOST, port), Handler)
     server.daemon_threads = True  # a client still connected does not hold up Ctrl-C
