@@ -18,7 +18,7 @@ import shutil
 import sys
 
 from minitf import backend
-from minitf.gradcheck.numeric import random_array, randomize
+from minitf.draws import random_array, randomize
 from minitf.gradcheck.report import print_check
 from minitf.study.tools import (TIME_LIMIT, add_time_limit, check_time_limit, guarded, load_object, one_line_parser,
                                 run_tool)

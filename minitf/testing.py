@@ -27,10 +27,10 @@ import inspect
 from hypothesis import strategies as st
 
 from minitf import backend
-# random_array and randomize live with the central differences, which need no hypothesis: the study tools
+# random_array and randomize live in minitf.draws, which needs no hypothesis: the study tools
 # (python -m minitf.gradcheck, python -m minitf.exercise) draw their arrays with them too
-from minitf.gradcheck.numeric import (compare_gradients, gradients_match, random_array,  # noqa: F401 (the API)
-                                      randomize, upstream_gradients as _upstream)
+from minitf.draws import random_array, randomize  # noqa: F401 (the API)
+from minitf.gradcheck.numeric import compare_gradients, gradients_match, upstream_gradients as _upstream  # noqa: F401
 from minitf.gradcheck.protocol import protocol_problems
 from minitf.gradcheck.report import describe_worst, diagnose
 from minitf.module import Module, no_grad

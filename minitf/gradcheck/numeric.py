@@ -11,7 +11,6 @@ Run it in float64 (``backend.default_dtype('float64')``): in float32 the
 rounding error of L swamps the O(h^2) term.
 """
 from minitf import backend
-from minitf.backend import host as np  # the random draws happen on the host
 from minitf.backend import xp
 from minitf.module import no_grad
 
@@ -56,25 +55,6 @@ def gradients_match(analytic, numeric, rtol=1e-6, atol=1e-7):
 def as_tuple(value):
     """A forward's output or a backward's result as a tuple (one array is a tuple of one)."""
     return value if isinstance(value, tuple) else (value,)
-
-
-def random_array(seed, shape, scale=1.0, dtype=np.float64):
-    """Normal values N(0, scale^2) of ``shape``, as a device array of ``dtype`` (None: the backend's default
-    dtype). ``seed``: an int (a generator of its own: the same seed, the same array, as a hypothesis-drawn seed
-    needs) or a NumPy Generator (its next draws: the arrays of one check drawn in turn from one stream)."""
-    values = np.random.default_rng(seed).normal(0.0, scale, shape)  # a Generator is used as it is
-    return backend.asarray(values, dtype=backend.get_default_dtype() if dtype is None else dtype)
-
-
-def randomize(module, seed, scale=0.5):
-    """Random N(0, scale^2) values in every parameter of ``module`` (biases and LayerNorm gains
-    too), so that no gradient is checked only at its initial zero/one value or at a ReLU kink.
-    ``seed``: an int (parameter i gets the array of seed ``seed + 101 i``) or a Generator (the
-    parameters' values drawn from it in turn). Returns the module."""
-    stream = isinstance(seed, np.random.Generator)
-    for i, p in enumerate(module.parameters()):
-        p.data[...] = random_array(seed if stream else seed + 101 * i, p.shape, scale)
-    return module
 
 
 def upstream_gradients(outputs, seed):
