@@ -279,6 +279,42 @@ def test_no_control_character_in_prose():
     assert not found, "control characters in prose:\n" + "\n".join(found)
 
 
+def silu_derivative_facts():
+    """Where SiLU's derivative s + g s (1 - s) reaches 1, its peak and its minimum, from minitf's own backward
+    (dy = 1) on a grid of step 1e-4 over [-8, 8]: {name: value}."""
+    from minitf.layers import SiLU
+    g = backend.host.linspace(-8.0, 8.0, 160001)
+    with backend.default_dtype("float64"):
+        layer = SiLU()
+        layer.forward(backend.asarray(g))
+        d = backend.to_numpy(layer.backward(backend.asarray(backend.host.ones_like(g))))
+    up = backend.host.nonzero((d[:-1] - 1) * (d[1:] - 1) < 0)[0]
+    zero = backend.host.nonzero(d[:-1] * d[1:] < 0)[0]
+    assert len(up) == 1 and len(zero) == 1, "SiLU' crosses 1 once and 0 once"
+    top, bottom = int(d.argmax()), int(d.argmin())
+    return {"reaches 1 at": g[up[0]], "reaches 0 at": g[zero[0]], "peak": d[top], "peak at": g[top], "minimum": d[bottom],
+            "minimum at": g[bottom], "at 0": d[80000]}
+
+
+def test_the_swiglu_page_states_silus_derivative_as_the_backward_computes_it():
+    """docs/layers/swiglu.md states where SiLU's derivative reaches 1, its peak and its minimum: each number
+    as minitf.layers.SiLU's backward gives it, to the digits written."""
+    text = " ".join(read(DOCS / "layers" / "swiglu.md").split())
+    facts = silu_derivative_facts()
+    stated = re.search(r"\$\\tfrac12\$ at \$g = 0\$, reaches 1 at \$g \\approx (?P<one>[\d.]+)\$, peaks at "
+                       r"\$(?P<peak>[\d.]+)\$ near \$g \\approx (?P<peak_at>[\d.]+)\$ and falls back to 1 from above; "
+                       r"it is negative for \$g < -(?P<zero>[\d.]+)\$, down to \$(?P<minimum>-[\d.]+)\$ near "
+                       r"\$g \\approx (?P<minimum_at>-[\d.]+)\$", text)
+    assert stated, "docs/layers/swiglu.md no longer states SiLU's derivative in the sentence this test reads"
+    assert facts["at 0"] == 0.5
+    for name, fact in (("one", facts["reaches 1 at"]), ("peak", facts["peak"]), ("peak_at", facts["peak at"]),
+                       ("zero", -facts["reaches 0 at"]), ("minimum", facts["minimum"]),
+                       ("minimum_at", facts["minimum at"])):
+        written = stated.group(name)
+        digits = len(written.partition(".")[2])
+        assert abs(float(written) - fact) <= 0.5 * 10 ** -digits + 1e-4, (name, written, fact)
+
+
 def test_the_study_guides_page_list_names_every_page():
     listed = read(DOCS / "README.md").split("## All pages", 1)[1]
     missing = [rel(page) for page in PAGES if page.name != "README.md"
