@@ -182,11 +182,12 @@ def test_each_usual_slip_in_silus_backward_fails_the_check(wrong, tmp_path, caps
         return (y > 0) * 1.0                     # the mask alone, never multiplied by dy"""),
 ])
 def test_a_backward_that_never_multiplies_by_the_upstream_gradient_is_told_so(name, body, tmp_path, capsys):
-    """y'(x) returned as it is: analytic x G = numeric in every entry (G the upstream gradient). No
-    term is missing, so the hint says that dy was not applied, and names no term."""
+    """y'(x) returned as it is: the gradient of sum(y), the one for dy = 1. No term is missing, so the hint says
+    that dy was not applied, and names no term."""
     assert exercise.main(["check", str(filled(tmp_path, name, body))]) == 1
     out = capsys.readouterr().out
-    assert "hint: analytic x dy = numeric in every entry" in out and "upstream gradient dy is not applied" in out, out
+    assert "hint: analytic = the gradient of sum(outputs), the one for dy = 1" in out, out
+    assert "upstream gradient dy is not applied" in out, out
     assert "term" not in out, out
 
 
@@ -345,10 +346,10 @@ SLIP_CASES = [
      {"x": "pairs adjacent dimensions"}),
     # rotary: the forward's turn again, not its transpose (the sign of the rotate_half term)
     ("rotary", ROTARY.format(dx="dy * cos + rotate_half(dy) * sin"), {"x": "the turn by -angle"}),
-    # SwiGLU: gate and up swapped, SiLU's backward sent into up_proj and dh a into gate_proj; dx happens to be right
+    # SwiGLU: gate and up swapped, SiLU's backward sent into up_proj and dh a into gate_proj
     ("swiglu", SWIGLU.format(body="return self.up_proj.backward(self.act.backward(dh * u)) + "
                                   "self.gate_proj.backward(dh * a)"),
-     {"gate_proj.weight": "gate and up swapped", "up_proj.weight": "gate and up swapped"}),
+     {"x": "gate and up swapped", "gate_proj.weight": "gate and up swapped", "up_proj.weight": "gate and up swapped"}),
     # SwiGLU: the product rule's factors swapped
     ("swiglu", SWIGLU.format(body="return self.up_proj.backward(dh * u) + "
                                   "self.gate_proj.backward(self.act.backward(dh * a))"),

@@ -65,6 +65,22 @@ def upstream_gradients(outputs, seed):
     return tuple(backend.asarray(rng.standard_normal(o.shape), dtype=o.dtype) for o in outputs)
 
 
+def sum_gradient(forward, inputs, params, name, h=1e-6, reseed=None):
+    """d sum(forward(inputs)) / d(the array ``name``: an input, else a parameter) by central differences: the
+    gradient a backward gives for dy = 1 (every entry of the upstream gradient one), which is what a backward
+    that never applies dy returns, whatever the layer."""
+    arrays = list(inputs.values())
+    target = inputs[name] if name in inputs else dict(params)[name].data
+
+    def loss():
+        if reseed is not None:
+            backend.manual_seed(reseed)
+        with no_grad():
+            return sum(float(o.sum()) for o in as_tuple(forward(*arrays)))
+
+    return numerical_gradient(loss, target, h)
+
+
 def compare_gradients(forward, backward, inputs, params=(), seed=0, h=1e-6, reseed=None):
     """Run ``forward(*inputs)`` and ``backward(G)`` once, then every numerical gradient.
 
