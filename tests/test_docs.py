@@ -243,6 +243,24 @@ def test_quoted_source_matches_the_code(page, code, line):
     assert not stale, f"{rel(page)}:{line}: quoted lines not found in minitf/:\n" + "\n".join(stale)
 
 
+LIBRARY_LINES = None
+
+
+@pytest.mark.parametrize("page, code, line", blocks("py"))
+def test_quoted_source_is_the_librarys_not_an_exercises(page, code, line):
+    """A ```py block quotes the library: its lines are found in minitf/ outside minitf/exercises/, whose files are
+    the learner's copies with the backward left out (their forward is written for reading, not the library's: a
+    quote of the exercise's SiLU forward shown as minitf.layers.SiLU's would not be the code that runs)."""
+    global LIBRARY_LINES
+    if LIBRARY_LINES is None:
+        LIBRARY_LINES = {_normalise(l) for f in (ROOT / "minitf").rglob("*.py") if "exercises" not in f.parts
+                         for l in f.read_text(encoding="utf-8").splitlines()}
+    only_in_exercises = [q for q in code.splitlines()
+                         if _normalise(q) not in ("", "...") and _normalise(q) not in LIBRARY_LINES]
+    assert not only_in_exercises, (f"{rel(page)}:{line}: quoted lines found only in minitf/exercises/ (quote the "
+                                   f"library's code):\n" + "\n".join(only_in_exercises))
+
+
 SOURCE_INDENTS = None
 
 
