@@ -261,6 +261,61 @@ def test_quoted_source_is_the_librarys_not_an_exercises(page, code, line):
                                    f"library's code):\n" + "\n".join(only_in_exercises))
 
 
+FUNCTIONS_BY_LINE = {}
+
+
+def _functions_by_line():
+    """{normalised source line: [(function node, the file's lines)]} for every line of every function in minitf/
+    (read once)."""
+    import ast
+    found = FUNCTIONS_BY_LINE
+    if found:
+        return found
+    for f in (ROOT / "minitf").rglob("*.py"):
+        text = f.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef):
+                for number in range(node.body[0].lineno, node.end_lineno + 1):
+                    found.setdefault(_normalise(lines[number - 1]), []).append((node, lines))
+    return found
+
+
+def _assignments(function, lines, name):
+    """The normalised lines of ``function`` that assign ``name``."""
+    import ast
+    found = set()
+    for node in ast.walk(function):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        if any(isinstance(t, ast.Name) and t.id == name for target in targets for t in ast.walk(target)):
+            found.add(_normalise(lines[node.lineno - 1]))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_a_quoted_backwards_return_has_each_gradient_it_returns_built_on_the_page(page):
+    """A quoted ``return`` line of a function that returns gradients (names dq, dk, dv...): the line of that
+    function that builds each of them is quoted on the page too (the reader follows each one back)."""
+    import ast
+    blocks_ = [code for info, code, _ in fenced_blocks(read(page)) if info == "py"]
+    quoted = {_normalise(q) for code in blocks_ for q in code.splitlines()}
+    functions = _functions_by_line()
+    missing = []
+    for q in sorted(quoted):
+        if not q.startswith("return ") or len(functions.get(q, [])) != 1:
+            continue
+        function, lines = functions[q][0]
+        try:
+            names = {n.id for n in ast.walk(ast.parse(q.partition("#")[0].strip()[len("return "):]))
+                     if isinstance(n, ast.Name) and n.id.startswith("d")}
+        except SyntaxError:
+            continue
+        missing += [f"{name} (returned by: {q})" for name in sorted(names)
+                    if _assignments(function, lines, name) and not _assignments(function, lines, name) & quoted]
+    assert not missing, f"{rel(page)}: quoted returns of gradients whose building line is not quoted: {missing}"
+
+
 SOURCE_INDENTS = None
 
 
