@@ -388,6 +388,41 @@ def test_the_swiglu_page_states_silus_derivative_as_the_backward_computes_it():
         assert abs(float(written) - fact) <= 0.5 * 10 ** -digits + 1e-4, (name, written, fact)
 
 
+def meta_ffn_width(d_model, multiple_of, multiplier=None):
+    """The feed-forward width of Meta's Llama code (model.py's FeedForward): 2/3 of 4 D, times
+    ``ffn_dim_multiplier`` when the model sets one, rounded up to a multiple of ``multiple_of``."""
+    hidden = int(2 * (4 * d_model) / 3)
+    if multiplier is not None:
+        hidden = int(multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def test_the_swiglu_pages_widths_follow_metas_rule():
+    """docs/layers/swiglu.md's table of feed-forward widths: each row's F is what Meta's rule makes of its D,
+    multiplier and multiple; Llama 2 70B is in it with its multiplier 1.3 (F = 28672, not 8/3 D rounded to 256)."""
+    rows = re.findall(r"^\| ([^|]+) \| (\d+) \| (none|[\d.]+) \| (\d+) \| (\d+) \|$",
+                      read(DOCS / "layers" / "swiglu.md"), re.M)
+    assert len(rows) >= 4, "docs/layers/swiglu.md: no table of feed-forward widths (models | D | multiplier | ...)"
+    for models, d, multiplier, multiple, width in rows:
+        expected = meta_ffn_width(int(d), int(multiple), None if multiplier == "none" else float(multiplier))
+        assert int(width) == expected, (models, width, expected)
+    assert any("Llama 2 70B" in models and multiplier == "1.3" and width == "28672"
+               for models, _, multiplier, _, width in rows), rows
+
+
+@pytest.mark.parametrize("name", ["llama.md", "layers/llama_block.md"])
+def test_the_llama_pages_say_which_llamas_tie_their_embeddings(name):
+    """Llama 2 and Llama 3 (8B, 70B, 405B) have an output matrix of their own; Llama 3.2 1B and 3B tie it to the
+    embedding (their config.json's tie_word_embeddings is true): a page that calls "Llama 3" untied names the sizes,
+    and names the two that tie."""
+    text = " ".join(read(DOCS / name).split())
+    for match in re.finditer(r"untied \(([^)]*)\)|a matrix of its own otherwise \(([^)]*)\)", text):
+        said = match.group(1) or match.group(2)
+        assert not re.search(r"\b3\b", said) or re.search(r"3\.2|\d+B", said), \
+            f"docs/{name}: '{match.group(0)}' calls every Llama 3 untied"
+    assert re.search(r"Llama 3\.2 1B and 3B[^.]*tie", text), f"docs/{name}: say that Llama 3.2 1B and 3B tie"
+
+
 def test_the_study_guides_page_list_names_every_page():
     listed = read(DOCS / "README.md").split("## All pages", 1)[1]
     missing = [rel(page) for page in PAGES if page.name != "README.md"
