@@ -12,6 +12,7 @@ from minitf import backend
 from minitf.backend import xp
 from minitf.layers import Linear, init_array, matmul_rows
 from minitf.module import Module, Parameter, is_grad_enabled
+from minitf.rotary import RotaryEmbedding
 
 
 def attention_keep_mask(key_padding_mask=None, causal=False, num_queries=None, num_keys=None):
@@ -255,10 +256,6 @@ class MultiHeadAttention(Module):
         self.b_qkv.grad[D:] += dkv.reshape(-1, 2 * D).sum(axis=0)               # (2D,)
         dmemory = matmul_rows(dkv, W[:, D:].T)                                  # (B, Tk, D)
         return dx, dmemory
-
-
-# imported beside its one user, so that the lines above keep the numbers docs/walk.md and docs/gpt.md show
-from minitf.rotary import RotaryEmbedding  # noqa: E402
 
 
 # --------------------------------------------------------------------------- #

@@ -16,9 +16,10 @@ import dataclasses
 import pathlib
 import shutil
 import sys
+from types import SimpleNamespace
 
 from minitf import backend
-from minitf.gradcheck.numeric import random_array, randomize
+from minitf.draws import random_array, randomize
 from minitf.gradcheck.report import print_check
 from minitf.study.tools import (TIME_LIMIT, add_time_limit, check_time_limit, guarded, load_object, one_line_parser,
                                 run_tool)
@@ -28,14 +29,40 @@ B, T, D, V = 2, 3, 4, 7
 
 
 @dataclasses.dataclass(frozen=True)
+class Slip:
+    """A mistake an exercise recognises in one array's gradient: ``gradient(r)`` is that array's gradient as a
+    backward with the mistake computes it, from ``r``, what the exercise's ``reference(inputs, params, dy)``
+    returns (the forward's values and the upstream gradient dy). When the learner's gradient of ``array``
+    equals it (and the right gradient does not), that array's hint line says ``hint``."""
+    array: str  # an input's name or a parameter's (module.named_parameters()): "x", "weight", "gate_proj.weight"
+    hint: str
+    gradient: object  # gradient(r) -> the array with the slip in it
+
+
+@dataclasses.dataclass(frozen=True)
 class Exercise:
+    """One exercise: the class the learner writes ``backward`` for (``class_name`` in minitf/exercises/NAME.py),
+    how the check builds it, and what a failed check may say about each array."""
     name: str
     class_name: str
     summary: str
     page: str
     build: object  # build(cls, rng) -> (forward, backward, inputs, module)
-    term_hint: str = ""  # what may be missing or wrong when a gradient is off everywhere by no one factor
+    hints: dict = dataclasses.field(default_factory=dict)  # {array: what may be missing or wrong in it}, said
+    #   when its gradient is off everywhere by no one factor and no slip below is seen; an array not named: none
     terms: object = None  # terms(inputs, upstream) -> {array: {name: (formula, array)}}, the right gradient's terms
+    slips: tuple = ()  # the Slips recognised, each for one array, the first that matches told
+    reference: object = None  # reference(inputs, params, dy) -> r for the slips; params {name: values}
+
+    def slip_gradients(self, inputs, params, upstream):
+        """{array: [(hint, gradient with the slip)]} for this check's inputs, parameters and upstream gradient."""
+        if not self.slips:
+            return {}
+        r = self.reference(inputs, {name: p.data for name, p in params.items()}, upstream[0])
+        found = {}
+        for slip in self.slips:
+            found.setdefault(slip.array, []).append((slip.hint, slip.gradient(r)))
+        return found
 
 
 def _plain(make):
@@ -116,46 +143,219 @@ def _gelu_terms(inputs, upstream):
                                                           dy[1] * 0.5 * z * (1.0 - t * t) * du_dz)}}
 
 
+def _rows(a):
+    """a (..., D) summed over every leading axis -> (D,): a per-feature parameter's gradient."""
+    return a.reshape(-1, a.shape[-1]).sum(axis=0)
+
+
+def _over_rows(x, d):
+    """x^T d over every leading axis: x (..., D), d (..., F) -> (D, F), a Linear weight's gradient."""
+    return x.reshape(-1, x.shape[-1]).T @ d.reshape(-1, d.shape[-1])
+
+
+def _rmsnorm_reference(inputs, params, dy):
+    x, w = inputs["x"], params["weight"]
+    rstd = 1.0 / backend.xp.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6)
+    xhat = x * rstd
+    dxhat = dy * w
+    return SimpleNamespace(x=x, dy=dy, rstd=rstd, xhat=xhat, dxhat=dxhat,
+                           through_rstd=xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+
+
+RMSNORM_SLIPS = (
+    Slip("x", "dx holds LayerNorm's term through the row's mean, -mean(dxhat): RMSNorm subtracts no mean (its rms "
+         "is of x itself, not of x - mean(x) as a variance is), so dx = rstd (dxhat - xhat mean(dxhat xhat))",
+         lambda r: r.rstd * (r.dxhat - r.dxhat.mean(axis=-1, keepdims=True) - r.through_rstd)),
+    Slip("x", "dx = rstd (dxhat - mean(dxhat)) is LayerNorm's term through the mean, and RMSNorm subtracts no mean; "
+         "its own term is the one through the row's rstd: dx = rstd (dxhat - xhat mean(dxhat xhat))",
+         lambda r: r.rstd * (r.dxhat - r.dxhat.mean(axis=-1, keepdims=True))),
+    Slip("x", "the sign of the term through the row's rstd is flipped: rstd = 1 / sqrt(mean(x^2) + eps) falls as "
+         "|x| grows, so dx = rstd (dxhat - xhat mean(dxhat xhat))",
+         lambda r: r.rstd * (r.dxhat + r.through_rstd)),
+    Slip("x", "the term through the row's rstd is missing: rstd depends on every x of the row, so "
+         "dx = rstd (dxhat - xhat mean(dxhat xhat)), not rstd dxhat",
+         lambda r: r.rstd * r.dxhat),
+    Slip("x", "the weight is missing from dx: y = xhat weight, so dxhat = dy weight, then "
+         "dx = rstd (dxhat - xhat mean(dxhat xhat))",
+         lambda r: r.rstd * (r.dy - r.xhat * (r.dy * r.xhat).mean(axis=-1, keepdims=True))),
+    Slip("weight", "dweight = the sum over rows of dy xhat, the normalised x (y = xhat weight), not dy x",
+         lambda r: _rows(r.dy * r.x)),
+    Slip("weight", "dweight = the sum over rows of dy xhat (y = xhat weight); the sum of dy alone is LayerNorm's "
+         "dbeta, and RMSNorm has no beta",
+         lambda r: _rows(r.dy)),
+)
+
+
+def _rotate_half(x):
+    """[x1, x2] -> [-x2, x1] over the last axis: the code's pairs are i and i + dk/2."""
+    half = x.shape[-1] // 2
+    return backend.xp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def _rotate_adjacent(x):
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...): pairs of adjacent dimensions (Meta's interleaved layout)."""
+    return backend.xp.stack([-x[..., 1::2], x[..., ::2]], axis=-1).reshape(x.shape)
+
+
+def _rotary_reference(inputs, params, dy):
+    xp = backend.xp
+    dk, T = inputs["x"].shape[-1], inputs["x"].shape[1]
+    inv_freq = 1.0 / 100.0 ** (xp.arange(0, dk, 2) / dk)             # the exercise's theta 100
+    freqs = xp.arange(2, 2 + T)[:, None] * inv_freq[None, :]          # positions from start 2
+    angles = xp.concatenate([freqs, freqs], axis=-1)
+    return SimpleNamespace(dy=dy, cos=xp.cos(angles)[:, None, :], sin=xp.sin(angles)[:, None, :])
+
+
+ADJACENT = ("dx pairs adjacent dimensions (x_0 with x_1, x_2 with x_3: Meta's interleaved layout), but this code "
+            "pairs the halves, x_i with x_{i + dk/2} (rotate_half, Hugging Face's layout): "
+            "dx = dy cos - rotate_half(dy) sin")
+ROTARY_SLIPS = (
+    Slip("x", "dx turns dy by +angle, the forward's turn again: a turn's transpose is the turn by -angle "
+         "(rotate_half's transpose is -rotate_half), so dx = dy cos - rotate_half(dy) sin",
+         lambda r: r.dy * r.cos + _rotate_half(r.dy) * r.sin),
+    Slip("x", ADJACENT, lambda r: r.dy * r.cos - _rotate_adjacent(r.dy) * r.sin),
+    Slip("x", ADJACENT, lambda r: r.dy * r.cos + _rotate_adjacent(r.dy) * r.sin),
+    Slip("x", "the rotate_half(dy) sin term is missing: y = x cos + rotate_half(x) sin reads x twice",
+         lambda r: r.dy * r.cos),
+    Slip("x", "cos and sin are swapped: dx = dy cos - rotate_half(dy) sin",
+         lambda r: r.dy * r.sin - _rotate_half(r.dy) * r.cos),
+)
+
+
+def _swiglu_reference(inputs, params, dy):
+    from minitf.layers import sigmoid
+    x, Wg, Wu, Wd = inputs["x"], params["gate_proj.weight"], params["up_proj.weight"], params["down_proj.weight"]
+    g, u = x @ Wg, x @ Wu
+    s = sigmoid(g)
+    a = g * s
+    dh = dy @ Wd.T
+    silu_prime = s + g * s * (1.0 - s)
+    return SimpleNamespace(x=x, Wg=Wg, Wu=Wu, a=a, u=u, dh=dh, silu_prime=silu_prime, du=dh * a,
+                           dg=silu_prime * dh * u)
+
+
+SWAPPED = ("gate and up swapped: SiLU acts on gate_proj's output, so gate_proj.backward takes act.backward(dh u) "
+           "and up_proj.backward takes dh a")
+FACTORS = "the product rule's factors swapped: h = a u, so da = dh u (the other factor) and du = dh a"
+SWIGLU_SLIPS = (
+    Slip("gate_proj.weight", "gate_proj.weight got up_proj's gradient, x^T (dh a): " + SWAPPED,
+         lambda r: _over_rows(r.x, r.du)),
+    Slip("up_proj.weight", "up_proj.weight got gate_proj's gradient, x^T act.backward(dh u): " + SWAPPED,
+         lambda r: _over_rows(r.x, r.dg)),
+    Slip("x", "dx sent each path through the other's projection: " + SWAPPED,
+         lambda r: r.dg @ r.Wu.T + r.du @ r.Wg.T),
+    Slip("x", FACTORS, lambda r: (r.dh * r.u) @ r.Wu.T + (r.silu_prime * r.dh * r.a) @ r.Wg.T),
+    Slip("gate_proj.weight", FACTORS, lambda r: _over_rows(r.x, r.silu_prime * r.dh * r.a)),
+    Slip("up_proj.weight", FACTORS, lambda r: _over_rows(r.x, r.dh * r.u)),
+    Slip("x", "SiLU's backward is skipped on the gate path: gate_proj.backward takes act.backward(dh u), "
+         "dh u silu'(g), not dh u", lambda r: r.du @ r.Wu.T + (r.dh * r.u) @ r.Wg.T),
+    Slip("gate_proj.weight", "SiLU's backward is skipped on the gate path: gate_proj.backward takes "
+         "act.backward(dh u), dh u silu'(g), not dh u", lambda r: _over_rows(r.x, r.dh * r.u)),
+    Slip("x", "dx holds the gate path alone: x reaches y through up_proj too, so "
+         "dx = up_proj.backward(dh a) + gate_proj.backward(act.backward(dh u))", lambda r: r.dg @ r.Wg.T),
+    Slip("x", "dx holds the up path alone: x reaches y through gate_proj too, so "
+         "dx = up_proj.backward(dh a) + gate_proj.backward(act.backward(dh u))", lambda r: r.du @ r.Wu.T),
+)
+
+
+def _gqa_reference(inputs, params, dy):
+    from minitf.attention import attention_keep_mask, scaled_dot_product_attention
+    from minitf.attention import scaled_dot_product_attention_backward
+    Q, K, U = inputs["Q"], inputs["K"], inputs["U"]
+    B, H, T, E = Q.shape
+    Hkv = K.shape[1]
+    K_rep, U_rep = backend.xp.repeat(K, H // Hkv, axis=1), backend.xp.repeat(U, H // Hkv, axis=1)
+    _, P = scaled_dot_product_attention(Q, K_rep, U_rep, attention_keep_mask(None, True, T, T))
+    _, dK_rep, dU_rep = scaled_dot_product_attention_backward(dy, Q, K_rep, U_rep, P)
+    return SimpleNamespace(shape=(B, Hkv, H // Hkv, T, E), K=dK_rep, U=dU_rep)
+
+
+def _gqa_slips(array):
+    name = f"d{array}"
+
+    def grouped(r):  # (B, Hkv, G, T, E): query head j = i G + g reads key/value head i
+        return getattr(r, array).reshape(r.shape)
+
+    def interleaved(r):  # (B, G, Hkv, T, E): query head j = g Hkv + i, as if it read key/value head j % Hkv
+        B, Hkv, G, T, E = r.shape
+        return getattr(r, array).reshape(B, G, Hkv, T, E)
+
+    return (
+        Slip(array, f"{name} holds the first query head's gradient of each group only: all G query heads of a "
+             f"group read its key/value head, so each adds its share: {name} = {name}_rep.reshape(B, Hkv, G, T, "
+             f"E).sum(axis=2)", lambda r: grouped(r)[:, :, 0]),
+        Slip(array, f"{name} averages the G query heads of each group: each one reads the key/value head and adds "
+             f"its whole share, a sum, not a mean", lambda r: grouped(r).mean(axis=2)),
+        Slip(array, f"{name} sums the wrong query heads: key/value head i serves the query heads j // G = i, the G "
+             f"heads in a row (xp.repeat), not every Hkv-th one (j % Hkv, the order of xp.tile): "
+             f"{name} = {name}_rep.reshape(B, Hkv, G, T, E).sum(axis=2)", lambda r: interleaved(r).sum(axis=1)),
+    )
+
+
+def _gqa(cls, rng):
+    module = cls(2)  # 4 query heads over 2 key/value heads: G = 2, so a first-head-only dK or a wrong group shows
+    inputs = {"Q": random_array(rng, (B, 4, T, 2)), "K": random_array(rng, (B, 2, T, 2)),
+              "U": random_array(rng, (B, 2, T, 2))}
+    return module.forward, module.backward, inputs, module
+
+
 EXERCISES = {e.name: e for e in [
     Exercise("linear", "Linear", "y = x W + b: dW, db and dx", "layers/linear.md",
              _plain(lambda cls, rng: (randomize(cls(D, 3), rng), {"x": random_array(rng, (B, T, D))})),
-             "dx = dy W^T; dW = x^T dy and db = dy, each summed over every position"),
+             {"x": "dx = dy W^T", "weight": "dW = x^T dy, summed over every position",
+              "bias": "db = dy, summed over every position"}),
     Exercise("relu", "ReLU", "y = max(x, 0): dx", "layers/relu.md",
              _plain(lambda cls, rng: (cls(), {"x": _relu_input(rng)})),
-             "dx = dy where x > 0 and 0 elsewhere"),
+             {"x": "dx = dy where x > 0 and 0 elsewhere"}),
     Exercise("softmax", "Softmax", "y = softmax(x): dx without the Jacobian", "layers/softmax.md",
              _plain(lambda cls, rng: (cls(), {"x": random_array(rng, (B, T, 5), 2.0)})),
-             "dx = y (dy - sum(dy y) over the row): the part through the row's sum"),
+             {"x": "dx = y (dy - sum(dy y) over the row): the part through the row's sum"}),
     Exercise("layernorm", "LayerNorm", "LayerNorm: dgamma, dbeta and the three terms of dx", "layers/layernorm.md",
              _plain(lambda cls, rng: (randomize(cls(D), rng), {"x": random_array(rng, (B, T, D))})),
-             "dx's three terms: dxhat, the part through the row's mean, the part through its rstd"),
+             {"x": "dx's three terms: dxhat, the part through the row's mean, the part through its rstd",
+              "gamma": "dgamma = dy xhat, summed over every row", "beta": "dbeta = dy, summed over every row"}),
     Exercise("attention", "Attention", "softmax(Q K^T / sqrt(dk)) U with a padding mask: dQ, dK, dU",
              "layers/attention.md", _attention,
-             "the softmax's backward from dP to dS, the part through each row's sum"),
+             {array: "the softmax's backward from dP to dS, the part through each row's sum"
+              for array in ("Q", "K")} | {"U": "dU = P^T dO"}),
     Exercise("loss", "LabelSmoothedCrossEntropy", "label-smoothed cross-entropy over non-pad tokens: dlogits",
              "layers/loss.md", _loss,
-             "dlogits = (softmax(z) - q) / (non-pad tokens), q the smoothed target"),
+             {"logits": "dlogits = (softmax(z) - q) / (non-pad tokens), q the smoothed target"}),
     Exercise("embedding", "Embedding", "y = W[ids] sqrt(D): the scatter-add into dW", "layers/embedding.md",
-             _embedding, "dW[id] = sqrt(D) times the sum of dy over the positions of that id"),
+             _embedding, {"weight": "dW[id] = sqrt(D) times the sum of dy over the positions of that id"}),
     Exercise("gelu", "GELU", "y = x Phi(x), exact (erf) and GPT-2's tanh form: dx", "gpt.md", _gelu,
-             "y' = Phi(x) + x phi(x), tanh form (1 + t) / 2 + x (1 - t^2) / 2 du/dx: the product rule's second "
-             "term, with tanh' = 1 - t^2 and du/dx, holds the usual slips", _gelu_terms),
+             {"x_erf": "y' = Phi(x) + x phi(x): the product rule's second term holds the usual slips",
+              "x_tanh": "y' = (1 + t) / 2 + x (1 - t^2) / 2 du/dx: the product rule's second term, with "
+                        "tanh' = 1 - t^2 and du/dx, holds the usual slips"}, _gelu_terms),
     Exercise("silu", "SiLU", "y = x sigmoid(x), Marian's activation: dx", "pretrained.md",
              _plain(lambda cls, rng: (cls(), {"x": random_array(rng, (B, T, D), 3.0)})),
-             "y' = s + x s (1 - s) with s = sigmoid(x): the product rule's two terms, and sigmoid' = s (1 - s) "
-             "written with s, not with SiLU's output", _silu_terms),
+             {"x": "y' = s + x s (1 - s) with s = sigmoid(x): the product rule's two terms, and sigmoid' = s (1 - s) "
+                   "written with s, not with SiLU's output"}, _silu_terms),
     Exercise("rmsnorm", "RMSNorm", "RMSNorm, the Llama family's norm: dweight and the two terms of dx",
              "layers/rmsnorm.md",
              _plain(lambda cls, rng: (randomize(cls(D), rng), {"x": random_array(rng, (B, T, D))})),
-             "dx = rstd (dxhat - xhat mean(dxhat xhat)): no term through a mean (none is subtracted), the part "
-             "through the row's rstd kept"),
+             {"x": "dx = rstd (dxhat - xhat mean(dxhat xhat)), dxhat = dy weight: no term through a mean (none is "
+                   "subtracted), the part through the row's rstd kept",
+              "weight": "dweight = dy xhat summed over every row (y = xhat weight), added with +="},
+             slips=RMSNORM_SLIPS, reference=_rmsnorm_reference),
     Exercise("rotary", "RotaryEmbedding", "rotary positions on (B, T, heads, dk): dx, the rotation back",
              "layers/rotary.md", _rotary,
-             "dx = dy cos - rotate_half(dy) sin: rotate_half's transpose is -rotate_half (the turn by -angle)"),
+             {"x": "dx = dy cos - rotate_half(dy) sin: rotate_half's transpose is -rotate_half (the turn back)"},
+             slips=ROTARY_SLIPS, reference=_rotary_reference),
     Exercise("swiglu", "SwiGLU", "down(silu(gate(x)) * up(x)): the product rule and x's two paths",
              "layers/swiglu.md",
              _plain(lambda cls, rng: (randomize(cls(D, 6), rng), {"x": random_array(rng, (B, T, D))})),
-             "da = dh u and du = dh a; dx = up_proj's dx + gate_proj's dx through SiLU's backward"),
+             {"x": "dx = up_proj's dx + gate_proj's dx: x reaches y by both paths",
+              "gate_proj.weight": "dW_gate = x^T act.backward(dh u), through SiLU's backward",
+              "up_proj.weight": "dW_up = x^T (dh a)",
+              "down_proj.weight": "dW_down = (a u)^T dy, summed over every position"},
+             slips=SWIGLU_SLIPS, reference=_swiglu_reference),
+    Exercise("gqa", "GroupedQueryAttention", "grouped-query attention: 4 query heads over 2 key/value heads, "
+             "dK and dU summed over each group", "layers/gqa.md", _gqa,
+             {"Q": "dQ is the attention's backward's dQ, each query head its own (Q is not shared)",
+              "K": "dK = dK_rep summed over the G query heads that read each key/value head",
+              "U": "dU = dU_rep summed over the G query heads that read each key/value head"},
+             slips=_gqa_slips("K") + _gqa_slips("U"), reference=_gqa_reference),
 ]}
 
 
@@ -190,9 +390,11 @@ def check(path, seed=0, time_limit=TIME_LIMIT):
 
     def run():
         forward, backward, inputs, module = exercise.build(cls, rng)
+        params = dict(module.named_parameters())
         terms = (lambda upstream: exercise.terms(inputs, upstream)) if exercise.terms is not None else None
-        return print_check(forward, backward, inputs, dict(module.named_parameters()), seed=seed, entries=3,
-                           caches=True, terms=terms, term_hint=exercise.term_hint)
+        return print_check(forward, backward, inputs, params, seed=seed, entries=3, caches=True, terms=terms,
+                           term_hint=exercise.hints,
+                           slips=lambda upstream: exercise.slip_gradients(inputs, params, upstream))
 
     with backend.default_dtype("float64"):
         backend.manual_seed(seed)

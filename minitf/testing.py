@@ -27,10 +27,11 @@ import inspect
 from hypothesis import strategies as st
 
 from minitf import backend
-# random_array and randomize live with the central differences, which need no hypothesis: the study tools
+# random_array and randomize live in minitf.draws, which needs no hypothesis: the study tools
 # (python -m minitf.gradcheck, python -m minitf.exercise) draw their arrays with them too
-from minitf.gradcheck.numeric import (compare_gradients, gradients_match, random_array,  # noqa: F401 (the API)
-                                      randomize, upstream_gradients as _upstream)
+from minitf.draws import random_array, randomize  # noqa: F401 (the API)
+from minitf.gradcheck.numeric import compare_gradients, gradients_match, sum_gradient  # noqa: F401 (the API)
+from minitf.gradcheck.numeric import upstream_gradients as _upstream
 from minitf.gradcheck.protocol import protocol_problems
 from minitf.gradcheck.report import describe_worst, diagnose
 from minitf.module import Module, no_grad
@@ -165,8 +166,10 @@ def assert_gradients_match(target, *args, params=None, seed=0, rtol=None, atol=A
             with no_grad():
                 outputs = forward(*inputs.values())
             upstream = _upstream(outputs if isinstance(outputs, tuple) else (outputs,), seed)
+        unit = sum_gradient(forward, inputs, params, name, reseed=reseed)  # dy = 1: what a backward without dy gives
+        hint = diagnose(analytic, numeric, upstream[0] if len(upstream) == 1 else None, rtol, atol, unit=unit)
         failures.append(f"{name}: relative error {error:.2e} > rtol {rtol:g}\n"
                         f"{describe_worst(name, analytic, numeric, rtol, atol)}\n"
-                        f"  hint: {diagnose(analytic, numeric, upstream[0] if len(upstream) == 1 else None, rtol, atol)}")
+                        f"  hint: {hint}")
     assert not failures, "\n".join(failures)
     return report

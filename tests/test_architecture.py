@@ -284,3 +284,35 @@ def test_no_script_imports_another_script():
     assert {name.partition(".")[0] for name in graph} >= set(SCRIPT_FOLDERS), "a script folder went unseen"
     wrong = tool_imports(graph)
     assert not wrong, f"scripts importing another script (move what they share into {sorted(SHARED)}): {wrong}"
+
+
+def package_graph(graph):
+    """The import graph between minitf's sub-packages (minitf.study, minitf.gradcheck, minitf.training, ...):
+    each module of a sub-package folded into it (minitf.study.inspection.page into minitf.study); the core's
+    modules (minitf.layers, ...), the tools and the scripts stay themselves. Imports inside a package vanish."""
+    packages = {".".join(path.relative_to(ROOT).parts[:2]) for path in PACKAGE.glob("*/__init__.py")}
+
+    def fold(name):
+        top = ".".join(name.split(".")[:2])
+        return top if top in packages else name
+
+    folded = {}
+    for name, imports in graph.items():
+        folded.setdefault(fold(name), set()).update(fold(m) for m in imports)
+    return {name: imports - {name} for name, imports in folded.items()}
+
+
+def test_no_import_cycle_between_packages():
+    """Imports between packages go one way too: a module of minitf.study importing minitf.gradcheck while a
+    module of minitf.gradcheck imports minitf.study is a cycle of packages, though no module imports itself
+    back (what both need belongs below both)."""
+    cycle = find_cycle(package_graph(import_graph()))
+    assert cycle is None, "import cycle between packages: " + " -> ".join(cycle)
+
+
+def test_a_package_cycle_is_seen():
+    graph = {"minitf.study.bugs": {"minitf.gradcheck.numeric"}, "minitf.gradcheck.command": {"minitf.study.bugs"},
+             "minitf.gradcheck.numeric": {"minitf.module"}, "minitf.module": set()}
+    assert find_cycle(graph) is None
+    cycle = find_cycle(package_graph(graph))
+    assert cycle is not None and set(cycle) == {"minitf.study", "minitf.gradcheck"}, cycle

@@ -243,6 +243,79 @@ def test_quoted_source_matches_the_code(page, code, line):
     assert not stale, f"{rel(page)}:{line}: quoted lines not found in minitf/:\n" + "\n".join(stale)
 
 
+LIBRARY_LINES = None
+
+
+@pytest.mark.parametrize("page, code, line", blocks("py"))
+def test_quoted_source_is_the_librarys_not_an_exercises(page, code, line):
+    """A ```py block quotes the library: its lines are found in minitf/ outside minitf/exercises/, whose files are
+    the learner's copies with the backward left out (their forward is written for reading, not the library's: a
+    quote of the exercise's SiLU forward shown as minitf.layers.SiLU's would not be the code that runs)."""
+    global LIBRARY_LINES
+    if LIBRARY_LINES is None:
+        LIBRARY_LINES = {_normalise(l) for f in (ROOT / "minitf").rglob("*.py") if "exercises" not in f.parts
+                         for l in f.read_text(encoding="utf-8").splitlines()}
+    only_in_exercises = [q for q in code.splitlines()
+                         if _normalise(q) not in ("", "...") and _normalise(q) not in LIBRARY_LINES]
+    assert not only_in_exercises, (f"{rel(page)}:{line}: quoted lines found only in minitf/exercises/ (quote the "
+                                   f"library's code):\n" + "\n".join(only_in_exercises))
+
+
+FUNCTIONS_BY_LINE = {}
+
+
+def _functions_by_line():
+    """{normalised source line: [(function node, the file's lines)]} for every line of every function in minitf/
+    (read once)."""
+    import ast
+    found = FUNCTIONS_BY_LINE
+    if found:
+        return found
+    for f in (ROOT / "minitf").rglob("*.py"):
+        text = f.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef):
+                for number in range(node.body[0].lineno, node.end_lineno + 1):
+                    found.setdefault(_normalise(lines[number - 1]), []).append((node, lines))
+    return found
+
+
+def _assignments(function, lines, name):
+    """The normalised lines of ``function`` that assign ``name``."""
+    import ast
+    found = set()
+    for node in ast.walk(function):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        if any(isinstance(t, ast.Name) and t.id == name for target in targets for t in ast.walk(target)):
+            found.add(_normalise(lines[node.lineno - 1]))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_a_quoted_backwards_return_has_each_gradient_it_returns_built_on_the_page(page):
+    """A quoted ``return`` line of a function that returns gradients (names dq, dk, dv...): the line of that
+    function that builds each of them is quoted on the page too (the reader follows each one back)."""
+    import ast
+    blocks_ = [code for info, code, _ in fenced_blocks(read(page)) if info == "py"]
+    quoted = {_normalise(q) for code in blocks_ for q in code.splitlines()}
+    functions = _functions_by_line()
+    missing = []
+    for q in sorted(quoted):
+        if not q.startswith("return ") or len(functions.get(q, [])) != 1:
+            continue
+        function, lines = functions[q][0]
+        try:
+            names = {n.id for n in ast.walk(ast.parse(q.partition("#")[0].strip()[len("return "):]))
+                     if isinstance(n, ast.Name) and n.id.startswith("d")}
+        except SyntaxError:
+            continue
+        missing += [f"{name} (returned by: {q})" for name in sorted(names)
+                    if _assignments(function, lines, name) and not _assignments(function, lines, name) & quoted]
+    assert not missing, f"{rel(page)}: quoted returns of gradients whose building line is not quoted: {missing}"
+
+
 SOURCE_INDENTS = None
 
 
@@ -277,6 +350,77 @@ def test_no_control_character_in_prose():
              for number, line in enumerate(prose(read(page)).splitlines(), 1)
              if any(ord(c) < 32 for c in line)]
     assert not found, "control characters in prose:\n" + "\n".join(found)
+
+
+def silu_derivative_facts():
+    """Where SiLU's derivative s + g s (1 - s) reaches 1, its peak and its minimum, from minitf's own backward
+    (dy = 1) on a grid of step 1e-4 over [-8, 8]: {name: value}."""
+    from minitf.layers import SiLU
+    g = backend.host.linspace(-8.0, 8.0, 160001)
+    with backend.default_dtype("float64"):
+        layer = SiLU()
+        layer.forward(backend.asarray(g))
+        d = backend.to_numpy(layer.backward(backend.asarray(backend.host.ones_like(g))))
+    up = backend.host.nonzero((d[:-1] - 1) * (d[1:] - 1) < 0)[0]
+    zero = backend.host.nonzero(d[:-1] * d[1:] < 0)[0]
+    assert len(up) == 1 and len(zero) == 1, "SiLU' crosses 1 once and 0 once"
+    top, bottom = int(d.argmax()), int(d.argmin())
+    return {"reaches 1 at": g[up[0]], "reaches 0 at": g[zero[0]], "peak": d[top], "peak at": g[top], "minimum": d[bottom],
+            "minimum at": g[bottom], "at 0": d[80000]}
+
+
+def test_the_swiglu_page_states_silus_derivative_as_the_backward_computes_it():
+    """docs/layers/swiglu.md states where SiLU's derivative reaches 1, its peak and its minimum: each number
+    as minitf.layers.SiLU's backward gives it, to the digits written."""
+    text = " ".join(read(DOCS / "layers" / "swiglu.md").split())
+    facts = silu_derivative_facts()
+    stated = re.search(r"\$\\tfrac12\$ at \$g = 0\$, reaches 1 at \$g \\approx (?P<one>[\d.]+)\$, peaks at "
+                       r"\$(?P<peak>[\d.]+)\$ near \$g \\approx (?P<peak_at>[\d.]+)\$ and falls back to 1 from above; "
+                       r"it is negative for \$g < -(?P<zero>[\d.]+)\$, down to \$(?P<minimum>-[\d.]+)\$ near "
+                       r"\$g \\approx (?P<minimum_at>-[\d.]+)\$", text)
+    assert stated, "docs/layers/swiglu.md no longer states SiLU's derivative in the sentence this test reads"
+    assert facts["at 0"] == 0.5
+    for name, fact in (("one", facts["reaches 1 at"]), ("peak", facts["peak"]), ("peak_at", facts["peak at"]),
+                       ("zero", -facts["reaches 0 at"]), ("minimum", facts["minimum"]),
+                       ("minimum_at", facts["minimum at"])):
+        written = stated.group(name)
+        digits = len(written.partition(".")[2])
+        assert abs(float(written) - fact) <= 0.5 * 10 ** -digits + 1e-4, (name, written, fact)
+
+
+def meta_ffn_width(d_model, multiple_of, multiplier=None):
+    """The feed-forward width of Meta's Llama code (model.py's FeedForward): 2/3 of 4 D, times
+    ``ffn_dim_multiplier`` when the model sets one, rounded up to a multiple of ``multiple_of``."""
+    hidden = int(2 * (4 * d_model) / 3)
+    if multiplier is not None:
+        hidden = int(multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def test_the_swiglu_pages_widths_follow_metas_rule():
+    """docs/layers/swiglu.md's table of feed-forward widths: each row's F is what Meta's rule makes of its D,
+    multiplier and multiple; Llama 2 70B is in it with its multiplier 1.3 (F = 28672, not 8/3 D rounded to 256)."""
+    rows = re.findall(r"^\| ([^|]+) \| (\d+) \| (none|[\d.]+) \| (\d+) \| (\d+) \|$",
+                      read(DOCS / "layers" / "swiglu.md"), re.M)
+    assert len(rows) >= 4, "docs/layers/swiglu.md: no table of feed-forward widths (models | D | multiplier | ...)"
+    for models, d, multiplier, multiple, width in rows:
+        expected = meta_ffn_width(int(d), int(multiple), None if multiplier == "none" else float(multiplier))
+        assert int(width) == expected, (models, width, expected)
+    assert any("Llama 2 70B" in models and multiplier == "1.3" and width == "28672"
+               for models, _, multiplier, _, width in rows), rows
+
+
+@pytest.mark.parametrize("name", ["llama.md", "layers/llama_block.md"])
+def test_the_llama_pages_say_which_llamas_tie_their_embeddings(name):
+    """Llama 2 and Llama 3 (8B, 70B, 405B) have an output matrix of their own; Llama 3.2 1B and 3B tie it to the
+    embedding (their config.json's tie_word_embeddings is true): a page that calls "Llama 3" untied names the sizes,
+    and names the two that tie."""
+    text = " ".join(read(DOCS / name).split())
+    for match in re.finditer(r"untied \(([^)]*)\)|a matrix of its own otherwise \(([^)]*)\)", text):
+        said = match.group(1) or match.group(2)
+        assert not re.search(r"\b3\b", said) or re.search(r"3\.2|\d+B", said), \
+            f"docs/{name}: '{match.group(0)}' calls every Llama 3 untied"
+    assert re.search(r"Llama 3\.2 1B and 3B[^.]*tie", text), f"docs/{name}: say that Llama 3.2 1B and 3B tie"
 
 
 def test_the_study_guides_page_list_names_every_page():

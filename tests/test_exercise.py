@@ -21,6 +21,12 @@ SOLUTIONS = {
     "rmsnorm": "backward = minitf.RMSNorm.backward",
     "rotary": "backward = minitf.RotaryEmbedding.backward",
     "swiglu": "backward = minitf.SwiGLU.backward",
+    "gqa": """def backward(self, dO):
+        Q, K_rep, U_rep, P = self.saved_tensors()
+        dQ, dK_rep, dU_rep = minitf.scaled_dot_product_attention_backward(dO, Q, K_rep, U_rep, P)
+        B, H, T, E = dK_rep.shape
+        return dQ, dK_rep.reshape(B, H // self.group, self.group, T, E).sum(axis=2), \\
+            dU_rep.reshape(B, H // self.group, self.group, T, E).sum(axis=2)""",
 }
 
 #: exercise -> (a planted bug, what the checker must print about it)
@@ -87,6 +93,12 @@ BUGS = {
         dh = self.down_proj.backward(dy)
         return self.gate_proj.backward(self.act.backward(dh * u))   # the path through up_proj forgotten""",
                "up_proj.weight"),
+    "gqa": ("""def backward(self, dO):
+        Q, K_rep, U_rep, P = self.saved_tensors()
+        dQ, dK_rep, dU_rep = minitf.scaled_dot_product_attention_backward(dO, Q, K_rep, U_rep, P)
+        B, H, T, E = dK_rep.shape
+        return dQ, dK_rep[:, ::self.group], dU_rep[:, ::self.group]   # the group's first query head only""",
+            "furthest off: K["),
 }
 
 
@@ -170,11 +182,12 @@ def test_each_usual_slip_in_silus_backward_fails_the_check(wrong, tmp_path, caps
         return (y > 0) * 1.0                     # the mask alone, never multiplied by dy"""),
 ])
 def test_a_backward_that_never_multiplies_by_the_upstream_gradient_is_told_so(name, body, tmp_path, capsys):
-    """y'(x) returned as it is: analytic x G = numeric in every entry (G the upstream gradient). No
-    term is missing, so the hint says that dy was not applied, and names no term."""
+    """y'(x) returned as it is: the gradient of sum(y), the one for dy = 1. No term is missing, so the hint says
+    that dy was not applied, and names no term."""
     assert exercise.main(["check", str(filled(tmp_path, name, body))]) == 1
     out = capsys.readouterr().out
-    assert "hint: analytic x dy = numeric in every entry" in out and "upstream gradient dy is not applied" in out, out
+    assert "hint: analytic = the gradient of sum(outputs), the one for dy = 1" in out, out
+    assert "upstream gradient dy is not applied" in out, out
     assert "term" not in out, out
 
 
@@ -271,3 +284,154 @@ def test_the_output_shown_in_docs_exercises_md_is_current(tmp_path, capsys):
                       page, re.M | re.S).group(1)
     exercise.main(["check", str(filled(tmp_path, "linear", BUGS["linear"][0]))])
     assert output_matches(shown, capsys.readouterr().out)
+
+
+# --------------------------------------------------------------------------- #
+# Hints per array and per slip: each exercise names the slips it recognises in each array's gradient
+# (minitf.exercise.Slip); a wrong solution gets, on each failing array's hint line, the slip it made there,
+# never another array's hint.
+# --------------------------------------------------------------------------- #
+def hints(out):
+    """{array: its hint line} of a report: each "furthest off: NAME[" line and the hint line after it."""
+    lines = out.splitlines()
+    return {lines[i].split("furthest off: ")[1].split("[")[0]: lines[i + 1] for i in range(len(lines) - 1)
+            if "furthest off: " in lines[i] and lines[i + 1].startswith("  hint:")}
+
+
+def rows(out):
+    """{array: ok or FAIL} from the report's table."""
+    return {line.split()[0]: line.split()[-1] for line in out.splitlines()
+            if line.split() and line.split()[-1] in ("ok", "FAIL") and not line.startswith("FAIL")}
+
+
+RMSNORM = """def backward(self, dy):
+        xhat, rstd = self.saved_tensors()
+        self.weight.grad += {dweight}
+        dxhat = dy * self.weight.data
+        return {dx}"""
+RIGHT_RMS_DWEIGHT = "(dy * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)"
+RIGHT_RMS_DX = "rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))"
+ROTARY = """def backward(self, dy):
+        cos, sin = self.saved_tensors()
+        return {dx}"""
+SWIGLU = """def backward(self, dy):
+        a, u = self.saved_tensors()
+        dh = self.down_proj.backward(dy)
+        {body}"""
+GQA = """def backward(self, dO):
+        Q, K_rep, U_rep, P = self.saved_tensors()
+        dQ, dK_rep, dU_rep = minitf.scaled_dot_product_attention_backward(dO, Q, K_rep, U_rep, P)
+        B, H, T, E = dK_rep.shape
+        G, Hkv = self.group, H // self.group
+        return dQ, {dK}, {dU}"""
+RIGHT_DK = "dK_rep.reshape(B, Hkv, G, T, E).sum(axis=2)"
+RIGHT_DU = "dU_rep.reshape(B, Hkv, G, T, E).sum(axis=2)"
+
+
+SLIP_CASES = [
+    # RMSNorm's dx with LayerNorm's term through the mean (the variance's x - mean where RMSNorm has x)
+    ("rmsnorm", RMSNORM.format(dweight=RIGHT_RMS_DWEIGHT, dx="rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True) "
+                               "- xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))"),
+     {"x": "subtracts no mean"}),
+    # the sign of the term through rstd flipped
+    ("rmsnorm", RMSNORM.format(dweight=RIGHT_RMS_DWEIGHT,
+                               dx="rstd * (dxhat + xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))"),
+     {"x": "sign of the term through the row's rstd"}),
+    # dweight from x, not from the normalised xhat; dx right
+    ("rmsnorm", RMSNORM.format(dweight="(dy * xhat / rstd).reshape(-1, xhat.shape[-1]).sum(axis=0)", dx=RIGHT_RMS_DX),
+     {"weight": "not dy x"}),
+    # rotary: adjacent dimensions paired (Meta's interleaved layout) where the code pairs the halves
+    ("rotary", ROTARY.format(dx="dy * cos - xp.stack([-dy[..., 1::2], dy[..., ::2]], axis=-1).reshape(dy.shape) "
+                                "* sin"),
+     {"x": "pairs adjacent dimensions"}),
+    # rotary: the forward's turn again, not its transpose (the sign of the rotate_half term)
+    ("rotary", ROTARY.format(dx="dy * cos + rotate_half(dy) * sin"), {"x": "the turn by -angle"}),
+    # SwiGLU: gate and up swapped, SiLU's backward sent into up_proj and dh a into gate_proj
+    ("swiglu", SWIGLU.format(body="return self.up_proj.backward(self.act.backward(dh * u)) + "
+                                  "self.gate_proj.backward(dh * a)"),
+     {"x": "gate and up swapped", "gate_proj.weight": "gate and up swapped", "up_proj.weight": "gate and up swapped"}),
+    # SwiGLU: the product rule's factors swapped
+    ("swiglu", SWIGLU.format(body="return self.up_proj.backward(dh * u) + "
+                                  "self.gate_proj.backward(self.act.backward(dh * a))"),
+     {"x": "factors swapped", "gate_proj.weight": "factors swapped", "up_proj.weight": "factors swapped"}),
+    # grouped-query attention: only the first query head of each group's dK (and dU), not the sum over the group
+    ("gqa", GQA.format(dK="dK_rep.reshape(B, Hkv, G, T, E)[:, :, 0]", dU=RIGHT_DU), {"K": "first query head"}),
+    ("gqa", GQA.format(dK=RIGHT_DK, dU="dU_rep.reshape(B, Hkv, G, T, E)[:, :, 0]"), {"U": "first query head"}),
+    # grouped-query attention: the group read as interleaved (query head j reads key/value head j % Hkv)
+    ("gqa", GQA.format(dK="dK_rep.reshape(B, G, Hkv, T, E).sum(axis=1)",
+                       dU="dU_rep.reshape(B, G, Hkv, T, E).sum(axis=1)"),
+     {"K": "query heads j // G", "U": "query heads j // G"}),
+]
+
+
+@pytest.mark.parametrize("name, body, expected", SLIP_CASES)
+def test_each_slip_gets_its_own_hint_on_its_own_array(name, body, expected, tmp_path, capsys):
+    """A planted wrong solution: exactly the arrays it gets wrong fail, each hint line names the slip made in
+    that array, and no array is told another array's or another slip's hint."""
+    assert exercise.main(["check", str(filled(tmp_path, name, body))]) == 1
+    out = capsys.readouterr().out
+    failed = {array for array, status in rows(out).items() if status == "FAIL"}
+    assert failed == set(expected), out
+    found = hints(out)
+    assert set(found) == set(expected), out
+    others = {text for _, _, e in SLIP_CASES for text in e.values()} - set(expected.values())
+    for array, text in expected.items():
+        assert text in found[array], (array, found[array], out)
+        assert not any(other in found[array] for other in others), (array, found[array])
+        assert "off almost everywhere" not in found[array], found[array]
+
+
+def test_a_slip_in_one_array_is_not_told_another_arrays_hint(tmp_path, capsys):
+    """RMSNorm's dx right and dweight off by no slip it knows (dy * rstd): the hint names dweight's formula,
+    not dx's (the exercise's hints are per array)."""
+    body = RMSNORM.format(dweight="(dy * rstd).reshape(-1, xhat.shape[-1]).sum(axis=0)", dx=RIGHT_RMS_DX)
+    assert exercise.main(["check", str(filled(tmp_path, "rmsnorm", body))]) == 1
+    out = capsys.readouterr().out
+    found = hints(out)
+    assert set(found) == {"weight"}, out
+    assert "dweight" in found["weight"] and "dx" not in found["weight"], found["weight"]
+
+
+@pytest.mark.parametrize("name, body", [
+    ("rmsnorm", RMSNORM.format(dweight="xhat.reshape(-1, xhat.shape[-1]).sum(axis=0)",
+                               dx="rstd * (self.weight.data - xhat * (self.weight.data * xhat).mean(axis=-1, "
+                                  "keepdims=True))")),
+    ("swiglu", SWIGLU.format(body="dh = self.down_proj.weight.data.sum(axis=1) + 0 * dh   # dy never used\n"
+                                  "        return self.up_proj.backward(dh * a) + "
+                                  "self.gate_proj.backward(self.act.backward(dh * u))")),
+])
+def test_a_forgotten_upstream_gradient_is_told_so_in_a_layer_that_is_not_elementwise(name, body, tmp_path, capsys):
+    """A backward that never multiplies by dy gives the gradient of sum(outputs) (dy = 1): in RMSNorm and the
+    SwiGLU, where an entry of dx depends on every entry of dy's row, that is not analytic x dy = numeric entry by
+    entry; the checker compares with the numeric gradient for dy = 1 and says that dy is not applied."""
+    assert exercise.main(["check", str(filled(tmp_path, name, body))]) == 1
+    out = capsys.readouterr().out
+    found = hints(out)
+    assert found, out
+    for array, text in found.items():
+        assert "upstream gradient dy is not applied" in text, (array, text)
+
+
+def test_a_shape_error_suggests_summing_broadcast_axes_only_for_a_broadcast_input(tmp_path, capsys):
+    """dK returned per query head (B, H, T, E) where K is (B, Hkv, T, E): K was repeated, never broadcast, so
+    the FAIL line says to sum the copies, not "the axes that broadcasting added"; an input that was broadcast
+    (b (4,) added to x (2, 3, 4)) still gets that advice."""
+    body = GQA.format(dK="dK_rep", dU=RIGHT_DU)
+    assert exercise.main(["check", str(filled(tmp_path, "gqa", body))]) == 1
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("FAIL input K"))
+    assert "broadcasting" not in line and "repeat" in line, line
+    silu = """def backward(self, dy):
+        x, s = self.saved_tensors()
+        return (dy * (s + x * s * (1.0 - s))).sum(axis=0)"""
+    assert exercise.main(["check", str(filled(tmp_path, "silu", silu))]) == 1
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("FAIL input x"))
+    assert "broadcasting" not in line, line
+
+    from minitf import backend
+    from minitf.draws import random_array
+    from minitf.gradcheck.protocol import protocol_problems
+    with backend.default_dtype("float64"):
+        inputs = {"x": random_array(0, (2, 3, 4)), "b": random_array(1, (4,))}
+        problems = protocol_problems(lambda x, b: x + b, lambda dy: (dy, dy), inputs)
+    assert any("input b" in p and "broadcasting added" in p for p in problems), problems

@@ -338,3 +338,23 @@ def test_random_array_and_randomize_draw_from_a_seed_or_from_one_generators_stre
     with backend.default_dtype("float32"):
         assert testing.random_array(0, (2,), dtype=None).dtype == np.float32
         assert testing.random_array(0, (2,)).dtype == np.float64
+
+
+class _MixWithoutDy(minitf.Module):
+    """y = x M over the last axis (M fixed), with a backward that never multiplies by dy: ones M^T, the gradient of
+    sum(y). Not elementwise: dx_i depends on every dy_j of the row."""
+    M = np.arange(16.0).reshape(4, 4) / 10 - 0.7
+
+    def forward(self, x):
+        return x @ backend.asarray(self.M)
+
+    def backward(self, dy):
+        return xp.ones_like(dy) @ backend.asarray(self.M).T
+
+
+def test_a_backward_without_dy_in_a_layer_that_is_not_elementwise_is_told_so():
+    """assert_gradients_match compares a failing gradient with the measured gradient for dy = 1, so a backward that
+    never applies dy is told so in a layer where dx_i depends on every dy_j (the entrywise a x dy = n test cannot)."""
+    x = testing.random_array(0, (2, 3, 4))
+    with pytest.raises(AssertionError, match="upstream gradient dy is not applied"):
+        testing.assert_gradients_match(_MixWithoutDy(), x)

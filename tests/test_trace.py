@@ -350,7 +350,7 @@ def llama_loss(model):
 def test_the_llama_walk_is_made_of_the_real_gradients(traced_llama):
     """Every upstream gradient the Llama example records (each RMSNorm, projection, SiLU, the rotary embedding's two
     calls, each block) and every parameter's gradient agree with central differences; the walk's arrays are those
-    records: dK is the rotary's first backward's dy (k turned last), dk and dq its outputs, the sum of tied uses is
+    records: dK is the rotary's first backward's dy (k turned last) in attention's layout, dk and dq its outputs, the sum of tied uses is
     the embedding's gradient."""
     tracer, model, _ = traced_llama
     assert upstream_gradients_checked(tracer, model, llama_loss) >= 18  # every module call but the model
@@ -363,14 +363,44 @@ def test_the_llama_walk_is_made_of_the_real_gradients(traced_llama):
         "embed_tokens: W.grad[ids] ")]}
     rotary = [r for r in tracer.records if r.name == "layers.0.self_attn.rotary" and r.kind == "backward"]
     assert [r.call for r in rotary] == [0, 1]
-    dK = dict(rotary[0].inputs)["dy"]
-    assert dK.shape == (1, 4, 2, 2) and np.array_equal(steps["layers.0.self_attn: dK = dK_rep"].array, dK)
+    dK = dict(rotary[0].inputs)["dy"]  # (B, T, Hkv, dk); the walk shows it as its line makes it, (B, Hkv, T, dk)
+    assert dK.shape == (1, 4, 2, 2)
+    assert np.array_equal(steps["layers.0.self_attn: dK = dK_rep"].array, dK.transpose(0, 2, 1, 3))
     assert np.array_equal(steps["layers.0.self_attn.rotary: dk = dK turne"].array, dict(rotary[0].outputs)["dx"])
     assert np.array_equal(steps["layers.0.self_attn.rotary: dq = dQ turne"].array, dict(rotary[1].outputs)["dx"])
     total = steps["embed_tokens.weight.grad = use 1 + "].array
     np.testing.assert_allclose(total, backend.to_numpy(model.embed_tokens.weight.grad), rtol=1e-12)
     np.testing.assert_allclose(steps["lm_head: W.grad += dl"].array + steps["embed_tokens: W.grad[ids] "].array,
                                total, rtol=1e-12)
+
+
+def test_the_llama_walks_dk_and_dv_steps_are_the_arrays_their_lines_make():
+    """Steps 14 and 17 cite GroupedQueryAttention.backward's lines dK = dK_rep.reshape(...).sum(axis=2) and
+    dU = dU_rep.reshape(...).sum(axis=2): the walk shows those very arrays, in their (B, Hkv, T, dk) layout (the
+    locals of the backward, caught as it returns), not the rotary's or v_proj's views of them."""
+    import sys
+
+    from minitf.attention import GroupedQueryAttention
+    from minitf.llama.study import build_trace_model
+    from minitf.study.tracer import run_next_token
+    caught = {}
+
+    def catch(frame, event, arg):
+        if event == "return" and frame.f_code is GroupedQueryAttention.backward.__code__:
+            caught.update({k: backend.to_numpy(frame.f_locals[k]).copy() for k in ("dK", "dU")})
+
+    with default_dtype("float64"):
+        sys.setprofile(catch)
+        try:
+            tracer, model, _ = run_next_token(build_trace_model())
+        finally:
+            sys.setprofile(None)
+    steps = {s.label.split(" = ")[0]: s for s in kinds.get("llama").walk(tracer, model).steps if not isinstance(s, str)}
+    assert caught["dK"].shape == caught["dU"].shape == (1, 2, 4, 2)
+    for label, name in (("layers.0.self_attn: dK", "dK"), ("layers.0.self_attn: dU", "dU")):
+        assert label in steps, sorted(steps)
+        assert steps[label].array.shape == caught[name].shape, (label, steps[label].array.shape)
+        np.testing.assert_allclose(steps[label].array, caught[name], rtol=1e-12, atol=1e-15)
 
 
 LLAMA_SHAPES = {"tied, 4 query heads over 2": {}, "untied, multi-head (G = 1)": dict(tie_word_embeddings=False,

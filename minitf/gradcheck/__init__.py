@@ -26,6 +26,6 @@ The learner's own code is loaded and run under guard by :mod:`minitf.study.tools
 from minitf.gradcheck.catalogue import LAYERS  # noqa: F401 (the API)
 from minitf.gradcheck.command import main  # noqa: F401
 from minitf.gradcheck.numeric import (compare_gradients, gradients_match, numerical_gradient,  # noqa: F401
-                                      relative_error, upstream_gradients)
+                                      relative_error, sum_gradient, upstream_gradients)
 from minitf.gradcheck.protocol import cache_problems, protocol_problems  # noqa: F401
 from minitf.gradcheck.report import describe_worst, diagnose, print_check, worst_entry  # noqa: F401

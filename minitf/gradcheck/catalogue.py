@@ -14,7 +14,7 @@ A new elementwise activation is one line (see :func:`elementwise`)::
 import minitf
 from minitf import backend
 from minitf.attention import attention_keep_mask
-from minitf.gradcheck.numeric import random_array, randomize
+from minitf.draws import random_array, randomize
 
 #: name -> build(rng) -> (forward, backward, inputs, module), in the order of ``--help``
 BUILDERS = {}

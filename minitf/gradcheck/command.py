@@ -9,7 +9,7 @@ import inspect
 from minitf import backend
 from minitf.study import bugs
 from minitf.gradcheck.catalogue import LAYERS, build
-from minitf.gradcheck.numeric import random_array
+from minitf.draws import random_array
 from minitf.gradcheck.report import print_check
 from minitf.module import Module
 from minitf.study.tools import (add_time_limit, check_time_limit, guarded, load_object, one_line_parser, run_tool,

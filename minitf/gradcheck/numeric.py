@@ -11,7 +11,6 @@ Run it in float64 (``backend.default_dtype('float64')``): in float32 the
 rounding error of L swamps the O(h^2) term.
 """
 from minitf import backend
-from minitf.backend import host as np  # the random draws happen on the host
 from minitf.backend import xp
 from minitf.module import no_grad
 
@@ -58,31 +57,28 @@ def as_tuple(value):
     return value if isinstance(value, tuple) else (value,)
 
 
-def random_array(seed, shape, scale=1.0, dtype=np.float64):
-    """Normal values N(0, scale^2) of ``shape``, as a device array of ``dtype`` (None: the backend's default
-    dtype). ``seed``: an int (a generator of its own: the same seed, the same array, as a hypothesis-drawn seed
-    needs) or a NumPy Generator (its next draws: the arrays of one check drawn in turn from one stream)."""
-    values = np.random.default_rng(seed).normal(0.0, scale, shape)  # a Generator is used as it is
-    return backend.asarray(values, dtype=backend.get_default_dtype() if dtype is None else dtype)
-
-
-def randomize(module, seed, scale=0.5):
-    """Random N(0, scale^2) values in every parameter of ``module`` (biases and LayerNorm gains
-    too), so that no gradient is checked only at its initial zero/one value or at a ReLU kink.
-    ``seed``: an int (parameter i gets the array of seed ``seed + 101 i``) or a Generator (the
-    parameters' values drawn from it in turn). Returns the module."""
-    stream = isinstance(seed, np.random.Generator)
-    for i, p in enumerate(module.parameters()):
-        p.data[...] = random_array(seed if stream else seed + 101 * i, p.shape, scale)
-    return module
-
-
 def upstream_gradients(outputs, seed):
     """The random upstream gradient G (one array per output, N(0, 1)) that makes
     ``L = sum(forward(inputs) * G)`` a scalar: a stream of its own, so that G does not
     repeat the values the inputs were drawn with."""
     rng = backend.host_rng([seed, 0x5EED])
     return tuple(backend.asarray(rng.standard_normal(o.shape), dtype=o.dtype) for o in outputs)
+
+
+def sum_gradient(forward, inputs, params, name, h=1e-6, reseed=None):
+    """d sum(forward(inputs)) / d(the array ``name``: an input, else a parameter) by central differences: the
+    gradient a backward gives for dy = 1 (every entry of the upstream gradient one), which is what a backward
+    that never applies dy returns, whatever the layer."""
+    arrays = list(inputs.values())
+    target = inputs[name] if name in inputs else dict(params)[name].data
+
+    def loss():
+        if reseed is not None:
+            backend.manual_seed(reseed)
+        with no_grad():
+            return sum(float(o.sum()) for o in as_tuple(forward(*arrays)))
+
+    return numerical_gradient(loss, target, h)
 
 
 def compare_gradients(forward, backward, inputs, params=(), seed=0, h=1e-6, reseed=None):

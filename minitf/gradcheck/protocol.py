@@ -34,6 +34,30 @@ def _same_array(new, old):
         bool(xp.may_share_memory(new, old))
 
 
+def _shape_advice(name, shape, got, output_shapes):
+    """What to do about a gradient of shape ``got`` for an input of ``shape``: sum the axes that broadcasting
+    added only when the forward broadcast the input (it broadcasts to an output's shape, and ``got`` is what
+    broadcasting made of it); sum the copies when each axis of ``got`` is a whole multiple of the input's (a
+    repeat); else nothing more."""
+    if not isinstance(got, tuple):
+        return ""
+
+    def broadcasts(to):
+        try:
+            return backend.host.broadcast_shapes(shape, to) == to != shape
+        except ValueError:
+            return False
+
+    if broadcasts(got) and any(broadcasts(o) for o in output_shapes):
+        return f" (the forward broadcast {name}: sum over the axes that broadcasting added)"
+    if len(got) == len(shape) and all(g % s == 0 for g, s in zip(got, shape)):
+        axes = [i for i, (g, s) in enumerate(zip(got, shape)) if g != s]
+        return (f" (axis {', '.join(map(str, axes))} is {', '.join(str(got[i] // shape[i]) for i in axes)} times "
+                f"{name}'s: if the forward used copies of {name} along it (a repeat), each copy's gradient adds "
+                f"into the one entry it copies: sum them)")
+    return ""
+
+
 def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None, caches=False):
     """The rules of the forward/backward protocol (minitf.module) that matching numbers
     alone do not enforce. Returns one line per broken rule (empty: none broken):
@@ -134,8 +158,8 @@ def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None,
         elif getattr(grads[i], "shape", None) != array.shape:
             got = getattr(grads[i], "shape", type(grads[i]).__name__)
             problems.append(f"input {name}: its gradient has shape {tuple(got) if isinstance(got, tuple) else got}, "
-                            f"{name} has {tuple(array.shape)}; dL/d{name} has the shape of {name} (sum over "
-                            f"the axes that broadcasting added)")
+                            f"{name} has {tuple(array.shape)}; dL/d{name} has the shape of {name}"
+                            + _shape_advice(name, tuple(array.shape), got, [tuple(o.shape) for o in outputs]))
     if params:
         first = {n: backend.to_numpy(p.grad).copy() for n, p in params.items()}
         rng = backend.host_rng([seed, 0xACC])

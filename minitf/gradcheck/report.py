@@ -3,7 +3,8 @@ the difference (:func:`diagnose`), and the command-line report of one check that
 ``python -m minitf.gradcheck`` and ``python -m minitf.exercise`` print (:func:`print_check`).
 """
 from minitf import backend
-from minitf.gradcheck.numeric import as_tuple, compare_gradients, gradients_match, relative_error, upstream_gradients
+from minitf.gradcheck.numeric import (as_tuple, compare_gradients, gradients_match, relative_error, sum_gradient,
+                                      upstream_gradients)
 from minitf.gradcheck.protocol import protocol_problems
 from minitf.module import no_grad
 
@@ -38,18 +39,33 @@ def _equal(a, b, rtol, atol):
     return float(abs(a - b).max(initial=0)) <= rtol * scale + atol
 
 
-def diagnose(analytic, numeric, upstream=None, rtol=1e-6, atol=1e-7, terms=None, term_hint=None):
-    """A hint from the pattern of the difference, for any layer: a gradient never
-    written, a constant factor or a flipped sign, the upstream gradient never applied,
-    exactly the upstream gradient (a skip path), a few entries, or a missing term.
+def diagnose(analytic, numeric, upstream=None, rtol=1e-6, atol=1e-7, terms=None, term_hint=None, slips=None,
+             unit=None):
+    """A hint from the pattern of the difference, for any layer: a slip the layer knows, a
+    gradient never written, a constant factor or a flipped sign, the upstream gradient never
+    applied, exactly the upstream gradient (a skip path), a few entries, or a missing term.
 
-    terms: optional {name: (formula, array)}, the terms of the right gradient (upstream
-    gradient applied): one missing or counted twice is named. term_hint: what the last
-    hint says may be missing or wrong in this layer (None: examples from any layer; "":
-    none named)."""
+    slips: optional [(hint, array)], this array's gradient as a backward with a known slip
+    computes it: the first one analytic equals is the hint. unit: optional, the numeric
+    gradient of the sum of the outputs (the gradient for dy = 1): analytic equal to it means
+    that dy was never applied, in any layer (``upstream``, the upstream gradient, still tells
+    it entry by entry when ``unit`` is not given, and finds a skip path's dy). terms: optional
+    {name: (formula, array)}, the terms of the right gradient (upstream gradient applied): one
+    missing or counted twice is named. term_hint: what the last hint says may be missing or
+    wrong in this array (None: examples from any layer; "": none named)."""
     np = backend.host
     a, n = backend.to_numpy(analytic), backend.to_numpy(numeric)
     scale = max(float(abs(a).max(initial=0)), float(abs(n).max(initial=0)), 1e-300)
+    for hint, wrong in slips or ():
+        wrong = backend.to_numpy(wrong)
+        if wrong.shape == a.shape and not _equal(wrong, n, rtol, atol) and _equal(a, wrong, rtol, atol):
+            return hint
+    if unit is not None:
+        U = backend.to_numpy(unit)
+        if U.shape == a.shape and U.any() and not _equal(U, n, rtol, atol) and _equal(a, U, rtol, atol):
+            return "analytic = the gradient of sum(outputs), the one for dy = 1, in every entry: the local " \
+                   "derivatives are right, but the upstream gradient dy is not applied (the chain rule: every " \
+                   "path starts from dy)"
     if not a.any():
         return "analytic is 0 everywhere, numeric is not: this gradient is never computed (a path dropped, " \
                "or a .grad never added to)"
@@ -90,15 +106,17 @@ def diagnose(analytic, numeric, upstream=None, rtol=1e-6, atol=1e-7, terms=None,
 
 
 def print_check(forward, backward, inputs, params, seed=0, reseed=None, entries=4, wrong=False, hint=None,
-                caches=False, terms=None, term_hint=None):
+                caches=False, terms=None, term_hint=None, slips=None):
     """The command-line report of one check: the protocol's problems (each a FAIL line),
     then analytic against numeric, entry by entry, for every input and parameter, and
     for each array that fails its entry furthest off and a hint (``hint``, or the
     pattern's :func:`diagnose`); ``caches`` as in :func:`protocol_problems`. A float input
     whose gradient is missing or of the wrong shape is a row that says it was not compared
     (its FAIL line says why). ``terms``: optional ``terms(upstream) -> {array name: {name:
-    (formula, array)}}`` and ``term_hint`` (a text, or {array name: text}) for :func:`diagnose`.
-    Returns the number of failures."""
+    (formula, array)}}``, ``slips``: optional ``slips(upstream) -> {array name: [(hint, array)]}``
+    and ``term_hint`` (a text, or {array name: text}: an array not named gets none) for
+    :func:`diagnose`, with the numeric gradient for dy = 1 (:func:`sum_gradient`) of each array
+    that fails. Returns the number of failures."""
     problems = protocol_problems(forward, backward, inputs, params, seed=seed, reseed=reseed, caches=caches)
     report = compare_gradients(forward, backward, inputs, params, seed=seed, reseed=reseed)
     upstream = None
@@ -133,9 +151,11 @@ def print_check(forward, backward, inputs, params, seed=0, reseed=None, entries=
                         outputs = as_tuple(forward(*inputs.values()))
                     upstream = upstream_gradients(outputs, seed)
                     known = terms(upstream) if terms is not None else {}
-                layer_hint = term_hint.get(name) if isinstance(term_hint, dict) else term_hint
+                    seen = slips(upstream) if slips is not None else {}
+                layer_hint = term_hint.get(name, "") if isinstance(term_hint, dict) else term_hint
+                unit = sum_gradient(forward, inputs, params, name, reseed=reseed)
                 found = diagnose(analytic, numeric, upstream[0] if len(upstream) == 1 else None,
-                                 terms=known.get(name), term_hint=layer_hint)
+                                 terms=known.get(name), term_hint=layer_hint, slips=seen.get(name), unit=unit)
                 worst.append(f"  hint: {found}")
     total = len(report) + len(not_compared)
     print(f"{total - failed} of {total} arrays match (max |a - n| <= 1e-6 max(|a|, |n|) + 1e-7)")

@@ -77,13 +77,18 @@ def llama_walk(tracer, model):
         w.step(f"{attn}: dQ = softmax attention's backward, each query head on its own", f"{attn}/attention", "dQ",
                "branch", SOFTMAX)
         # k is turned after q in the forward, so the rotary's backward turns dk first (its call 0), then dq
-        w.step(f"{attn}: dK = dK_rep summed over the {G} query heads that read each key/value head",
-               f"{attn}.rotary", "dy", "branch", SHARED_K)
+        # dK as its line makes it, (B, Hkv, T, dk): the rotary's first backward took it as (B, T, Hkv, dk)
+        dK = w.array(f"{attn}.rotary", "dy").transpose(0, 2, 1, 3)
+        w.add(f"{attn}: dK = dK_rep summed over the {G} query heads that read each key/value head", dK, "branch",
+              SHARED_K)
         w.step(f"{attn}.rotary: dk = dK turned back by -angle (the transposed rotation)", f"{attn}.rotary", "dx",
                "branch", TURN_BACK)
         w.step(f"{attn}.rotary: dq = dQ turned back by -angle", f"{attn}.rotary", "dx", "branch", TURN_BACK, call=1)
-        w.step(f"{attn}: dv = dU_rep summed over the {G} query heads that read each value head", f"{attn}.v_proj",
-               "dy", "branch", SHARED_V)
+        # dU as its line makes it, (B, Hkv, T, dk): v_proj's backward took it as dv, (B, T, Hkv*dk)
+        dv = w.array(f"{attn}.v_proj", "dy")
+        dU = dv.reshape(dv.shape[0], dv.shape[1], Hkv, -1).transpose(0, 2, 1, 3)
+        w.add(f"{attn}: dU = dU_rep summed over the {G} query heads that read each value head (v_proj's dv)", dU,
+              "branch", SHARED_V)
         w.step(f"{attn}: dx = dq W_q^T + dk W_k^T + dv W_v^T (all three read x)", attn, "dx", "branch", THREE_PATHS)
         w.step(f"{block}.input_layernorm: RMSNorm'(dx)", f"{block}.input_layernorm", "dx", "branch", RMS)
         w.step(f"{block}: dx = dh + RMSNorm'(...) (the residual passes dh on)", block, "dx", "stream", ATTENTION_SUM)
@@ -123,8 +128,9 @@ def print_walk(tracer, model, loss):
     print("grouped-query attention of 4 query heads over 2 key/value heads, rotary positions, one block,")
     print(f"B=1, L=4, D=8, V=5; ids {GPT_IDS}, targets {GPT_NEXT}; loss {loss:.6f}), from dL/dlogits down")
     print("to the tied embedding. each step: what it computes, shape, norm, one row ([0, 0] of an")
-    print("activation gradient; [0, 1] of a per-head one: position 1, turned by one angle (dQ: head 1, as")
-    print("attention lays it out, (B, H, T, dk)); row 3 of a (V, D) weight gradient), and the line of")
+    print("activation gradient; [0, 1] of a per-head one: dQ, dK and dU as attention lays them out,")
+    print("(B, H, T, dk) and (B, Hkv, T, dk), so head 1 at every position; dk and dq as the rotary turns them,")
+    print("(B, T, heads, dk), so position 1, every head; row 3 of a (V, D) weight gradient), and the line of")
     print("minitf that computes it. Position 0 attends to itself alone: its dQ and dq are 0.")
     V, D = model.embed_tokens.weight.shape
     print_steps(llama_walk(tracer, model).steps,

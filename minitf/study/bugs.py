@@ -16,7 +16,7 @@ import math
 
 from minitf import backend
 from minitf.backend import xp
-from minitf.gradcheck.numeric import random_array, randomize
+from minitf.draws import random_array, randomize
 from minitf.module import no_grad
 
 B, S, T, D, H, F, V = 2, 4, 3, 4, 2, 6, 7
