@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 import minitf
+from minitf.training.kind import TRANSLATION_PAGE
 from minitf import backend, kinds
 from minitf.study import tracer, walk
 from minitf.inspect import main as inspect_main, read_curves
@@ -417,7 +418,7 @@ def test_a_translation_run_gives_a_page_with_its_curves(world, tmp_path, capsys)
     assert example["source"][-1] == "</s>" and example["input"][0] == "<s>" and example["predicted"][-1] == "</s>"
     assert "own translation (greedy)" in example["target_from"]
     assert data["model"]["layout"] == "post-LN" and data["curves"]["train"]["step"] == list(range(1, 7))
-    assert data["curves"] == read_curves(world["ref"], "translation")
+    assert data["curves"] == read_curves(world["ref"], TRANSLATION_PAGE)
     # a reference is scored as given; a checkpoint folder has no curves (and says why)
     checkpoint = world["ref"] / "checkpoints" / "step-00000004"
     code, err, _ = run_inspect(["--checkpoint", checkpoint, "--text", "Der hund.", "--reference", "The dog.",

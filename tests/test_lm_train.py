@@ -322,10 +322,10 @@ def test_generate_continues_a_prompt_from_a_gpt_run_and_each_command_refuses_the
     assert done.stdout == expected + "\n" and done.stdout.startswith("the cat") and len(expected) > len("the cat")
     refused = subprocess.run([sys.executable, "-m", "minitf.translate", "--checkpoint", str(run)], input="Hallo\n",
                              capture_output=True, text=True, env=CPU_ENV, cwd=ROOT, timeout=120)
-    assert refused.returncode == 1 and "python -m minitf.generate --checkpoint RUN" in one_error_line(
+    assert refused.returncode == 1 and f"python -m minitf.generate --checkpoint {run}" in one_error_line(
         refused.stderr.splitlines(), "minitf.translate", lines=3), refused.stderr
     assert train_main(make_corpus(tmp_path) + TINY + ["--max-steps", "2", "--out", str(translation)]) == 0
     refused = subprocess.run(command[:4] + [str(translation)] + command[5:], capture_output=True, text=True,
                              env=CPU_ENV, cwd=ROOT, timeout=120)
-    assert refused.returncode == 1 and "python -m minitf.translate --checkpoint RUN" in one_error_line(
+    assert refused.returncode == 1 and f"python -m minitf.translate --checkpoint {translation}" in one_error_line(
         refused.stderr.splitlines(), "minitf.generate", lines=3), refused.stderr
