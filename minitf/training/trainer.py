@@ -345,6 +345,10 @@ class Trainer:
         that carried it (``num_tokens``) and their summed negative log-likelihood (``nll_sum``)."""
         raise NotImplementedError
 
+    def train_record(self):
+        """What a kind adds to each step's metrics.jsonl record (a mixture of experts' tokens per expert); {}."""
+        return {}
+
     def auxiliary_coefficients(self):
         """{name: coefficient} of the auxiliary losses this run's model reports after every forward (a mixture of
         experts' load balance): the update adds coefficient x loss to the loss, logs each loss apart and calls
@@ -494,6 +498,7 @@ class Trainer:
                                    tokens_per_s=round(tokens_per_s, 1), elapsed=round(self.elapsed, 2),
                                    grad_norm=round(result.grad_norm, 4),
                                    **{f"aux_{k}": round(v, 6) for k, v in result.aux.items()},
+                                   **self.train_record(),
                                    **(dict(loss_scale=self.optimizer.scale, overflows=self.optimizer.overflows)
                                       if self.mixed else {}))
                 if bar is not None:
