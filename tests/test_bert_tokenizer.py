@@ -77,6 +77,14 @@ def test_wordpiece_takes_the_longest_piece_first_and_continues_with_hashes():
     assert bt.wordpiece("un" + "a" * 8, vocab | {"##aa"}, "[UNK]", max_chars=10) == ["un"] + ["##aa"] * 4
 
 
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_ascii_takes_a_short_way_to_the_same_words(lowercase):
+    text = "".join(map(chr, range(128))) + " Hello,World!! don't x\x01y a\x0bb 3.14 $5 [MASK]"
+    assert bt.basic_tokenize(text, lowercase) == bt.basic_tokenize_unicode(text, lowercase)
+    # vertical tab and form feed are white space to Python, but control characters first: dropped, no split
+    assert bt.basic_tokenize("a\x01b\x0bc\x0cd") == ["abcd"]
+
+
 def _vocab_folder(path, tokens, **config):
     path.mkdir(parents=True, exist_ok=True)
     (path / "vocab.txt").write_text("".join(f"{t}\n" for t in tokens), encoding="utf-8")

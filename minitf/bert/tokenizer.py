@@ -18,10 +18,12 @@ Both have ``encode(text, pair=None) -> (ids, token_type_ids)``, ``encode_batch``
 tokens left out), ``model_bytes``/``from_bytes`` (JSON, never pickle), ``sha256`` and ``save(folder)``.
 :func:`train_wordpiece` makes a WordPiece vocabulary from training text for a masked-LM run from scratch."""
 import collections
+import functools
 import hashlib
 import heapq
 import json
 import pathlib
+import re
 import unicodedata
 
 from minitf.atomic import write_atomic
@@ -46,17 +48,20 @@ CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 
 # BERT's basic tokenizer, one rule a function
 
 
+@functools.cache
 def is_whitespace(ch):
     """Tab, newline, carriage return and every Unicode white space (what BertNormalizer maps to a space)."""
     return ch in "\t\n\r" or ch.isspace()
 
 
+@functools.cache
 def is_control(ch):
     """A character of category C (control, format, unassigned, private use, surrogate) other than tab, newline
     and carriage return: clean text drops it."""
     return ch not in "\t\n\r" and unicodedata.category(ch).startswith("C")
 
 
+@functools.cache
 def is_punctuation(ch):
     """ASCII punctuation (``$``, ``+``, ``<``, ``^``, ... included) or a Unicode punctuation category P*."""
     cp = ord(ch)
@@ -64,6 +69,7 @@ def is_punctuation(ch):
         unicodedata.category(ch).startswith("P")
 
 
+@functools.cache
 def is_cjk(ch):
     cp = ord(ch)
     return any(low <= cp <= high for low, high in CJK_RANGES)
@@ -107,9 +113,23 @@ def split_words(text):
     return words
 
 
+#: ASCII's control characters (tab, newline and carriage return are whitespace) and its words: every printable
+#: character that is no letter or digit is punctuation
+ASCII_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+ASCII_WORDS = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
+
+
 def basic_tokenize(text, lowercase=True, accents=None, chinese=True):
     """BERT's basic tokenizer: ``text`` -> its words before WordPiece. ``accents``: strip them (None: when
-    lower-casing, as BERT)."""
+    lower-casing, as BERT). ASCII text takes a short way (two regular expressions) to the same words."""
+    if text.isascii():
+        text = ASCII_CONTROLS.sub("", text)
+        return ASCII_WORDS.findall(text.lower() if lowercase else text)
+    return basic_tokenize_unicode(text, lowercase, accents, chinese)
+
+
+def basic_tokenize_unicode(text, lowercase=True, accents=None, chinese=True):
+    """:func:`basic_tokenize`, one rule after the other, for any text."""
     text = clean_text(text)
     if chinese:
         text = space_cjk(text)
