@@ -33,7 +33,7 @@ class Exercise:
     class_name: str
     summary: str
     page: str
-    build: object  # build(cls, rng) -> (forward, backward, inputs, module)
+    build: object  # build(cls, rng) -> (forward, backward, inputs, module[, slips(upstream) -> {array: [...]}])
     term_hint: str = ""  # what may be missing or wrong when a gradient is off everywhere by no one factor
     terms: object = None  # terms(inputs, upstream) -> {array: {name: (formula, array)}}, the right gradient's terms
 
@@ -88,6 +88,65 @@ def _embedding(cls, rng):
 def _rotary(cls, rng):
     module = cls(4, theta=100.0)  # dk 4: two pairs turned at two frequencies
     return (lambda x: module.forward(x, start=2)), module.backward, {"x": random_array(rng, (B, T, 2, 4))}, module
+
+
+def _tanh(cls, rng):
+    """x of scale 2, where tanh, 1 - tanh^2 and 1 - x^2 are far apart; the slips named: tanh'(x) taken as tanh(x)
+    or 1 - tanh(x), written with the input x, or without dy."""
+    module, x = cls(), random_array(rng, (B, T, D), 2.0)
+
+    def slips(upstream):
+        (dy,) = upstream
+        y = backend.xp.tanh(x)
+        return {"x": [("dy tanh(x)", dy * y, "tanh is not its own derivative: tanh'(x) = 1 - tanh(x)^2"),
+                      ("dy (1 - tanh(x))", dy * (1.0 - y), "the square is missing: tanh'(x) = 1 - tanh(x)^2"),
+                      ("dy (1 - x^2)", dy * (1.0 - x * x), "the derivative is written with the input x; it is "
+                       "1 - y^2 with the output y = tanh(x)"),
+                      ("1 - y^2", 1.0 - y * y, "the local derivative is right, but dy, the upstream gradient, is "
+                       "not applied: dx = dy (1 - y^2)")]}
+    return module.forward, module.backward, {"x": x}, module, slips
+
+
+def _masked_lm_loss(cls, rng):
+    """Two sequences of 5 positions, 3 of the 10 masked (M = 3, T = 5, B = 2: each wrong divisor gives its own
+    factor); the slips named: a gradient at unmasked positions, the mean over T, B or B T positions (or none),
+    the softmax or the one-hot left out of softmax - onehot."""
+    module, host = cls(), backend.host
+    Bm, Tm = 2, 5
+    masked = host.zeros((Bm, Tm), dtype=bool)
+    masked[0, 1] = masked[0, 3] = masked[1, 2] = True
+    M = int(masked.sum())
+    labels = host.where(masked, rng.integers(0, V, (Bm, Tm)), module.ignore_index)
+    logits = random_array(rng, (Bm, Tm, V), 2.0)
+    device_labels = backend.asarray(labels)
+
+    def slips(upstream):
+        xp = backend.xp
+        (g,) = upstream
+        p = xp.exp(logits - logits.max(axis=-1, keepdims=True))
+        p = p / p.sum(axis=-1, keepdims=True)
+        onehot = (xp.arange(V) == backend.asarray(host.where(masked, labels, 0))[..., None]) * 1.0
+        keep = backend.asarray(masked)[..., None] * 1.0
+        right = g * (p - onehot) * keep  # times 1 / M: the right gradient
+        unmasked = ~masked
+        return {"logits": [
+            (f"analytic is not 0 at the {int(unmasked.sum())} unmasked positions (label {module.ignore_index})",
+             lambda a: bool(abs(a[unmasked]).max() > 0),
+             "they carry no loss, so their gradient is 0: only the masked positions get softmax - onehot"),
+            (f"dloss (softmax - onehot) / T, T = {Tm}", right / Tm,
+             f"divided by the sequence length T = {Tm}, not by the M = {M} masked positions the mean is over"),
+            (f"dloss (softmax - onehot) / B, B = {Bm}", right / Bm,
+             f"divided by the batch B = {Bm}, not by the M = {M} masked positions the mean is over"),
+            (f"dloss (softmax - onehot) / (B T), B T = {Bm * Tm}", right / (Bm * Tm),
+             f"divided by all B T = {Bm * Tm} positions, not by the M = {M} masked ones the mean is over"),
+            ("dloss (softmax - onehot)", right, f"not divided by M = {M}: the loss is the mean over the masked "
+             "positions"),
+            ("dloss softmax / M", g * p * keep / M, "the one-hot of the label is not subtracted: "
+             "d(-log p[label])/dlogits = softmax - onehot(label)"),
+            ("-dloss onehot / M", -g * onehot * keep / M, "the softmax is missing: "
+             "d(-log p[label])/dlogits = softmax - onehot(label), the softmax through log-sum-exp")]}
+    return (lambda z: backend.asarray(module.forward(z, device_labels))), (lambda g: module.backward(float(g))), \
+        {"logits": logits}, module, slips
 
 
 def _silu_terms(inputs, upstream):
@@ -156,6 +215,10 @@ EXERCISES = {e.name: e for e in [
              "layers/swiglu.md",
              _plain(lambda cls, rng: (randomize(cls(D, 6), rng), {"x": random_array(rng, (B, T, D))})),
              "da = dh u and du = dh a; dx = up_proj's dx + gate_proj's dx through SiLU's backward"),
+    Exercise("tanh", "Tanh", "y = tanh(x), BERT's pooler: dx written with y", "bert.md", _tanh,
+             "dx = dy (1 - y^2) with y = tanh(x), the output"),
+    Exercise("masked_lm_loss", "MaskedLMLoss", "cross-entropy over the masked positions only: dlogits", "bert.md",
+             _masked_lm_loss, "dlogits = dloss (softmax - onehot(label)) / M at the M masked positions, 0 elsewhere"),
 ]}
 
 
@@ -189,10 +252,12 @@ def check(path, seed=0, time_limit=TIME_LIMIT):
     print(f"{path.name}: exercise {name} ({exercise.summary}), float64 central differences")
 
     def run():
-        forward, backward, inputs, module = exercise.build(cls, rng)
+        built = exercise.build(cls, rng)  # (forward, backward, inputs, module), and slips(upstream) where it has
+        forward, backward, inputs, module = built[:4]
         terms = (lambda upstream: exercise.terms(inputs, upstream)) if exercise.terms is not None else None
         return print_check(forward, backward, inputs, dict(module.named_parameters()), seed=seed, entries=3,
-                           caches=True, terms=terms, term_hint=exercise.term_hint)
+                           caches=True, terms=terms, term_hint=exercise.term_hint,
+                           slips=built[4] if len(built) > 4 else None)
 
     with backend.default_dtype("float64"):
         backend.manual_seed(seed)
@@ -223,7 +288,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "list":
         for e in EXERCISES.values():
-            print(f"{e.name:10s} {e.summary}  (docs/{e.page})")
+            print(f"{e.name:{max(map(len, EXERCISES))}s} {e.summary}  (docs/{e.page})")
         return 0
     if args.command == "start":
         if pathlib.Path(args.to).exists() and not pathlib.Path(args.to).is_dir():

@@ -21,6 +21,14 @@ SOLUTIONS = {
     "rmsnorm": "backward = minitf.RMSNorm.backward",
     "rotary": "backward = minitf.RotaryEmbedding.backward",
     "swiglu": "backward = minitf.SwiGLU.backward",
+    # BERT's two (docs/bert.md): no core layer holds them, the derivation's result is the solution
+    "tanh": """def backward(self, dy):
+        x, y = self.saved_tensors()
+        return dy * (1.0 - y * y)""",
+    "masked_lm_loss": """def backward(self, dloss=1.0):
+        saved = self.saved_tensors()
+        onehot = xp.arange(saved.p.shape[-1]) == saved.safe_labels[..., None]
+        return dloss * (saved.p - onehot) * saved.masked[..., None] / saved.count""",
 }
 
 #: exercise -> (a planted bug, what the checker must print about it)
@@ -87,6 +95,15 @@ BUGS = {
         dh = self.down_proj.backward(dy)
         return self.gate_proj.backward(self.act.backward(dh * u))   # the path through up_proj forgotten""",
                "up_proj.weight"),
+    "tanh": ("""def backward(self, dy):
+        x, y = self.saved_tensors()
+        return dy * y                            # tanh itself, not 1 - tanh^2""",
+             "hint: analytic = dy tanh(x) in every entry: tanh is not its own derivative"),
+    "masked_lm_loss": ("""def backward(self, dloss=1.0):
+        saved = self.saved_tensors()
+        onehot = xp.arange(saved.p.shape[-1]) == saved.safe_labels[..., None]
+        return dloss * (saved.p - onehot) / saved.count   # every position, masked or not""",
+                       "hint: analytic is not 0 at the 7 unmasked positions (label -100): they carry no loss"),
 }
 
 
@@ -271,3 +288,46 @@ def test_the_output_shown_in_docs_exercises_md_is_current(tmp_path, capsys):
                       page, re.M | re.S).group(1)
     exercise.main(["check", str(filled(tmp_path, "linear", BUGS["linear"][0]))])
     assert output_matches(shown, capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("dy * y", "analytic = dy tanh(x) in every entry: tanh is not its own derivative"),
+    ("dy * (1.0 - y)", "analytic = dy (1 - tanh(x)) in every entry: the square is missing"),
+    ("dy * (1.0 - x * x)", "analytic = dy (1 - x^2) in every entry: the derivative is written with the input x"),
+    ("1.0 - y * y", "analytic = 1 - y^2 in every entry: the local derivative is right, but dy, the upstream "
+                    "gradient, is not applied"),
+])
+def test_each_usual_slip_in_tanhs_backward_is_named(body, message, tmp_path, capsys):
+    """tanh's check runs on x of scale 2, where tanh(x), 1 - tanh(x), 1 - tanh(x)^2 and 1 - x^2 are far apart:
+    each slip gives its own gradient, and the hint names it (not a generic "off almost everywhere")."""
+    body = f"""def backward(self, dy):
+        x, y = self.saved_tensors()
+        return {body}"""
+    assert exercise.main(["check", str(filled(tmp_path, "tanh", body))]) == 1
+    out = capsys.readouterr().out
+    assert f"hint: {message}" in out and "Tanh.backward is wrong" in out and "docs/bert.md" in out, out
+    assert "off almost everywhere" not in out, out
+
+
+@pytest.mark.parametrize("body, message", [
+    ("(p - onehot) * keep / 5", "divided by the sequence length T = 5, not by the M = 3 masked positions"),
+    ("(p - onehot) * keep / 2", "divided by the batch B = 2, not by the M = 3 masked positions"),
+    ("(p - onehot) * keep / 10", "divided by all B T = 10 positions, not by the M = 3 masked ones"),
+    ("(p - onehot) * keep", "not divided by M = 3: the loss is the mean over the masked positions"),
+    ("p * keep / 3", "the one-hot of the label is not subtracted"),
+    ("-onehot * keep / 3", "the softmax is missing"),
+    ("(p - onehot) / 3", "not 0 at the 7 unmasked positions (label -100): they carry no loss"),
+    ("(p - onehot) / 10", "not 0 at the 7 unmasked positions (label -100): they carry no loss"),
+])
+def test_each_usual_slip_in_the_masked_lm_losss_backward_is_named(body, message, tmp_path, capsys):
+    """3 of 2 x 5 positions masked: each wrong divisor is its own factor (3/5, 3/2, 3/10, 3), and the hint names
+    the divisor, not "a constant factor"; the gradient at an unmasked position is named before anything else."""
+    body = f"""def backward(self, dloss=1.0):
+        saved = self.saved_tensors()
+        p, keep = saved.p, saved.masked[..., None]
+        onehot = (xp.arange(p.shape[-1]) == saved.safe_labels[..., None]) * 1.0
+        return dloss * ({body})"""
+    assert exercise.main(["check", str(filled(tmp_path, "masked_lm_loss", body))]) == 1
+    out = capsys.readouterr().out
+    assert message in out and "MaskedLMLoss.backward is wrong" in out and "docs/bert.md" in out, out
+    assert "constant factor" not in out, out

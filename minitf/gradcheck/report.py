@@ -38,21 +38,30 @@ def _equal(a, b, rtol, atol):
     return float(abs(a - b).max(initial=0)) <= rtol * scale + atol
 
 
-def diagnose(analytic, numeric, upstream=None, rtol=1e-6, atol=1e-7, terms=None, term_hint=None):
+def diagnose(analytic, numeric, upstream=None, rtol=1e-6, atol=1e-7, terms=None, term_hint=None, slips=None):
     """A hint from the pattern of the difference, for any layer: a gradient never
-    written, a constant factor or a flipped sign, the upstream gradient never applied,
-    exactly the upstream gradient (a skip path), a few entries, or a missing term.
+    written, a slip the layer knows, a constant factor or a flipped sign, the upstream
+    gradient never applied, exactly the upstream gradient (a skip path), a few entries,
+    or a missing term.
 
     terms: optional {name: (formula, array)}, the terms of the right gradient (upstream
-    gradient applied): one missing or counted twice is named. term_hint: what the last
-    hint says may be missing or wrong in this layer (None: examples from any layer; "":
-    none named)."""
+    gradient applied): one missing or counted twice is named. slips: optional [(formula,
+    test, what)], the usual slips in this layer's backward, each named when its test
+    holds: an array (the gradient that slip gives, "analytic = formula") or a function
+    of the analytic gradient (True: the slip is there). term_hint: what the last hint
+    says may be missing or wrong in this layer (None: examples from any layer; "": none
+    named)."""
     np = backend.host
     a, n = backend.to_numpy(analytic), backend.to_numpy(numeric)
     scale = max(float(abs(a).max(initial=0)), float(abs(n).max(initial=0)), 1e-300)
     if not a.any():
         return "analytic is 0 everywhere, numeric is not: this gradient is never computed (a path dropped, " \
                "or a .grad never added to)"
+    for formula, test, what in slips or ():
+        if callable(test) and test(a):
+            return f"{formula}: {what}"
+        if not callable(test) and test.shape == a.shape and _equal(a, backend.to_numpy(test), rtol, atol):
+            return f"analytic = {formula} in every entry: {what}"
     if float(abs(n).max(initial=0)) <= atol:
         return "numeric is 0: the output does not depend on this array, yet backward gives it a gradient"
     big = abs(n) > 1e-3 * scale
@@ -90,14 +99,15 @@ def diagnose(analytic, numeric, upstream=None, rtol=1e-6, atol=1e-7, terms=None,
 
 
 def print_check(forward, backward, inputs, params, seed=0, reseed=None, entries=4, wrong=False, hint=None,
-                caches=False, terms=None, term_hint=None):
+                caches=False, terms=None, term_hint=None, slips=None):
     """The command-line report of one check: the protocol's problems (each a FAIL line),
     then analytic against numeric, entry by entry, for every input and parameter, and
     for each array that fails its entry furthest off and a hint (``hint``, or the
     pattern's :func:`diagnose`); ``caches`` as in :func:`protocol_problems`. A float input
     whose gradient is missing or of the wrong shape is a row that says it was not compared
     (its FAIL line says why). ``terms``: optional ``terms(upstream) -> {array name: {name:
-    (formula, array)}}`` and ``term_hint`` (a text, or {array name: text}) for :func:`diagnose`.
+    (formula, array)}}``, ``slips``: optional ``slips(upstream) -> {array name: [(formula, test,
+    what)]}`` and ``term_hint`` (a text, or {array name: text}) for :func:`diagnose`.
     Returns the number of failures."""
     problems = protocol_problems(forward, backward, inputs, params, seed=seed, reseed=reseed, caches=caches)
     report = compare_gradients(forward, backward, inputs, params, seed=seed, reseed=reseed)
@@ -133,9 +143,10 @@ def print_check(forward, backward, inputs, params, seed=0, reseed=None, entries=
                         outputs = as_tuple(forward(*inputs.values()))
                     upstream = upstream_gradients(outputs, seed)
                     known = terms(upstream) if terms is not None else {}
+                    known_slips = slips(upstream) if slips is not None else {}
                 layer_hint = term_hint.get(name) if isinstance(term_hint, dict) else term_hint
                 found = diagnose(analytic, numeric, upstream[0] if len(upstream) == 1 else None,
-                                 terms=known.get(name), term_hint=layer_hint)
+                                 terms=known.get(name), term_hint=layer_hint, slips=known_slips.get(name))
                 worst.append(f"  hint: {found}")
     total = len(report) + len(not_compared)
     print(f"{total - failed} of {total} arrays match (max |a - n| <= 1e-6 max(|a|, |n|) + 1e-7)")
