@@ -126,8 +126,18 @@ def test_model_bytes_are_json_and_round_trip(tmp_path):
     assert json.loads(data)["format"] == bt.FORMAT and bt.EncoderTokenizer.written(data)
     back = bt.from_bytes(data)
     assert back.sha256 == tok.sha256 and back.encode("Áb a") == tok.encode("Áb a") == ([2, 5, 6, 7, 3], [0] * 5)
+    assert bt.WordPieceTokenizer.from_bytes(data).vocab == tok.vocab
     with pytest.raises(DataError, match="is not a BERT tokenizer written by minitf"):
         bt.from_bytes(b"\x80\x04pickle")
+    with pytest.raises(DataError, match="token id 8 is not in the vocabulary of 8 tokens"):
+        tok.decode([2, 8])
+
+
+def test_additional_special_tokens_are_kept_whole_and_left_out_by_decode(tmp_path):
+    tok = bt.read_tokenizer(_vocab_folder(tmp_path, [*bt.SPECIALS, "<e1>", "a", "<", ">", "e", "##1"],
+                                          additional_special_tokens=["<e1>"]))
+    ids = tok.encode("a<e1>a")[0]
+    assert tok.tokens(ids) == ["[CLS]", "a", "<e1>", "a", "[SEP]"] and tok.decode(ids) == "a a"
 
 
 def test_train_wordpiece_is_deterministic_and_learns_the_frequent_words():
@@ -161,6 +171,15 @@ def test_a_bad_folder_is_one_line(make, message, tmp_path):
     with pytest.raises(DataError) as error:
         bt.read_tokenizer(folder, {"model_type": "bert"})
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.extra("tokenizers", "hf")
+def test_a_roberta_vocabulary_without_its_mask_is_one_line(tmp_path):
+    (tmp_path / "vocab.json").write_text(json.dumps({"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "a": 4}))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    with pytest.raises(DataError, match="lacks the special token <mask>; a RoBERTa vocabulary holds") as error:
+        bt.read_tokenizer(tmp_path, {"model_type": "roberta"})
+    assert "\n" not in str(error.value)
 
 
 def test_a_roberta_folder_without_files_names_them(tmp_path):

@@ -204,6 +204,11 @@ class EncoderTokenizer:
         return self._bytes
 
     @staticmethod
+    def from_bytes(data, origin="tokenizer.model"):
+        """The tokenizer :meth:`model_bytes` wrote (of either kind): :func:`from_bytes`."""
+        return from_bytes(data, origin)
+
+    @staticmethod
     def written(data):
         """Whether a tokenizer.model's bytes are ones :meth:`model_bytes` wrote."""
         return f'"format": "{FORMAT}"'.encode() in data[:64]
@@ -286,7 +291,8 @@ class WordPieceTokenizer(EncoderTokenizer):
                             f"{', '.join(missing)}; a BERT vocabulary holds [PAD], [UNK], [CLS], [SEP] and [MASK]: "
                             "copy vocab.txt again from the model's folder")
         self._set_specials(specials)
-        self.never_decoded = set(specials.values()) | set(never_decoded)  # the special tokens decode leaves out
+        # the special tokens: found whole in a text before anything else, left out by decode
+        self.never_decoded = set(specials.values()) | {token for token in never_decoded if token in self.ids}
         self._pieces = {}  # word -> its pieces, computed once
         self._finish()
 
@@ -300,7 +306,7 @@ class WordPieceTokenizer(EncoderTokenizer):
     def tokenize(self, text):
         """``text`` -> its tokens (special tokens in it kept whole), before the [CLS]/[SEP] are added."""
         tokens = []
-        for part, special in split_on(text, self.specials.values()):
+        for part, special in split_on(text, self.never_decoded):
             if special:
                 tokens.append(part)
                 continue
@@ -325,7 +331,13 @@ class WordPieceTokenizer(EncoderTokenizer):
         return ids, types
 
     def tokens(self, ids):
-        return [self.vocab[int(i)] for i in ids]
+        """Each id as the vocabulary spells it; a one-line DataError for an id past the vocabulary."""
+        ids = [int(i) for i in ids]
+        bad = next((i for i in ids if not 0 <= i < len(self.vocab)), None)
+        if bad is not None:
+            raise DataError(f"token id {bad} is not in the vocabulary of {len(self.vocab)} tokens; expected ids "
+                            f"0 to {len(self.vocab) - 1} (a model and a tokenizer of two different vocabularies?)")
+        return [self.vocab[i] for i in ids]
 
     def decode(self, ids):
         """As transformers' ``decode(ids, skip_special_tokens=True)``: the pieces joined by spaces, ``##`` joined
