@@ -164,6 +164,15 @@ def test_save_writes_a_folder_read_back_the_same(tmp_path):
     (lambda p: _vocab_folder(p, ["[PAD]", "[CLS]", "[SEP]", "[MASK]"]), "lacks the special token [UNK];"),
     (lambda p: (p.mkdir(), (p / "vocab.txt").write_bytes(b"[PAD]\n[UNK]\n\xff\xfe\n")), "is not UTF-8 (byte 12"),
     (lambda p: (p.mkdir(), (p / "vocab.txt").write_bytes(b"")), "is empty"),
+    (lambda p: (p.mkdir(), (p / "tokenizer.json").write_text('{"model": {"type": "Unigram"}}')),
+     "holds a 'Unigram' model; a bert folder's tokenizer.json holds WordPiece"),
+    (lambda p: (p.mkdir(), (p / "tokenizer.json").write_text(
+        '{"model": {"type": "WordPiece", "vocab": {}}, "normalizer": {"type": "NFC"}}')),
+     "with the normalizer 'NFC'; BERT's tokenizer.json has a BertNormalizer"),
+    (lambda p: (p.mkdir(), (p / "tokenizer.json").write_bytes(b"\xff{")), "is not UTF-8 JSON"),
+    (lambda p: (p.mkdir(), (p / "tokenizer.json").write_text(
+        '{"model": {"type": "WordPiece"}, "normalizer": {"type": "BertNormalizer"}, '
+        '"pre_tokenizer": {"type": "BertPreTokenizer"}}')), "WordPiece model is not as transformers writes it"),
 ])
 def test_a_bad_folder_is_one_line(make, message, tmp_path):
     folder = tmp_path / "model"

@@ -428,6 +428,10 @@ def _wordpiece_from_json(path, data, settings):
     if normalizer.get("type") != "BertNormalizer":
         raise DataError(f"{path} holds a WordPiece model with the normalizer {normalizer.get('type')!r}; "
                         "BERT's tokenizer.json has a BertNormalizer: read the folder's vocab.txt instead")
+    pre = (data.get("pre_tokenizer") or {}).get("type")
+    if pre != "BertPreTokenizer":
+        raise DataError(f"{path} holds a WordPiece model with the pre-tokenizer {pre!r}; BERT's tokenizer.json has a "
+                        "BertPreTokenizer: read the folder's vocab.txt instead")
     if model.get("continuing_subword_prefix", "##") != "##":
         raise DataError(f"{path}'s WordPiece continues words with {model['continuing_subword_prefix']!r}, not '##'; "
                         "only BERT's WordPiece is read")
@@ -588,7 +592,13 @@ def read_tokenizer(folder, hf_config=None):
         data = _read_json(path)
         model = data.get("model") if isinstance(data.get("model"), dict) else {}
         if model.get("type") == "WordPiece":
-            return _wordpiece_from_json(path, data, settings)
+            try:
+                return _wordpiece_from_json(path, data, settings)
+            except (KeyError, TypeError, AttributeError, ValueError) as error:
+                if isinstance(error, DataError):
+                    raise
+                raise DataError(f"{path}'s WordPiece model is not as transformers writes it ({type(error).__name__}: "
+                                f"{error}); copy it again from the model's folder") from None
         if model.get("type") == "BPE":
             return _bpe_from_json(path, data, settings)
         raise DataError(f"{path} holds a {model.get('type')!r} model; a {model_type} folder's tokenizer.json holds "
