@@ -231,11 +231,13 @@ def _test_vocab():
 
 texts = st.lists(st.one_of(st.text(alphabet=ALPHABET, max_size=12),
                            st.sampled_from(["[MASK]", "[SEP]", "[mask]", "[unused0]", " [CLS] ", "a" * 101,
-                                            "ab" * 50, "ab" * 51, "unaffable", "Naïve", "CAFÉ"])),
+                                            "ab" * 50, "ab" * 51, "unaffable", "Naïve", "CAFÉ", " don't", " 's",
+                                            " do not", " ' ", " ,", " n't"])),
                  max_size=6).map("".join)
 
 CONFIGS = [{}, {"do_lower_case": False}, {"do_lower_case": True, "strip_accents": False},
-           {"do_lower_case": False, "strip_accents": True}, {"tokenize_chinese_chars": False}]
+           {"do_lower_case": False, "strip_accents": True}, {"tokenize_chinese_chars": False},
+           {"clean_up_tokenization_spaces": True}]
 
 
 @pytest.fixture(scope="module")

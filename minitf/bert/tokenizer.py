@@ -184,8 +184,8 @@ def split_on(text, specials):
 
 class EncoderTokenizer:
     """What the encoder's tokenizers share: the special ids, batching with padding, the bytes a run keeps. A
-    subclass gives ``_encode_one(text) -> ids`` (no specials), ``_join(a, b)``, ``tokens``, ``decode``, ``_values``
-    (what model_bytes holds) and ``save``."""
+    subclass gives ``token_id``, ``tokens``, ``decode``, ``_values`` (what model_bytes holds), ``save``, and
+    ``encode`` or the ``_encode_one(text) -> ids`` (no specials) and ``_join(a, b)`` it is made of."""
 
     def _set_specials(self, specials):
         """``specials``: {role: token}; each must have an id."""
@@ -376,20 +376,21 @@ class WordPieceTokenizer(EncoderTokenizer):
             "clean_up_tokenization_spaces": self.clean_up_spaces, **names}, indent=2, ensure_ascii=False))
 
 
-def _cleanup_piece(token):
-    """The WordPiece decoder's cleanup of one piece (with its leading space)."""
-    for dirty, clean in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                         (" 'm", "'m"), (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
-        token = token.replace(dirty, clean)
-    return token
+#: transformers' clean_up_tokenization: the spaces a WordPiece decode leaves before punctuation and contractions
+CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+           (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
 def _cleanup_text(text):
     """transformers' clean_up_tokenization, when the folder's tokenizer_config.json asks for it."""
-    for dirty, clean in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                         (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+    for dirty, clean in CLEANUP:
         text = text.replace(dirty, clean)
     return text
+
+
+def _cleanup_piece(token):
+    """The WordPiece decoder's cleanup of one piece (with its leading space): the same, and " do not"."""
+    return _cleanup_text(token).replace(" do not", " don't")
 
 
 def read_vocab_txt(path):
@@ -479,19 +480,9 @@ class ByteLevelBPETokenizer(EncoderTokenizer):
                             "<unk> and <mask>: copy vocab.json again from the model's folder")
         return i
 
-    def _encode_one(self, text):
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
-
-    def _join(self, a, b):
-        """``<s> a </s>`` and ``</s> b </s>``; token types all 0 (RoBERTa has one row of them)."""
-        ids = [self.cls_id, *a, self.sep_id]
-        if b is not None:
-            ids += [self.sep_id, *b, self.sep_id]
-        return ids, [0] * len(ids)
-
     def encode(self, text, pair=None):
-        """As transformers' RoBERTa tokenizer (``<mask>`` in the text takes the space before it where the folder says
-        so)."""
+        """As transformers' RoBERTa tokenizer: ``<s> a </s></s> b </s>`` (``<mask>`` in the text takes the space
+        before it where the folder says so); token types all 0 (RoBERTa has one row of them)."""
         encoding = self._tokenizer.encode(text, pair or None, add_special_tokens=True)
         return list(encoding.ids), [0] * len(encoding.ids)
 
