@@ -138,6 +138,8 @@ def test_additional_special_tokens_are_kept_whole_and_left_out_by_decode(tmp_pat
                                           additional_special_tokens=["<e1>"]))
     ids = tok.encode("a<e1>a")[0]
     assert tok.tokens(ids) == ["[CLS]", "a", "<e1>", "a", "[SEP]"] and tok.decode(ids) == "a a"
+    tok.save(tmp_path / "saved")
+    assert bt.read_tokenizer(tmp_path / "saved").encode("a<e1>a")[0] == ids
 
 
 def test_train_wordpiece_is_deterministic_and_learns_the_frequent_words():
@@ -380,3 +382,16 @@ def test_roberta_mask_takes_the_space_before_it_where_the_folder_says(roberta_fo
     ids = ours.encode("The cat <mask>.")[0]
     assert ids == theirs("The cat <mask>.")["input_ids"]
     assert ours.tokens(ids)[-4:-1] == (["Ġcat", "<mask>", "."] if lstrip else ["Ġ", "<mask>", "."])
+
+
+@pytest.mark.extra("transformers", "bench")
+@pytest.mark.extra("tokenizers", "hf")
+def test_additional_special_tokens_as_transformers_reads_them(tmp_path):
+    from transformers import AutoTokenizer, BertTokenizer
+    folder = _vocab_folder(tmp_path / "in", [*bt.SPECIALS, "<e1>", "a", "<", ">", "e", "##1"],
+                           additional_special_tokens=["<e1>"])
+    ours = bt.read_tokenizer(folder)
+    ours.save(tmp_path / "saved")
+    for theirs in (BertTokenizer.from_pretrained(folder), AutoTokenizer.from_pretrained(tmp_path / "saved")):
+        ids = theirs("a<e1>a <e1>")["input_ids"]
+        assert ours.encode("a<e1>a <e1>")[0] == ids and ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)

@@ -369,6 +369,9 @@ class WordPieceTokenizer(EncoderTokenizer):
         folder = pathlib.Path(folder)
         write_atomic(folder / "vocab.txt", "".join(f"{token}\n" for token in self.vocab))
         names = {f"{role}_token": token for role, token in self.specials.items()}
+        extra = sorted(self.never_decoded - set(self.specials.values()))
+        if extra:
+            names["additional_special_tokens"] = extra
         write_atomic(folder / "special_tokens_map.json", json.dumps(names, indent=2, ensure_ascii=False))
         write_atomic(folder / "tokenizer_config.json", json.dumps({
             "tokenizer_class": "BertTokenizer", "do_lower_case": self.do_lower_case,
