@@ -117,6 +117,70 @@ def _rotary(cls, rng):
     return (lambda x: module.forward(x, start=2)), module.backward, {"x": random_array(rng, (B, T, 2, 4))}, module
 
 
+def _tanh_reference(inputs, params, dy):
+    x = inputs["x"]
+    return SimpleNamespace(x=x, y=backend.xp.tanh(x), dy=dy)
+
+
+#: tanh's usual slips, apart on x of scale 2 (tanh, 1 - tanh, 1 - tanh^2 and 1 - x^2 far from each other); a
+#: forgotten dy is told by the checker for any layer
+TANH_SLIPS = (
+    Slip("x", "dx = dy tanh(x): tanh is not its own derivative, tanh'(x) = 1 - tanh(x)^2", lambda r: r.dy * r.y),
+    Slip("x", "dx = dy (1 - tanh(x)): the square is missing, tanh'(x) = 1 - tanh(x)^2",
+         lambda r: r.dy * (1.0 - r.y)),
+    Slip("x", "dx = dy (1 - x^2): the derivative is written with the input x; it is 1 - y^2 with the output "
+         "y = tanh(x)", lambda r: r.dy * (1.0 - r.x * r.x)),
+)
+
+#: the masked-LM check's labels, B = 2 sequences of T = 5 positions: M = 3 masked, each with its original token
+#: (MLM_TOKENS there; the exercise's label is ignore_index everywhere else, where its safe label is 0). M, T, B and
+#: B T all differ, so each wrong divisor is a factor of its own
+MLM_MASKED = ((False, True, False, True, False), (False, False, True, False, False))
+MLM_TOKENS = ((0, 4, 0, 2, 0), (0, 0, 6, 0, 0))
+
+
+def _masked_lm_loss(cls, rng):
+    module, host = cls(), backend.host
+    masked = host.array(MLM_MASKED)
+    labels = backend.asarray(host.where(masked, host.array(MLM_TOKENS), module.ignore_index))
+    logits = random_array(rng, masked.shape + (V,), 2.0)
+    return (lambda z: backend.asarray(module.forward(z, labels))), (lambda g: module.backward(float(g))), \
+        {"logits": logits}, module
+
+
+def _masked_lm_reference(inputs, params, dy):
+    from minitf.layers import softmax
+    xp, z = backend.xp, inputs["logits"]
+    masked = backend.asarray(MLM_MASKED)
+    onehot = (xp.arange(z.shape[-1]) == backend.asarray(MLM_TOKENS)[..., None]) * 1.0  # the safe labels' one-hot
+    return SimpleNamespace(g=dy, p=softmax(z), onehot=onehot, keep=masked[..., None] * 1.0)
+
+
+def _masked_lm_slips():
+    B, T = len(MLM_MASKED), len(MLM_MASKED[0])
+    M = sum(map(sum, MLM_MASKED))
+    unmasked = (f"dlogits is not 0 at the {B * T - M} unmasked positions (label -100): they carry no loss, so their "
+                f"gradient is 0; only the M = {M} masked positions get softmax - onehot")
+    over = f"not by the M = {M} masked positions the mean is over"
+    return tuple(Slip("logits", unmasked, lambda r, n=n: r.g * (r.p - r.onehot) / n) for n in (M, T, B, B * T, 1)) + (
+        Slip("logits", f"dlogits = dloss (softmax - onehot) / T: divided by the sequence length T = {T}, {over}",
+             lambda r: r.g * (r.p - r.onehot) * r.keep / T),
+        Slip("logits", f"dlogits = dloss (softmax - onehot) / B: divided by the batch B = {B}, {over}",
+             lambda r: r.g * (r.p - r.onehot) * r.keep / B),
+        Slip("logits", f"dlogits = dloss (softmax - onehot) / (B T): divided by all B T = {B * T} positions, not by "
+             f"the M = {M} masked ones the mean is over", lambda r: r.g * (r.p - r.onehot) * r.keep / (B * T)),
+        Slip("logits", f"dlogits = dloss (softmax - onehot): not divided by M = {M}: the loss is the mean over the "
+             "masked positions", lambda r: r.g * (r.p - r.onehot) * r.keep),
+        Slip("logits", "dlogits = dloss softmax / M: the one-hot of the label is not subtracted: "
+             "d(-log p[label])/dlogits = softmax - onehot(label)", lambda r: r.g * r.p * r.keep / M),
+        Slip("logits", "dlogits = -dloss onehot / M: the softmax is missing: d(-log p[label])/dlogits = softmax - "
+             "onehot(label), the softmax through log-sum-exp", lambda r: -r.g * r.onehot * r.keep / M),
+    )
+
+
+MASKED_LM_SLIPS = _masked_lm_slips()
+
+
 def _silu_terms(inputs, upstream):
     from minitf.layers import sigmoid
     x, (dy,) = inputs["x"], upstream
@@ -356,6 +420,13 @@ EXERCISES = {e.name: e for e in [
               "K": "dK = dK_rep summed over the G query heads that read each key/value head",
               "U": "dU = dU_rep summed over the G query heads that read each key/value head"},
              slips=_gqa_slips("K") + _gqa_slips("U"), reference=_gqa_reference),
+    Exercise("tanh", "Tanh", "y = tanh(x), BERT's pooler: dx written with y", "bert.md",
+             _plain(lambda cls, rng: (cls(), {"x": random_array(rng, (B, T, D), 2.0)})),  # scale 2: the slips apart
+             {"x": "dx = dy (1 - y^2) with y = tanh(x), the output"}, slips=TANH_SLIPS, reference=_tanh_reference),
+    Exercise("masked_lm_loss", "MaskedLMLoss", "cross-entropy over the masked positions only: dlogits", "bert.md",
+             _masked_lm_loss,
+             {"logits": "dlogits = dloss (softmax - onehot(label)) / M at the M masked positions, 0 elsewhere"},
+             slips=MASKED_LM_SLIPS, reference=_masked_lm_reference),
 ]}
 
 
@@ -425,7 +496,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "list":
         for e in EXERCISES.values():
-            print(f"{e.name:10s} {e.summary}  (docs/{e.page})")
+            print(f"{e.name:{max(map(len, EXERCISES))}s} {e.summary}  (docs/{e.page})")
         return 0
     if args.command == "start":
         if pathlib.Path(args.to).exists() and not pathlib.Path(args.to).is_dir():

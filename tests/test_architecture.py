@@ -38,6 +38,10 @@ def _kind_packages():
 #: language model's task, trainer and tokenizers).
 MODEL_PACKAGES = tuple(dict.fromkeys(_kind_packages()[0].values()))
 EXTENDS = _kind_packages()[1]
+#: minitf.bert (BERT's tokenizer, the encoder line's first part) has no registry line yet, and it imports the
+#: training machinery's tokenizer interface: a model package until its kind is registered (then the registry names
+#: it and this adds nothing)
+MODEL_PACKAGES += tuple(p for p in ("minitf.bert",) if p not in MODEL_PACKAGES)
 #: The application's packages: the shared training machinery, one package per model kind, the registry of the
 #: kinds and the one loader.
 APPLICATION_PACKAGES = ("minitf.training", *MODEL_PACKAGES, "minitf.kinds", "minitf.loader")

@@ -231,15 +231,24 @@ def _normalise(line):
 SOURCE_LINES = None
 
 
+def _source_lines(keep):
+    """The normalised lines of minitf/'s files whose path ``keep(path)`` accepts."""
+    return {_normalise(l) for f in (ROOT / "minitf").rglob("*.py") if keep(f)
+            for l in f.read_text(encoding="utf-8").splitlines()}
+
+
+def _not_in(code, lines):
+    """The quoted lines of ``code`` not among ``lines`` (a blank line or '...' is a gap)."""
+    return [q for q in code.splitlines() if _normalise(q) not in ("", "...") and _normalise(q) not in lines]
+
+
 @pytest.mark.parametrize("page, code, line", blocks("py"))
 def test_quoted_source_matches_the_code(page, code, line):
     """```py blocks quote minitf/ verbatim (up to indentation); a line '...' marks a gap."""
     global SOURCE_LINES
     if SOURCE_LINES is None:
-        SOURCE_LINES = {_normalise(l) for f in (ROOT / "minitf").rglob("*.py")
-                        for l in f.read_text(encoding="utf-8").splitlines()}
-    stale = [q for q in code.splitlines()
-             if _normalise(q) not in ("", "...") and _normalise(q) not in SOURCE_LINES]
+        SOURCE_LINES = _source_lines(lambda f: True)
+    stale = _not_in(code, SOURCE_LINES)
     assert not stale, f"{rel(page)}:{line}: quoted lines not found in minitf/:\n" + "\n".join(stale)
 
 
@@ -250,15 +259,23 @@ LIBRARY_LINES = None
 def test_quoted_source_is_the_librarys_not_an_exercises(page, code, line):
     """A ```py block quotes the library: its lines are found in minitf/ outside minitf/exercises/, whose files are
     the learner's copies with the backward left out (their forward is written for reading, not the library's: a
-    quote of the exercise's SiLU forward shown as minitf.layers.SiLU's would not be the code that runs)."""
+    quote of the exercise's SiLU forward shown as minitf.layers.SiLU's would not be the code that runs). A quote of
+    an exercise's own file is a ```py exercise block."""
     global LIBRARY_LINES
     if LIBRARY_LINES is None:
-        LIBRARY_LINES = {_normalise(l) for f in (ROOT / "minitf").rglob("*.py") if "exercises" not in f.parts
-                         for l in f.read_text(encoding="utf-8").splitlines()}
-    only_in_exercises = [q for q in code.splitlines()
-                         if _normalise(q) not in ("", "...") and _normalise(q) not in LIBRARY_LINES]
+        LIBRARY_LINES = _source_lines(lambda f: "exercises" not in f.parts)
+    only_in_exercises = _not_in(code, LIBRARY_LINES)
     assert not only_in_exercises, (f"{rel(page)}:{line}: quoted lines found only in minitf/exercises/ (quote the "
-                                   f"library's code):\n" + "\n".join(only_in_exercises))
+                                   f"library's code, or mark the block ```py exercise):\n"
+                                   + "\n".join(only_in_exercises))
+
+
+@pytest.mark.parametrize("page, code, line", blocks("py exercise"))
+def test_quoted_exercise_source_matches_the_exercises(page, code, line):
+    """```py exercise blocks quote a learner's copy in minitf/exercises/ verbatim (up to indentation), where no
+    library layer holds the code (BERT's tanh and masked-LM loss): the page says it is the exercise's."""
+    stale = _not_in(code, _source_lines(lambda f: "exercises" in f.parts))
+    assert not stale, f"{rel(page)}:{line}: quoted lines not found in minitf/exercises/:\n" + "\n".join(stale)
 
 
 FUNCTIONS_BY_LINE = {}

@@ -27,6 +27,14 @@ SOLUTIONS = {
         B, H, T, E = dK_rep.shape
         return dQ, dK_rep.reshape(B, H // self.group, self.group, T, E).sum(axis=2), \\
             dU_rep.reshape(B, H // self.group, self.group, T, E).sum(axis=2)""",
+    # BERT's two (docs/bert.md): no core layer holds them, the derivation's result is the solution
+    "tanh": """def backward(self, dy):
+        x, y = self.saved_tensors()
+        return dy * (1.0 - y * y)""",
+    "masked_lm_loss": """def backward(self, dloss=1.0):
+        saved = self.saved_tensors()
+        onehot = xp.arange(saved.p.shape[-1]) == saved.safe_labels[..., None]
+        return dloss * (saved.p - onehot) * saved.masked[..., None] / saved.count""",
 }
 
 #: exercise -> (a planted bug, what the checker must print about it)
@@ -99,6 +107,15 @@ BUGS = {
         B, H, T, E = dK_rep.shape
         return dQ, dK_rep[:, ::self.group], dU_rep[:, ::self.group]   # the group's first query head only""",
             "furthest off: K["),
+    "tanh": ("""def backward(self, dy):
+        x, y = self.saved_tensors()
+        return dy * y                            # tanh itself, not 1 - tanh^2""",
+             "hint: dx = dy tanh(x): tanh is not its own derivative"),
+    "masked_lm_loss": ("""def backward(self, dloss=1.0):
+        saved = self.saved_tensors()
+        onehot = xp.arange(saved.p.shape[-1]) == saved.safe_labels[..., None]
+        return dloss * (saved.p - onehot) / saved.count   # every position, masked or not""",
+                       "hint: dlogits is not 0 at the 7 unmasked positions (label -100): they carry no loss"),
 }
 
 
@@ -180,6 +197,9 @@ def test_each_usual_slip_in_silus_backward_fails_the_check(wrong, tmp_path, caps
     ("relu", """def backward(self, dy):
         (y,) = self.saved_tensors()
         return (y > 0) * 1.0                     # the mask alone, never multiplied by dy"""),
+    ("tanh", """def backward(self, dy):
+        x, y = self.saved_tensors()
+        return 1.0 - y * y                       # tanh'(x), never multiplied by dy"""),
 ])
 def test_a_backward_that_never_multiplies_by_the_upstream_gradient_is_told_so(name, body, tmp_path, capsys):
     """y'(x) returned as it is: the gradient of sum(y), the one for dy = 1. No term is missing, so the hint says
@@ -435,3 +455,45 @@ def test_a_shape_error_suggests_summing_broadcast_axes_only_for_a_broadcast_inpu
         inputs = {"x": random_array(0, (2, 3, 4)), "b": random_array(1, (4,))}
         problems = protocol_problems(lambda x, b: x + b, lambda dy: (dy, dy), inputs)
     assert any("input b" in p and "broadcasting added" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("body, message", [
+    ("dy * y", "dx = dy tanh(x): tanh is not its own derivative"),
+    ("dy * (1.0 - y)", "dx = dy (1 - tanh(x)): the square is missing"),
+    ("dy * (1.0 - x * x)", "dx = dy (1 - x^2): the derivative is written with the input x"),
+])
+def test_each_usual_slip_in_tanhs_backward_is_named(body, message, tmp_path, capsys):
+    """tanh's check runs on x of scale 2, where tanh(x), 1 - tanh(x), 1 - tanh(x)^2 and 1 - x^2 are far apart:
+    each slip gives its own gradient, and the hint names it (not a generic "off almost everywhere"). A forgotten dy
+    is told as in any layer (test_a_backward_that_never_multiplies_by_the_upstream_gradient_is_told_so)."""
+    body = f"""def backward(self, dy):
+        x, y = self.saved_tensors()
+        return {body}"""
+    assert exercise.main(["check", str(filled(tmp_path, "tanh", body))]) == 1
+    out = capsys.readouterr().out
+    assert f"hint: {message}" in out and "Tanh.backward is wrong" in out and "docs/bert.md" in out, out
+    assert "off almost everywhere" not in out, out
+
+
+@pytest.mark.parametrize("body, message", [
+    ("(p - onehot) * keep / 5", "divided by the sequence length T = 5, not by the M = 3 masked positions"),
+    ("(p - onehot) * keep / 2", "divided by the batch B = 2, not by the M = 3 masked positions"),
+    ("(p - onehot) * keep / 10", "divided by all B T = 10 positions, not by the M = 3 masked ones"),
+    ("(p - onehot) * keep", "not divided by M = 3: the loss is the mean over the masked positions"),
+    ("p * keep / 3", "the one-hot of the label is not subtracted"),
+    ("-onehot * keep / 3", "the softmax is missing"),
+    ("(p - onehot) / 3", "not 0 at the 7 unmasked positions (label -100): they carry no loss"),
+    ("(p - onehot) / 10", "not 0 at the 7 unmasked positions (label -100): they carry no loss"),
+])
+def test_each_usual_slip_in_the_masked_lm_losss_backward_is_named(body, message, tmp_path, capsys):
+    """3 of 2 x 5 positions masked: each wrong divisor is its own factor (3/5, 3/2, 3/10, 3), and the hint names
+    the divisor, not "a constant factor"; the gradient at an unmasked position is named before anything else."""
+    body = f"""def backward(self, dloss=1.0):
+        saved = self.saved_tensors()
+        p, keep = saved.p, saved.masked[..., None]
+        onehot = (xp.arange(p.shape[-1]) == saved.safe_labels[..., None]) * 1.0
+        return dloss * ({body})"""
+    assert exercise.main(["check", str(filled(tmp_path, "masked_lm_loss", body))]) == 1
+    out = capsys.readouterr().out
+    assert message in out and "MaskedLMLoss.backward is wrong" in out and "docs/bert.md" in out, out
+    assert "constant factor" not in out, out

@@ -1,0 +1,1 @@
+"""The encoder line: BERT, DistilBERT and RoBERTa (docs/bert.md)."""
