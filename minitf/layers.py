@@ -1,5 +1,5 @@
 """The small layers: Linear, Embedding, positional encoding (sinusoidal or learned), Dropout, LayerNorm,
-ReLU, GELU, SiLU, softmax; Llama's RMSNorm and SwiGLU feed-forward. Each forward sits next to its backward.
+ReLU, GELU, SiLU, Tanh, softmax; Llama's RMSNorm and SwiGLU feed-forward. Each forward sits next to its backward.
 
 Dimension glossary (used in every docstring of the package):
     B batch, S source length, T target length, L any sequence length,
@@ -485,6 +485,24 @@ class SiLU(Module):
         ds_dx = s * (1.0 - s)
         # y = x sigmoid(x)  =>  dy/dx = s + x ds/dx  (the product rule)
         return dy * (s + x * ds_dx)
+
+
+# --------------------------------------------------------------------------- #
+# Tanh: BERT's pooler (dense, then tanh on the [CLS] position)
+# --------------------------------------------------------------------------- #
+class Tanh(Module):
+    """``y = tanh(x)``, elementwise (BERT's pooler, RoBERTa's classification head). Input and output any shape."""
+
+    def forward(self, x):
+        y = backend.by_rows(xp.tanh, x)                          # y = tanh(x), on blocks of rows (threads)
+        self.save_for_backward(y)
+        return y
+
+    def backward(self, dy):
+        """dy (any shape) -> dx (the same shape)."""
+        (y,) = self.saved_tensors()
+        # y = tanh(x)  =>  dy/dx = 1 - tanh(x)^2 = 1 - y^2 (the output is all backward needs)
+        return backend.by_rows(lambda dy, y: dy * (1.0 - y * y), dy, y)
 
 
 #: the feed-forward activations by name: the paper's ReLU, exact GELU, GPT-2's tanh GELU, Marian's SiLU
