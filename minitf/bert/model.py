@@ -254,16 +254,18 @@ class BertPreTrainedModel(Module):
 class BertModel(BertPreTrainedModel):
     """The encoder: ``model(ids, token_type_ids=None, key_padding_mask=None)`` -> the last layer's states (B, L, D).
     Parts: ``embeddings`` (:class:`BertEmbeddings`), ``encoder`` (a post-LN :class:`minitf.transformer.Encoder`),
-    ``pooler`` (:class:`BertPooler`, or None with ``add_pooling_layer=False``; call it on the states:
-    ``model.pooler(h)``)."""
+    ``pooler`` (:class:`BertPooler`, or None with ``add_pooling_layer=False``, DistilBERT's default: it has none;
+    call it on the states: ``model.pooler(h)``)."""
 
-    def __init__(self, config, add_pooling_layer=True, init=True):
+    def __init__(self, config, add_pooling_layer=None, init=True):
         if not isinstance(config, BertConfig):
             raise ValueError(f"{type(self).__name__} is built from a BertConfig, got {type(config).__name__}")
         c = self.config = config
         self.embeddings = BertEmbeddings(c)
         self.encoder = Encoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, pre_norm=False,
                                activation=c.activation, layer_norm_eps=c.layer_norm_eps)
+        if add_pooling_layer is None:
+            add_pooling_layer = c.flavour != "distilbert"
         self.pooler = BertPooler(c.d_model) if add_pooling_layer else None
         if init:
             self.init_normal(c.initializer_range)
