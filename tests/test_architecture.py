@@ -24,14 +24,16 @@ SHARED = {"benchmarks.common"}
 APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate", "minitf.train", "minitf.export"}
 APPLICATION_ENTRY_POINTS |= {"minitf.inspect"}  # the inspection page (issue 37): above both models
 APPLICATION_ENTRY_POINTS |= {"minitf.trace"}  # the trace: each kind's example and walk, found through the registry
+APPLICATION_ENTRY_POINTS |= {"minitf.fill_mask", "minitf.classify"}  # the BERT kind's commands
 #: The application's packages: the shared training machinery, one package per model kind, the registry of the
 #: kinds and the one loader.
-APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm", "minitf.llama", "minitf.kinds", "minitf.loader")
+APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm", "minitf.llama", "minitf.bert", "minitf.kinds",
+                        "minitf.loader")
 #: The core's model modules (the models a learner reads): the shared machinery imports none of them.
 CORE_MODEL_MODULES = ("minitf.transformer", "minitf.gpt")
 #: The model packages: none imports another (what they share belongs in minitf.training), except where a kind
 #: extends another: the Llama family trains with the language model's task, trainer and tokenizers.
-MODEL_PACKAGES = ("minitf.nmt", "minitf.lm", "minitf.llama")
+MODEL_PACKAGES = ("minitf.nmt", "minitf.lm", "minitf.llama", "minitf.bert")
 EXTENDS = {"minitf.llama": ("minitf.lm",)}
 
 

@@ -130,7 +130,7 @@ def test_a_folder_minitf_writes_loads_in_transformers_with_the_same_outputs(arch
     model = bert_hf.from_pretrained(tmp_path / "in")
     model = randomize(model, 11, scale=0.3).eval()                    # new numbers: nothing copied by accident
     hf_config = json.loads((tmp_path / "in" / "config.json").read_text())
-    model.save_pretrained(tmp_path / "out", hf_config=dict(hf_config, id2label={"0": "no", "1": "yes", "2": "maybe"})
+    bert_hf.save_pretrained(model, tmp_path / "out", hf_config=dict(hf_config, id2label={"0": "no", "1": "yes", "2": "maybe"})
                           if architecture == "BertForSequenceClassification" else hf_config)
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert written["architectures"] == [architecture] and written["dtype"] == "float64"
@@ -167,15 +167,15 @@ def test_a_classifier_reads_the_encoder_of_a_masked_lm_folder_and_keeps_its_new_
     hf = hf_model("BertForMaskedLM", 3)
     hf.save_pretrained(tmp_path)
     backend.manual_seed(4)
-    model = BertForSequenceClassification.from_pretrained(tmp_path)
-    mlm = BertForMaskedLM.from_pretrained(tmp_path)
+    model = bert_hf.from_pretrained(tmp_path, model_class=BertForSequenceClassification)
+    mlm = bert_hf.from_pretrained(tmp_path, model_class=BertForMaskedLM)
     theirs = dict(hf.named_parameters())
     assert np.array_equal(backend.to_numpy(model.bert.embeddings.word_embeddings.weight.data),
                           theirs["bert.embeddings.word_embeddings.weight"].detach().numpy())
     assert model.classifier.weight.shape == (8, 2) and np.abs(backend.to_numpy(model.classifier.weight.data)).max() < 0.2
     encoder = {n: v for n, v in model.state_dict().items() if n.startswith("bert.") and "pooler" not in n}
     assert all(np.array_equal(v, mlm.state_dict()[n]) for n, v in encoder.items())
-    base = BertModel.from_pretrained(tmp_path)                         # the encoder alone, names without bert.
+    base = bert_hf.from_pretrained(tmp_path, model_class=BertModel)                         # the encoder alone, names without bert.
     assert np.array_equal(base.state_dict()["encoder.layers.1.self_attn.w_qkv"],
                           mlm.state_dict()["bert.encoder.layers.1.self_attn.w_qkv"])
     with torch.no_grad():
@@ -219,9 +219,9 @@ def test_a_refused_save_writes_nothing(tmp_path):
     config = BertConfig(20, d_model=4, num_heads=2, num_layers=1, d_ff=4, type_vocab_size=0, flavour="distilbert",
                         num_labels=2)
     with pytest.raises(ValueError, match="no Hugging Face folder holds this model"):
-        BertForSequenceClassification(config).save_pretrained(tmp_path / "out")
+        bert_hf.save_pretrained(BertForSequenceClassification(config), tmp_path / "out")
     model = BertForMaskedLM(config.replace(flavour="bert", type_vocab_size=2))
     model.lm_head.decoder.bias.data[3] = np.nan
     with pytest.raises(ValueError, match="holds 1 NaN"):
-        model.save_pretrained(tmp_path / "out")
+        bert_hf.save_pretrained(model, tmp_path / "out")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

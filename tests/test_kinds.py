@@ -36,8 +36,9 @@ def test_the_registry_lists_each_kind_once_with_fields_of_the_run_config():
         assert set(recorded_fields(kind.name)) == fields - (others - set(kind.config_fields)), kind.name
         for model_type in kind.hf_model_types:
             assert kinds.for_model_type(model_type) is kind
-    assert kinds.names()[0] == "transformer" and kinds.for_model_type("bert") is None
-    with pytest.raises(ValueError, match="no model kind 'mamba'; minitf has transformer, gpt, llama"):
+    assert kinds.names()[0] == "transformer" and kinds.for_model_type("t5") is None
+    assert kinds.for_model_type("bert") is kinds.get("bert") is kinds.for_model_type("roberta")
+    with pytest.raises(ValueError, match="no model kind 'mamba'; minitf has transformer, gpt, llama, bert"):
         kinds.get("mamba")
 
 

@@ -208,8 +208,9 @@ class MaskedLMHead(Module):
 # The models
 # --------------------------------------------------------------------------- #
 class BertPreTrainedModel(Module):
-    """What the three models share: a :class:`BertConfig`, Hugging Face's initialisation, folders in and out
-    (:mod:`minitf.bert.hf`)."""
+    """What the three models share: a :class:`BertConfig`, Hugging Face's initialisation. Their folders go in and
+    out through :mod:`minitf.bert.hf` (``from_pretrained(folder, dtype=None, model_class=None)``,
+    ``save_pretrained(model, folder, hf_config=None)``), which builds these classes."""
     config = None
 
     def init_normal(self, std):
@@ -236,19 +237,6 @@ class BertPreTrainedModel(Module):
     def position_limit(self):
         """The longest input in tokens (max_position_embeddings, less RoBERTa's offset)."""
         return self.config.positions
-
-    @classmethod
-    def from_pretrained(cls, folder, dtype=None):
-        """The model of a Hugging Face BERT, DistilBERT or RoBERTa folder (:func:`minitf.bert.hf.from_pretrained`):
-        this class's, its encoder read from the folder (and its head where the folder has this head)."""
-        from minitf.bert import hf
-        return hf.from_pretrained(folder, dtype, model_class=cls)
-
-    def save_pretrained(self, folder, hf_config=None):
-        """Write this model as a Hugging Face folder transformers loads with the same outputs
-        (:func:`minitf.bert.hf.save_pretrained`)."""
-        from minitf.bert import hf
-        hf.save_pretrained(self, folder, hf_config)
 
 
 class BertModel(BertPreTrainedModel):
