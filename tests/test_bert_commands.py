@@ -24,6 +24,11 @@ pytestmark = [pytest.mark.usefixtures("float64"), pytest.mark.extra("torch", "be
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "dog", "a", "paris", "is",
          "capital", "of", "france", ".", "##s", "big", "small", "red", "good", "bad"]
 LABELS = {"0": "negative", "1": "positive", "2": "neutral"}
+#: A tiny byte-level BPE (RoBERTa's tokenizer): its merges and vocabulary (letters, the merged words, specials)
+MERGES = [("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e"), ("Ġ", "c"), ("Ġc", "a"), ("Ġca", "t"), ("Ġ", "s"), ("Ġs", "a"),
+          ("Ġsa", "t"), ("t", "h"), ("th", "e"), ("Ġ", "m"), ("Ġm", "a"), ("Ġma", "t")]
+BPE_VOCAB = (["<s>", "<pad>", "</s>", "<unk>"] + list("abcdefghijklmnopqrstuvwxyz.") + ["Ġ"]
+             + ["".join(m) for m in MERGES] + ["<mask>"])
 
 
 class StandInTokenizer:
@@ -63,11 +68,25 @@ def make_folder(folder, architecture, seed, **config):
     import torch
     import transformers
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    transformers.BertTokenizer.from_pretrained(folder).save_pretrained(folder)  # its files beside vocab.txt
-    hf_config = transformers.BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_attention_heads=2,
-                                        num_hidden_layers=2, intermediate_size=24, max_position_embeddings=16,
-                                        **config)
+    if architecture.startswith("Roberta"):
+        (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(BPE_VOCAB)}))
+        (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in MERGES) + "\n")
+        transformers.RobertaTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt")).save_pretrained(folder)
+    else:
+        (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+        transformers.BertTokenizer.from_pretrained(folder).save_pretrained(folder)  # its files beside vocab.txt
+    if architecture.startswith("Roberta"):
+        hf_config = transformers.RobertaConfig(vocab_size=len(BPE_VOCAB), hidden_size=16, num_attention_heads=2,
+                                               num_hidden_layers=2, intermediate_size=24, max_position_embeddings=42,
+                                               type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                               **config)
+    elif architecture.startswith("DistilBert"):
+        hf_config = transformers.DistilBertConfig(vocab_size=len(VOCAB), dim=16, n_heads=2, n_layers=2, hidden_dim=24,
+                                                  max_position_embeddings=16, **config)
+    else:
+        hf_config = transformers.BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_attention_heads=2,
+                                            num_hidden_layers=2, intermediate_size=24, max_position_embeddings=16,
+                                            **config)
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(hf_config).to(torch.float64)
     with torch.no_grad():
@@ -81,6 +100,12 @@ def make_folder(folder, architecture, seed, **config):
 def mlm_folder(tmp_path):
     folder = tmp_path / "mlm"
     return folder, make_folder(folder, "BertForMaskedLM", 0)
+
+
+@pytest.fixture(params=["BertForMaskedLM", "DistilBertForMaskedLM", "RobertaForMaskedLM"])
+def any_mlm_folder(tmp_path, request):
+    folder = tmp_path / request.param
+    return folder, make_folder(folder, request.param, 0)
 
 
 @pytest.fixture
@@ -98,21 +123,22 @@ def pipeline(task, folder, model):
 
 @pytest.mark.parametrize("text", ["the cat sat on the [MASK] .", "the [MASK] sat on the [MASK] .",
                                   "paris is the capital of [MASK]"])
-def test_fill_mask_equals_the_pipeline(mlm_folder, text):
-    folder, hf = mlm_folder
+def test_fill_mask_equals_the_pipeline(any_mlm_folder, text):
+    folder, hf = any_mlm_folder
     loaded = load(folder)
-    assert loaded.kind.name == "bert" and loaded.context == 16
+    assert loaded.kind.name == "bert" and loaded.context == (40 if "Roberta" in folder.name else 16)  # RoBERTa's 2
+    text = text.replace("[MASK]", loaded.tokenizer.mask_token)               # RoBERTa's <mask>
     filled, candidates = fill_mask_command.fill_masks(loaded.model, loaded.tokenizer, text, top_k=5)
     theirs = pipeline("fill-mask", folder, hf)(text, top_k=5)
     theirs = [theirs] if isinstance(theirs[0], dict) else theirs          # one list per mask
-    assert len(candidates) == len(theirs) == text.count("[MASK]")
+    assert len(candidates) == len(theirs) == text.count(loaded.tokenizer.mask_token)
     for ours, found in zip(candidates, theirs):
         assert [t for t, _, _ in ours] == [f["token"] for f in found]
-        assert [s for _, s, _ in ours] == [f["token_str"] for f in found]
+        assert [s for _, s, _ in ours] == [f["token_str"].strip() for f in found]   # RoBERTa's " cat": "cat"
         assert relative_difference(np.array([p for _, _, p in ours]), np.array([f["score"] for f in found])) < 1e-9
     if len(theirs) == 1:                                                # the text with the mask filled
         assert filled == theirs[0][0]["sequence"]
-    assert "[MASK]" not in filled and len(set(t for t, _, _ in candidates[0])) == 5
+    assert loaded.tokenizer.mask_token not in filled and len(set(t for t, _, _ in candidates[0])) == 5
 
 
 def test_the_fill_mask_command_prints_the_filled_text_then_each_masks_candidates(mlm_folder, capsys):
@@ -143,12 +169,18 @@ def test_fill_mask_refuses_bad_input_in_one_line(mlm_folder, capsys, argv, statu
     assert got == status and words in err and err.count("\n") == 1, err
 
 
-def test_each_command_refuses_the_other_heads_folder(mlm_folder, classifier_folder, capsys):
+def test_each_command_refuses_the_other_heads_folder_and_generate_a_bert_folder(mlm_folder, classifier_folder,
+                                                                              capsys):
     assert fill_mask_command.main(["--checkpoint", str(classifier_folder[0]), "--text", "a [MASK]"]) == 2
     assert "holds a sequence classifier, which python -m minitf.fill_mask does not use: give it to python -m " \
            "minitf.classify" in capsys.readouterr().err
     assert classify_command.main(["--checkpoint", str(mlm_folder[0]), "--text", "a cat"]) == 2
     assert "holds a masked language model, which python -m minitf.classify does not use" in capsys.readouterr().err
+    from minitf.lm import generate
+    assert generate.main(["--checkpoint", str(mlm_folder[0]), "--prompt", "the cat"]) == 2
+    err = capsys.readouterr().err
+    assert "is a Hugging Face BERT, DistilBERT or RoBERTa folder (a BERT encoder), not a language model" in err
+    assert "python -m minitf.fill_mask --checkpoint" in err and err.count("\n") == 1
 
 
 def test_classify_equals_the_pipeline_for_texts_and_pairs(classifier_folder, tmp_path, capsys):

@@ -195,7 +195,8 @@ def edit_config(folder, **changes):
 @pytest.mark.parametrize("architecture, changes, words", [
     ("BertForMaskedLM", dict(position_embedding_type="relative_key"), "position_embedding_type is 'relative_key'"),
     ("BertForMaskedLM", dict(hidden_act="quick_gelu"), "hidden_act is 'quick_gelu'"),
-    ("BertForMaskedLM", dict(hidden_size=9), "d_model 9 is not a multiple of num_heads 2"),
+    ("BertForMaskedLM", dict(hidden_size=9), "hidden_size 9 is not a multiple of num_attention_heads 2"),
+    ("DistilBertForMaskedLM", dict(n_heads=3), "dim 8 is not a multiple of n_heads 3"),
     ("BertForMaskedLM", dict(num_hidden_layers=9), "declares num_hidden_layers 9, but the weights hold 2"),
     ("BertForMaskedLM", dict(vocab_size=None), "has no 'vocab_size'"),
     ("BertForMaskedLM", dict(is_decoder=True), "is_decoder is true"),

@@ -141,6 +141,10 @@ def config_from_hf(hf, where="config.json"):
                       classifier_dropout=classifier_dropout, pad_token_id=pad,
                       position_offset=pad + 1 if flavour == "roberta" else 0)
         value("attention_probs_dropout_prob", "float", default=0.1, low=0.0, high=1.0)  # training only
+    if fields["d_model"] % fields["num_heads"]:
+        width, heads = ("dim", "n_heads") if flavour == "distilbert" else ("hidden_size", "num_attention_heads")
+        raise ValueError(f"{where}: {width} {fields['d_model']} is not a multiple of {heads} {fields['num_heads']}; "
+                         "the heads split the model's width")
     positions = value("max_position_embeddings", "int", default=512, low=fields["position_offset"] + 1)
     try:
         return BertConfig(vocab_size=vocab_size, max_position_embeddings=positions, num_labels=num_labels,
