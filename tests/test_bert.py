@@ -177,3 +177,14 @@ def test_distilbert_has_no_token_types_and_refuses_nonzero_ones():
 def test_bad_configs_are_refused_naming_the_field(fields, words):
     with pytest.raises(ValueError, match=words):
         BertConfig(20, **(dict(d_model=8, num_heads=2) | fields))
+
+
+def test_a_config_goes_to_json_values_and_back():
+    import json
+    config = BertConfig(20, d_model=8, num_heads=2, num_labels=3, id2label=("no", "yes", "maybe"), flavour="roberta",
+                        pad_token_id=1, position_offset=2, type_vocab_size=1, head_activation="gelu")
+    assert BertConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    with pytest.raises(ValueError, match="the BERT config must hold the fields"):
+        BertConfig.from_dict(dict(config.to_dict(), extra=1))
+    with pytest.raises(ValueError, match="the BERT config: id2label must name each of the 3 labels once"):
+        BertConfig.from_dict(dict(config.to_dict(), id2label=["no", "no", "maybe"]))

@@ -13,7 +13,6 @@ encoder and keeps its own new head, as transformers does.
 Layouts: Hugging Face's ``nn.Linear`` keeps (out, in) and computes x W^T, minitf's (in, out) and x W: every
 projection is transposed on the way in and out; its query, key and value projections, three (D, D) matrices there,
 are the three column blocks of minitf's one ``w_qkv`` (D, 3D). The tables are (rows, D) on both sides."""
-import dataclasses
 import pathlib
 
 from minitf import backend, pretrained
@@ -458,8 +457,3 @@ def save_pretrained(model, folder, hf_config=None):
     head = HEAD_OF_CLASS[type(model)]
     pretrained.write_weights(folder / pretrained.WEIGHTS, minitf_to_hf_state(model.state_dict(), model.config, head))
     pretrained.write_json(folder / "config.json", hf)
-
-
-def config_fields(config):
-    """A :class:`BertConfig` as JSON values (id2label a list)."""
-    return dict(dataclasses.asdict(config), id2label=list(config.id2label))

@@ -128,6 +128,22 @@ class BertConfig:
         """A copy with ``changes``, checked again."""
         return dataclasses.replace(self, **changes)
 
+    def to_dict(self):
+        """The config as JSON values (``id2label`` a list): what a run keeps of a folder's model in config.json."""
+        return dict(dataclasses.asdict(self), id2label=list(self.id2label))
+
+    @classmethod
+    def from_dict(cls, values, where="the BERT config"):
+        """The config of :meth:`to_dict`'s values; a ValueError naming ``where`` and what does not fit."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(values, dict) or sorted(values) != sorted(names):
+            got = sorted(values) if isinstance(values, dict) else type(values).__name__
+            raise ValueError(f"{where} must hold the fields {names}, got {got}")
+        try:
+            return cls(**dict(values, id2label=tuple(values["id2label"] or ())))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{where}: {str(error).replace('BertConfig: ', '')}") from None
+
 
 # --------------------------------------------------------------------------- #
 # The embeddings: token + position (+ token type), then LayerNorm and dropout
