@@ -46,7 +46,7 @@ def batch(config, seed, B, L, two_segments=True):
     return ids, (types if config.type_vocab_size else None), mask
 
 
-def check_whole_model(model, ids, types, mask, seed, params=None):
+def check_whole_model(model, ids, types, mask, seed, params=None, reseed=None):
     """Every parameter's gradient (those of ``params``, default all) of the model's output against central
     differences; the inputs are not changed. Per-position outputs (B, L, ...) count at the real tokens only, as a
     loss reads them: a padding token's lookup then has no effect on the loss, the padding rows' true gradient is
@@ -60,7 +60,7 @@ def check_whole_model(model, ids, types, mask, seed, params=None):
 
     assert_gradients_match(lambda: real(model(ids, token_type_ids=types, key_padding_mask=backend.asarray(mask))),
                            lambda g: model.backward(real(g)), {}, dict(params or model.named_parameters()),
-                           seed=seed, rtol=LN_RTOL)
+                           seed=seed, rtol=LN_RTOL, reseed=reseed)
     assert all(b is None and a is None or np.array_equal(a, b) for a, b in zip((ids, types, mask), before))
 
 
@@ -85,6 +85,21 @@ def test_encoder_states_gradient_of_every_parameter_but_the_unused_pooler(config
     model = randomize(BertModel(config), seed)
     params = {n: p for n, p in model.named_parameters() if not n.startswith("pooler.")}
     check_whole_model(model, *batch(config, seed, B, L), seed, params)
+
+
+@pytest.mark.parametrize("model_class", [BertForMaskedLM, BertForSequenceClassification])
+def test_gradients_with_dropout_in_training_mode(model_class):
+    """Dropout on the embeddings, every residual branch and before the classifier: the same masks each forward
+    (reseeded), every parameter's gradient through them."""
+    config = BertConfig(9, d_model=4, num_heads=2, num_layers=2, d_ff=6, max_position_embeddings=8, dropout=0.3,
+                        classifier_dropout=0.5, num_labels=3)
+    model = randomize(model_class(config), 5).train()
+    ids, types, mask = batch(config, 5, 3, 5)
+    with no_grad():
+        backend.manual_seed(5)
+        dropped = backend.to_numpy(model(ids, token_type_ids=types))
+        assert not np.allclose(dropped, backend.to_numpy(model.eval()(ids, token_type_ids=types)))  # it drops
+    check_whole_model(model.train(), ids, types, mask, 5, reseed=5)
 
 
 def test_the_masked_lm_loss_reaches_every_position_through_attention_but_no_padding_row():

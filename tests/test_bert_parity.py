@@ -182,6 +182,32 @@ def test_a_classifier_reads_the_encoder_of_a_masked_lm_folder_and_keeps_its_new_
         assert theirs["cls.predictions.bias"].shape == (23,)
 
 
+def test_a_masked_lm_file_with_the_pretraining_heads_reads_as_bert_base_uncased_does(tmp_path):
+    """bert-base-uncased's model.safetensors (BertForPreTraining's) holds the pooler, cls.seq_relationship, the tied
+    decoder again, the position_ids buffer and, in older files, LayerNorm.gamma/beta: read as transformers reads it."""
+    import transformers
+    from safetensors.numpy import load_file, save_file
+    hf_model("BertForMaskedLM", 6).save_pretrained(tmp_path)
+    plain = bert_hf.from_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    rng = np.random.default_rng(0)
+    weights = {name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): a
+               for name, a in weights.items()}
+    weights.update({"bert.pooler.dense.weight": rng.normal(size=(8, 8)), "bert.pooler.dense.bias": np.zeros(8),
+                    "cls.seq_relationship.weight": rng.normal(size=(2, 8)), "cls.seq_relationship.bias": np.zeros(2),
+                    "cls.predictions.decoder.weight": weights["bert.embeddings.word_embeddings.weight"],
+                    "bert.embeddings.position_ids": np.arange(12)[None]})
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    again = bert_hf.from_pretrained(tmp_path)
+    assert all(np.array_equal(a, b) for a, b in zip(plain.state_dict().values(), again.state_dict().values()))
+    assert transformers.BertForMaskedLM.from_pretrained(tmp_path) is not None   # transformers reads it too
+    weights["cls.predictions.decoder.weight"] = weights["cls.predictions.decoder.weight"] + 1.0
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="cls.predictions.decoder.weight differs from "
+                                         "bert.embeddings.word_embeddings.weight"):
+        bert_hf.from_pretrained(tmp_path)
+
+
 def edit_config(folder, **changes):
     path = folder / "config.json"
     values = json.loads(path.read_text())

@@ -334,9 +334,9 @@ def _other_heads(config):
 
 def hf_to_minitf_state(weights, config, path="the weights", head="masked_lm", folder_head=None):
     """``{minitf name: array}`` of a model of ``config`` and ``head`` from the state dict of a folder whose own head
-    is ``folder_head`` (default ``head``): every tensor of the model where the heads are the same; else the encoder,
-    the pooler where the folder has one, and the other heads' tensors left unused (the model keeps its own new
-    head). A ValueError naming ``path`` and the tensors: missing or unknown names, a tensor that is not
+    is ``folder_head`` (default ``head``): every tensor of the model where the heads are the same; else the encoder
+    and the pooler where the folder has one (the model keeps its own new head). Other heads' tensors are left
+    unused. A ValueError naming ``path`` and the tensors: missing or unknown names, a tensor that is not
     floating-point or of another shape, an alias that differs from what it repeats."""
     folder_head = folder_head or head
     weights = {name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"): array
@@ -355,8 +355,10 @@ def hf_to_minitf_state(weights, config, path="the weights", head="masked_lm", fo
     repeats = aliases(config, folder_head)
     known = {hf for hf, _, _ in pairs}
     missing = sorted(known - set(weights))
-    unused = _other_heads(config) if head != folder_head else ()
-    unknown = sorted(n for n in set(weights) - known - set(repeats) if not (unused and n.startswith(unused)))
+    # the other heads' tensors (bert-base-uncased's file, written by BertForPreTraining, holds the pooler and
+    # cls.seq_relationship beside its masked-LM head): left unused, as transformers leaves them
+    unused = _other_heads(config)
+    unknown = sorted(n for n in set(weights) - known - set(repeats) if not n.startswith(unused))
     if missing or unknown:
         def listed(names):
             return f"{names[:4]}" + (f" and {len(names) - 4} more" if len(names) > 4 else "")
