@@ -8,6 +8,7 @@ transformers' own behind that module's interface (a stand-in living in this file
 relative 1e-9 (float64 on both sides), the classifier's to 1e-6 (its pipeline's softmax is float32's). Skipped without the ``bench`` extra."""
 import importlib.util
 import json
+import subprocess
 import sys
 import types
 
@@ -236,3 +237,20 @@ def test_a_loaded_folder_written_back_by_its_kind_is_the_same_folder(mlm_folder,
     assert written["architectures"] == ["BertForMaskedLM"]
     assert bert_hf.pretrained_config(tmp_path / "out")[0] == loaded.model.config
     assert backend.to_numpy(again.model.bert.embeddings.word_embeddings.weight.data).dtype == np.float64
+
+
+@pytest.mark.skipif(importlib.util.find_spec("minitf.bert.tokenizer") is None,
+                    reason="the commands as processes read the folder with minitf.bert.tokenizer (not in this tree yet)")
+def test_the_commands_as_processes(mlm_folder, classifier_folder):
+    from tests.runs import CPU_ENV
+
+    def command(*argv):
+        done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, env=CPU_ENV, timeout=300)
+        return done.returncode, done.stdout, done.stderr
+
+    status, out, err = command("minitf.fill_mask", "--checkpoint", str(mlm_folder[0]), "--text", "the [MASK] sat")
+    assert status == 0 and out.splitlines()[1] == "[MASK] 1 of 1:" and len(out.splitlines()) == 7, err
+    status, out, err = command("minitf.fill_mask", "--checkpoint", str(mlm_folder[0]), "--text", "the cat sat")
+    assert status == 2 and not out and err.startswith("minitf.fill_mask: error: --text has no [MASK]")
+    status, out, err = command("minitf.classify", "--checkpoint", str(classifier_folder[0]), "--text", "a cat")
+    assert status == 0 and sorted(line.split()[0] for line in out.splitlines()) == sorted(LABELS.values()), err
