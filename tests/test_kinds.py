@@ -113,7 +113,8 @@ def test_minitf_load_reads_a_run_of_each_kind_with_its_tokenizer_and_decoding(tm
 @pytest.mark.parametrize("damage, words", [
     (b'{"model_type": "marian", ', "config.json is not readable JSON"),
     (b'["a list"]', "config.json holds a JSON list"),
-    (b'{"model_type": "bert"}', "is a Hugging Face folder of model_type 'bert'; minitf reads marian, gpt2"),
+    (b'{"model_type": "t5"}', "is a Hugging Face folder of model_type 't5'; minitf reads marian, gpt2"),
+    (b'{"model_type": "bert"}', "has no model.safetensors; a Hugging Face BERT, DistilBERT or RoBERTa folder has"),
 ])
 def test_a_damaged_hugging_face_config_is_named_by_the_loader_not_as_a_missing_run(tmp_path, damage, words):
     """Before: "neither a checkpoint folder (with meta.json) nor a run folder" for a broken config.json."""

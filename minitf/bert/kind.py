@@ -36,13 +36,13 @@ class BertKind(Kind):
         """A BERT, DistilBERT or RoBERTa folder: config.json first (every value checked), then the tokenizer's
         files (:func:`minitf.bert.tokenizer.read_tokenizer`), then the weights, read as the model its
         architectures names (:func:`minitf.bert.hf.from_pretrained`)."""
+        folder = pathlib.Path(folder)
+        config, _, hf_config = hf.pretrained_config(folder)   # every config value checked first
         try:
             from minitf.bert.tokenizer import read_tokenizer
         except ImportError as error:
             raise DataError(f"reading a {hf.BERT_FOLDER}'s tokenizer needs minitf.bert.tokenizer, which this minitf "
                             f"does not have ({error})") from None
-        folder = pathlib.Path(folder)
-        config, _, hf_config = hf.pretrained_config(folder)   # every config value checked first
         tokenizer = read_tokenizer(folder, hf_config)          # then the tokenizer, before the weights are read
         model = hf.from_pretrained(folder).eval()
         if tokenizer.vocab_size > config.vocab_size:
