@@ -210,6 +210,17 @@ def test_classify_equals_the_pipeline_for_texts_and_pairs(classifier_folder, tmp
     assert blocks[1].splitlines()[1:] == classify_command.label_lines(loaded.model.config.labels, ours[1])
 
 
+def test_one_label_is_scored_by_its_sigmoid_as_the_pipeline_does(tmp_path):
+    folder = tmp_path / "one"
+    hf = make_folder(folder, "BertForSequenceClassification", 2, num_labels=1)
+    loaded = load(folder)
+    ours = classify_command.classify(loaded.model, loaded.tokenizer, ["a cat", "the big dog"])
+    theirs = [pipeline("text-classification", folder, hf)(text, top_k=None)[0]["score"] for text in ["a cat",
+                                                                                                     "the big dog"]]
+    assert ours.shape == (2, 1) and relative_difference(ours[:, 0], np.array(theirs)) < 1e-6
+    assert 0 < ours.min() and ours.max() < 1 and abs(ours[0, 0] - ours[1, 0]) > 1e-6
+
+
 def test_classify_refuses_bad_input_in_one_line_naming_the_line(classifier_folder, tmp_path, capsys):
     folder, _ = classifier_folder
     (tmp_path / "bad.txt").write_text("a cat\n\nthe dog\n")

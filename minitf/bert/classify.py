@@ -2,7 +2,8 @@
 [--text-pair "..."]`` or ``--input FILE`` (one text a line; a TAB splits a line into a text and its pair).
 
 Prints for each text every label name (config.json's ``id2label``; "LABEL_0"... without one) with its probability
-(a softmax over the labels, as transformers' text-classification pipeline with ``top_k=None`` computes it), the most
+(a softmax over the labels, a sigmoid where there is one label, as transformers' text-classification pipeline with
+``top_k=None`` computes it), the most
 probable first; with ``--input``, each text's labels follow the line's text, and a blank line ends each. The texts
 of a file are all read and checked (empty lines, lines longer than the model's positions: refused naming the line)
 before the first is classified.
@@ -17,7 +18,6 @@ from minitf import backend
 from minitf.bert.fill_mask import encode_text
 from minitf.bert.kind import load_bert
 from minitf.bert.model import BertForSequenceClassification
-from minitf.layers import softmax
 from minitf.module import no_grad
 from minitf.training.errors import DataError, OneLineParser, UsageError, positive, report_errors
 from minitf.training.text import decode_lines
@@ -26,7 +26,7 @@ np = backend.host
 
 
 def classify(model, tokenizer, texts, pairs=None, batch_size=32, where=None):
-    """Probabilities (N, C) host float64 of ``texts`` (and their ``pairs``, None or one per text, each None or a
+    """Probabilities (N, C) host float64 of ``texts`` (a softmax over the C labels; one label's sigmoid) (and their ``pairs``, None or one per text, each None or a
     string), in batches; each text is checked first (:func:`minitf.bert.fill_mask.encode_text`; ``where`` names
     them in its errors, default "text 1"...)."""
     pairs = pairs or [None] * len(texts)
@@ -43,7 +43,13 @@ def classify(model, tokenizer, texts, pairs=None, batch_size=32, where=None):
         mask = np.arange(L)[None, :] >= np.array([len(row) for row, _ in chunk])[:, None]   # True = padding
         with no_grad():
             logits = model(ids, token_type_ids=types, key_padding_mask=mask)
-        out.append(backend.to_numpy(softmax(logits.astype(np.float64))))
+        logits = backend.to_numpy(logits).astype(np.float64)    # (B, C) on the host
+        # one label: its sigmoid (a yes/no score), as transformers' pipeline computes it; else the labels' softmax
+        if logits.shape[-1] == 1:
+            out.append(1.0 / (1.0 + np.exp(-logits)))
+        else:
+            e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            out.append(e / e.sum(axis=-1, keepdims=True))
     return np.concatenate(out, axis=0)
 
 
