@@ -1,5 +1,5 @@
 """The small layers: Linear, Embedding, positional encoding (sinusoidal or learned), Dropout, LayerNorm,
-ReLU, GELU, SiLU, softmax; Llama's RMSNorm and SwiGLU feed-forward. Each forward sits next to its backward.
+ReLU, GELU, SiLU, Tanh, softmax; Llama's RMSNorm and SwiGLU feed-forward. Each forward sits next to its backward.
 
 Dimension glossary (used in every docstring of the package):
     B batch, S source length, T target length, L any sequence length,
@@ -574,3 +574,21 @@ class SwiGLU(Module):
         da, du = backend.by_rows(lambda dh, u, a: (dh * u, dh * a), dh, u, a)   # on blocks of rows (threads)
         # u = x W_up and a = silu(x W_gate) both read x  =>  dx is the sum of the two paths
         return self.up_proj.backward(du) + self.gate_proj.backward(self.act.backward(da))
+
+
+# --------------------------------------------------------------------------- #
+# Tanh: BERT's pooler (dense, then tanh on the [CLS] position)
+# --------------------------------------------------------------------------- #
+class Tanh(Module):
+    """``y = tanh(x)``, elementwise (BERT's pooler, RoBERTa's classification head). Input and output any shape."""
+
+    def forward(self, x):
+        y = backend.by_rows(xp.tanh, x)                          # y = tanh(x), on blocks of rows (threads)
+        self.save_for_backward(y)
+        return y
+
+    def backward(self, dy):
+        """dy (any shape) -> dx (the same shape)."""
+        (y,) = self.saved_tensors()
+        # y = tanh(x)  =>  dy/dx = 1 - tanh(x)^2 = 1 - y^2 (the output is all backward needs)
+        return backend.by_rows(lambda dy, y: dy * (1.0 - y * y), dy, y)

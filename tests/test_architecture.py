@@ -24,6 +24,7 @@ SHARED = {"benchmarks.common"}
 APPLICATION_ENTRY_POINTS = {"minitf.translate", "minitf.generate", "minitf.train", "minitf.export"}
 APPLICATION_ENTRY_POINTS |= {"minitf.inspect"}  # the inspection page (issue 37): above both models
 APPLICATION_ENTRY_POINTS |= {"minitf.trace"}  # the trace: each kind's example and walk, found through the registry
+APPLICATION_ENTRY_POINTS |= {"minitf.fill_mask", "minitf.classify"}  # the BERT kind's commands
 def _kind_packages():
     """({kind name: its package}, {package: the packages it extends}) from the registry (minitf.kinds) and each kind's
     ``extends``: a new kind's package is checked the moment its registry line is written."""
@@ -38,10 +39,6 @@ def _kind_packages():
 #: language model's task, trainer and tokenizers).
 MODEL_PACKAGES = tuple(dict.fromkeys(_kind_packages()[0].values()))
 EXTENDS = _kind_packages()[1]
-#: minitf.bert (BERT's tokenizer, the encoder line's first part) has no registry line yet, and it imports the
-#: training machinery's tokenizer interface: a model package until its kind is registered (then the registry names
-#: it and this adds nothing)
-MODEL_PACKAGES += tuple(p for p in ("minitf.bert",) if p not in MODEL_PACKAGES)
 #: The application's packages: the shared training machinery, one package per model kind, the registry of the
 #: kinds and the one loader.
 APPLICATION_PACKAGES = ("minitf.training", *MODEL_PACKAGES, "minitf.kinds", "minitf.loader")

@@ -13,7 +13,7 @@ import minitf
 from minitf import backend
 from minitf.backend import xp
 from minitf.layers import (ACTIVATIONS, Dropout, Embedding, LayerNorm, Linear, OutputProjection, PositionalEncoding,
-                           ReLU, SiLU, Softmax, make_activation, sigmoid, sinusoidal_table,
+                           ReLU, SiLU, Softmax, Tanh, make_activation, sigmoid, sinusoidal_table,
                            softmax)
 from minitf.module import Parameter
 from tests.helpers import assert_gradients_match, np, random_array, seeds, small
@@ -213,6 +213,22 @@ def test_relu_gradients(B, L, D, seed):
 def test_silu_gradients(B, L, D, seed, scale):
     """SiLU (Marian's swish): smooth everywhere, so no input needs to keep away from a kink."""
     assert_gradients_match(SiLU(), random_array(seed, (B, L, D), scale), seed=seed)
+
+
+@given(B=small, L=small, D=small, seed=seeds, scale=st.floats(0.1, 5))
+def test_tanh_gradients(B, L, D, seed, scale):
+    """Tanh (BERT's pooler): smooth everywhere; its backward reads only the output, 1 - y^2."""
+    assert_gradients_match(Tanh(), random_array(seed, (B, L, D), scale), seed=seed)
+
+
+def test_tanh_saturates_without_nan_and_keeps_the_dtype():
+    x = np.array([-1000.0, -20.0, 0.0, 0.5, 20.0, 1000.0])
+    layer = Tanh()
+    y = backend.to_numpy(layer.forward(backend.asarray(x)))
+    dx = backend.to_numpy(layer.backward(backend.asarray(np.ones_like(x))))
+    assert np.array_equal(y, np.tanh(x)) and y[0] == -1.0 and y[-1] == 1.0
+    assert dx[2] == 1.0 and dx[0] == 0.0 and abs(dx[3] - (1 - math.tanh(0.5) ** 2)) < 1e-15
+    assert Tanh().forward(backend.asarray(x.astype(np.float32))).dtype == np.float32
 
 
 def test_silu_is_x_times_the_sigmoid_without_overflow():

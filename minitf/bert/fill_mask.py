@@ -1,0 +1,98 @@
+"""Fill the masks of a text with a masked language model: ``python -m minitf.fill_mask --checkpoint PATH --text
+"The capital of France is [MASK]." [--top-k K]``.
+
+Prints first the text with each mask token (``[MASK]``, RoBERTa's ``<mask>``: the tokenizer's ``mask_token``)
+replaced by the model's most probable token, then for each mask, in order, its ``--top-k`` most probable tokens
+(default 5), one a line with its probability (a softmax over the vocabulary at that position, as transformers'
+fill-mask pipeline computes it). A text without a mask token is refused in one line (exit status 2), as is one
+longer than the model's positions.
+
+The model comes from the one loader (:func:`minitf.loader.load`): a BERT, DistilBERT or RoBERTa masked-LM folder
+(config.json, model.safetensors, vocab.txt or tokenizer.json) or a run of ``train.py --model bert``; its tokenizer
+has the interface of ``minitf.bert.tokenizer`` (``encode``, ``decode``, ``tokens``, ``mask_id``, ``mask_token``)."""
+import pathlib
+import sys
+
+from minitf import backend
+from minitf.bert.kind import load_bert
+from minitf.bert.model import BertForMaskedLM
+from minitf.layers import softmax
+from minitf.module import no_grad
+from minitf.training.errors import DataError, OneLineParser, UsageError, positive, report_errors
+
+np = backend.host
+
+
+def encode_text(tokenizer, model, text, where, pair=None):
+    """(ids, token_type_ids) of ``text`` (and ``pair``), as lists; a DataError naming ``where`` for an empty text
+    or one longer than the model's positions."""
+    if not text.strip():
+        raise UsageError(f"{where} is empty; give the text to read")
+    ids, types = tokenizer.encode(text, pair) if pair is not None else tokenizer.encode(text)
+    limit = model.position_limit
+    if len(ids) > limit:
+        raise DataError(f"{where} has {len(ids)} tokens with its special tokens; the model has {limit} positions "
+                        f"(max_position_embeddings): shorten it to at most {limit} tokens")
+    return list(ids), list(types)
+
+
+def token_text(tokenizer, token):
+    """How a candidate token is shown: as decoded (a word, RoBERTa's without its space), or as the vocabulary spells
+    it where decoding leaves it out (the special tokens: [PAD], [UNK]...)."""
+    return tokenizer.decode([token]).strip() or tokenizer.tokens([token])[0]
+
+
+def fill_masks(model, tokenizer, text, top_k=5, where="--text"):
+    """(the text with every mask filled by its most probable token, [[(id, token, probability)] * top_k per mask,
+    in order]). A UsageError for a text without the tokenizer's mask token."""
+    ids, types = encode_text(tokenizer, model, text, where)
+    masks = [i for i, token in enumerate(ids) if token == tokenizer.mask_id]
+    if not masks:
+        raise UsageError(f"{where} has no {tokenizer.mask_token}; put {tokenizer.mask_token} where a word is to be "
+                         f"filled, e.g. --text 'The capital of France is {tokenizer.mask_token}.'")
+    with no_grad():
+        logits = model(np.asarray([ids], dtype=np.int64), token_type_ids=np.asarray([types], dtype=np.int64))
+    probabilities = backend.to_numpy(softmax(logits[0, masks].astype(np.float64)))   # (masks, V)
+    top_k = min(top_k, probabilities.shape[-1])
+    candidates = []
+    for row in probabilities:
+        best = np.argsort(-row, kind="stable")[:top_k]
+        candidates.append([(int(t), token_text(tokenizer, int(t)), float(row[t])) for t in best])
+    filled = list(ids)
+    for position, found in zip(masks, candidates):
+        filled[position] = found[0][0]
+    return tokenizer.decode(filled), candidates
+
+
+def build_parser():
+    p = OneLineParser(prog="python -m minitf.fill_mask", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=pathlib.Path, metavar="PATH", required=True,
+                   help="a Hugging Face BERT, DistilBERT or RoBERTa masked-LM folder, or a run of train.py --model "
+                        "bert (its best.json's model, else its newest good checkpoint) or one of its checkpoints")
+    p.add_argument("--text", required=True, help="the text, with one or more mask tokens ([MASK] or <mask>)")
+    p.add_argument("--top-k", type=positive(int), default=5, help="the candidates shown per mask (default 5)")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=None)
+    return p
+
+
+def run(argv=None):
+    args = build_parser().parse_args(argv)
+    if not args.text.strip():
+        raise UsageError("--text is empty; give a text with a mask token, e.g. --text 'Paris is the [MASK] of France.'")
+    loaded = load_bert(args.checkpoint, BertForMaskedLM, "python -m minitf.fill_mask", args.device)
+    filled, candidates = fill_masks(loaded.model, loaded.tokenizer, args.text, args.top_k)
+    lines = [filled]
+    for n, found in enumerate(candidates, start=1):
+        lines.append(f"{loaded.tokenizer.mask_token} {n} of {len(candidates)}:")
+        width = max(len(token) for _, token, _ in found)
+        lines += [f"  {token:<{width}}  {probability:.4f}" for _, token, probability in found]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def main(argv=None):
+    return report_errors("minitf.fill_mask", run, argv, memory_hint="give a shorter text")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

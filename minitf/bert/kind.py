@@ -1,0 +1,87 @@
+"""The BERT kind (the registry's "bert"): Hugging Face BERT, DistilBERT and RoBERTa folders read whole by
+``minitf.load(FOLDER)`` (:meth:`BertKind.load_folder`: the model their config.json's architecture names and their
+tokenizer), used by ``python -m minitf.fill_mask`` (a masked LM) and ``python -m minitf.classify`` (a sequence
+classifier); a run of it is written back as such a folder by ``python -m minitf.export`` (:meth:`write_folder`)."""
+import pathlib
+
+from minitf.bert import hf
+from minitf.bert.model import BertForMaskedLM, BertForSequenceClassification
+from minitf.training.errors import DataError, UsageError
+from minitf.training.kind import Kind, Loaded
+
+
+class BertKind(Kind):
+    name = "bert"
+    title = "BERT encoder"
+    hf_model_types = hf.FAMILY
+    hf_what = hf.BERT_FOLDER
+    # train.py --model bert's stand-in task refuses a run (minitf.bert.task); "tiny" lets the command reach it
+    presets = {"tiny": {}}
+    use_a_run = ("fill its masks with python -m minitf.fill_mask --checkpoint RUN --text '... [MASK] ...' (a "
+                 "classifier: python -m minitf.classify --checkpoint RUN --text '...')")
+
+    def task(self):
+        from minitf.bert.task import BertTask
+        return BertTask()
+
+    def command_for(self, model):
+        """The command that uses ``model``: fill_mask for a masked LM, classify for a classifier."""
+        if isinstance(model, BertForSequenceClassification):
+            return "python -m minitf.classify"
+        if isinstance(model, BertForMaskedLM):
+            return "python -m minitf.fill_mask"
+        return None
+
+    def load_folder(self, folder, warn=None):
+        """A BERT, DistilBERT or RoBERTa folder: config.json first (every value checked), then the tokenizer's
+        files (:func:`minitf.bert.tokenizer.read_tokenizer`), then the weights, read as the model its
+        architectures names (:func:`minitf.bert.hf.from_pretrained`)."""
+        folder = pathlib.Path(folder)
+        config, _, hf_config = hf.pretrained_config(folder)   # every config value checked first
+        try:
+            from minitf.bert.tokenizer import read_tokenizer
+        except ImportError as error:
+            raise DataError(f"reading a {hf.BERT_FOLDER}'s tokenizer needs minitf.bert.tokenizer, which this minitf "
+                            f"does not have ({error})") from None
+        tokenizer = read_tokenizer(folder, hf_config)          # then the tokenizer, before the weights are read
+        model = hf.from_pretrained(folder).eval()
+        if tokenizer.vocab_size > config.vocab_size:
+            raise ValueError(f"{folder}: its tokenizer has {tokenizer.vocab_size} tokens and its model "
+                             f"{config.vocab_size}; they do not belong together: copy the model's own tokenizer")
+        return Loaded(model, tokenizer, self, folder, None, context=config.positions,
+                      context_why="its max_position_embeddings", hf_config=hf_config)
+
+    def write_folder(self, loaded, folder):
+        """``loaded`` written as a Hugging Face folder (config.json, model.safetensors: :func:`minitf.bert.hf.
+        save_pretrained`, keeping the entries of the config.json it was read from) and its tokenizer's files."""
+        if not hasattr(loaded.tokenizer, "save"):
+            raise UsageError(f"{loaded.source}: its tokenizer ({type(loaded.tokenizer).__name__}) has no Hugging Face "
+                             "files to write (nothing was written)")
+        hf.save_pretrained(loaded.model, folder, loaded.hf_config)
+        loaded.tokenizer.save(folder)
+
+
+KIND = BertKind()
+
+
+def load_bert(path, model_class, command, device=None):
+    """The :class:`Loaded` BERT-family model of a command's ``--checkpoint PATH`` on ``--device`` (None:
+    MINITF_DEVICE, checked) (:func:`minitf.loader.load`, this kind only: another kind's model is refused naming its
+    command) whose model is a ``model_class``; a model of the other head is refused in one line naming
+    ``command``'s counterpart. Skipped damaged checkpoints are said on stderr."""
+    import sys
+    from minitf import backend
+    from minitf.loader import load
+    if device:
+        backend.set_device(device)
+    else:
+        backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
+    loaded = load(path, lambda message: print(message, file=sys.stderr), kind=KIND)
+    if not isinstance(loaded.model, model_class):
+        other = KIND.command_for(loaded.model)
+        what = {"python -m minitf.classify": "a sequence classifier", "python -m minitf.fill_mask": "a masked "
+                "language model"}.get(other, f"a {type(loaded.model).__name__} (no head)")
+        raise UsageError(f"{path} holds {what}, which {command} does not use"
+                         + (f": give it to {other} --checkpoint {path}" if other else
+                            "; give a folder whose architectures is a masked LM or a sequence classifier"))
+    return loaded
