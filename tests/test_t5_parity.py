@@ -48,15 +48,15 @@ def t5_norm_in_float64():
         yield
 
 
-def hf_model(layout, seed, model_type="t5"):
-    """A T5 (or mT5) ForConditionalGeneration of the tiny shape in float64, every weight random (the norms'
-    gains too), in eval mode, eager attention."""
+def hf_model(layout, seed, model_type="t5", **changes):
+    """A T5 (or mT5) ForConditionalGeneration of the tiny shape (with ``changes``) in float64, every weight random
+    (the norms' gains too), in eval mode, eager attention."""
     import torch
     import transformers
     torch.manual_seed(seed)
     config_class, model_class = ((transformers.T5Config, transformers.T5ForConditionalGeneration) if model_type == "t5"
                                  else (transformers.MT5Config, transformers.MT5ForConditionalGeneration))
-    config = config_class(**SHAPE, **LAYOUTS[layout])
+    config = config_class(**(SHAPE | changes), **LAYOUTS[layout])
     model = model_class(config).double().eval()
     model.config._attn_implementation = "eager"
     with torch.no_grad():
