@@ -12,6 +12,7 @@ KINDS = {
     "transformer": "minitf.nmt.kind",   # the paper's encoder-decoder; Hugging Face Marian (opus-mt) folders
     "gpt": "minitf.lm.kind",            # the decoder-only GPT; Hugging Face GPT-2 folders
     "llama": "minitf.llama.kind",       # the Llama family; Hugging Face Llama, Qwen2 and Mistral folders
+    "t5": "minitf.t5.kind",             # T5's encoder-decoder; Hugging Face T5 and mT5 folders
 }
 
 

@@ -26,12 +26,13 @@ APPLICATION_ENTRY_POINTS |= {"minitf.inspect"}  # the inspection page (issue 37)
 APPLICATION_ENTRY_POINTS |= {"minitf.trace"}  # the trace: each kind's example and walk, found through the registry
 #: The application's packages: the shared training machinery, one package per model kind, the registry of the
 #: kinds and the one loader.
-APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm", "minitf.llama", "minitf.kinds", "minitf.loader")
+APPLICATION_PACKAGES = ("minitf.training", "minitf.nmt", "minitf.lm", "minitf.llama", "minitf.t5", "minitf.kinds",
+                        "minitf.loader")
 #: The core's model modules (the models a learner reads): the shared machinery imports none of them.
 CORE_MODEL_MODULES = ("minitf.transformer", "minitf.gpt")
 #: The model packages: none imports another (what they share belongs in minitf.training), except where a kind
 #: extends another: the Llama family trains with the language model's task, trainer and tokenizers.
-MODEL_PACKAGES = ("minitf.nmt", "minitf.lm", "minitf.llama")
+MODEL_PACKAGES = ("minitf.nmt", "minitf.lm", "minitf.llama", "minitf.t5")
 EXTENDS = {"minitf.llama": ("minitf.lm",)}
 
 

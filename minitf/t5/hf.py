@@ -46,7 +46,8 @@ def config_from_hf(hf, where="config.json"):
     sizes["num_decoder_layers"] = value("num_decoder_layers", "int", default=None, low=1) or sizes["num_layers"]
     buckets = value("relative_attention_num_buckets", "int", default=32, low=4)
     distance = value("relative_attention_max_distance", "int", default=128, low=buckets // 4, low_open=True)
-    feed_forward = value("feed_forward_proj", "str", default=defaults["feed_forward_proj"], choices=tuple(FEED_FORWARDS))
+    feed_forward = value("feed_forward_proj", "str", default=defaults["feed_forward_proj"],
+                         choices=tuple(FEED_FORWARDS))
     tie = value("tie_word_embeddings", "bool", default=True)
     scale = False if model_type == "mt5" else value("scale_decoder_outputs", "bool", default=tie)
     vocab = sizes["vocab_size"]
