@@ -11,7 +11,7 @@ from minitf import kinds
 from minitf.t5 import T5, T5Config
 from minitf.t5.kind import task_prefixes
 from minitf.t5.task import T5Task
-from minitf.t5.tokenizer import T5Tokenizer
+from minitf.t5.tokenizer import T5JsonTokenizer, T5Tokenizer
 from minitf.training.errors import DataError, UsageError
 
 TEXTS = ["translate English to German: the house is wonderful.", "Das Haus ist wunderbar.",
@@ -84,3 +84,36 @@ def test_training_t5_is_refused_until_the_shared_trainer():
     for call in (lambda: task.new_run(None, set(), None, None, None), lambda: task.reopen(None, None)):
         with pytest.raises(UsageError, match="training --model t5 lands after the shared trainer"):
             call()
+
+
+def tokenizer_json(folder, extra_ids=10):
+    """A tokenizer.json of the folder's spiece.model pieces (a Unigram model, Metaspace, ``</s>`` appended, the
+    sentinels added), as transformers' converter writes one."""
+    import sentencepiece
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(folder / "spiece.model"))
+    tokenizer = Tokenizer(models.Unigram([(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())],
+                                         unk_id=2))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tokenizer.add_special_tokens(["<pad>", "</s>", "<unk>"] + [f"<extra_id_{i}>" for i in range(extra_ids - 1, -1, -1)])
+    tokenizer.post_processor = processors.TemplateProcessing(single=["$A", "</s>"], special_tokens=[("</s>", 1)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+
+
+def test_a_folder_with_tokenizer_json_reads_it(tmp_path):
+    """tokenizer.json is preferred where present: its ids for plain text are spiece.model's, eos last; its sentinels
+    are the same ids; decoding leaves the special tokens out."""
+    pytest.importorskip("tokenizers")
+    folder = t5_folder(tmp_path)
+    plain = minitf.load(folder).tokenizer
+    tokenizer_json(folder)
+    tokenizer = minitf.load(folder).tokenizer
+    assert isinstance(tokenizer, T5JsonTokenizer) and tokenizer.vocab_size == 70 and tokenizer.eos_id == 1
+    assert tokenizer.encode(TEXTS) == plain.encode(TEXTS)
+    assert tokenizer._tokenizer.token_to_id("<extra_id_0>") == plain.sentinel(0) == 69
+    assert tokenizer.decode(tokenizer.encode(TEXTS[1:2])) == TEXTS[1:2]
+    folder_small = t5_folder(tmp_path / "small", vocab_size=65)
+    tokenizer_json(folder_small)
+    with pytest.raises(DataError, match="tokenizer.json: 70 ids, more than config.json's vocab_size 65"):
+        minitf.load(folder_small)

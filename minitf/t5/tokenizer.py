@@ -108,7 +108,7 @@ def read_tokenizer(folder, config):
             raise DataError(f"{path} cannot be read as a tokenizer ({str(error).strip() or type(error).__name__}); "
                             "copy it again from the model's Hugging Face folder") from None
         found = T5JsonTokenizer(tokenizer, path.read_bytes(), config.pad_token_id, config.eos_token_id)
-        what = f"{path} has {found.vocab_size} ids"
+        what = str(path)
     else:
         path, count = folder / "spiece.model", extra_ids(folder)
         try:
