@@ -398,6 +398,10 @@ class RelativePositionBias(Module):
     """
 
     def __init__(self, num_heads, num_buckets=32, max_distance=128, bidirectional=True, std=1.0):
+        exact = num_buckets // 2 if bidirectional else num_buckets  # a direction's buckets; half of them exact
+        if exact // 2 < 1 or max_distance <= exact // 2:
+            raise ValueError(f"RelativePositionBias: {num_buckets} buckets and max_distance {max_distance} leave no "
+                             f"logarithmic buckets: give at least 4 buckets and max_distance above {exact // 2}")
         self.weight = Parameter(init_array(backend.init_rng().normal(0.0, std, (num_buckets, num_heads))))
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
 

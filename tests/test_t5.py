@@ -24,7 +24,7 @@ def test_relative_position_bias_gradient_is_the_scatter_add_over_every_pair_of_a
         heads, buckets, max_distance, queries, keys, start, bidirectional, seed):
     """The table's gradient against central differences: every query-key pair of a bucket adds (far pairs share
     the last buckets, so a plain indexing backward would lose all but one)."""
-    max_distance = max(max_distance, buckets // 4 + 1)
+    max_distance = max(max_distance, (buckets // 2 if bidirectional else buckets) // 2 + 1)
     layer = randomize(RelativePositionBias(heads, buckets, max_distance, bidirectional), seed)
     assert_gradients_match(lambda: layer(queries, keys, start)[0], layer.backward, {},
                            dict(layer.named_parameters()), seed=seed)
@@ -152,7 +152,7 @@ def test_the_layouts_differ_where_t5_says():
 @pytest.mark.parametrize("fields, words", [
     (dict(feed_forward_proj="gated-swish"), "feed_forward_proj must be one of"),
     (dict(relative_attention_num_buckets=2), "relative_attention_num_buckets must be at least 4"),
-    (dict(relative_attention_max_distance=8), "relative_attention_max_distance 8 must be above"),
+    (dict(relative_attention_max_distance=16), "relative_attention_max_distance 16 must be above the decoder's"),
     (dict(eos_token_id=50), r"eos_token_id must be a token id in \[0, 50\)"),
     (dict(dropout_rate=1.0), r"dropout_rate must be a number in \[0, 1\)"),
     (dict(d_kv=0), "d_kv must be a positive integer"),
@@ -160,3 +160,24 @@ def test_the_layouts_differ_where_t5_says():
 def test_a_config_that_does_not_fit_is_refused_naming_the_field(fields, words):
     with pytest.raises(ValueError, match=words):
         T5Config(**(dict(vocab_size=50, relative_attention_num_buckets=32) | fields))
+
+
+@settings(max_examples=8)
+@given(case=t5_and_ids())
+def test_whole_t5_gradient_with_dropout(case):
+    """Dropout on (the same masks each forward: the backend reseeded): the embeddings', every sublayer's, the
+    feed-forward's inner layer's and the stacks' final dropout each scale the gradient where they kept a unit."""
+    config, ids, decoder_ids, mask, seed = case
+    model = randomize(T5(config.replace(dropout_rate=0.3)), seed).train()
+    pad = None if mask is None else backend.asarray(mask)
+    assert_gradients_match(lambda: model(ids, decoder_ids, key_padding_mask=pad), model.backward, {},
+                           dict(model.named_parameters()), seed=seed, rtol=LN_RTOL, reseed=seed)
+
+
+def test_dropout_is_on_while_training_and_off_in_evaluation():
+    model = T5(T5Config(vocab_size=11, d_model=8, d_kv=2, d_ff=6, num_layers=1, num_heads=2, dropout_rate=0.3))
+    ids = np.arange(12).reshape(2, 6) % 11
+    with no_grad():
+        training = [backend.to_numpy(model.train()(ids, ids[:, :4])) for _ in range(2)]
+        evaluation = [backend.to_numpy(model.eval()(ids, ids[:, :4])) for _ in range(2)]
+    assert not np.allclose(training[0], training[1]) and np.array_equal(evaluation[0], evaluation[1])

@@ -180,7 +180,7 @@ def write_folder(tmp_path, **changes):
 @pytest.mark.parametrize("changes, words", [
     (dict(feed_forward_proj="gated-swish"), "config.json: feed_forward_proj is 'gated-swish'; minitf computes"),
     (dict(relative_attention_num_buckets=2), "config.json: relative_attention_num_buckets is 2; it must be at least 4"),
-    (dict(relative_attention_max_distance=2), "config.json: relative_attention_max_distance is 2; it must be above 2"),
+    (dict(relative_attention_max_distance=4), "config.json: relative_attention_max_distance is 4; it must be above 4"),
     (dict(eos_token_id=40), "config.json: eos_token_id is 40; it must be at most 39"),
     (dict(model_type="bart"), "describes model_type 'bart', not 't5' or 'mt5'"),
     (dict(num_layers=5), "config.json declares num_layers 5, but the weights hold 2 such layers"),

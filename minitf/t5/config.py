@@ -50,10 +50,10 @@ class T5Config:
         if self.relative_attention_num_buckets < 4:
             raise ValueError(f"T5Config: relative_attention_num_buckets must be at least 4 (two halves of exact and "
                              f"logarithmic buckets), got {self.relative_attention_num_buckets}")
-        if self.relative_attention_max_distance <= self.relative_attention_num_buckets // 4:
+        if self.relative_attention_max_distance <= self.relative_attention_num_buckets // 2:
             raise ValueError(f"T5Config: relative_attention_max_distance {self.relative_attention_max_distance} must "
-                             f"be above the exact buckets' {self.relative_attention_num_buckets // 4} (a quarter of "
-                             "relative_attention_num_buckets): the logarithmic buckets span the distances between")
+                             f"be above the decoder's exact buckets, {self.relative_attention_num_buckets // 2} (half "
+                             "of relative_attention_num_buckets): the logarithmic buckets span the distances between")
         if self.feed_forward_proj not in FEED_FORWARDS:
             raise ValueError(f"T5Config: feed_forward_proj must be one of {', '.join(FEED_FORWARDS)}, got "
                              f"{self.feed_forward_proj!r}")

@@ -45,7 +45,8 @@ def config_from_hf(hf, where="config.json"):
              for key in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")}
     sizes["num_decoder_layers"] = value("num_decoder_layers", "int", default=None, low=1) or sizes["num_layers"]
     buckets = value("relative_attention_num_buckets", "int", default=32, low=4)
-    distance = value("relative_attention_max_distance", "int", default=128, low=buckets // 4, low_open=True)
+    # the decoder's buckets below num_buckets / 2 are exact: the logarithmic ones need distances beyond them
+    distance = value("relative_attention_max_distance", "int", default=128, low=buckets // 2, low_open=True)
     feed_forward = value("feed_forward_proj", "str", default=defaults["feed_forward_proj"],
                          choices=tuple(FEED_FORWARDS))
     tie = value("tie_word_embeddings", "bool", default=True)
