@@ -49,10 +49,10 @@ def test_a_t5_folder_loads_whole_with_its_sentinels_and_prefixes(tmp_path):
     assert isinstance(tokenizer, T5Tokenizer) and tokenizer.vocab_size == 70 and tokenizer.extra_ids == 10
     assert (tokenizer.sentinel(0), tokenizer.sentinel(9)) == (69, 60)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spiece.model"))
-    assert tokenizer.encode(["the house is wonderful."]) == [sp.encode("the house is wonderful.") + [1]]
+    assert tokenizer.encode(["the house is wonderful."]) == [sp.encode("the house is wonderful.")]
     ids = tokenizer.encode(["the house <extra_id_0> wonderful.<extra_id_9>"])[0]
-    assert ids == sp.encode("the house ") + [69] + sp.encode(" wonderful.") + [60, 1]
-    assert tokenizer.decode([ids]) == [sp.decode(sp.encode("the house ") + sp.encode(" wonderful."))]
+    assert ids == sp.encode("the house ") + [69] + sp.encode(" wonderful.") + [60]
+    assert tokenizer.decode([ids + [1, 5, 6]]) == [sp.decode(sp.encode("the house ") + sp.encode(" wonderful."))]
     assert task_prefixes(loaded.hf_config) == {"translation_en_to_de": "translate English to German: ",
                                                "summarization": "summarize: "}
 
@@ -102,7 +102,7 @@ def tokenizer_json(folder, extra_ids=10):
 
 
 def test_a_folder_with_tokenizer_json_reads_it(tmp_path):
-    """tokenizer.json is preferred where present: its ids for plain text are spiece.model's, eos last; its sentinels
+    """tokenizer.json is preferred where present: its ids for plain text are spiece.model's (no eos); its sentinels
     are the same ids; decoding leaves the special tokens out."""
     pytest.importorskip("tokenizers")
     folder = t5_folder(tmp_path)
@@ -117,3 +117,13 @@ def test_a_folder_with_tokenizer_json_reads_it(tmp_path):
     tokenizer_json(folder_small)
     with pytest.raises(DataError, match="tokenizer.json: 70 ids, more than config.json's vocab_size 65"):
         minitf.load(folder_small)
+
+
+def test_python_m_minitf_trace_traces_a_t5_folder(tmp_path, capsys):
+    """One forward and backward of a text through the folder's model: the header names T5's shape, and the bias
+    tables' backward is among the steps."""
+    from minitf import trace
+    assert trace.main(["--checkpoint", str(t5_folder(tmp_path)), "--text", "the house"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("trace: T5 (encoder-decoder), 1 + 1 blocks, d_model 8, 2 heads of 2, relu d_ff 6")
+    assert "backward encoder.relative_attention_bias" in out and "backward decoder.relative_attention_bias" in out

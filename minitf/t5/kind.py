@@ -56,5 +56,22 @@ class T5Kind(Kind):
         return Loaded(model, tokenizer, self, folder, None, context=config.n_positions,
                       context_why="its n_positions" if config.n_positions else "", hf_config=hf_config)
 
+    def describe_model(self, model):
+        c = model.config
+        feed_forward = f"gated {c.activation}" if c.gated else c.activation
+        output = "tied output x d_model^-0.5" if c.scale_decoder_outputs and c.tie_word_embeddings else (
+            f"{'tied' if c.tie_word_embeddings else 'own'} output{' x d_model^-0.5' if c.scale_decoder_outputs else ''}")
+        return ("T5", "pre-norm RMSNorm",
+                f"T5 (encoder-decoder), {c.num_layers} + {c.num_decoder_layers} blocks, d_model {c.d_model}, "
+                f"{c.num_heads} heads of {c.d_kv}, {feed_forward} d_ff {c.d_ff}, relative positions "
+                f"({c.relative_attention_num_buckets} buckets to {c.relative_attention_max_distance}), {output}")
+
+    def trace_loaded(self, loaded, text):
+        """The text as source and target, the decoder starting from the model's start id and ending with its eos,
+        as transformers' T5 is trained (the encoder's own eos is what the tokenizer leaves for the caller)."""
+        from minitf.study.tracer import translation_example
+        config = loaded.model.config
+        return translation_example(loaded, text, config.decoder_start_token_id, config.eos_token_id)
+
 
 KIND = T5Kind()

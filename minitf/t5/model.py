@@ -166,6 +166,7 @@ class T5(Module):
         if not isinstance(config, T5Config):
             raise ValueError(f"T5 is built from a T5Config, got {type(config).__name__}")
         self.config = c = config
+        self.pad_id = c.pad_token_id  # the loss's ignored id where a study tool asks the model (as the Transformer's)
         self.shared = Embedding(c.vocab_size, c.d_model, scale=False)
         self.encoder = T5Stack(c, is_decoder=False)
         self.decoder = T5Stack(c, is_decoder=True)

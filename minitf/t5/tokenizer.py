@@ -1,8 +1,10 @@
 """A T5 folder's tokenizer: ``tokenizer.json`` through the ``tokenizers`` package where the folder has one (as
 transformers 5 reads it: its post-processor puts ``</s>`` last), else the sentencepiece ``spiece.model`` with T5's
 sentinels: ``extra_ids`` of them (tokenizer_config.json's, default 100) after the model's pieces, ``<extra_id_N>``
-the id ``vocab_size - 1 - N`` (``<extra_id_0>`` the last), each written in a text read as its one id; every text
-ends in ``</s>``. Decoding leaves pad, eos and the sentinels out (transformers' ``skip_special_tokens``).
+the id ``vocab_size - 1 - N`` (``<extra_id_0>`` the last), each written in a text read as its one id. As minitf's
+other tokenizers (Marian's), ``encode`` gives the ids without the final ``</s>`` (the decoders and batches put it
+after each source); decoding cuts at the first eos and leaves pad and the sentinels out (transformers'
+``skip_special_tokens``).
 
 A tokenizer whose ids do not fit the model (pieces + sentinels beyond config.json's vocab_size) is refused in one
 line naming both files."""
@@ -19,7 +21,7 @@ EXTRA_IDS = 100
 
 
 class T5Tokenizer:
-    """``spiece.model`` with ``extra_ids`` sentinels (module doc): ``encode(texts)`` -> id lists ending in eos,
+    """``spiece.model`` with ``extra_ids`` sentinels (module doc): ``encode(texts)`` -> id lists (no final eos),
     ``decode(id_lists)`` -> texts; ``vocab_size`` = pieces + extra_ids; ``pad_id``, ``eos_id``, ``unk_id`` the
     model's own (T5's 0, 1, 2); ``sentinel(n)`` the id of ``<extra_id_n>``."""
 
@@ -46,7 +48,7 @@ class T5Tokenizer:
         return self._bytes
 
     def encode_one(self, text):
-        """The ids of one text: its pieces, each ``<extra_id_N>`` as its sentinel, then eos."""
+        """The ids of one text: its pieces, each ``<extra_id_N>`` as its sentinel (no final eos)."""
         ids, at = [], 0
         for match in SENTINEL.finditer(text):
             n = int(match.group(1))
@@ -54,22 +56,25 @@ class T5Tokenizer:
                 continue  # not a sentinel of this tokenizer: spelled out as text
             ids += self._sp.encode(text[at:match.start()]) + [self.sentinel(n)]
             at = match.end()
-        return ids + self._sp.encode(text[at:]) + [self.eos_id]
+        return ids + self._sp.encode(text[at:])
 
     def encode(self, texts):
         return [self.encode_one(text) for text in texts]
 
     def decode(self, id_lists):
-        """Texts of id lists, pad, eos, unk's id and the sentinels left out."""
-        skip = {self.pad_id, self.eos_id}
-        return [self._sp.decode([int(i) for i in ids if int(i) not in skip and 0 <= int(i) < self.pieces])
-                for ids in id_lists]
+        """Texts of id lists: each cut at its first eos, pad and the sentinels left out."""
+        texts = []
+        for ids in id_lists:
+            ids = [int(i) for i in ids]
+            ids = ids[:ids.index(self.eos_id)] if self.eos_id in ids else ids
+            texts.append(self._sp.decode([i for i in ids if i != self.pad_id and 0 <= i < self.pieces]))
+        return texts
 
 
 class T5JsonTokenizer(HuggingFaceTokenizer):
-    """A T5 folder's tokenizer.json (the ``tokenizers`` package): ``</s>`` added on encoding, special tokens left out
-    on decoding, as transformers applies it."""
-    ADD_SPECIAL_TOKENS = True
+    """A T5 folder's tokenizer.json (the ``tokenizers`` package): its post-processor's ``</s>`` not added on encoding
+    (as :class:`T5Tokenizer`), special tokens left out on decoding, as transformers applies it."""
+    ADD_SPECIAL_TOKENS = False
     SKIP_SPECIAL_TOKENS = True
 
     def __init__(self, tokenizer, data, pad_id=0, eos_id=1):
