@@ -59,8 +59,8 @@ class T5Kind(Kind):
     def describe_model(self, model):
         c = model.config
         feed_forward = f"gated {c.activation}" if c.gated else c.activation
-        output = "tied output x d_model^-0.5" if c.scale_decoder_outputs and c.tie_word_embeddings else (
-            f"{'tied' if c.tie_word_embeddings else 'own'} output{' x d_model^-0.5' if c.scale_decoder_outputs else ''}")
+        output = f"{'tied' if c.tie_word_embeddings else 'own'} output"
+        output += " x d_model^-0.5" if c.scale_decoder_outputs else ""
         return ("T5", "pre-norm RMSNorm",
                 f"T5 (encoder-decoder), {c.num_layers} + {c.num_decoder_layers} blocks, d_model {c.d_model}, "
                 f"{c.num_heads} heads of {c.d_kv}, {feed_forward} d_ff {c.d_ff}, relative positions "
