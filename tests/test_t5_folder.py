@@ -127,3 +127,12 @@ def test_python_m_minitf_trace_traces_a_t5_folder(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("trace: T5 (encoder-decoder), 1 + 1 blocks, d_model 8, 2 heads of 2, relu d_ff 6")
     assert "backward encoder.relative_attention_bias" in out and "backward decoder.relative_attention_bias" in out
+
+
+def test_python_m_minitf_inspect_refuses_a_t5_folder_in_one_line_writing_nothing(tmp_path, capsys):
+    from minitf import inspect
+    folder = t5_folder(tmp_path / "t5")
+    assert inspect.main(["--checkpoint", str(folder), "--text", "the house", "--out", str(tmp_path / "page")]) == 2
+    err = capsys.readouterr().err
+    assert "does not draw a T5 page yet" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "page").exists()

@@ -5,7 +5,7 @@ stand-in that refuses until the shared trainer lands (:mod:`minitf.t5.task`)."""
 import pathlib
 
 from minitf.t5 import hf
-from minitf.training.errors import DataError
+from minitf.training.errors import DataError, UsageError
 from minitf.training.kind import Kind, Loaded
 
 
@@ -55,6 +55,11 @@ class T5Kind(Kind):
         model = T5.from_pretrained(folder).eval()
         return Loaded(model, tokenizer, self, folder, None, context=config.n_positions,
                       context_why="its n_positions" if config.n_positions else "", hf_config=hf_config)
+
+    def page_parts(self, model):
+        """No inspection page yet: one line saying what reads the model instead."""
+        raise UsageError("python -m minitf.inspect does not draw a T5 page yet; trace one text through the model "
+                         "with python -m minitf.trace --checkpoint FOLDER --text TEXT")
 
     def describe_model(self, model):
         c = model.config
