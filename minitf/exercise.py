@@ -116,6 +116,38 @@ def _gelu_terms(inputs, upstream):
                                                           dy[1] * 0.5 * z * (1.0 - t * t) * du_dz)}}
 
 
+#: the relative_bias exercise's shape: N layers per stack, H heads, T positions, its tables' buckets and distance
+BIAS_LAYERS, BIAS_HEADS, BIAS_LENGTH, BIAS_BUCKETS, BIAS_DISTANCE = 2, 2, 7, 8, 6
+
+
+def _relative_bias(cls, rng):
+    module = randomize(cls(BIAS_HEADS, BIAS_BUCKETS, BIAS_DISTANCE), rng)
+    scores = random_array(rng, (2, BIAS_LAYERS, B, BIAS_HEADS, BIAS_LENGTH, BIAS_LENGTH))
+    return module.forward, module.backward, {"scores": scores}, module
+
+
+def _relative_bias_terms(inputs, upstream):
+    """The right tables' gradients split where the usual slips cut them: the first layer's part and the later
+    layers', and the decoder's gradient, which belongs to the decoder's table only."""
+    from minitf.attention import relative_position_bucket
+    np = backend.host
+    (dy,) = upstream
+    dy = backend.to_numpy(dy)
+    relative = np.arange(BIAS_LENGTH)[None, :] - np.arange(BIAS_LENGTH)[:, None]
+
+    def scatter(stack, layers, bidirectional):  # (H, T, T) summed over those layers and the batch -> (buckets, H)
+        buckets = relative_position_bucket(relative, bidirectional, BIAS_BUCKETS, BIAS_DISTANCE)
+        table = np.zeros((BIAS_BUCKETS, BIAS_HEADS))
+        np.add.at(table, buckets.reshape(-1), dy[stack, layers].sum(axis=(0, 1)).reshape(BIAS_HEADS, -1).T)
+        return backend.asarray(table)
+
+    later = "the gradient of the layers after the first"
+    return {"encoder": {later: ("the bias gradient of layers 1..N-1", scatter(0, slice(1, None), True)),
+                        "the decoder's gradient (in the encoder's table: each stack has its own)":
+                            ("the decoder's bias gradient", scatter(1, slice(None), False))},
+            "decoder": {later: ("the bias gradient of layers 1..N-1", scatter(1, slice(1, None), False))}}
+
+
 EXERCISES = {e.name: e for e in [
     Exercise("linear", "Linear", "y = x W + b: dW, db and dx", "layers/linear.md",
              _plain(lambda cls, rng: (randomize(cls(D, 3), rng), {"x": random_array(rng, (B, T, D))})),
@@ -156,6 +188,11 @@ EXERCISES = {e.name: e for e in [
              "layers/swiglu.md",
              _plain(lambda cls, rng: (randomize(cls(D, 6), rng), {"x": random_array(rng, (B, T, D))})),
              "da = dh u and du = dh a; dx = up_proj's dx + gate_proj's dx through SiLU's backward"),
+    Exercise("relative_bias", "SharedBias", "T5's relative position bias, one table per stack: the scatter-add",
+             "t5.md", _relative_bias,
+             "each bucket's gradient sums every query-key pair in it (a scatter-add, xp.add.at: dW[buckets] += "
+             "keeps one pair per bucket), over every sentence and every layer of its own stack",
+             _relative_bias_terms),
 ]}
 
 

@@ -21,6 +21,14 @@ SOLUTIONS = {
     "rmsnorm": "backward = minitf.RMSNorm.backward",
     "rotary": "backward = minitf.RotaryEmbedding.backward",
     "swiglu": "backward = minitf.SwiGLU.backward",
+    # the library's: RelativePositionBias.backward, after T5Stack.backward summed the layers (and T5Attention the batch)
+    "relative_bias": """def backward(self, dy):
+        enc, dec = self.saved_tensors()
+        d = dy.sum(axis=(1, 2))
+        H = d.shape[1]
+        backend.add_at_rows(self.encoder.grad, enc.reshape(-1), d[0].reshape(H, -1).T)
+        backend.add_at_rows(self.decoder.grad, dec.reshape(-1), d[1].reshape(H, -1).T)
+        return dy""",
 }
 
 #: exercise -> (a planted bug, what the checker must print about it)
@@ -87,6 +95,13 @@ BUGS = {
         dh = self.down_proj.backward(dy)
         return self.gate_proj.backward(self.act.backward(dh * u))   # the path through up_proj forgotten""",
                "up_proj.weight"),
+    "relative_bias": ("""def backward(self, dy):
+        enc, dec = self.saved_tensors()
+        d = dy.sum(axis=(1, 2))
+        H = d.shape[1]
+        self.encoder.grad[enc.reshape(-1)] += d[0].reshape(H, -1).T   # not a scatter-add: one pair per bucket
+        self.decoder.grad[dec.reshape(-1)] += d[1].reshape(H, -1).T
+        return dy""", "dW[buckets] += keeps one pair per bucket"),
 }
 
 
@@ -271,3 +286,21 @@ def test_the_output_shown_in_docs_exercises_md_is_current(tmp_path, capsys):
                       page, re.M | re.S).group(1)
     exercise.main(["check", str(filled(tmp_path, "linear", BUGS["linear"][0]))])
     assert output_matches(shown, capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("old, new, encoder_hint, decoder_hint", [
+    # the first layer of each stack only
+    ("d = dy.sum(axis=(1, 2))", "d = dy[:, 0].sum(axis=1)", "the gradient of the layers after the first is missing",
+     "the gradient of the layers after the first is missing"),
+    # the decoder's gradient scattered into the encoder's table
+    ("add_at_rows(self.decoder.grad", "add_at_rows(self.encoder.grad",
+     "the decoder's gradient (in the encoder's table: each stack has its own) is counted twice",
+     "analytic is 0 everywhere"),
+])
+def test_each_usual_slip_in_the_bias_tables_backward_is_named(old, new, encoder_hint, decoder_hint, tmp_path, capsys):
+    body = SOLUTIONS["relative_bias"].replace(old, new)
+    assert body != SOLUTIONS["relative_bias"]
+    assert exercise.main(["check", str(filled(tmp_path, "relative_bias", body))]) == 1
+    out = capsys.readouterr().out
+    hints = [line for line in out.splitlines() if "hint:" in line]
+    assert len(hints) == 2 and encoder_hint in hints[0] and decoder_hint in hints[1], out
