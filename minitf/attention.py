@@ -350,3 +350,177 @@ class GroupedQueryAttention(Module):
         dq = dq.reshape(B, T, H * E)                                    # (B, T, H*dk)
         # q, k and v are all projections of x  =>  dx is the sum of the three paths
         return self.q_proj.backward(dq) + self.k_proj.backward(dk) + self.v_proj.backward(dv)
+
+
+# --------------------------------------------------------------------------- #
+# T5's attention (Raffel et al. 2020): no 1/sqrt(dk) on the scores, a learned bias by relative position added
+#   A = Q K^T + bias,  P = softmax(A),  O = P U
+# --------------------------------------------------------------------------- #
+def relative_position_bucket(relative_position, bidirectional, num_buckets, max_distance):
+    """The bucket (host int64, the same shape) of each ``relative_position`` = key position - query position (host
+    ints), as T5 draws them (Mesh TensorFlow's ``_relative_position_bucket``, Hugging Face's): with
+    ``bidirectional`` (the encoder) half the buckets for keys after the query, half for the others; the decoder
+    (not bidirectional) sees the past only, every key after the query in bucket 0. Within a half of n buckets,
+    distances below n / 2 get one bucket each, and the other n / 2 buckets split the distances from n / 2 to
+    ``max_distance`` evenly in log(distance); every distance from max_distance on shares the last bucket. The
+    logarithm is taken in float32, step by step as PyTorch takes it (a distance on a bucket's edge falls on the
+    same side)."""
+    np = backend.host
+    relative_position = np.asarray(relative_position, dtype=np.int64)
+    buckets = np.zeros(relative_position.shape, dtype=np.int64)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative_position > 0) * num_buckets         # keys after the query: the upper half
+        distance = np.abs(relative_position)
+    else:
+        distance = -np.minimum(relative_position, 0)             # keys after the query: distance 0, bucket 0
+    max_exact = num_buckets // 2                                 # distances 0 .. max_exact - 1: a bucket each
+    with np.errstate(divide="ignore"):                           # log(0): taken, then not used (is_small)
+        scaled = np.log(distance.astype(np.float32) / np.float32(max_exact))
+    scaled /= np.float32(math.log(max_distance / max_exact))
+    scaled *= np.float32(num_buckets - max_exact)
+    large = max_exact + np.where(distance < max_exact, 0, scaled).astype(np.int64)  # truncated, as .to(long)
+    return buckets + np.where(distance < max_exact, distance, np.minimum(large, num_buckets - 1))
+
+
+class RelativePositionBias(Module):
+    """T5's position information: a learned number per head for each bucket of key position - query position
+    (:func:`relative_position_bucket`), added to the attention scores. The first layer of a stack computes it and
+    every layer of the stack adds the same bias; none in cross-attention.
+
+    Parameter ``weight`` (num_buckets, H) (Hugging Face's ``relative_attention_bias``, an embedding of the
+    buckets). ``forward(Tq, Tk, start)`` -> bias (1, H, Tq, Tk): queries at positions start .. start + Tq - 1
+    (decoding with a cache), keys at 0 .. Tk - 1. ``backward(dbias)`` takes (H, Tq, Tk), the bias's gradient
+    summed over the batch and over every layer that added it.
+    """
+
+    def __init__(self, num_heads, num_buckets=32, max_distance=128, bidirectional=True, std=1.0):
+        exact = num_buckets // 2 if bidirectional else num_buckets  # a direction's buckets; half of them exact
+        if exact // 2 < 1 or max_distance <= exact // 2:
+            raise ValueError(f"RelativePositionBias: {num_buckets} buckets and max_distance {max_distance} leave no "
+                             f"logarithmic buckets: give at least 4 buckets and max_distance above {exact // 2}")
+        self.weight = Parameter(init_array(backend.init_rng().normal(0.0, std, (num_buckets, num_heads))))
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+
+    def buckets(self, num_queries, num_keys, start=0):
+        """(Tq, Tk) device int64: the bucket of each query-key pair."""
+        np = backend.host
+        relative = np.arange(num_keys)[None, :] - (start + np.arange(num_queries))[:, None]  # key - query  (Tq, Tk)
+        return backend.asarray(relative_position_bucket(relative, self.bidirectional, self.num_buckets,
+                                                        self.max_distance))
+
+    def forward(self, num_queries, num_keys, start=0):
+        buckets = self.buckets(num_queries, num_keys, start)     # (Tq, Tk)
+        self.save_for_backward(buckets)
+        return self.weight.data[buckets].transpose(2, 0, 1)[None]  # bias[h, i, j] = W[bucket(i, j), h]  (1, H, Tq, Tk)
+
+    def backward(self, dbias):
+        """dbias (H, Tq, Tk) -> None (positions have no gradient); adds dW."""
+        (buckets,) = self.saved_tensors()
+        H = self.weight.shape[1]
+        # bias[h, i, j] = W[bucket(i, j), h]  =>  dW[b, h] += the sum of dbias[h, i, j] over EVERY pair (i, j) in
+        # bucket b: many pairs share a bucket (all those at one distance, and every far one), so a scatter-add
+        # (add.at sums repeated indices; dW[buckets] += ... would keep one pair per bucket)
+        backend.add_at_rows(self.weight.grad, buckets.reshape(-1), dbias.reshape(H, -1).T)  # (Tq*Tk, H) rows
+        return None
+
+
+def biased_attention(Q, K, U, bias=None, keep=None):
+    """Q (B, H, Tq, dk), K and U (B, H, Tk, dk); ``bias`` broadcastable to (B, H, Tq, Tk) or None; ``keep`` as in
+    :func:`scaled_dot_product_attention`. T5's attention core: the scores are not divided by sqrt(dk) (T5's
+    initialisation puts that factor into W^Q instead). Returns O (B, H, Tq, dk) and P (B, H, Tq, Tk)."""
+    A = Q @ K.swapaxes(-1, -2)                                   # A = Q K^T, no 1/sqrt(dk)  (B, H, Tq, Tk)
+    if bias is not None:
+        A += bias                                                # A = Q K^T + bias, in place
+    backend.by_rows(masked_softmax_in_place, A, *([] if keep is None else [keep]))
+    P = A                                                        # P = softmax(A), masked  (B, H, Tq, Tk)
+    return P @ U, P                                              # O = P U  (B, H, Tq, dk)
+
+
+def biased_attention_backward(dO, Q, K, U, P):
+    """From dL/dO (B, H, Tq, dk) to dQ, dK, dU and dA (B, H, Tq, Tk), the scores' gradient, which is the bias's
+    too (before the sum over the axes the bias was broadcast along)."""
+    # O = P U  =>  dP = dO U^T,  dU = P^T dO
+    dP = dO @ U.swapaxes(-1, -2)                                 # (B, H, Tq, Tk)
+    dU = P.swapaxes(-1, -2) @ dO                                 # (B, H, Tk, dk)
+    # P = softmax(A)  =>  dA = P * (dP - sum_j dP_j P_j), in dP's memory
+    backend.by_rows(softmax_backward_in_place, dP, P)
+    dA = dP                                                      # (B, H, Tq, Tk)
+    # A = Q K^T + bias  =>  dQ = dA K,  dK = dA^T Q (no scale to multiply by),  dbias = dA
+    return dA @ K, dA.swapaxes(-1, -2) @ Q, dU, dA
+
+
+class T5Attention(Module):
+    """T5's multi-head attention: self-attention (``memory=None``) or cross-attention over ``memory``, the scores
+    not scaled, a position ``bias`` (from a :class:`RelativePositionBias`) added in self-attention.
+
+    Submodules (Hugging Face's names): ``q``, ``k``, ``v`` (D -> H*dk) and ``o`` (H*dk -> D), :class:`Linear`
+    without biases; ``head_dim`` dk need not be D / H (T5's d_kv).
+    """
+    record_weights = False  # set True to keep the last attention weights P (B, H, Tq, Tk) in ``self.weights``
+
+    def __init__(self, d_model, num_heads, head_dim):
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.q = Linear(d_model, num_heads * head_dim, bias=False)
+        self.k = Linear(d_model, num_heads * head_dim, bias=False)
+        self.v = Linear(d_model, num_heads * head_dim, bias=False)
+        self.o = Linear(num_heads * head_dim, d_model, bias=False)
+
+    def heads(self, x):
+        """(B, L, H*dk) -> (B, H, L, dk)"""
+        B, L, _ = x.shape
+        return x.reshape(B, L, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)  # (B, L, H, dk) -> (B, H, L, dk)
+
+    def merge(self, X):
+        """(B, H, L, dk) -> (B, L, H*dk)"""
+        B, _, L, _ = X.shape
+        return X.transpose(0, 2, 1, 3).reshape(B, L, -1)         # (B, L, H, dk) -> (B, L, H*dk)
+
+    def forward(self, x, memory=None, bias=None, key_padding_mask=None, causal=False, cache=None):
+        """x (B, Tq, D) queries; memory (B, Tk, D) or None (self-attention); bias (1 or B, H, Tq, Tk) or None;
+        key_padding_mask (B, Tk) bool, True = padding; cache: a dict for decoding under no_grad() (self-attention:
+        the keys and values of earlier steps; cross-attention: the memory's, projected at the first step).
+        While decoding, ``memory`` may hold one row per sentence for G beams each (x (B*G, Tq, D)): a sentence's
+        G beams are G*Tq queries of one row. Returns y (B, Tq, D)."""
+        if cache is not None and is_grad_enabled():
+            raise ValueError("the key/value cache is for decoding under no_grad(): its earlier positions get no "
+                             "gradient; run the whole sequence without a cache to train")
+        if memory is not None and memory.shape[0] != x.shape[0]:  # beams of a sentence: one row of queries
+            if is_grad_enabled() or x.shape[0] % memory.shape[0]:
+                raise ValueError(f"cross-attention needs memory's batch ({memory.shape[0]}) equal to the queries' "
+                                 f"({x.shape[0]}), or a divisor of it under no_grad() (beams of a sentence)")
+            y = self.forward(x.reshape(memory.shape[0], -1, x.shape[-1]), memory, None, key_padding_mask,
+                             cache=cache)                        # (B, G*Tq, D)
+            return y.reshape(x.shape)                            # (B*G, Tq, D)
+        Q = self.heads(self.q(x))                                # (B, H, Tq, dk)
+        if memory is None:
+            k, v = self.k(x), self.v(x)                          # each (B, Tq, H*dk)
+            if cache is not None:                                # earlier steps' keys/values, then these
+                k, v = append_to_cache(cache, k, v)              # each (B, Tk, H*dk)
+        elif cache is not None and "k" in cache:                 # memory projected at step 0
+            k, v = cache["k"], cache["v"]
+        else:
+            k, v = self.k(memory), self.v(memory)                # each (B, Tk, H*dk)
+            if cache is not None:
+                cache["k"], cache["v"] = k, v
+        K, U = self.heads(k), self.heads(v)                      # (B, H, Tk, dk) each
+        keep = attention_keep_mask(key_padding_mask, causal, Q.shape[2], K.shape[2])
+        O, P = biased_attention(Q, K, U, bias, keep)             # each head attends
+        if self.record_weights:
+            self.weights = P
+        self.save_for_backward(Q=Q, K=K, U=U, P=P, cross=memory is not None)
+        return self.o(self.merge(O))                             # y = Concat(heads) W^O  (B, Tq, D)
+
+    def backward(self, dy):
+        """dy (B, Tq, D) -> (dx (B, Tq, D), dmemory (B, Tk, D) or None, dbias (H, Tq, Tk): the scores' gradient
+        summed over the batch, or None in cross-attention); adds the gradients of q, k, v, o."""
+        saved = self.saved_tensors()
+        dO = self.heads(self.o.backward(dy))                     # y = merge(O) W^O  =>  dO  (B, H, Tq, dk)
+        dQ, dK, dU, dA = biased_attention_backward(dO, saved.Q, saved.K, saved.U, saved.P)
+        dx = self.q.backward(self.merge(dQ))                     # q = x W^Q  (B, Tq, D)
+        dk = self.k.backward(self.merge(dK))                     # k = x W^K or memory W^K  (B, Tk, D)
+        dv = self.v.backward(self.merge(dU))                     # v = x W^V or memory W^V  (B, Tk, D)
+        if saved.cross:                                          # no bias in cross-attention
+            return dx, dk + dv, None                             # k and v read the memory: its paths add
+        # the bias is broadcast over the batch  =>  its gradient is dA summed over the batch
+        return dx + dk + dv, None, dA.sum(axis=0)                # q, k and v all read x: the three paths add

@@ -363,6 +363,60 @@ def _gqa(cls, rng):
     return module.forward, module.backward, inputs, module
 
 
+#: the relative_bias exercise's shape: N layers per stack, H heads, T positions, its tables' buckets and distance
+BIAS_LAYERS, BIAS_HEADS, BIAS_LENGTH, BIAS_BUCKETS, BIAS_DISTANCE = 2, 2, 7, 8, 6
+
+
+def _relative_bias(cls, rng):
+    module = randomize(cls(BIAS_HEADS, BIAS_BUCKETS, BIAS_DISTANCE), rng)
+    scores = random_array(rng, (2, BIAS_LAYERS, B, BIAS_HEADS, BIAS_LENGTH, BIAS_LENGTH))
+    return module.forward, module.backward, {"scores": scores}, module
+
+
+def _relative_bias_reference(inputs, params, dy):
+    """dy (2, N, B, H, T, T) and each stack's buckets, flattened (T*T,): the encoder's bidirectional, the
+    decoder's of the past only."""
+    from minitf.attention import relative_position_bucket
+    np = backend.host
+    relative = np.arange(BIAS_LENGTH)[None, :] - np.arange(BIAS_LENGTH)[:, None]  # j - i  (T, T)
+    return SimpleNamespace(dy=dy, buckets=[backend.asarray(relative_position_bucket(
+        relative, bidirectional, BIAS_BUCKETS, BIAS_DISTANCE).reshape(-1)) for bidirectional in (True, False)])
+
+
+def _bias_table(r, stack, layers=slice(None), scatter_add=True):
+    """The (buckets, H) gradient of ``stack``'s table from dy of its ``layers``, summed over them and the batch:
+    a scatter-add of every query-key pair, or (``scatter_add`` False) the fancy-index ``+=`` that keeps one pair
+    per bucket, run on this backend as a learner's would be."""
+    rows = r.dy[stack, layers].sum(axis=(0, 1)).reshape(BIAS_HEADS, -1).T    # (T*T, H)
+    table = backend.xp.zeros((BIAS_BUCKETS, BIAS_HEADS))
+    if scatter_add:
+        backend.add_at_rows(table, r.buckets[stack], rows)
+    else:
+        table[r.buckets[stack]] += rows
+    return table
+
+
+def _relative_bias_slips():
+    slips = ()
+    for stack, array in enumerate(("encoder", "decoder")):
+        slips += (
+            Slip(array, f"{array}.grad[buckets] += ... keeps one query-key pair per bucket (a bucket met many times "
+                 "is written once, not summed): every pair in a bucket adds its share, a scatter-add "
+                 "(backend.add_at_rows, xp.add.at)", lambda r, s=stack: _bias_table(r, s, scatter_add=False)),
+            Slip(array, f"d{array} holds the first layer's gradient only: every layer of the stack adds the same "
+                 "bias, so its table's gradient sums dy over all N layers (and every sentence)",
+                 lambda r, s=stack: _bias_table(r, s, slice(0, 1))),
+        )
+    return slips + (
+        Slip("encoder", "the decoder's gradient is added into the encoder's table too: each stack has its own table, "
+             "the decoder's gradient (its causal buckets) goes to decoder.grad only",
+             lambda r: _bias_table(r, 0) + _bias_table(r, 1)),
+    )
+
+
+RELATIVE_BIAS_SLIPS = _relative_bias_slips()
+
+
 EXERCISES = {e.name: e for e in [
     Exercise("linear", "Linear", "y = x W + b: dW, db and dx", "layers/linear.md",
              _plain(lambda cls, rng: (randomize(cls(D, 3), rng), {"x": random_array(rng, (B, T, D))})),
@@ -427,6 +481,13 @@ EXERCISES = {e.name: e for e in [
              _masked_lm_loss,
              {"logits": "dlogits = dloss (softmax - onehot(label)) / M at the M masked positions, 0 elsewhere"},
              slips=MASKED_LM_SLIPS, reference=_masked_lm_reference),
+    Exercise("relative_bias", "SharedBias", "T5's relative position bias, one table per stack: the scatter-add",
+             "t5.md", _relative_bias,
+             {"scores": "dscores = dy: the bias is added, the scores pass straight through",
+              **{array: f"d{array}[bucket, h] = the sum of dy[..., h, i, j] over every pair (i, j) in that bucket, "
+                        f"every sentence and every layer of the {array}'s stack: a scatter-add"
+                 for array in ("encoder", "decoder")}},
+             slips=RELATIVE_BIAS_SLIPS, reference=_relative_bias_reference),
 ]}
 
 

@@ -13,6 +13,7 @@ KINDS = {
     "gpt": "minitf.lm.kind",            # the decoder-only GPT; Hugging Face GPT-2 folders
     "llama": "minitf.llama.kind",       # the Llama family; Hugging Face Llama, Qwen2 and Mistral folders
     "bert": "minitf.bert.kind",         # the encoder line; Hugging Face BERT, DistilBERT and RoBERTa folders
+    "t5": "minitf.t5.kind",             # T5's encoder-decoder; Hugging Face T5 and mT5 folders
 }
 
 

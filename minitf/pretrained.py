@@ -367,6 +367,36 @@ def check_layer_counts(weights, declared, path):
                              "layers; the config.json does not belong to these weights: use the folder's own")
 
 
+def check_names(weights, names, path):
+    """A ValueError naming ``path`` unless ``weights`` holds exactly the tensors ``names`` (the first five missing
+    and the first five unknown named), each floating-point."""
+    known = set(names)
+    missing, unknown = sorted(known - set(weights)), sorted(set(weights) - known)
+    if missing or unknown:
+        raise ValueError(f"{path}: the weights do not fit the model of its config.json: "
+                         + "; ".join(filter(None, [missing and f"missing {missing[:5]}"
+                                                   + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""),
+                                                   unknown and f"not parameters of it {unknown[:5]}"
+                                                   + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")])))
+    for name, array in weights.items():
+        if array.dtype.kind != "f":
+            raise ValueError(f"{path}: tensor {name} is {array.dtype}; expected floating-point weights")
+
+
+def state_of_pairs(weights, pairs, expected, path):
+    """``{minitf name: array}`` of a folder's ``weights`` for a model whose parameters are ``pairs``
+    ``[(Hugging Face name, minitf name, transposed)]`` (an nn.Linear's (out, in) turned to minitf's (in, out)),
+    after :func:`check_names` and :func:`check_shapes` (``expected``: ``{Hugging Face name: shape}``)."""
+    check_names(weights, [hf for hf, _, _ in pairs], path)
+    check_shapes(weights, expected, path)
+    return {ours: (weights[hf].T if transposed else weights[hf]) for hf, ours, transposed in pairs}
+
+
+def hf_state_of_pairs(state, pairs):
+    """``{Hugging Face name: array}`` of a model's ``state_dict()``: :func:`state_of_pairs` the other way."""
+    return {hf: (np.ascontiguousarray(state[ours].T) if transposed else state[ours]) for hf, ours, transposed in pairs}
+
+
 def check_shapes(weights, expected, path):
     """A ValueError naming every tensor of ``weights`` whose shape is not ``expected[name]`` (a tuple)."""
     wrong = [f"{name} {tuple(weights[name].shape)} (expected {shape})"

@@ -35,6 +35,14 @@ SOLUTIONS = {
         saved = self.saved_tensors()
         onehot = xp.arange(saved.p.shape[-1]) == saved.safe_labels[..., None]
         return dloss * (saved.p - onehot) * saved.masked[..., None] / saved.count""",
+    # the library's: RelativePositionBias.backward, after T5Stack.backward summed the layers (and T5Attention the batch)
+    "relative_bias": """def backward(self, dy):
+        enc, dec = self.saved_tensors()
+        d = dy.sum(axis=(1, 2))
+        H = d.shape[1]
+        backend.add_at_rows(self.encoder.grad, enc.reshape(-1), d[0].reshape(H, -1).T)
+        backend.add_at_rows(self.decoder.grad, dec.reshape(-1), d[1].reshape(H, -1).T)
+        return dy""",
 }
 
 #: exercise -> (a planted bug, what the checker must print about it)
@@ -116,6 +124,13 @@ BUGS = {
         onehot = xp.arange(saved.p.shape[-1]) == saved.safe_labels[..., None]
         return dloss * (saved.p - onehot) / saved.count   # every position, masked or not""",
                        "hint: dlogits is not 0 at the 7 unmasked positions (label -100): they carry no loss"),
+    "relative_bias": ("""def backward(self, dy):
+        enc, dec = self.saved_tensors()
+        d = dy.sum(axis=(1, 2))
+        H = d.shape[1]
+        self.encoder.grad[enc.reshape(-1)] += d[0].reshape(H, -1).T   # not a scatter-add: one pair per bucket
+        self.decoder.grad[dec.reshape(-1)] += d[1].reshape(H, -1).T
+        return dy""", "hint: encoder.grad[buckets] += ... keeps one query-key pair per bucket"),
 }
 
 
@@ -346,6 +361,7 @@ GQA = """def backward(self, dO):
         return dQ, {dK}, {dU}"""
 RIGHT_DK = "dK_rep.reshape(B, Hkv, G, T, E).sum(axis=2)"
 RIGHT_DU = "dU_rep.reshape(B, Hkv, G, T, E).sum(axis=2)"
+BIAS = SOLUTIONS["relative_bias"]
 
 
 SLIP_CASES = [
@@ -381,6 +397,18 @@ SLIP_CASES = [
     ("gqa", GQA.format(dK="dK_rep.reshape(B, G, Hkv, T, E).sum(axis=1)",
                        dU="dU_rep.reshape(B, G, Hkv, T, E).sum(axis=1)"),
      {"K": "query heads j // G", "U": "query heads j // G"}),
+    # T5's bias tables: a fancy-index += where a scatter-add belongs (one query-key pair per bucket kept)
+    ("relative_bias", BIAS.replace("backend.add_at_rows(self.encoder.grad, enc.reshape(-1), ",
+                                   "self.encoder.grad[enc.reshape(-1)] += (")
+                          .replace("backend.add_at_rows(self.decoder.grad, dec.reshape(-1), ",
+                                   "self.decoder.grad[dec.reshape(-1)] += ("),
+     {"encoder": "keeps one query-key pair per bucket", "decoder": "keeps one query-key pair per bucket"}),
+    # the first layer of each stack only
+    ("relative_bias", BIAS.replace("d = dy.sum(axis=(1, 2))", "d = dy[:, 0].sum(axis=1)"),
+     {"encoder": "the first layer's gradient only", "decoder": "the first layer's gradient only"}),
+    # the decoder's gradient scattered into the encoder's table: the decoder's own table gets none
+    ("relative_bias", BIAS.replace("add_at_rows(self.decoder.grad", "add_at_rows(self.encoder.grad"),
+     {"encoder": "the decoder's gradient is added into the encoder's table", "decoder": "analytic is 0 everywhere"}),
 ]
 
 

@@ -36,9 +36,9 @@ def test_the_registry_lists_each_kind_once_with_fields_of_the_run_config():
         assert set(recorded_fields(kind.name)) == shared | set(kind.config_fields), kind.name
         for model_type in kind.hf_model_types:
             assert kinds.for_model_type(model_type) is kind
-    assert kinds.names()[0] == "transformer" and kinds.for_model_type("t5") is None
+    assert kinds.names()[0] == "transformer" and kinds.for_model_type("xlnet") is None
     assert kinds.for_model_type("bert") is kinds.get("bert") is kinds.for_model_type("roberta")
-    with pytest.raises(ValueError, match="no model kind 'mamba'; minitf has transformer, gpt, llama, bert"):
+    with pytest.raises(ValueError, match="no model kind 'mamba'; minitf has transformer, gpt, llama, bert, t5"):
         kinds.get("mamba")
 
 
@@ -113,8 +113,9 @@ def test_minitf_load_reads_a_run_of_each_kind_with_its_tokenizer_and_decoding(tm
 @pytest.mark.parametrize("damage, words", [
     (b'{"model_type": "marian", ', "config.json is not readable JSON"),
     (b'["a list"]', "config.json holds a JSON list"),
-    (b'{"model_type": "t5"}', "is a Hugging Face folder of model_type 't5'; minitf reads marian, gpt2"),
+    (b'{"model_type": "xlnet"}', "is a Hugging Face folder of model_type 'xlnet'; minitf reads marian, gpt2"),
     (b'{"model_type": "bert"}', "has no model.safetensors; a Hugging Face BERT, DistilBERT or RoBERTa folder has"),
+    (b'{"model_type": "t5"}', "has no model.safetensors; a Hugging Face T5 folder has"),
 ])
 def test_a_damaged_hugging_face_config_is_named_by_the_loader_not_as_a_missing_run(tmp_path, damage, words):
     """Before: "neither a checkpoint folder (with meta.json) nor a run folder" for a broken config.json."""

@@ -16,7 +16,6 @@ from minitf import backend, pretrained
 from minitf.llama.config import LlamaConfig
 from minitf.rotary import LLAMA3_KEYS
 
-np = backend.host
 
 #: The model types read here, and what each is called in a sentence.
 FAMILY = ("llama", "qwen2", "mistral")
@@ -196,25 +195,12 @@ def hf_to_minitf_state(weights, config, path="the weights"):
     found = {name: array for name, array in weights.items()
              if not (name == "lm_head.weight" and config.tie_word_embeddings)}
     pairs = name_map(config)
-    known = {hf for hf, _, _ in pairs}
-    missing, unknown = sorted(known - set(found)), sorted(set(found) - known)
-    if missing or unknown:
-        raise ValueError(f"{path}: the weights do not fit the model of its config.json: "
-                         + "; ".join(filter(None, [missing and f"missing {missing[:5]}"
-                                                   + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""),
-                                                   unknown and f"not parameters of it {unknown[:5]}"
-                                                   + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")])))
-    for name, array in found.items():
-        if array.dtype.kind != "f":
-            raise ValueError(f"{path}: tensor {name} is {array.dtype}; expected floating-point weights")
-    pretrained.check_shapes(found, expected_shapes(config), path)
-    return {ours: (found[hf].T if transposed else found[hf]) for hf, ours, transposed in pairs}
+    return pretrained.state_of_pairs(found, pairs, expected_shapes(config), path)
 
 
 def minitf_to_hf_state(state, config):
     """``{Hugging Face name: array}`` (``LlamaForCausalLM``'s) from ``Llama.state_dict()``."""
-    return {hf: (np.ascontiguousarray(state[ours].T) if transposed else state[ours])
-            for hf, ours, transposed in name_map(config)}
+    return pretrained.hf_state_of_pairs(state, name_map(config))
 
 
 def read_pretrained_state(folder, config, dtype=None):
