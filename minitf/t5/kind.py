@@ -1,11 +1,12 @@
 """The T5 kind (the registry's "t5"): Hugging Face T5 and mT5 folders (t5 v1.0, v1.1, flan-t5, mT5) read whole by
 ``minitf.load(FOLDER)`` (:meth:`T5Kind.load_folder`): the model, its tokenizer and the folder's task prefixes
 (config.json's ``task_specific_params``: "translate English to German: " ...). ``train.py --model t5`` is a
-stand-in that refuses until the shared trainer lands (:mod:`minitf.t5.task`)."""
+stand-in that refuses until the shared trainer lands (:mod:`minitf.t5.task`). What it read is written back as such a
+folder by ``minitf.save_pretrained`` (:meth:`T5Kind.write_folder`; a bare model: :meth:`T5Kind.write_model`)."""
 import pathlib
 
 from minitf.t5 import hf
-from minitf.training.errors import DataError, UsageError
+from minitf.training.errors import DataError
 from minitf.training.kind import Kind, Loaded
 
 
@@ -34,9 +35,9 @@ class T5Kind(Kind):
     hf_model_types = hf.FAMILY
     hf_what = hf.T5_FOLDER
     presets = {"tiny": {}}  # a name for train.py's default; the task refuses every run for now
-    page = "translation"  # a source and its output, as the paper's encoder-decoder
-    use_a_run = ("read it with minitf.load(RUN) (python -m minitf.translate reads T5 folders once its decoding is "
-                 "shared)")
+    page = None  # no inspection page yet: python -m minitf.inspect refuses in one line saying use_a_run
+    use_a_run = ("trace one text through it with python -m minitf.trace --checkpoint RUN --text TEXT, or read it "
+                 "with minitf.load(RUN)")
 
     def task(self):
         from minitf.t5.task import T5Task
@@ -56,10 +57,19 @@ class T5Kind(Kind):
         return Loaded(model, tokenizer, self, folder, None, context=config.n_positions,
                       context_why="its n_positions" if config.n_positions else "", hf_config=hf_config)
 
-    def page_parts(self, model):
-        """No inspection page yet: one line saying what reads the model instead."""
-        raise UsageError("python -m minitf.inspect does not draw a T5 page yet; trace one text through the model "
-                         "with python -m minitf.trace --checkpoint FOLDER --text TEXT")
+    def write_folder(self, loaded, folder):
+        """``loaded`` written as a Hugging Face T5 folder: config.json (the entries of the one it was read from kept:
+        its task prefixes), generation_config.json and model.safetensors (:func:`minitf.t5.hf.save_pretrained`), then
+        its tokenizer's files (spiece.model and tokenizer_config.json's extra_ids, or tokenizer.json)."""
+        hf.save_pretrained(loaded.model, folder, loaded.hf_config)
+        loaded.tokenizer.save(folder)
+
+    def writes(self, model):
+        from minitf.t5.model import T5
+        return isinstance(model, T5)
+
+    def write_model(self, model, folder, hf_config=None):
+        hf.save_pretrained(model, folder, hf_config)
 
     def describe_model(self, model):
         c = model.config

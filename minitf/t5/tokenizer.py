@@ -12,6 +12,7 @@ import json
 import pathlib
 import re
 
+from minitf.atomic import write_atomic
 from minitf.training.errors import DataError
 from minitf.training.tokenizer import HuggingFaceTokenizer, _spm, tokenizers_package
 
@@ -46,6 +47,17 @@ class T5Tokenizer:
 
     def model_bytes(self):
         return self._bytes
+
+    def save(self, folder):
+        """Write spiece.model (as read) and tokenizer_config.json with its ``extra_ids`` into ``folder``, atomically:
+        what :func:`read_tokenizer` and transformers' T5Tokenizer read."""
+        folder = pathlib.Path(folder)
+        write_atomic(folder / "spiece.model", self._bytes)
+        write_atomic(folder / "tokenizer_config.json", json.dumps(
+            {"tokenizer_class": "T5Tokenizer", "extra_ids": self.extra_ids,
+             **{f"{role}_token": self._sp.id_to_piece(i) for role, i in (("eos", self.eos_id), ("unk", self.unk_id),
+                                                                         ("pad", self.pad_id)) if i >= 0}},
+            indent=2, ensure_ascii=False))
 
     def encode_one(self, text):
         """The ids of one text: its pieces, each ``<extra_id_N>`` as its sentinel (no final eos)."""
