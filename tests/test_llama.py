@@ -466,7 +466,7 @@ def test_generation_stops_at_any_of_the_end_of_text_ids(folder, tmp_path):
 
 @with_folder
 @pytest.mark.parametrize("change, words", [
-    ({"model_type": "bert"}, "model_type 'bert'; minitf reads marian, gpt2, llama, qwen2, mistral"),
+    ({"model_type": "xlnet"}, "model_type 'xlnet'; minitf reads marian, gpt2, llama, qwen2, mistral"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}},
      "rope_parameters.rope_type is 'yarn'; minitf computes 'default' and 'llama3'"),
     ({"rope_parameters": None, "rope_theta": 10000.0, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
