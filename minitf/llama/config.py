@@ -4,7 +4,7 @@ SmolLM2-135M's shape."""
 import dataclasses
 import math
 
-from minitf.lm.config import TextBlocksRunConfig, check_decoder_only
+from minitf.lm.config import TextBlocksRunConfig, check_text_blocks
 from minitf.rotary import LLAMA3_KEYS
 from minitf.training.config import option
 from minitf.transformer import check_positive_ints
@@ -166,7 +166,7 @@ def validate_run(config):
     Llama block cannot take (checked by building its :class:`LlamaConfig` once); a fine-tuning run's blocks must
     fit in its folder's positions."""
     from minitf.training.errors import UsageError
-    check_decoder_only(config)
+    check_text_blocks(config)
     if not (isinstance(config.block_size, int) and not isinstance(config.block_size, bool) and config.block_size > 0):
         raise UsageError(f"--block-size must be a positive integer, got {config.block_size!r}")
     if config.num_kv_heads is not None and not (isinstance(config.num_kv_heads, int) and config.num_kv_heads > 0):
