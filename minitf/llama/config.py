@@ -4,7 +4,7 @@ SmolLM2-135M's shape."""
 import dataclasses
 import math
 
-from minitf.rotary import LLAMA3_KEYS
+from minitf.rotary import ROPE_KEYS
 from minitf.transformer import check_positive_ints
 
 
@@ -21,9 +21,10 @@ class LlamaConfig:
     """What :class:`minitf.llama.model.Llama` is built from (Hugging Face's ``LlamaConfig`` names where they exist).
 
     ``head_dim`` None: d_model / num_heads. ``rope_scaling`` None (the default frequencies) or a dict with
-    ``rope_type`` "llama3" and its four parameters (:data:`minitf.rotary.LLAMA3_KEYS`). ``attention_bias``: biases
-    on the query, key and value projections (Qwen2's; none on the output projection). ``mlp_bias``: biases on the
-    feed-forward's three projections. ``tie_word_embeddings``: the output projection is the embedding's matrix.
+    ``rope_type`` "linear" and its ``factor``, or "llama3" and its four parameters (:data:`minitf.rotary.ROPE_KEYS`).
+    ``attention_bias``: biases on the query, key and value projections (Qwen2's; none on the output projection).
+    ``mlp_bias``: biases on the feed-forward's three projections. ``tie_word_embeddings``: the output projection is
+    the embedding's matrix.
     ``eos_token_id``: None, one id, or a tuple of ids (Llama 3's several ends)."""
     vocab_size: int
     d_model: int = 576
@@ -69,9 +70,12 @@ class LlamaConfig:
                 raise ValueError(f"LlamaConfig: {name} must be true or false, got {getattr(self, name)!r}")
         if self.rope_scaling is not None:
             scaling = dict(self.rope_scaling)
-            if scaling.pop("rope_type", None) != "llama3" or sorted(scaling) != sorted(LLAMA3_KEYS):
-                raise ValueError(f"LlamaConfig: rope_scaling must be None or {{'rope_type': 'llama3', "
-                                 f"{', '.join(repr(k) + ': ...' for k in LLAMA3_KEYS)}}}, got {self.rope_scaling!r}")
+            keys = ROPE_KEYS.get(scaling.pop("rope_type", None), ())
+            if not keys or sorted(scaling) != sorted(keys) or not all(_is_number(v) and v > 0
+                                                                      for v in scaling.values()):
+                llama3 = ", ".join(repr(k) + ": ..." for k in ROPE_KEYS["llama3"])
+                raise ValueError(f"LlamaConfig: rope_scaling must be None, {{'rope_type': 'linear', 'factor': ...}} or "
+                                 f"{{'rope_type': 'llama3', {llama3}}} (positive numbers), got {self.rope_scaling!r}")
         ids = {"pad_token_id": self.pad_token_id, "bos_token_id": self.bos_token_id}
         eos = self.eos_token_id
         ids |= {f"eos_token_id[{i}]": e for i, e in enumerate(eos)} if isinstance(eos, tuple) else {"eos_token_id": eos}

@@ -14,7 +14,7 @@ import pathlib
 
 from minitf import backend, pretrained
 from minitf.llama.config import LlamaConfig
-from minitf.rotary import LLAMA3_KEYS
+from minitf.rotary import ROPE_KEYS
 
 np = backend.host
 
@@ -83,7 +83,7 @@ def config_from_hf(hf, where="config.json"):
     if value("rope_interleaved", "bool", default=False):  # nanotron's key (SmolLM2's config.json has it false)
         raise ValueError(f"{where}: rope_interleaved is true: rotary pairs of neighbouring coordinates, which "
                          "minitf does not compute (it turns Hugging Face's halves, rope_interleaved false)")
-    theta, scaling = _rope(hf, where)
+    theta, scaling = _rope(hf, where, max_positions)
     ids = {key: None if key in hf and hf[key] is None  # null: no such token (absent: transformers' default)
            else value(key, "int", default=defaults.get(key), low=0, high=vocab_size - 1)
            for key in ("pad_token_id", "bos_token_id")}
@@ -112,43 +112,46 @@ def eos_ids(values, vocab_size, where, default=None):
     return pretrained.config_value(values, "eos_token_id", "int", low=0, high=vocab_size - 1, where=where)
 
 
-def _rope(hf, where):
-    """(rope_theta, rope_scaling or None) of a config.json: transformers 5's ``rope_parameters`` dict, or the
-    older ``rope_theta`` with ``rope_scaling`` (null, or a dict whose ``rope_type`` or ``type`` names it)."""
-    if isinstance(hf.get("rope_parameters"), dict):
-        params, key = dict(hf["rope_parameters"]), "rope_parameters"
-        theta = pretrained.config_value(params, "rope_theta", "float", default=10000.0, low=0.0, low_open=True,
-                                        where=f"{where}: {key}")
-    elif hf.get("rope_parameters") is not None:
-        raise ValueError(f"{where}: rope_parameters is {hf['rope_parameters']!r}; expected an object or null")
+def _rope(hf, where, max_positions):
+    """(rope_theta, rope_scaling or None) of a config.json, resolved as transformers 5 resolves them
+    (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`` and ``standardize_rope_params``): a legacy
+    ``rope_scaling`` object that is not empty takes the place of ``rope_parameters`` (whatever that holds); the theta
+    is the chosen object's ``rope_theta``, else the top-level ``rope_theta``, else 10000; the type its
+    ``rope_type``, else its ``type``, else "default"; llama3 without ``original_max_position_embeddings`` takes
+    the top-level one, else ``max_position_embeddings`` (``max_positions``)."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if hf.get(key) is not None and not isinstance(hf[key], dict):
+            raise ValueError(f"{where}: {key} is {hf[key]!r}; expected an object or null")
+    key = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+    params = dict(hf.get(key) or {})
+    if "rope_theta" in params:
+        theta = pretrained.config_value(params, "rope_theta", "float", low=0.0, low_open=True, where=f"{where}: {key}")
     else:
         theta = pretrained.config_value(hf, "rope_theta", "float", default=10000.0, low=0.0, low_open=True,
                                         where=where)
-        params, key = hf.get("rope_scaling"), "rope_scaling"
-        if params is None:
-            return theta, None
-        if not isinstance(params, dict):
-            raise ValueError(f"{where}: rope_scaling is {params!r}; expected an object or null")
-        params = dict(params)
-    params.pop("rope_theta", None)
     rope_type = params.pop("rope_type", params.pop("type", "default"))
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
+    if "partial_rotary_factor" in hf:
+        params.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
+    if params.get("partial_rotary_factor", 1.0) not in (1.0, None):
         raise ValueError(f"{where}: {key}.partial_rotary_factor is {params['partial_rotary_factor']!r}; minitf "
                          "turns whole heads (1.0)")
-    params.pop("partial_rotary_factor", None)
     if rope_type == "default":
         return theta, None
-    if rope_type != "llama3":
-        raise ValueError(f"{where}: {key}.rope_type is {rope_type!r}; minitf computes 'default' and 'llama3' "
-                         "rotary frequencies only")
-    missing = [k for k in LLAMA3_KEYS if k not in params]
+    if rope_type not in ROPE_KEYS:
+        raise ValueError(f"{where}: {key}.rope_type is {rope_type!r}; minitf computes "
+                         f"{', '.join(map(repr, ROPE_KEYS))} rotary frequencies only")
+    if rope_type == "llama3":
+        params.setdefault("original_max_position_embeddings", max_positions)
+        if "original_max_position_embeddings" in hf:  # transformers gives the top-level one priority
+            params["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+    missing = [k for k in ROPE_KEYS[rope_type] if k not in params]
     if missing:
-        raise ValueError(f"{where}: {key} of rope_type 'llama3' has no {', '.join(missing)}")
-    scaling = {"rope_type": "llama3"}
-    for k in LLAMA3_KEYS:
+        raise ValueError(f"{where}: {key} of rope_type {rope_type!r} has no {', '.join(missing)}")
+    scaling = {"rope_type": rope_type}
+    for k in ROPE_KEYS[rope_type]:
         kind = "int" if k == "original_max_position_embeddings" else "float"
         scaling[k] = pretrained.config_value(params, k, kind, low=0, low_open=True, where=f"{where}: {key}")
-    if not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+    if rope_type == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise ValueError(f"{where}: {key}.high_freq_factor {scaling['high_freq_factor']} is not above "
                          f"low_freq_factor {scaling['low_freq_factor']}")
     return theta, scaling
