@@ -11,6 +11,7 @@ way in and out, nothing else. The embedding and an untied ``lm_head`` are (V, D)
 """
 import json
 import pathlib
+import warnings
 
 from minitf import backend, pretrained
 from minitf.llama.config import LlamaConfig
@@ -220,10 +221,34 @@ def minitf_to_hf_state(state, config):
             for hf, ours, transposed in name_map(config)}
 
 
-def read_pretrained_state(folder, config, dtype=None):
+def read_pretrained_state(folder, config, dtype=None, warn=None):
     """``{minitf name: host array}`` of ``folder``'s weights for a model of ``config``; with ``dtype`` (the
-    model's), a tensor beyond that dtype's range is refused too."""
-    return pretrained.read_state(folder, config, hf_to_minitf_state, BUFFERS, dtype)
+    model's), a tensor beyond that dtype's range is refused too. A tied ``config`` whose file holds an
+    ``lm_head.weight`` of other values than the embedding is untied, as transformers unties it (it warns and uses
+    the file's head): the state then holds ``lm_head.weight`` (:func:`config_of_state`) and ``warn`` (default
+    :func:`warnings.warn`) hears one line."""
+    def convert(weights, config, path):
+        return hf_to_minitf_state(weights, untied_by_file(weights, config, path, warn), path)
+    return pretrained.read_state(folder, config, convert, BUFFERS, dtype)
+
+
+def untied_by_file(weights, config, path, warn=None):
+    """``config``, untied where it ties the output to the embedding but ``weights`` hold an ``lm_head.weight`` of
+    the embedding's shape and other values (transformers' loader then does not tie them; equal values stay tied)."""
+    head, embedding = weights.get("lm_head.weight"), weights.get("model.embed_tokens.weight")
+    if (not config.tie_word_embeddings or head is None or embedding is None or head.shape != embedding.shape
+            or np.array_equal(head, embedding)):
+        return config
+    (warn or warnings.warn)(f"{path}: config.json says tie_word_embeddings true, but the file holds an "
+                            "lm_head.weight of other values than the embedding; as transformers does, the model "
+                            "uses the file's head (untied): set tie_word_embeddings false in config.json to say so")
+    return config.replace(tie_word_embeddings=False)
+
+
+def config_of_state(config, state):
+    """The config of a model holding ``state`` (:func:`read_pretrained_state`'s): untied where the state has its
+    own ``lm_head.weight``."""
+    return config.replace(tie_word_embeddings=False) if "lm_head.weight" in state else config
 
 
 def pretrained_config(folder):
@@ -254,12 +279,14 @@ def read_generation_config(folder):
     return values
 
 
-def from_pretrained(model_class, folder, dtype=None):
+def from_pretrained(model_class, folder, dtype=None, warn=None):
     """The ``model_class`` (:class:`minitf.llama.model.Llama`) of a Hugging Face folder, built under ``dtype``
-    (default: minitf's default float dtype) after config.json and every tensor are checked."""
+    (default: minitf's default float dtype) after config.json and every tensor are checked; ``warn`` hears what
+    minitf applies as transformers does though the folder contradicts itself (:func:`read_pretrained_state`)."""
     dtype = pretrained.model_dtype(dtype)
     config, _ = pretrained_config(folder)
-    state = read_pretrained_state(folder, config, dtype)
+    state = read_pretrained_state(folder, config, dtype, warn)
+    config = config_of_state(config, state)
     with backend.default_dtype(dtype):
         model = model_class(config)
     model.load_state_dict(state)

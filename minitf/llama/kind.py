@@ -99,7 +99,7 @@ class LlamaKind(Kind):
         folder = pathlib.Path(folder)
         config, hf_config = hf.pretrained_config(folder)  # every config value checked first
         tokenizer_path(folder)                    # then the tokenizer's presence, before the weights are read
-        model = Llama.from_pretrained(folder).eval()
+        model = Llama.from_pretrained(folder, warn=warn).eval()
         tokenizer = read_tokenizer(folder, config.eos_ids)
         return Loaded(model, tokenizer, self, folder, None, context=config.max_position_embeddings,
                       context_why="its max_position_embeddings", hf_config=hf_config)

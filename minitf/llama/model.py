@@ -122,10 +122,11 @@ class Llama(Module):
 
     # -- Hugging Face folders -------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, folder, dtype=None):
+    def from_pretrained(cls, folder, dtype=None, warn=None):
         """The model of a Hugging Face Llama, Qwen2 or Mistral folder (:func:`minitf.llama.hf.from_pretrained`):
-        config.json and every tensor checked first, bfloat16 and float16 weights widened, built under ``dtype``."""
-        return hf.from_pretrained(cls, folder, dtype)
+        config.json and every tensor checked first, bfloat16 and float16 weights widened, built under ``dtype``;
+        ``warn(message)`` hears what is applied as transformers applies it though the folder contradicts itself."""
+        return hf.from_pretrained(cls, folder, dtype, warn)
 
     def save_pretrained(self, folder, hf_config=None):
         """Write this model as a Hugging Face folder (:func:`minitf.llama.hf.save_pretrained`; ``hf_config``: the
