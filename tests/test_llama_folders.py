@@ -173,8 +173,10 @@ def transformers_text(folder, prompt, new, **options):
     ids = loaded.tokenizer.encode([prompt])[0]
     theirs = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
-        out = theirs.generate(torch.tensor([ids]), max_new_tokens=new, pad_token_id=0, **options)[0].tolist()
-    eos = loaded.tokenizer.eos_ids
+        prompt = torch.tensor([ids])  # an explicit mask: <s> is id 0, which they would take for padding
+        out = theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, **options)[0].tolist()
+    eos = theirs.generation_config.eos_token_id  # where their generate stops (not written)
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     cut = next((i for i, t in enumerate(out) if i >= len(ids) and t in eos), len(out))
     return loaded.tokenizer.decode([out[:cut]])[0]
 

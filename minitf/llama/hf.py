@@ -253,14 +253,14 @@ def config_of_state(config, state):
 
 def pretrained_config(folder):
     """(:class:`LlamaConfig`, the config.json dict) of a folder, checked (only config.json and, where it is
-    there, generation_config.json are read: its eos_token_id is the one generation stops at, as in
-    transformers)."""
+    there, generation_config.json are read). The end-of-text ids are those transformers' generate stops at:
+    generation_config.json's eos_token_id where the folder has that file (none there: no end, though config.json
+    lists some), config.json's where it has none."""
     folder = pathlib.Path(folder)
     hf = pretrained.read_config(folder, FAMILY, LLAMA_FOLDER)
     config = config_from_hf(hf, str(folder / "config.json"))
-    generation = read_generation_config(folder)
-    if "eos_token_id" in generation:
-        config = config.replace(eos_token_id=eos_ids(generation, config.vocab_size,
+    if (folder / "generation_config.json").is_file():
+        config = config.replace(eos_token_id=eos_ids(read_generation_config(folder), config.vocab_size,
                                                      str(folder / "generation_config.json")))
     return config, hf
 
