@@ -279,6 +279,41 @@ def read_generation_config(folder):
     return values
 
 
+#: generation_config.json's settings minitf's generate applies (besides the end-of-text ids), with their checks
+SAMPLING = {"do_sample": dict(kind="bool"), "temperature": dict(kind="float", low=0.0),
+            "top_k": dict(kind="int", low=0), "top_p": dict(kind="float", low=0.0, low_open=True, high=1.0),
+            "repetition_penalty": dict(kind="float", low=0.0, low_open=True)}
+#: Its entries that change nothing generate computes: ids, what transformers returns, its bookkeeping
+NOT_SETTINGS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "transformers_version",
+                "_from_model_config", "output_attentions", "output_hidden_states", "output_scores", "output_logits",
+                "return_dict_in_generate", "use_cache", "cache_implementation", "cache_config")
+#: transformers' defaults of the settings minitf does not compute (``GenerationConfig._get_default_generation_params``):
+#: a file stating one of these values asks for nothing minitf leaves out
+IGNORED_DEFAULTS = {"max_length": 20, "min_length": 0, "early_stopping": False, "num_beams": 1, "typical_p": 1.0,
+                    "length_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+                    "num_return_sequences": 1, "remove_invalid_values": False, "epsilon_cutoff": 0.0,
+                    "eta_cutoff": 0.0, "encoder_repetition_penalty": 1.0, "num_beam_groups": 1,
+                    "diversity_penalty": 0.0, "renormalize_logits": False}
+
+
+def generation_settings(folder, warn):
+    """The sampling settings ``folder``'s generation_config.json states ({} without one): ``do_sample``,
+    ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, each checked naming the key; every other setting
+    it states with a value transformers would act on (``num_beams`` 4, ``no_repeat_ngram_size`` 3, ...) is named in
+    one line to ``warn`` as ignored."""
+    values = read_generation_config(folder)
+    where = str(pathlib.Path(folder) / "generation_config.json")
+    stated = {key: pretrained.config_value(values, key, default=None, where=where, **checks)
+              for key, checks in SAMPLING.items()}
+    ignored = [f"{key} {value!r}" for key, value in values.items()
+               if key not in SAMPLING and key not in NOT_SETTINGS and value is not None
+               and not (key in IGNORED_DEFAULTS and value == IGNORED_DEFAULTS[key])]
+    if ignored:
+        warn(f"{where}: minitf's generate ignores {', '.join(ignored)} (it applies do_sample, temperature, top_k, "
+             "top_p, repetition_penalty and eos_token_id; the length is --max-new-tokens)")
+    return {key: value for key, value in stated.items() if value is not None}
+
+
 def from_pretrained(model_class, folder, dtype=None, warn=None):
     """The ``model_class`` (:class:`minitf.llama.model.Llama`) of a Hugging Face folder, built under ``dtype``
     (default: minitf's default float dtype) after config.json and every tensor are checked; ``warn`` hears what

@@ -89,6 +89,11 @@ class LlamaKind(Kind):
         loaded.model.save_pretrained(folder)
         loaded.tokenizer.save(folder)
 
+    def generation_settings(self, folder, warn):
+        """The sampling settings of a folder's generation_config.json (:func:`minitf.llama.hf.generation_settings`):
+        the generate command's defaults where no flag is given, as transformers' generate takes them."""
+        return hf.generation_settings(folder, warn)
+
     def load_folder(self, folder, warn=None):
         """A Llama, Qwen2 or Mistral folder: config.json (and generation_config.json), the weights, tokenizer.json;
         a missing tokenizer is named before the weights are read."""
