@@ -267,7 +267,12 @@ def pretrained_config(folder):
 
 def read_generation_config(folder):
     """``generation_config.json``'s dict ({} where there is none); a ValueError naming it if it is damaged."""
-    path = pathlib.Path(folder) / "generation_config.json"
+    return read_json_object(pathlib.Path(folder) / "generation_config.json")
+
+
+def read_json_object(path):
+    """The JSON object of a folder's settings file ``path`` ({} where there is none); a ValueError naming it if
+    it is damaged."""
     if not path.is_file():
         return {}
     try:

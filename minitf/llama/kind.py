@@ -79,7 +79,8 @@ class LlamaKind(Kind):
 
     def write_folder(self, loaded, folder):
         """A run fine-tuned from a folder written as one (``python -m minitf.export RUN FOLDER``): config.json,
-        generation_config.json, model.safetensors (:meth:`Llama.save_pretrained`) and its tokenizer.json."""
+        generation_config.json, model.safetensors (:meth:`Llama.save_pretrained`), its tokenizer.json and a
+        tokenizer_config.json naming its bos, eos and pad tokens (:meth:`LlamaTokenizer.save`)."""
         from minitf.llama.tokenizer import LlamaTokenizer
         if not isinstance(loaded.tokenizer, LlamaTokenizer):
             raise UsageError(f"{loaded.source}: a --model llama run of minitf's own tokenizer "
@@ -87,7 +88,7 @@ class LlamaKind(Kind):
                              "fine-tuned with --init-from, or sample from it with python -m minitf.generate "
                              "--checkpoint RUN")
         loaded.model.save_pretrained(folder)
-        loaded.tokenizer.save(folder)
+        loaded.tokenizer.save(folder, loaded.model.config)
 
     def generation_settings(self, folder, warn):
         """The sampling settings of a folder's generation_config.json (:func:`minitf.llama.hf.generation_settings`):
