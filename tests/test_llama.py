@@ -471,7 +471,7 @@ def test_generation_stops_at_any_of_the_end_of_text_ids(folder, tmp_path):
      "rope_parameters.rope_type is 'yarn'; minitf computes 'default', 'linear', 'llama3'"),
     ({"rope_parameters": None, "rope_theta": 10000.0, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
      "rope_scaling.rope_type is 'dynamic'"),
-    ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window is 4096; minitf computes full attention"),
+    ({"model_type": "mistral", "sliding_window": 0}, "sliding_window is 0; it must be at least 1"),
     ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window is true"),
     ({"attention_bias": True}, "attention_bias is true"),
     ({"hidden_act": "gelu"}, "hidden_act is 'gelu'; minitf computes 'silu'"),

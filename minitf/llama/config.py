@@ -25,7 +25,10 @@ class LlamaConfig:
     ``attention_bias``: biases on the query, key and value projections (Qwen2's; none on the output projection).
     ``mlp_bias``: biases on the feed-forward's three projections. ``tie_word_embeddings``: the output projection is
     the embedding's matrix.
-    ``eos_token_id``: None, one id, or a tuple of ids (Llama 3's several ends)."""
+    ``eos_token_id``: None, one id, or a tuple of ids (Llama 3's several ends). ``sliding_window``: None, or a
+    Mistral's window W (a query sees the W latest keys, itself included): minitf computes full attention, which is
+    that exactly over at most W positions, so the model has min(max_position_embeddings, W) positions
+    (:attr:`positions`)."""
     vocab_size: int
     d_model: int = 576
     num_layers: int = 30
@@ -44,10 +47,14 @@ class LlamaConfig:
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | tuple | None = None
+    sliding_window: int | None = None
 
     def __post_init__(self):
         check_positive_ints(self, ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
                                    "max_position_embeddings"))
+        if self.sliding_window is not None and (not _is_int(self.sliding_window) or self.sliding_window < 1):
+            raise ValueError(f"LlamaConfig: sliding_window must be a positive integer or None, got "
+                             f"{self.sliding_window!r}")
         if self.head_dim is not None and (not _is_int(self.head_dim) or self.head_dim < 1):
             raise ValueError(f"LlamaConfig: head_dim must be a positive integer or None, got {self.head_dim!r}")
         if self.head_dim is None and self.d_model % self.num_heads:
@@ -87,6 +94,14 @@ class LlamaConfig:
     def head_size(self):
         """The width of one head: head_dim, or d_model / num_heads without one."""
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def positions(self):
+        """(the positions the model computes exactly, what limits them in a sentence): max_position_embeddings, or a
+        shorter sliding_window (beyond it a query would no longer see every earlier key)."""
+        if self.sliding_window is not None and self.sliding_window < self.max_position_embeddings:
+            return self.sliding_window, f"its sliding_window {self.sliding_window}"
+        return self.max_position_embeddings, "its max_position_embeddings"
 
     @property
     def eos_ids(self):
@@ -139,6 +154,8 @@ def folder_fields(config):
 def from_folder_fields(values):
     """The :class:`LlamaConfig` of :func:`folder_fields`' values; a ValueError naming what does not fit."""
     names = [f.name for f in dataclasses.fields(LlamaConfig)]
+    if isinstance(values, dict):
+        values = {"sliding_window": None} | values  # runs made before it was a field
     if not isinstance(values, dict) or sorted(values) != sorted(names):
         got = sorted(values) if isinstance(values, dict) else type(values).__name__
         raise ValueError(f"\"llama\" must hold the fields {names}, got {got}")
@@ -159,10 +176,10 @@ def validate_run(config):
         model = run_model_config(config, 8)
     except ValueError as error:
         raise UsageError(str(error).replace("LlamaConfig: ", "--model llama: ")) from None
-    if config.llama is not None and config.block_size > model.max_position_embeddings:
-        raise UsageError(f"--block-size {config.block_size} is longer than the {model.max_position_embeddings} "
-                         f"positions of {config.init_from} (max_position_embeddings); give --block-size "
-                         f"{model.max_position_embeddings} or less")
+    positions, why = model.positions
+    if config.llama is not None and config.block_size > positions:
+        raise UsageError(f"--block-size {config.block_size} is longer than the {positions} positions of "
+                         f"{config.init_from} ({why}); give --block-size {positions} or less")
 
 
 def run_model_config(config, vocab_size):

@@ -1,5 +1,5 @@
 """Hugging Face folders of the Llama family in and out: ``config.json`` of ``model_type`` llama, qwen2 or mistral
-(without a sliding window), every value checked before a model is built (one line naming the key); the weights
+(a Mistral's sliding window limiting its positions), every value checked before a model is built (one line naming the key); the weights
 (``model.safetensors`` or shards, float32, float16 or bfloat16) through :func:`minitf.pretrained.read_weights`;
 ``tokenizer.json`` through the ``tokenizers`` package as transformers applies it (its post-processor puts
 ``<s>`` or ``<|begin_of_text|>`` first); ``generation_config.json``'s end-of-text ids. :func:`save_pretrained`
@@ -35,8 +35,10 @@ _LINEARS = [f"self_attn.{p}_proj" for p in "qkvo"] + [f"mlp.{p}_proj" for p in (
 def config_from_hf(hf, where="config.json"):
     """The :class:`LlamaConfig` of a Llama, Qwen2 or Mistral config.json dict (``where`` names it in messages).
     Every key minitf reads is checked (type, range), naming it; what minitf does not compute is refused naming
-    the key: another model_type, an activation other than silu, rope_type other than default and llama3 (yarn,
-    dynamic, linear...), a sliding window, Llama's attention_bias (it puts a bias on o_proj too)."""
+    the key: another model_type, an activation other than silu (or its other name swish), rope_type other than
+    default, linear and llama3 (yarn, dynamic...), Qwen2's use_sliding_window, Llama's attention_bias (it puts a
+    bias on o_proj too). Rotary settings resolve as transformers resolves them (:func:`_rope`); a Mistral's
+    sliding_window is kept (``LlamaConfig.positions``: the model then has at most that many positions)."""
     def value(key, kind, default=pretrained.REQUIRED, **checks):
         return pretrained.config_value(hf, key, kind, default, where=where, **checks)
 
@@ -56,7 +58,8 @@ def config_from_hf(hf, where="config.json"):
     if (head_dim or d_model // num_heads) % 2:
         raise ValueError(f"{where}: head_dim {head_dim or d_model // num_heads} is odd; rotary positions turn pairs")
     d_ff = value("intermediate_size", "int", low=1)
-    value("hidden_act", "str", default="silu", choices=("silu",))
+    value("hidden_act", "str", default="silu",  # "swish" is transformers' other name of x sigmoid(x)
+          choices=tuple(sorted(k for k, v in pretrained.HF_ACTIVATIONS.items() if v == "silu")))
     eps = value("rms_norm_eps", "float", default=defaults["rms_norm_eps"], low=0.0, low_open=True)
     max_positions = value("max_position_embeddings", "int", default=defaults["max_position_embeddings"], low=1)
     tie = value("tie_word_embeddings", "bool", default=False)
@@ -70,9 +73,8 @@ def config_from_hf(hf, where="config.json"):
         mlp_bias = value("mlp_bias", "bool", default=False)
     else:
         mlp_bias = False
-    if model_type == "mistral" and hf.get("sliding_window") is not None:
-        raise ValueError(f"{where}: sliding_window is {hf['sliding_window']!r}; minitf computes full attention "
-                         "only (a Mistral with sliding_window null)")
+    # a Mistral's window: full attention is it exactly over at most that many positions (LlamaConfig.positions)
+    window = value("sliding_window", "int", default=None, low=1) if model_type == "mistral" else None
     if model_type == "qwen2":
         if value("use_sliding_window", "bool", default=False):
             raise ValueError(f"{where}: use_sliding_window is true; minitf computes full attention only")
@@ -94,7 +96,7 @@ def config_from_hf(hf, where="config.json"):
                        rope_theta=float(theta), rope_scaling=scaling, max_position_embeddings=max_positions,
                        tie_word_embeddings=tie, attention_bias=model_type == "qwen2", mlp_bias=mlp_bias,
                        initializer_range=float(value("initializer_range", "float", default=0.02)),
-                       eos_token_id=eos, **ids)
+                       eos_token_id=eos, sliding_window=window, **ids)
 
 
 def eos_ids(values, vocab_size, where, default=None):
@@ -336,7 +338,8 @@ def from_pretrained(model_class, folder, dtype=None, warn=None):
 def hf_config_of(config, previous, dtype):
     """A config.json dict for a model of ``config`` whose arrays are ``dtype`` (a name), keeping ``previous``'s
     other entries; Qwen2's where the model has q/k/v biases, Llama's otherwise."""
-    model_type = "qwen2" if config.attention_bias else previous.get("model_type", "llama")
+    model_type = "qwen2" if config.attention_bias else previous.get("model_type", "mistral" if config.sliding_window
+                                                                                    else "llama")
     if model_type not in FAMILY or (model_type != "qwen2" and config.attention_bias):
         model_type = "llama"
     if model_type == "qwen2" and config.mlp_bias:
@@ -359,7 +362,7 @@ def hf_config_of(config, previous, dtype):
     if model_type == "llama":
         hf.update(attention_bias=False, mlp_bias=config.mlp_bias)
     if model_type == "mistral":
-        hf["sliding_window"] = None
+        hf["sliding_window"] = config.sliding_window
     if model_type == "qwen2":
         hf.update(use_sliding_window=False, sliding_window=None)
         hf.pop("layer_types", None)

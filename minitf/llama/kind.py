@@ -52,7 +52,7 @@ class LlamaKind(Kind):
         from minitf.llama.tokenizer import LlamaTokenizer
         if isinstance(tokenizer, LlamaTokenizer):  # fine-tuned from a folder: its tokenizer and positions, as there
             return Loaded(model, tokenizer, self, pathlib.Path(source), None, run_dir, checkpoint, meta,
-                          model.position_limit, "its max_position_embeddings")
+                          *model.config.positions)
         return Loaded(model, TextTokenizer(tokenizer), self, pathlib.Path(source), None, run_dir, checkpoint, meta,
                       config.block_size, "its training blocks")
 
@@ -107,8 +107,8 @@ class LlamaKind(Kind):
         tokenizer_path(folder)                    # then the tokenizer's presence, before the weights are read
         model = Llama.from_pretrained(folder, warn=warn).eval()
         tokenizer = read_tokenizer(folder, config.eos_ids)
-        return Loaded(model, tokenizer, self, folder, None, context=config.max_position_embeddings,
-                      context_why="its max_position_embeddings", hf_config=hf_config)
+        positions, why = config.positions
+        return Loaded(model, tokenizer, self, folder, None, context=positions, context_why=why, hf_config=hf_config)
 
 
 KIND = LlamaKind()

@@ -89,8 +89,9 @@ class Llama(Module):
 
     @property
     def position_limit(self):
-        """The positions the model was made for (max_position_embeddings): the generators refuse to go beyond."""
-        return self.config.max_position_embeddings
+        """The positions the model was made for (max_position_embeddings, or a shorter sliding_window:
+        ``LlamaConfig.positions``): the generators refuse to go beyond."""
+        return self.config.positions[0]
 
     # -- forward / backward ---------------------------------------------------------
     def forward(self, ids, key_padding_mask=None, cache=None, start=None):
@@ -108,6 +109,11 @@ class Llama(Module):
                                  "the cached ones")
         elif start:
             raise ValueError("start is for decoding with a cache (the positions of the cached tokens come first)")
+        window = self.config.sliding_window  # full attention is the window's exactly up to its length only
+        if window is not None and ids.shape[1] + (cached if cache is not None else 0) > window:
+            raise ValueError(f"{ids.shape[1] + (cached if cache is not None else 0)} positions are beyond the model's "
+                             f"sliding_window {window}, over which minitf's full attention is exact; give at most "
+                             f"{window}")
         x = self.embed_tokens(ids)                                      # W[ids]  (B, L, D)
         for i, layer in enumerate(self.layers):
             x = layer(x, key_padding_mask, None if cache is None else states[i])  # N pre-norm blocks
