@@ -141,10 +141,16 @@ class Sampler:
                             f"to at most {limit} tokens")
         fed = len(ids) + self.new_tokens(len(ids)) - 1  # the last new token is never fed back
         if limit is not None and fed > limit:
+            # what can be done: fewer new tokens for this prompt; a shorter prompt where one that short exists (the
+            # tokens the tokenizer adds itself, <s>, and one of the text's: no prompt has fewer)
+            shortest = len(self.tokenizer.encode([text.strip()[:1]])[0])
+            options = [f"ask for at most {limit + 1 - len(ids)} new tokens"] if len(ids) <= limit else []
             room = limit - self.max_new_tokens + 1
+            options += [f"shorten it to at most {room} tokens"] if room >= shortest else []
             raise DataError(f"{where} has {len(ids)} tokens; with --max-new-tokens {self.max_new_tokens} that needs "
-                            f"{fed} positions and the model has {limit}: shorten it to at most {room} "
-                            "tokens or ask for fewer new tokens")
+                            f"{fed} positions and the model has {limit}: "
+                            + (" or ".join(options) or "shorten it and ask for fewer new tokens (the prompt's "
+                               f"tokens and the new ones, less one, must fit the {limit} positions)"))
         return ids
 
     def continue_text(self, ids, number):
