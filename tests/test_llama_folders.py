@@ -143,6 +143,27 @@ def test_a_tied_config_with_another_head_in_the_file_uses_the_files_head_with_a_
     assert Llama.from_pretrained(tmp_path, warn=heard.append).config.tie_word_embeddings and heard == []
 
 
+@with_folder
+def test_fine_tuning_a_tied_config_with_another_head_keeps_the_files_head(tmp_path, capsys):
+    """train.py --init-from on such a folder: the run's model is untied (its config.json says so), its head the
+    file's, and the command says so in one line."""
+    from minitf.train import main as train_main
+    from tests.test_lm_train import make_text
+    folder = make_folder(tmp_path / "folder", tie_word_embeddings=False)
+    rewrite(folder, "config.json", {"tie_word_embeddings": True})
+    run = tmp_path / "run"
+    assert train_main(make_text(tmp_path) + ["--model", "llama", "--block-size", "32", "--max-tokens", "256",
+                                             "--no-progress", "--max-steps", "1", "--lr-scale", "1e-12",
+                                             "--init-from", str(folder), "--out", str(run)]) == 0
+    assert json.loads((run / "config.json").read_text())["llama"]["tie_word_embeddings"] is False
+    assert sum("lm_head.weight" in line for line in capsys.readouterr().err.splitlines()) == 1
+    model = minitf.load(run).model
+    with backend.default_dtype("float32"):
+        expected = Llama.from_pretrained(folder, warn=lambda message: None)
+    assert np.allclose(backend.to_numpy(model.lm_head.weight.data), backend.to_numpy(expected.lm_head.weight.data),
+                       atol=1e-6)
+
+
 # --------------------------------------------------------------------------- #
 # 7 (d): generation_config.json's sampling settings
 # --------------------------------------------------------------------------- #
