@@ -109,11 +109,10 @@ class Llama(Module):
                                  "the cached ones")
         elif start:
             raise ValueError("start is for decoding with a cache (the positions of the cached tokens come first)")
-        window = self.config.sliding_window  # full attention is the window's exactly up to its length only
-        if window is not None and ids.shape[1] + (cached if cache is not None else 0) > window:
-            raise ValueError(f"{ids.shape[1] + (cached if cache is not None else 0)} positions are beyond the model's "
-                             f"sliding_window {window}, over which minitf's full attention is exact; give at most "
-                             f"{window}")
+        window, length = self.config.sliding_window, ids.shape[1] + (cached if cache is not None else 0)
+        if window is not None and length > window:  # full attention is the window's exactly up to W positions
+            raise ValueError(f"{length} positions are beyond the model's sliding_window {window}, over which minitf's "
+                             f"full attention is exact; give at most {window}")
         x = self.embed_tokens(ids)                                      # W[ids]  (B, L, D)
         for i, layer in enumerate(self.layers):
             x = layer(x, key_padding_mask, None if cache is None else states[i])  # N pre-norm blocks
