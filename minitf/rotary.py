@@ -15,9 +15,11 @@ from minitf.backend import xp
 from minitf.module import Module
 
 #: the frequency schedules this module computes (Hugging Face's ``rope_parameters["rope_type"]``)
-ROPE_TYPES = ("default", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3")
 #: the llama3 schedule's parameters, as Hugging Face's config names them
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+#: each schedule's parameters besides theta: {rope_type: keys} (linear: positions divided by ``factor``)
+ROPE_KEYS = {"default": (), "linear": ("factor",), "llama3": LLAMA3_KEYS}
 
 
 def default_inv_freq(head_dim, theta=10000.0):
@@ -56,8 +58,9 @@ class RotaryEmbedding(Module):
 
     Positions are on axis 1 as in every minitf layer (Hugging Face's ``apply_rotary_pos_emb`` with
     ``unsqueeze_dim=2``); ``start`` is the first position (the length of a key/value cache).
-    ``rope_type``: "default" (inv_freq = 1 / theta^(2i/dk)) or "llama3" (Llama 3.1's scaling of it, with
-    the four :data:`LLAMA3_KEYS` given as keyword arguments). Output (B, T, h, dk).
+    ``rope_type``: "default" (inv_freq = 1 / theta^(2i/dk)), "linear" (inv_freq / ``factor``: position p turned
+    as p / factor, Hugging Face's ``_compute_linear_scaling_rope_parameters``) or "llama3" (Llama 3.1's scaling
+    of it, with the four :data:`LLAMA3_KEYS` given as keyword arguments). Output (B, T, h, dk).
     """
 
     def __init__(self, head_dim, theta=10000.0, rope_type="default", **scaling):
@@ -65,7 +68,7 @@ class RotaryEmbedding(Module):
             raise ValueError(f"rope_type {rope_type!r} is not supported: use one of {', '.join(ROPE_TYPES)}")
         if head_dim % 2:
             raise ValueError(f"rotary embedding needs an even head_dim (pairs of coordinates), got {head_dim}")
-        wanted = LLAMA3_KEYS if rope_type == "llama3" else ()
+        wanted = ROPE_KEYS[rope_type]
         if sorted(scaling) != sorted(wanted):
             raise ValueError(f"rope_type {rope_type!r} takes the parameters {list(wanted)}, got {sorted(scaling)}")
         if rope_type == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
@@ -75,6 +78,8 @@ class RotaryEmbedding(Module):
         inv_freq = default_inv_freq(head_dim, theta)
         if rope_type == "llama3":
             inv_freq = llama3_inv_freq(inv_freq, **scaling)
+        if rope_type == "linear":
+            inv_freq = inv_freq / scaling["factor"]                  # angle (p / factor) * inv_freq
         self.inv_freq = backend.asarray(inv_freq, dtype=xp.float64)  # (dk/2,)
 
     @classmethod

@@ -1,6 +1,6 @@
 """Sampling from a model that continues text, one token at a time with the key/value cache: :func:`generate`
-(greedy, temperature, top-k, nucleus), the sampler :func:`choose_tokens`, and the refusal of logits that hold
-NaN or infinity (:func:`check_logits`, :func:`nonfinite_rows`), which the translation decoders
+(greedy, temperature, top-k, nucleus, a repetition penalty), the sampler :func:`choose_tokens`, and the refusal
+of logits that hold NaN or infinity (:func:`check_logits`, :func:`nonfinite_rows`), which the translation decoders
 (:mod:`minitf.nmt.decode`) use too. Any model with the interface :func:`generate` names samples here: the GPT
 (:mod:`minitf.gpt`) and the Llama family (:mod:`minitf.llama.model`).
 
@@ -14,7 +14,7 @@ np = backend.host  # sampling works on the host: one (B, V) row of logits per st
 
 
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, eos_id=None,
-             return_logits=False):
+             return_logits=False, repetition_penalty=1.0):
     """Continue ``prompt`` (B, L) token ids by ``max_new_tokens`` tokens, one at a time.
 
     The prompt runs once; then each step runs the model on the one new token only, its
@@ -23,7 +23,9 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
     the whole sequence. ``temperature`` 0 is greedy (the most likely token); otherwise the token
     is drawn from softmax(logits / temperature), restricted to the ``top_k`` most likely tokens
     and to the smallest set of most likely tokens whose probability reaches ``top_p`` (nucleus
-    sampling), by a host generator seeded with ``seed``. A row that produced ``eos_id`` (an id, or a list of
+    sampling), by a host generator seeded with ``seed``; ``repetition_penalty`` (1: none) first scales the logits
+    of every id the row holds so far, prompt included (:func:`penalize_repetition`, greedy too, as transformers'
+    generate applies it). A row that produced ``eos_id`` (an id, or a list of
     ids: Llama 3 has several) repeats it; generation stops when every row has. Runs in eval mode under no_grad
     (the model's mode is restored). Returns ids (B, L + n), and with ``return_logits`` also the logits (B, n, V)
     each new token was chosen from.
@@ -42,6 +44,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty must be > 0 (1: none), got {repetition_penalty!r}")
     fed = L + max_new_tokens - 1  # the last new token is never fed back
     limit = model.position_limit
     if limit is not None and fed > limit:
@@ -60,7 +64,8 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
                 row = backend.to_numpy(logits).astype(np.float64)           # (B, V) on the host
                 check_logits(row, step, "generation")                       # no NaN reaches the sampler
                 steps.append(row)
-                token = choose_tokens(row, temperature, top_k, top_p, rng)  # (B,)
+                seen = np.concatenate(ids, axis=1) if repetition_penalty != 1 else None  # (B, L + step)
+                token = choose_tokens(row, temperature, top_k, top_p, rng, repetition_penalty, seen)  # (B,)
                 if eos_ids is not None:
                     token = np.where(done, eos_ids[0], token)               # a finished row repeats eos
                     done |= np.isin(token, eos_ids)
@@ -102,10 +107,24 @@ def check_logits(logits, step, what):
         raise non_finite_logits_error(step, what)
 
 
-def choose_tokens(logits, temperature=1.0, top_k=None, top_p=None, rng=None):
+def penalize_repetition(logits, seen, penalty):
+    """``logits`` (B, V) with the entry of every id in ``seen`` (B, T) (each row its own ids) divided by
+    ``penalty`` where positive and multiplied by it where negative: below 1 less likely for penalty > 1
+    (transformers' ``RepetitionPenaltyLogitsProcessor``, CTRL's penalty). Returns a new (B, V) array."""
+    B, V = logits.shape
+    hit = np.zeros((B, V), dtype=bool)
+    np.put_along_axis(hit, np.asarray(seen), True, axis=-1)               # the ids each row holds  (B, V)
+    penalized = np.where(logits < 0, logits * penalty, logits / penalty)
+    return np.where(hit, penalized, logits)
+
+
+def choose_tokens(logits, temperature=1.0, top_k=None, top_p=None, rng=None, repetition_penalty=1.0, seen=None):
     """One token id per row of host ``logits`` (B, V): greedy at temperature 0, else a draw from
     softmax(logits / temperature) cut to the top_k most likely tokens and to the nucleus of
-    probability top_p (the most likely token always stays). Returns (B,) int64."""
+    probability top_p (the most likely token always stays); with ``repetition_penalty`` other than 1 the
+    logits of the ids in ``seen`` (B, T) are penalized first (:func:`penalize_repetition`). Returns (B,) int64."""
+    if repetition_penalty != 1:
+        logits = penalize_repetition(logits, seen, repetition_penalty)
     if temperature == 0:
         return logits.argmax(axis=-1)
     B, V = logits.shape

@@ -185,8 +185,8 @@ def test_every_declared_flag_is_in_the_parser_and_belongs_to_its_kinds():
         for dest in declared_flags(kind):
             assert dest in dests, (kind.name, dest)
             assert "*" in owners[dest] or kind.name in owners[dest], (kind.name, dest, owners[dest])
-    # the language models share their text flags and block size; translation's are its own
-    assert owners["train_text"] == owners["block_size"] == {"gpt", "llama"}
+    # the language models (and the masked LM) share their text flags and block size; translation's are its own
+    assert owners["train_text"] == owners["block_size"] == {"gpt", "llama", "bert"}
     assert owners["beam"] == owners["train_src"] == {"transformer"} and owners["d_model"] == {"*"}
 
 

@@ -138,7 +138,7 @@ def test_presets_have_the_shapes_they_name():
     (dict(num_heads=6, num_kv_heads=4, head_dim=2), "num_heads 6 is not a multiple of num_kv_heads 4"),
     (dict(d_model=10, num_heads=4), "d_model 10 is not a multiple of num_heads 4"),
     (dict(head_dim=3), "head dimension 3 is odd"),
-    (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "rope_scaling must be None or"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "rope_scaling must be None, "),
     (dict(rms_norm_eps=0.0), "rms_norm_eps must be a positive number"),
     (dict(eos_token_id=(2, 99)), r"eos_token_id\[1\] must be None or an id in \[0, 50\)"),
     (dict(vocab_size=True), "vocab_size must be a positive integer"),
@@ -466,12 +466,12 @@ def test_generation_stops_at_any_of_the_end_of_text_ids(folder, tmp_path):
 
 @with_folder
 @pytest.mark.parametrize("change, words", [
-    ({"model_type": "xlnet"}, "model_type 'xlnet'; minitf reads marian, gpt2, llama, qwen2, mistral"),
+    ({"model_type": "mamba"}, "model_type 'mamba'; minitf reads marian, gpt2, llama, qwen2, mistral"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}},
-     "rope_parameters.rope_type is 'yarn'; minitf computes 'default' and 'llama3'"),
+     "rope_parameters.rope_type is 'yarn'; minitf computes 'default', 'linear', 'llama3'"),
     ({"rope_parameters": None, "rope_theta": 10000.0, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
      "rope_scaling.rope_type is 'dynamic'"),
-    ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window is 4096; minitf computes full attention"),
+    ({"model_type": "mistral", "sliding_window": 0}, "sliding_window is 0; it must be at least 1"),
     ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window is true"),
     ({"attention_bias": True}, "attention_bias is true"),
     ({"hidden_act": "gelu"}, "hidden_act is 'gelu'; minitf computes 'silu'"),

@@ -38,12 +38,14 @@ even_head_dims = st.integers(1, 4).map(lambda half: 2 * half)
 
 @st.composite
 def rope_settings(draw):
-    """(rope_type, theta, llama3 parameters): the llama3 ones spread so that wavelengths fall below, inside
-    and above the band that is interpolated."""
+    """(rope_type, theta, its parameters): linear's factor; the llama3 ones spread so that wavelengths fall below,
+    inside and above the band that is interpolated."""
     rope_type = draw(st.sampled_from(ROPE_TYPES))
     theta = draw(st.sampled_from([10.0, 500.0, 10000.0]))
     if rope_type == "default":
         return rope_type, theta, {}
+    if rope_type == "linear":
+        return rope_type, theta, dict(factor=draw(st.sampled_from([0.5, 2.0, 4.0])))
     low = draw(st.sampled_from([0.5, 1.0, 2.0]))
     return rope_type, theta, dict(factor=draw(st.sampled_from([2.0, 8.0, 32.0])), low_freq_factor=low,
                                   high_freq_factor=low * draw(st.sampled_from([2.0, 4.0])),
@@ -138,7 +140,7 @@ def test_llama3_frequencies_keep_the_short_scale_the_long_and_blend_those_betwee
 
 
 def test_rotary_refuses_what_it_does_not_compute():
-    with pytest.raises(ValueError, match="rope_type 'yarn' is not supported: use one of default, llama3"):
+    with pytest.raises(ValueError, match="rope_type 'yarn' is not supported: use one of default, linear, llama3"):
         RotaryEmbedding(8, rope_type="yarn")
     with pytest.raises(ValueError, match="rope_type 'dynamic' is not supported"):
         RotaryEmbedding.from_rope_parameters(8, {"rope_type": "dynamic", "rope_theta": 10.0, "factor": 2.0})

@@ -1,10 +1,13 @@
 """The BERT kind (the registry's "bert"): Hugging Face BERT, DistilBERT and RoBERTa folders read whole by
 ``minitf.load(FOLDER)`` (:meth:`BertKind.load_folder`: the model their config.json's architecture names and their
 tokenizer), used by ``python -m minitf.fill_mask`` (a masked LM) and ``python -m minitf.classify`` (a sequence
-classifier); a run of it is written back as such a folder by ``python -m minitf.export`` (:meth:`write_folder`)."""
+classifier); ``train.py --model bert`` trains the masked LM on the language models' text (:mod:`minitf.bert.task`)
+and its runs load as the folders do; a run or a folder is written back as such a folder by ``python -m
+minitf.export`` (:meth:`write_folder`)."""
 import pathlib
 
 from minitf.bert import hf
+from minitf.bert.config import PRESETS, BertRunConfig, build_run_model, validate
 from minitf.bert.model import BertForMaskedLM, BertForSequenceClassification
 from minitf.training.errors import DataError, UsageError
 from minitf.training.kind import Kind, Loaded
@@ -15,14 +18,42 @@ class BertKind(Kind):
     title = "BERT encoder"
     hf_model_types = hf.FAMILY
     hf_what = hf.BERT_FOLDER
-    # train.py --model bert's stand-in task refuses a run (minitf.bert.task); "tiny" lets the command reach it
-    presets = {"tiny": {}}
+    extends = ("gpt",)  # its runs read the language models' text (minitf.lm.task's flags, files, default text)
+    presets = PRESETS
+    run_config = BertRunConfig
     use_a_run = ("fill its masks with python -m minitf.fill_mask --checkpoint RUN --text '... [MASK] ...' (a "
                  "classifier: python -m minitf.classify --checkpoint RUN --text '...')")
 
     def task(self):
         from minitf.bert.task import BertTask
         return BertTask()
+
+    def validate(self, config):
+        validate(config)
+
+    def read_tokenizer(self, data, origin="tokenizer.model"):
+        from minitf.bert.tokenizer import from_bytes
+        return from_bytes(data, origin)
+
+    def build_model(self, config, vocab_size):
+        return build_run_model(config, vocab_size)
+
+    def min_parameters(self, config, vocab_size):
+        d, f = config.d_model, config.d_ff  # the word embeddings, each layer's attention (4 D x D) and feed-forward
+        return vocab_size * d + config.num_encoder_layers * (4 * d * d + 2 * d * f)
+
+    def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
+        """A run's masked LM (a fine-tuned folder's config.json travels in ``hf_config``: an export writes its other
+        entries back)."""
+        return Loaded(model, tokenizer, self, pathlib.Path(source), None, run_dir, checkpoint, meta,
+                      model.config.positions, "its positions", hf_config=config.bert)
+
+    def writes(self, model):
+        from minitf.bert.model import BertModel
+        return isinstance(model, (BertModel, BertForMaskedLM, BertForSequenceClassification))
+
+    def write_model(self, model, folder, hf_config=None):
+        hf.save_pretrained(model, folder, hf_config)
 
     def command_for(self, model):
         """The command that uses ``model``: fill_mask for a masked LM, classify for a classifier."""

@@ -1,26 +1,118 @@
-"""``train.py --model bert``: a stand-in until the shared trainer it lands on is rebuilt (the masked-LM and
-classification runs are the lead's: docs/notes' bert_interface.md). It names the kind in ``train.py --help`` and
-refuses a run in one line, so that the command keeps working for the other kinds."""
-from minitf.training.errors import UsageError
-from minitf.training.task import Task
+"""``train.py --model bert``: BERT's masked language model trained by the shared trainer on the language models'
+text (``--train-text FILE --valid-text FILE``, or the World English Bible, fetched once): from scratch with a
+WordPiece vocabulary made from the training text, or fine-tuned from a Hugging Face BERT, DistilBERT or RoBERTa
+folder (``--init-from FOLDER``: its model's config.json is kept in the run, its weights are the start and its
+tokenizer the run's). The trainer is :class:`minitf.bert.trainer.BertTrainer`; the interface
+:class:`minitf.training.task.Task`."""
+from minitf import backend, kinds
+from minitf.bert import hf
+from minitf.bert.tokenizer import from_bytes, read_tokenizer, train_wordpiece
+from minitf.bert.trainer import BertTrainer, SentenceCorpus
+from minitf.lm.task import LanguageModelTask, read_texts, text_paths
+from minitf.pretrained import model_type, weights_path
+from minitf.training import files
+from minitf.training.errors import DataError, UsageError
+from minitf.training.files import file_sha256
+from minitf.training.task import RunData, before_training, log, new_run_folder, refuse_with_init_from
 
-NOT_YET = ("training --model bert: not yet (the BERT trainer lands on the shared trainer being rebuilt); read and "
-           "use BERT folders meanwhile: python -m minitf.fill_mask or python -m minitf.classify --checkpoint FOLDER")
+#: --init-from's learning-rate factor unless --lr-scale is given: a pretrained encoder moves a little.
+FINE_TUNE_LR_SCALE = 0.1
+#: The flags that would contradict --init-from's folder (it fixes the model's shape and the tokenizer).
+PRETRAINED_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff",
+                    "pre_norm", "vocab_size")
 
 
-class BertTask(Task):
+class BertTask(LanguageModelTask):
     name = "bert"
-    title = "masked language model"
-    description = ("a BERT encoder (post-LN, exact GELU, token-type embeddings) trained as a masked language model "
-                   "(not yet)")
-    summary = "BERT (minitf.bert): masked-LM training and fine-tuning are not yet here; its folders read"
-    presets_help = "--model bert: tiny (refused: not yet)"
+    title = "the masked language model"
+    description = "BERT's masked language model (an encoder) on the same text"
+    summary = ("BERT's masked language model (minitf.bert): 15%% of tokens masked, on --train-text or the World "
+               "English Bible")  # %%: argparse's help
+    presets_help = "--model bert: tiny"
+    trainer = BertTrainer
+    pretrained = "BERT, DistilBERT or RoBERTa"
+    init_from_help = ("fine-tune a Hugging Face BERT, DistilBERT or RoBERTa folder's masked LM on the text "
+                      f"(config.json, model.safetensors, vocab.txt or tokenizer.json; --lr-scale {FINE_TUNE_LR_SCALE:g}"
+                      " unless given)")
 
-    def check_config(self, args, config):
-        raise UsageError(NOT_YET)
+    def default_run_dir(self, preset):
+        return super().default_run_dir(preset)
+
+    def pretrained_fields(self, args):
+        """A BERT-family folder's model (checked key by key), its tokenizer and its weights (read and checked once),
+        before any run folder is made."""
+        folder = args.init_from
+        refuse_with_init_from(args, PRETRAINED_FIXED)
+        if args.corpus_dir is not None:
+            raise UsageError(f"--init-from {folder} reads the text with its folder's tokenizer: give --train-text "
+                             "... without --corpus-dir")
+        other = kinds.for_model_type(model_type(folder))
+        if other is not None and other.name != self.name:
+            raise UsageError(f"--init-from {folder} is a {other.hf_what}, not a BERT-family folder: to fine-tune "
+                             f"it, use --model {other.name}")
+        try:
+            config, head, hf_config = hf.pretrained_config(folder)
+        except ValueError as error:
+            raise UsageError(f"--init-from {folder}: {error}") from None
+        read_tokenizer(folder, hf_config)  # a missing or unreadable tokenizer: named before the weights
+        try:  # damaged weights (truncated, a NaN): refused here, before any run folder; the trainer gets these
+            self.read_once(weights_path(folder),
+                           lambda: hf.read_pretrained_state(folder, config, "masked_lm", head))
+        except ValueError as error:
+            raise DataError(f"--init-from {folder}: {error}") from None
+        return dict(d_model=config.d_model, num_heads=config.num_heads, num_encoder_layers=config.num_layers,
+                    num_decoder_layers=0, d_ff=config.d_ff, vocab_size=config.vocab_size, tokenizer="pretrained",
+                    init_from=str(folder.resolve()), bert=hf_config, lr_scale=args.lr_scale or FINE_TUNE_LR_SCALE)
+
+    def check_command(self, args, config):
+        if args.corpus_dir is not None:
+            raise UsageError("--model bert reads its text as lines (--train-text FILE --valid-text FILE), not a "
+                             "prepared corpus (--corpus-dir)")
 
     def new_run(self, args, given, config, run_dir, world):
-        raise UsageError(NOT_YET)
+        self.check_command(args, config)
+        with before_training(run_dir):
+            return self._new_text_run(args, config, run_dir, world)
+
+    def _new_text_run(self, args, config, run_dir, world):
+        """The text (--train-text ..., or the default text, fetched once by rank 0), its tokenizer (rank 0's: a
+        WordPiece vocabulary of the training text, or --init-from's) and config.json."""
+        if not world.is_root:
+            world.barrier()
+        paths = text_paths(args)
+        if world.is_root:
+            world.barrier()
+        texts = read_texts(paths)
+        world.barrier()
+        config.data = paths
+        if world.is_root:
+            with new_run_folder(run_dir):
+                if config.init_from is not None:
+                    tokenizer = read_tokenizer(config.init_from, config.bert)
+                else:
+                    tokenizer = train_wordpiece(texts["train"].split("\n"), config.vocab_size)
+                    log(f"made a WordPiece vocabulary of {tokenizer.vocab_size} from the training text")
+                files.write_atomic(run_dir / "tokenizer.model", tokenizer.model_bytes())
+        config.data_sha256 = {key: file_sha256(path) for key, path in paths.items() if path is not None}
+        if world.is_root:
+            config.vocab_size = tokenizer.vocab_size if config.init_from is None else config.vocab_size
+            config.write(run_dir)
+        world.barrier()
+        if not world.is_root:
+            tokenizer = from_bytes((run_dir / "tokenizer.model").read_bytes(), str(run_dir / "tokenizer.model"))
+            config.vocab_size = tokenizer.vocab_size if config.init_from is None else config.vocab_size
+        return RunData(tokenizer, SentenceCorpus(tokenizer, texts, config.block_size))
 
     def reopen(self, config, run_dir):
-        raise UsageError(NOT_YET)
+        path = run_dir / "tokenizer.model"
+        tokenizer = from_bytes(path.read_bytes() if path.is_file() else b"", str(path))
+        return RunData(tokenizer, SentenceCorpus(tokenizer, read_texts(config.data), config.block_size))
+
+    def describe(self, trainer, data, run_dir):
+        config = trainer.config
+        where = f"; fine-tuned from {config.init_from}" if config.init_from is not None else ""
+        return (f"{self.name} {config.preset} model: {trainer.model.num_parameters():,} parameters, d_model "
+                f"{config.d_model}, {config.num_encoder_layers} layers, sequences of up to {config.block_size} tokens, "
+                f"{config.mask_prob:.0%} masked, a {config.tokenizer} vocabulary of {data.tokenizer.vocab_size}, on "
+                f"{backend.get_device()}; {data.corpus.lengths['train'].size:,} training sequences{where}; run "
+                f"folder {run_dir}")

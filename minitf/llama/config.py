@@ -4,8 +4,8 @@ SmolLM2-135M's shape."""
 import dataclasses
 import math
 
-from minitf.lm.config import TextBlocksRunConfig, check_decoder_only
-from minitf.rotary import LLAMA3_KEYS
+from minitf.lm.config import TextBlocksRunConfig, check_text_blocks
+from minitf.rotary import ROPE_KEYS
 from minitf.training.config import option
 from minitf.transformer import check_positive_ints
 
@@ -23,10 +23,14 @@ class LlamaConfig:
     """What :class:`minitf.llama.model.Llama` is built from (Hugging Face's ``LlamaConfig`` names where they exist).
 
     ``head_dim`` None: d_model / num_heads. ``rope_scaling`` None (the default frequencies) or a dict with
-    ``rope_type`` "llama3" and its four parameters (:data:`minitf.rotary.LLAMA3_KEYS`). ``attention_bias``: biases
-    on the query, key and value projections (Qwen2's; none on the output projection). ``mlp_bias``: biases on the
-    feed-forward's three projections. ``tie_word_embeddings``: the output projection is the embedding's matrix.
-    ``eos_token_id``: None, one id, or a tuple of ids (Llama 3's several ends)."""
+    ``rope_type`` "linear" and its ``factor``, or "llama3" and its four parameters (:data:`minitf.rotary.ROPE_KEYS`).
+    ``attention_bias``: biases on the query, key and value projections (Qwen2's; none on the output projection).
+    ``mlp_bias``: biases on the feed-forward's three projections. ``tie_word_embeddings``: the output projection is
+    the embedding's matrix.
+    ``eos_token_id``: None, one id, or a tuple of ids (Llama 3's several ends). ``sliding_window``: None, or a
+    Mistral's window W (a query sees the W latest keys, itself included): minitf computes full attention, which is
+    that exactly over at most W positions, so the model has min(max_position_embeddings, W) positions
+    (:attr:`positions`)."""
     vocab_size: int
     d_model: int = 576
     num_layers: int = 30
@@ -45,10 +49,14 @@ class LlamaConfig:
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | tuple | None = None
+    sliding_window: int | None = None
 
     def __post_init__(self):
         check_positive_ints(self, ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
                                    "max_position_embeddings"))
+        if self.sliding_window is not None and (not _is_int(self.sliding_window) or self.sliding_window < 1):
+            raise ValueError(f"LlamaConfig: sliding_window must be a positive integer or None, got "
+                             f"{self.sliding_window!r}")
         if self.head_dim is not None and (not _is_int(self.head_dim) or self.head_dim < 1):
             raise ValueError(f"LlamaConfig: head_dim must be a positive integer or None, got {self.head_dim!r}")
         if self.head_dim is None and self.d_model % self.num_heads:
@@ -71,9 +79,12 @@ class LlamaConfig:
                 raise ValueError(f"LlamaConfig: {name} must be true or false, got {getattr(self, name)!r}")
         if self.rope_scaling is not None:
             scaling = dict(self.rope_scaling)
-            if scaling.pop("rope_type", None) != "llama3" or sorted(scaling) != sorted(LLAMA3_KEYS):
-                raise ValueError(f"LlamaConfig: rope_scaling must be None or {{'rope_type': 'llama3', "
-                                 f"{', '.join(repr(k) + ': ...' for k in LLAMA3_KEYS)}}}, got {self.rope_scaling!r}")
+            keys = ROPE_KEYS.get(scaling.pop("rope_type", None), ())
+            if not keys or sorted(scaling) != sorted(keys) or not all(_is_number(v) and v > 0
+                                                                      for v in scaling.values()):
+                llama3 = ", ".join(repr(k) + ": ..." for k in ROPE_KEYS["llama3"])
+                raise ValueError(f"LlamaConfig: rope_scaling must be None, {{'rope_type': 'linear', 'factor': ...}} or "
+                                 f"{{'rope_type': 'llama3', {llama3}}} (positive numbers), got {self.rope_scaling!r}")
         ids = {"pad_token_id": self.pad_token_id, "bos_token_id": self.bos_token_id}
         eos = self.eos_token_id
         ids |= {f"eos_token_id[{i}]": e for i, e in enumerate(eos)} if isinstance(eos, tuple) else {"eos_token_id": eos}
@@ -85,6 +96,14 @@ class LlamaConfig:
     def head_size(self):
         """The width of one head: head_dim, or d_model / num_heads without one."""
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def positions(self):
+        """(the positions the model computes exactly, what limits them in a sentence): max_position_embeddings, or a
+        shorter sliding_window (beyond it a query would no longer see every earlier key)."""
+        if self.sliding_window is not None and self.sliding_window < self.max_position_embeddings:
+            return self.sliding_window, f"its sliding_window {self.sliding_window}"
+        return self.max_position_embeddings, "its max_position_embeddings"
 
     @property
     def eos_ids(self):
@@ -154,6 +173,8 @@ def folder_fields(config):
 def from_folder_fields(values):
     """The :class:`LlamaConfig` of :func:`folder_fields`' values; a ValueError naming what does not fit."""
     names = [f.name for f in dataclasses.fields(LlamaConfig)]
+    if isinstance(values, dict):
+        values = {"sliding_window": None} | values  # runs made before it was a field
     if not isinstance(values, dict) or sorted(values) != sorted(names):
         got = sorted(values) if isinstance(values, dict) else type(values).__name__
         raise ValueError(f"\"llama\" must hold the fields {names}, got {got}")
@@ -166,7 +187,7 @@ def validate_run(config):
     Llama block cannot take (checked by building its :class:`LlamaConfig` once); a fine-tuning run's blocks must
     fit in its folder's positions."""
     from minitf.training.errors import UsageError
-    check_decoder_only(config)
+    check_text_blocks(config)
     if not (isinstance(config.block_size, int) and not isinstance(config.block_size, bool) and config.block_size > 0):
         raise UsageError(f"--block-size must be a positive integer, got {config.block_size!r}")
     if config.num_kv_heads is not None and not (isinstance(config.num_kv_heads, int) and config.num_kv_heads > 0):
@@ -175,10 +196,10 @@ def validate_run(config):
         model = run_model_config(config, 8)
     except ValueError as error:
         raise UsageError(str(error).replace("LlamaConfig: ", "--model llama: ")) from None
-    if config.llama is not None and config.block_size > model.max_position_embeddings:
-        raise UsageError(f"--block-size {config.block_size} is longer than the {model.max_position_embeddings} "
-                         f"positions of {config.init_from} (max_position_embeddings); give --block-size "
-                         f"{model.max_position_embeddings} or less")
+    positions, why = model.positions
+    if config.llama is not None and config.block_size > positions:
+        raise UsageError(f"--block-size {config.block_size} is longer than the {positions} positions of "
+                         f"{config.init_from} ({why}); give --block-size {positions} or less")
 
 
 def run_model_config(config, vocab_size):

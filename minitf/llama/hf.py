@@ -1,5 +1,5 @@
 """Hugging Face folders of the Llama family in and out: ``config.json`` of ``model_type`` llama, qwen2 or mistral
-(without a sliding window), every value checked before a model is built (one line naming the key); the weights
+(a Mistral's sliding window limiting its positions), every value checked before a model is built (one line naming the key); the weights
 (``model.safetensors`` or shards, float32, float16 or bfloat16) through :func:`minitf.pretrained.read_weights`;
 ``tokenizer.json`` through the ``tokenizers`` package as transformers applies it (its post-processor puts
 ``<s>`` or ``<|begin_of_text|>`` first); ``generation_config.json``'s end-of-text ids. :func:`save_pretrained`
@@ -11,11 +11,13 @@ way in and out, nothing else. The embedding and an untied ``lm_head`` are (V, D)
 """
 import json
 import pathlib
+import warnings
 
 from minitf import backend, pretrained
 from minitf.llama.config import LlamaConfig
-from minitf.rotary import LLAMA3_KEYS
+from minitf.rotary import ROPE_KEYS
 
+np = backend.host
 
 #: The model types read here, and what each is called in a sentence.
 FAMILY = ("llama", "qwen2", "mistral")
@@ -33,8 +35,10 @@ _LINEARS = [f"self_attn.{p}_proj" for p in "qkvo"] + [f"mlp.{p}_proj" for p in (
 def config_from_hf(hf, where="config.json"):
     """The :class:`LlamaConfig` of a Llama, Qwen2 or Mistral config.json dict (``where`` names it in messages).
     Every key minitf reads is checked (type, range), naming it; what minitf does not compute is refused naming
-    the key: another model_type, an activation other than silu, rope_type other than default and llama3 (yarn,
-    dynamic, linear...), a sliding window, Llama's attention_bias (it puts a bias on o_proj too)."""
+    the key: another model_type, an activation other than silu (or its other name swish), rope_type other than
+    default, linear and llama3 (yarn, dynamic...), Qwen2's use_sliding_window, Llama's attention_bias (it puts a
+    bias on o_proj too). Rotary settings resolve as transformers resolves them (:func:`_rope`); a Mistral's
+    sliding_window is kept (``LlamaConfig.positions``: the model then has at most that many positions)."""
     def value(key, kind, default=pretrained.REQUIRED, **checks):
         return pretrained.config_value(hf, key, kind, default, where=where, **checks)
 
@@ -54,7 +58,8 @@ def config_from_hf(hf, where="config.json"):
     if (head_dim or d_model // num_heads) % 2:
         raise ValueError(f"{where}: head_dim {head_dim or d_model // num_heads} is odd; rotary positions turn pairs")
     d_ff = value("intermediate_size", "int", low=1)
-    value("hidden_act", "str", default="silu", choices=("silu",))
+    value("hidden_act", "str", default="silu",  # "swish" is transformers' other name of x sigmoid(x)
+          choices=tuple(sorted(k for k, v in pretrained.HF_ACTIVATIONS.items() if v == "silu")))
     eps = value("rms_norm_eps", "float", default=defaults["rms_norm_eps"], low=0.0, low_open=True)
     max_positions = value("max_position_embeddings", "int", default=defaults["max_position_embeddings"], low=1)
     tie = value("tie_word_embeddings", "bool", default=False)
@@ -68,9 +73,8 @@ def config_from_hf(hf, where="config.json"):
         mlp_bias = value("mlp_bias", "bool", default=False)
     else:
         mlp_bias = False
-    if model_type == "mistral" and hf.get("sliding_window") is not None:
-        raise ValueError(f"{where}: sliding_window is {hf['sliding_window']!r}; minitf computes full attention "
-                         "only (a Mistral with sliding_window null)")
+    # a Mistral's window: full attention is it exactly over at most that many positions (LlamaConfig.positions)
+    window = value("sliding_window", "int", default=None, low=1) if model_type == "mistral" else None
     if model_type == "qwen2":
         if value("use_sliding_window", "bool", default=False):
             raise ValueError(f"{where}: use_sliding_window is true; minitf computes full attention only")
@@ -82,7 +86,7 @@ def config_from_hf(hf, where="config.json"):
     if value("rope_interleaved", "bool", default=False):  # nanotron's key (SmolLM2's config.json has it false)
         raise ValueError(f"{where}: rope_interleaved is true: rotary pairs of neighbouring coordinates, which "
                          "minitf does not compute (it turns Hugging Face's halves, rope_interleaved false)")
-    theta, scaling = _rope(hf, where)
+    theta, scaling = _rope(hf, where, max_positions)
     ids = {key: None if key in hf and hf[key] is None  # null: no such token (absent: transformers' default)
            else value(key, "int", default=defaults.get(key), low=0, high=vocab_size - 1)
            for key in ("pad_token_id", "bos_token_id")}
@@ -92,7 +96,7 @@ def config_from_hf(hf, where="config.json"):
                        rope_theta=float(theta), rope_scaling=scaling, max_position_embeddings=max_positions,
                        tie_word_embeddings=tie, attention_bias=model_type == "qwen2", mlp_bias=mlp_bias,
                        initializer_range=float(value("initializer_range", "float", default=0.02)),
-                       eos_token_id=eos, **ids)
+                       eos_token_id=eos, sliding_window=window, **ids)
 
 
 def eos_ids(values, vocab_size, where, default=None):
@@ -111,43 +115,46 @@ def eos_ids(values, vocab_size, where, default=None):
     return pretrained.config_value(values, "eos_token_id", "int", low=0, high=vocab_size - 1, where=where)
 
 
-def _rope(hf, where):
-    """(rope_theta, rope_scaling or None) of a config.json: transformers 5's ``rope_parameters`` dict, or the
-    older ``rope_theta`` with ``rope_scaling`` (null, or a dict whose ``rope_type`` or ``type`` names it)."""
-    if isinstance(hf.get("rope_parameters"), dict):
-        params, key = dict(hf["rope_parameters"]), "rope_parameters"
-        theta = pretrained.config_value(params, "rope_theta", "float", default=10000.0, low=0.0, low_open=True,
-                                        where=f"{where}: {key}")
-    elif hf.get("rope_parameters") is not None:
-        raise ValueError(f"{where}: rope_parameters is {hf['rope_parameters']!r}; expected an object or null")
+def _rope(hf, where, max_positions):
+    """(rope_theta, rope_scaling or None) of a config.json, resolved as transformers 5 resolves them
+    (``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`` and ``standardize_rope_params``): a legacy
+    ``rope_scaling`` object that is not empty takes the place of ``rope_parameters`` (whatever that holds); the theta
+    is the chosen object's ``rope_theta``, else the top-level ``rope_theta``, else 10000; the type its
+    ``rope_type``, else its ``type``, else "default"; llama3 without ``original_max_position_embeddings`` takes
+    the top-level one, else ``max_position_embeddings`` (``max_positions``)."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if hf.get(key) is not None and not isinstance(hf[key], dict):
+            raise ValueError(f"{where}: {key} is {hf[key]!r}; expected an object or null")
+    key = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+    params = dict(hf.get(key) or {})
+    if "rope_theta" in params:
+        theta = pretrained.config_value(params, "rope_theta", "float", low=0.0, low_open=True, where=f"{where}: {key}")
     else:
         theta = pretrained.config_value(hf, "rope_theta", "float", default=10000.0, low=0.0, low_open=True,
                                         where=where)
-        params, key = hf.get("rope_scaling"), "rope_scaling"
-        if params is None:
-            return theta, None
-        if not isinstance(params, dict):
-            raise ValueError(f"{where}: rope_scaling is {params!r}; expected an object or null")
-        params = dict(params)
-    params.pop("rope_theta", None)
     rope_type = params.pop("rope_type", params.pop("type", "default"))
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
+    if "partial_rotary_factor" in hf:
+        params.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
+    if params.get("partial_rotary_factor", 1.0) not in (1.0, None):
         raise ValueError(f"{where}: {key}.partial_rotary_factor is {params['partial_rotary_factor']!r}; minitf "
                          "turns whole heads (1.0)")
-    params.pop("partial_rotary_factor", None)
     if rope_type == "default":
         return theta, None
-    if rope_type != "llama3":
-        raise ValueError(f"{where}: {key}.rope_type is {rope_type!r}; minitf computes 'default' and 'llama3' "
-                         "rotary frequencies only")
-    missing = [k for k in LLAMA3_KEYS if k not in params]
+    if rope_type not in ROPE_KEYS:
+        raise ValueError(f"{where}: {key}.rope_type is {rope_type!r}; minitf computes "
+                         f"{', '.join(map(repr, ROPE_KEYS))} rotary frequencies only")
+    if rope_type == "llama3":
+        params.setdefault("original_max_position_embeddings", max_positions)
+        if "original_max_position_embeddings" in hf:  # transformers gives the top-level one priority
+            params["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+    missing = [k for k in ROPE_KEYS[rope_type] if k not in params]
     if missing:
-        raise ValueError(f"{where}: {key} of rope_type 'llama3' has no {', '.join(missing)}")
-    scaling = {"rope_type": "llama3"}
-    for k in LLAMA3_KEYS:
+        raise ValueError(f"{where}: {key} of rope_type {rope_type!r} has no {', '.join(missing)}")
+    scaling = {"rope_type": rope_type}
+    for k in ROPE_KEYS[rope_type]:
         kind = "int" if k == "original_max_position_embeddings" else "float"
         scaling[k] = pretrained.config_value(params, k, kind, low=0, low_open=True, where=f"{where}: {key}")
-    if not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+    if rope_type == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise ValueError(f"{where}: {key}.high_freq_factor {scaling['high_freq_factor']} is not above "
                          f"low_freq_factor {scaling['low_freq_factor']}")
     return theta, scaling
@@ -203,29 +210,58 @@ def minitf_to_hf_state(state, config):
     return pretrained.hf_state_of_pairs(state, name_map(config))
 
 
-def read_pretrained_state(folder, config, dtype=None):
+def read_pretrained_state(folder, config, dtype=None, warn=None):
     """``{minitf name: host array}`` of ``folder``'s weights for a model of ``config``; with ``dtype`` (the
-    model's), a tensor beyond that dtype's range is refused too."""
-    return pretrained.read_state(folder, config, hf_to_minitf_state, BUFFERS, dtype)
+    model's), a tensor beyond that dtype's range is refused too. A tied ``config`` whose file holds an
+    ``lm_head.weight`` of other values than the embedding is untied, as transformers unties it (it warns and uses
+    the file's head): the state then holds ``lm_head.weight`` (:func:`config_of_state`) and ``warn`` (default
+    :func:`warnings.warn`) hears one line."""
+    def convert(weights, config, path):
+        return hf_to_minitf_state(weights, untied_by_file(weights, config, path, warn), path)
+    return pretrained.read_state(folder, config, convert, BUFFERS, dtype)
+
+
+def untied_by_file(weights, config, path, warn=None):
+    """``config``, untied where it ties the output to the embedding but ``weights`` hold an ``lm_head.weight`` of
+    the embedding's shape and other values (transformers' loader then does not tie them; equal values stay tied)."""
+    head, embedding = weights.get("lm_head.weight"), weights.get("model.embed_tokens.weight")
+    if (not config.tie_word_embeddings or head is None or embedding is None or head.shape != embedding.shape
+            or np.array_equal(head, embedding)):
+        return config
+    (warn or warnings.warn)(f"{path}: config.json says tie_word_embeddings true, but the file holds an "
+                            "lm_head.weight of other values than the embedding; as transformers does, the model "
+                            "uses the file's head (untied): set tie_word_embeddings false in config.json to say so")
+    return config.replace(tie_word_embeddings=False)
+
+
+def config_of_state(config, state):
+    """The config of a model holding ``state`` (:func:`read_pretrained_state`'s): untied where the state has its
+    own ``lm_head.weight``."""
+    return config.replace(tie_word_embeddings=False) if "lm_head.weight" in state else config
 
 
 def pretrained_config(folder):
     """(:class:`LlamaConfig`, the config.json dict) of a folder, checked (only config.json and, where it is
-    there, generation_config.json are read: its eos_token_id is the one generation stops at, as in
-    transformers)."""
+    there, generation_config.json are read). The end-of-text ids are those transformers' generate stops at:
+    generation_config.json's eos_token_id where the folder has that file (none there: no end, though config.json
+    lists some), config.json's where it has none."""
     folder = pathlib.Path(folder)
     hf = pretrained.read_config(folder, FAMILY, LLAMA_FOLDER)
     config = config_from_hf(hf, str(folder / "config.json"))
-    generation = read_generation_config(folder)
-    if "eos_token_id" in generation:
-        config = config.replace(eos_token_id=eos_ids(generation, config.vocab_size,
+    if (folder / "generation_config.json").is_file():
+        config = config.replace(eos_token_id=eos_ids(read_generation_config(folder), config.vocab_size,
                                                      str(folder / "generation_config.json")))
     return config, hf
 
 
 def read_generation_config(folder):
     """``generation_config.json``'s dict ({} where there is none); a ValueError naming it if it is damaged."""
-    path = pathlib.Path(folder) / "generation_config.json"
+    return read_json_object(pathlib.Path(folder) / "generation_config.json")
+
+
+def read_json_object(path):
+    """The JSON object of a folder's settings file ``path`` ({} where there is none); a ValueError naming it if
+    it is damaged."""
     if not path.is_file():
         return {}
     try:
@@ -237,12 +273,49 @@ def read_generation_config(folder):
     return values
 
 
-def from_pretrained(model_class, folder, dtype=None):
+#: generation_config.json's settings minitf's generate applies (besides the end-of-text ids), with their checks
+SAMPLING = {"do_sample": dict(kind="bool"), "temperature": dict(kind="float", low=0.0),
+            "top_k": dict(kind="int", low=0), "top_p": dict(kind="float", low=0.0, low_open=True, high=1.0),
+            "repetition_penalty": dict(kind="float", low=0.0, low_open=True)}
+#: Its entries that change nothing generate computes: ids, what transformers returns, its bookkeeping
+NOT_SETTINGS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "transformers_version",
+                "_from_model_config", "output_attentions", "output_hidden_states", "output_scores", "output_logits",
+                "return_dict_in_generate", "use_cache", "cache_implementation", "cache_config")
+#: transformers' defaults of the settings minitf does not compute (``GenerationConfig._get_default_generation_params``):
+#: a file stating one of these values asks for nothing minitf leaves out
+IGNORED_DEFAULTS = {"max_length": 20, "min_length": 0, "early_stopping": False, "num_beams": 1, "typical_p": 1.0,
+                    "length_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+                    "num_return_sequences": 1, "remove_invalid_values": False, "epsilon_cutoff": 0.0,
+                    "eta_cutoff": 0.0, "encoder_repetition_penalty": 1.0, "num_beam_groups": 1,
+                    "diversity_penalty": 0.0, "renormalize_logits": False}
+
+
+def generation_settings(folder, warn):
+    """The sampling settings ``folder``'s generation_config.json states ({} without one): ``do_sample``,
+    ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, each checked naming the key; every other setting
+    it states with a value transformers would act on (``num_beams`` 4, ``no_repeat_ngram_size`` 3, ...) is named in
+    one line to ``warn`` as ignored."""
+    values = read_generation_config(folder)
+    where = str(pathlib.Path(folder) / "generation_config.json")
+    stated = {key: pretrained.config_value(values, key, default=None, where=where, **checks)
+              for key, checks in SAMPLING.items()}
+    ignored = [f"{key} {value!r}" for key, value in values.items()
+               if key not in SAMPLING and key not in NOT_SETTINGS and value is not None
+               and not (key in IGNORED_DEFAULTS and value == IGNORED_DEFAULTS[key])]
+    if ignored:
+        warn(f"{where}: minitf's generate ignores {', '.join(ignored)} (it applies do_sample, temperature, top_k, "
+             "top_p, repetition_penalty and eos_token_id; the length is --max-new-tokens)")
+    return {key: value for key, value in stated.items() if value is not None}
+
+
+def from_pretrained(model_class, folder, dtype=None, warn=None):
     """The ``model_class`` (:class:`minitf.llama.model.Llama`) of a Hugging Face folder, built under ``dtype``
-    (default: minitf's default float dtype) after config.json and every tensor are checked."""
+    (default: minitf's default float dtype) after config.json and every tensor are checked; ``warn`` hears what
+    minitf applies as transformers does though the folder contradicts itself (:func:`read_pretrained_state`)."""
     dtype = pretrained.model_dtype(dtype)
     config, _ = pretrained_config(folder)
-    state = read_pretrained_state(folder, config, dtype)
+    state = read_pretrained_state(folder, config, dtype, warn)
+    config = config_of_state(config, state)
     with backend.default_dtype(dtype):
         model = model_class(config)
     model.load_state_dict(state)
@@ -252,7 +325,8 @@ def from_pretrained(model_class, folder, dtype=None):
 def hf_config_of(config, previous, dtype):
     """A config.json dict for a model of ``config`` whose arrays are ``dtype`` (a name), keeping ``previous``'s
     other entries; Qwen2's where the model has q/k/v biases, Llama's otherwise."""
-    model_type = "qwen2" if config.attention_bias else previous.get("model_type", "llama")
+    model_type = "qwen2" if config.attention_bias else previous.get("model_type", "mistral" if config.sliding_window
+                                                                                    else "llama")
     if model_type not in FAMILY or (model_type != "qwen2" and config.attention_bias):
         model_type = "llama"
     if model_type == "qwen2" and config.mlp_bias:
@@ -275,7 +349,7 @@ def hf_config_of(config, previous, dtype):
     if model_type == "llama":
         hf.update(attention_bias=False, mlp_bias=config.mlp_bias)
     if model_type == "mistral":
-        hf["sliding_window"] = None
+        hf["sliding_window"] = config.sliding_window
     if model_type == "qwen2":
         hf.update(use_sliding_window=False, sliding_window=None)
         hf.pop("layer_types", None)

@@ -50,7 +50,7 @@ class LlamaKind(Kind):
         from minitf.llama.tokenizer import LlamaTokenizer
         if isinstance(tokenizer, LlamaTokenizer):  # fine-tuned from a folder: its tokenizer and positions, as there
             return Loaded(model, tokenizer, self, pathlib.Path(source), None, run_dir, checkpoint, meta,
-                          model.position_limit, "its max_position_embeddings")
+                          *model.config.positions)
         return Loaded(model, TextTokenizer(tokenizer), self, pathlib.Path(source), None, run_dir, checkpoint, meta,
                       config.block_size, "its training blocks")
 
@@ -77,15 +77,21 @@ class LlamaKind(Kind):
 
     def write_folder(self, loaded, folder):
         """A run fine-tuned from a folder written as one (``python -m minitf.export RUN FOLDER``): config.json,
-        generation_config.json, model.safetensors (:meth:`Llama.save_pretrained`) and its tokenizer.json."""
+        generation_config.json, model.safetensors (:meth:`Llama.save_pretrained`), its tokenizer.json and a
+        tokenizer_config.json naming its bos, eos and pad tokens (:meth:`LlamaTokenizer.save`)."""
         from minitf.llama.tokenizer import LlamaTokenizer
         if not isinstance(loaded.tokenizer, LlamaTokenizer):
             raise UsageError(f"{loaded.source}: a --model llama run of minitf's own tokenizer "
                              f"({loaded.model.config.vocab_size} ids) has no tokenizer.json to write; export runs "
                              "fine-tuned with --init-from, or sample from it with python -m minitf.generate "
                              "--checkpoint RUN")
-        hf.save_pretrained(loaded.model, folder, loaded.hf_config)
-        loaded.tokenizer.save(folder)
+        loaded.model.save_pretrained(folder)
+        loaded.tokenizer.save(folder, loaded.model.config)
+
+    def generation_settings(self, folder, warn):
+        """The sampling settings of a folder's generation_config.json (:func:`minitf.llama.hf.generation_settings`):
+        the generate command's defaults where no flag is given, as transformers' generate takes them."""
+        return hf.generation_settings(folder, warn)
 
     def writes(self, model):
         return isinstance(model, Llama)
@@ -103,10 +109,10 @@ class LlamaKind(Kind):
         folder = pathlib.Path(folder)
         config, hf_config = hf.pretrained_config(folder)  # every config value checked first
         tokenizer_path(folder)                    # then the tokenizer's presence, before the weights are read
-        model = Llama.from_pretrained(folder).eval()
+        model = Llama.from_pretrained(folder, warn=warn).eval()
         tokenizer = read_tokenizer(folder, config.eos_ids)
-        return Loaded(model, tokenizer, self, folder, None, context=config.max_position_embeddings,
-                      context_why="its max_position_embeddings", hf_config=hf_config)
+        positions, why = config.positions
+        return Loaded(model, tokenizer, self, folder, None, context=positions, context_why=why, hf_config=hf_config)
 
 
 KIND = LlamaKind()

@@ -89,8 +89,9 @@ class Llama(Module):
 
     @property
     def position_limit(self):
-        """The positions the model was made for (max_position_embeddings): the generators refuse to go beyond."""
-        return self.config.max_position_embeddings
+        """The positions the model was made for (max_position_embeddings, or a shorter sliding_window:
+        ``LlamaConfig.positions``): the generators refuse to go beyond."""
+        return self.config.positions[0]
 
     # -- forward / backward ---------------------------------------------------------
     def forward(self, ids, key_padding_mask=None, cache=None, start=None):
@@ -108,6 +109,10 @@ class Llama(Module):
                                  "the cached ones")
         elif start:
             raise ValueError("start is for decoding with a cache (the positions of the cached tokens come first)")
+        window, length = self.config.sliding_window, ids.shape[1] + (cached if cache is not None else 0)
+        if window is not None and length > window:  # full attention is the window's exactly up to W positions
+            raise ValueError(f"{length} positions are beyond the model's sliding_window {window}, over which minitf's "
+                             f"full attention is exact; give at most {window}")
         x = self.embed_tokens(ids)                                      # W[ids]  (B, L, D)
         for i, layer in enumerate(self.layers):
             x = layer(x, key_padding_mask, None if cache is None else states[i])  # N pre-norm blocks
@@ -122,10 +127,11 @@ class Llama(Module):
 
     # -- Hugging Face folders -------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, folder, dtype=None):
+    def from_pretrained(cls, folder, dtype=None, warn=None):
         """The model of a Hugging Face Llama, Qwen2 or Mistral folder (:func:`minitf.llama.hf.from_pretrained`):
-        config.json and every tensor checked first, bfloat16 and float16 weights widened, built under ``dtype``."""
-        return hf.from_pretrained(cls, folder, dtype)
+        config.json and every tensor checked first, bfloat16 and float16 weights widened, built under ``dtype``;
+        ``warn(message)`` hears what is applied as transformers applies it though the folder contradicts itself."""
+        return hf.from_pretrained(cls, folder, dtype, warn)
 
     def save_pretrained(self, folder, hf_config=None):
         """Write this model as a Hugging Face folder (:func:`minitf.llama.hf.save_pretrained`; ``hf_config``: the

@@ -7,6 +7,7 @@ RunConfig by :func:`minitf.llama.config.run_model_config`) and its own flags (``
 config is kept in the run (``llama``), its weights are the start and its tokenizer.json the run's tokenizer."""
 import importlib.util
 import pathlib
+import sys
 
 from minitf.llama import hf
 from minitf.llama.config import RUN_PRESETS, folder_fields, run_model_config
@@ -77,9 +78,11 @@ class LlamaTask(LanguageModelTask):
             raise UsageError(f"--init-from {folder}: {error}") from None
         read_tokenizer(folder, config.eos_ids)  # a missing or unreadable tokenizer.json: named before the weights
         try:  # damaged weights (truncated, a NaN): refused here, before any run folder; the trainer gets these
-            self.read_once(weights_path(folder), lambda: hf.read_pretrained_state(folder, config))
+            state = self.read_once(weights_path(folder), lambda: hf.read_pretrained_state(
+                folder, config, warn=lambda message: print(message, file=sys.stderr)))
         except ValueError as error:
             raise DataError(f"--init-from {folder}: {error}") from None
+        config = hf.config_of_state(config, state)  # untied where the file holds its own head
         return dict(d_model=config.d_model, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
                     num_decoder_layers=config.num_layers, d_ff=config.d_ff, rope_theta=config.rope_theta,
                     vocab_size=config.vocab_size, tokenizer="pretrained", init_from=str(folder.resolve()),

@@ -43,9 +43,16 @@ def check_decoder_only(config):
                          f"{config.num_decoder_layers!r}")
 
 
+def check_text_blocks(config):
+    """A language model's blocks: at least one block of the model, its tokenizer one of --tokenizer's."""
+    check_decoder_only(config)
+    if config.tokenizer not in TOKENIZERS + ("pretrained",):
+        raise UsageError(f"--tokenizer must be one of {TOKENIZERS}, got {config.tokenizer!r}")
+
+
 def validate(config):
     """Refuse (one line naming the flag or key) what does not fit in a language-model run's own fields."""
-    check_decoder_only(config)
+    check_text_blocks(config)
     if config.activation not in ACTIVATIONS:
         raise UsageError(f"activation must be one of {tuple(ACTIVATIONS)}, got {config.activation!r}")
     if not (isinstance(config.layer_norm_eps, float) and 0 < config.layer_norm_eps < 1):

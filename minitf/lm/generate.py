@@ -6,10 +6,13 @@ lines). The prompt comes from ``--prompt``; else one per line from stdin: on a t
 answered as it is typed, from a pipe or file every line is checked first (a prompt with characters
 the tokenizer cannot represent is refused, naming them), then answered in order. ``--temperature 0`` is greedy; otherwise
 tokens are drawn from softmax(logits / temperature) cut to ``--top-k`` and ``--top-p``
-(Hugging Face's defaults: 1.0, 50, 1.0). ``--seed S`` makes the samples reproducible: the n-th
+(Hugging Face's defaults: 1.0, 50, 1.0); ``--repetition-penalty`` (1: none) scales the logits of the ids already
+in the text first, greedy too. A Llama-family folder's generation_config.json gives these settings where no flag
+does, as transformers' generate takes them (``do_sample`` false: greedy unless a sampling flag is given; a
+setting minitf does not compute is named in one line). ``--seed S`` makes the samples reproducible: the n-th
 prompt (the n-th line, or ``--prompt`` as line 1) is sampled with seed (S, n), so a pipe and a
 terminal give the same answers to the same lines. Generation stops at the model's end-of-text
-token (``eos_token_id`` in config.json), which is not written.
+token (``eos_token_id``: generation_config.json's, else config.json's), which is not written.
 
 The model comes from the one loader (:func:`minitf.loader.load`): a model of any kind whose models generate
 (``Kind.generates``: a :class:`minitf.gpt.GPT`, a :class:`minitf.llama.model.Llama`), sampled by
@@ -25,7 +28,7 @@ import sys
 from minitf import backend, kinds
 from minitf.lm.kind import KIND
 from minitf.loader import load
-from minitf.pretrained import model_type
+from minitf.pretrained import is_hugging_face_folder, model_type
 from minitf.sampling import generate
 from minitf.training import checkpoint as ckpt
 from minitf.training.text import answer_each_line, decode_lines
@@ -36,6 +39,8 @@ np = backend.host  # token ids live on the host
 
 #: New tokens per prompt without --max-new-tokens (fewer where the model's context ends sooner).
 DEFAULT_NEW_TOKENS = 50
+#: The sampling settings where neither a flag nor the folder's generation_config.json gives one (Hugging Face's)
+SAMPLING_DEFAULTS = dict(temperature=1.0, top_k=50, top_p=1.0, repetition_penalty=1.0)
 
 
 def load_language_model(path, warn=None, hugging_face=False):
@@ -57,6 +62,21 @@ def generating_kind(path):
     return found if found is not None and found.generates else KIND
 
 
+def sampling_settings(args, path, warn):
+    """{temperature, top_k (None: all), top_p, repetition_penalty} for the model at ``path``: each flag given, else
+    the setting of a Hugging Face folder's generation_config.json (a kind's ``generation_settings``, which names
+    the settings it ignores to ``warn``), else :data:`SAMPLING_DEFAULTS`. The folder's ``do_sample`` false makes
+    it greedy (temperature 0) unless --temperature, --top-k or --top-p asks for sampling."""
+    kind = generating_kind(path)
+    read = getattr(kind, "generation_settings", None)
+    stated = read(path, warn) if read is not None and is_hugging_face_folder(path) else {}
+    settings = {name: getattr(args, name) if getattr(args, name) is not None else stated.get(name, default)
+                for name, default in SAMPLING_DEFAULTS.items()}
+    if stated.get("do_sample") is False and all(getattr(args, n) is None for n in ("temperature", "top_k", "top_p")):
+        settings["temperature"] = 0.0  # the folder's generate is greedy
+    return dict(settings, top_k=settings["top_k"] or None)
+
+
 def run_kind(path):
     """The kind a run or checkpoint folder's newest meta.json names, or None where it cannot be read (the loader
     then names what is wrong)."""
@@ -74,7 +94,7 @@ class Sampler:
     """Continues prompts with one model, tokenizer and set of sampling settings. ``max_new_tokens`` None (no
     --max-new-tokens): :data:`DEFAULT_NEW_TOKENS` per prompt, or what the model's context leaves after it."""
 
-    def __init__(self, model, tokenizer, max_new_tokens, temperature, top_k, top_p, seed):
+    def __init__(self, model, tokenizer, max_new_tokens, temperature, top_k, top_p, seed, repetition_penalty=1.0):
         if tokenizer.vocab_size > model.vocab_size:
             raise DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.vocab_size}; "
                             "they do not belong together: use the tokenizer the model was trained with")
@@ -83,7 +103,8 @@ class Sampler:
             raise UsageError(f"--max-new-tokens {max_new_tokens} does not fit the model's {limit} positions "
                              f"(a prompt of n tokens leaves room for {limit + 1} - n); ask for at most {limit}")
         self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
-        self.options = dict(temperature=temperature, top_k=top_k or None, top_p=top_p)
+        self.options = dict(temperature=temperature, top_k=top_k or None, top_p=top_p,
+                            repetition_penalty=repetition_penalty)
         self.seed = seed
 
     @staticmethod
@@ -120,10 +141,16 @@ class Sampler:
                             f"to at most {limit} tokens")
         fed = len(ids) + self.new_tokens(len(ids)) - 1  # the last new token is never fed back
         if limit is not None and fed > limit:
+            # what can be done: fewer new tokens for this prompt; a shorter prompt where one that short exists (the
+            # tokens the tokenizer adds itself, <s>, and one of the text's: no prompt has fewer)
+            shortest = len(self.tokenizer.encode([text.strip()[:1]])[0])
+            options = [f"ask for at most {limit + 1 - len(ids)} new tokens"] if len(ids) <= limit else []
             room = limit - self.max_new_tokens + 1
+            options += [f"shorten it to at most {room} tokens"] if room >= shortest else []
             raise DataError(f"{where} has {len(ids)} tokens; with --max-new-tokens {self.max_new_tokens} that needs "
-                            f"{fed} positions and the model has {limit}: shorten it to at most {room} "
-                            "tokens or ask for fewer new tokens")
+                            f"{fed} positions and the model has {limit}: "
+                            + (" or ".join(options) or "shorten it and ask for fewer new tokens (the prompt's "
+                               f"tokens and the new ones, less one, must fit the {limit} positions)"))
         return ids
 
     def continue_text(self, ids, number):
@@ -178,10 +205,15 @@ def build_parser():
     p.add_argument("--max-new-tokens", type=positive(int), default=None,
                    help=f"at most this many tokens per prompt (default: {DEFAULT_NEW_TOKENS}, or fewer where the "
                         "model's context ends sooner)")
-    p.add_argument("--temperature", type=non_negative, default=1.0, help="0 is greedy")
-    p.add_argument("--top-k", type=_count, default=50, help="sample from the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=_probability, default=1.0,
-                   help="sample from the most likely tokens whose probability reaches p (1: all)")
+    folder = " (default: a Llama-family folder's generation_config.json, else %s)"
+    p.add_argument("--temperature", type=non_negative, default=None, help="0 is greedy" + folder % "1.0")
+    p.add_argument("--top-k", type=_count, default=None,
+                   help="sample from the k most likely tokens (0: all)" + folder % "50")
+    p.add_argument("--top-p", type=_probability, default=None,
+                   help="sample from the most likely tokens whose probability reaches p (1: all)" + folder % "1.0")
+    p.add_argument("--repetition-penalty", type=positive(float), default=None,
+                   help="divide the positive logits of the ids already in the text by this, multiply the negative "
+                        "ones (1: none)" + folder % "1.0")
     p.add_argument("--seed", type=_count, default=None, help="makes sampling reproducible")
     p.add_argument("--device", choices=["cpu", "gpu"], default=None)
     return p
@@ -189,6 +221,8 @@ def build_parser():
 
 def run(argv=None):
     args = build_parser().parse_args(argv)
+    if args.prompt is not None and any("\ud800" <= char <= "\udfff" for char in args.prompt):  # bytes not UTF-8
+        raise DataError("--prompt is not valid UTF-8 (the command line holds other bytes); give the text in UTF-8")
     if args.prompt is not None and not args.prompt.strip():
         raise UsageError("--prompt is empty; give the text to continue, e.g. --prompt 'Once upon a time'")
     if args.device:
@@ -197,10 +231,9 @@ def run(argv=None):
         backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
 
     def sampler():
-        model, tokenizer = load_language_model(args.checkpoint or args.from_pretrained,
-                                               lambda message: print(message, file=sys.stderr),
-                                               hugging_face=args.from_pretrained is not None)
-        return Sampler(model, tokenizer, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
+        path, warn = args.checkpoint or args.from_pretrained, lambda message: print(message, file=sys.stderr)
+        model, tokenizer = load_language_model(path, warn, hugging_face=args.from_pretrained is not None)
+        return Sampler(model, tokenizer, args.max_new_tokens, seed=args.seed, **sampling_settings(args, path, warn))
 
     if args.prompt is None and sys.stdin.isatty():  # a person typing: answer each line
         s = sampler()

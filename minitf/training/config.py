@@ -205,8 +205,6 @@ class RunConfig:
             return "--" + name.replace("_", "-")
 
         kind = _kind(self.model)
-        if self.tokenizer not in TOKENIZERS + ("pretrained",):
-            raise UsageError(f"--tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
         if (self.tokenizer == "pretrained") != (self.init_from is not None):
             raise UsageError("the pretrained tokenizer comes with --init-from FOLDER and only with it; "
                              f"got tokenizer {self.tokenizer!r} and --init-from {self.init_from}")

@@ -1,0 +1,72 @@
+"""The BERT kind's part of the run config (``train.py --model bert``): its presets and its own options, each
+declared once (:func:`minitf.training.config.option`), their checks, and the model a run's config describes. A masked language model trained from
+scratch on the language models' text (``--train-text``, or the World English Bible), or a Hugging Face BERT,
+DistilBERT or RoBERTa folder fine-tuned on it (``--init-from``)."""
+import dataclasses
+
+from minitf.bert import hf
+from minitf.bert.model import BertConfig, BertForMaskedLM
+from minitf.lm.config import GROUP as TEXT_GROUP
+from minitf.training.config import RunConfig, option
+from minitf.training.errors import UsageError
+
+#: The masked LM's presets: BERT's choices (post-LN, exact GELU, learned positions and token types) at a CPU size;
+#: ``num_encoder_layers`` is its number of layers.
+PRESETS = {
+    "tiny": dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=0, d_ff=512, dropout=0.1,
+                 pre_norm=False, vocab_size=4000, block_size=128, warmup=400, lr_scale=0.5, max_tokens=2048,
+                 label_smoothing=0.0, max_minutes=9.0, eval_every=200, save_every=200, keep=5, average=0),
+}
+GROUP = "the masked language model (--model bert)"
+
+
+@dataclasses.dataclass
+class BertRunConfig(RunConfig):
+    """A ``--model bert`` run's config: sequences of at most ``block_size`` tokens, the share of them masked, and
+    a fine-tuned folder's config.json (``bert``, from --init-from)."""
+    block_size: int = option(128, "tokens per training sequence ([CLS] and [SEP] included), the model's positions",
+                             model=True, type="positive int", group=TEXT_GROUP)
+    tokenizer: str = option("wordpiece", flag=False)  # a WordPiece vocabulary of the training text, or "pretrained"
+    mask_prob: float = option(0.15, "share of each sequence's tokens that carry the loss, drawn anew every step from "
+                              "(seed, step, sequence, position): 80%% become [MASK], 10%% a random token, 10%% stay "
+                              "({default})", type="float", group=GROUP)  # %% : argparse's help
+    # from a Hugging Face BERT, DistilBERT or RoBERTa folder: its config.json, kept so that the run needs the folder
+    # no more (its model is built from it, an export writes it again)
+    bert: dict | None = option(None, flag=False, model=True)
+
+
+def validate(config):
+    """Refuse (one line naming the flag or key) what does not fit in a masked-LM run's own fields."""
+    if config.num_encoder_layers < 1:
+        raise UsageError(f"--num-encoder-layers must be a positive integer (BERT's layers), got "
+                         f"{config.num_encoder_layers!r}")
+    if config.tokenizer not in ("wordpiece", "pretrained"):
+        raise UsageError(f"a --model bert run's tokenizer is 'wordpiece' or 'pretrained', got {config.tokenizer!r}")
+    if not (isinstance(config.mask_prob, float) and 0.0 < config.mask_prob < 1.0):
+        raise UsageError(f"--mask-prob must be a share in (0, 1) (BERT: 0.15), got {config.mask_prob!r}")
+    if not (isinstance(config.block_size, int) and config.block_size >= 3):
+        raise UsageError(f"--block-size must be at least 3 ([CLS], one token, [SEP]), got {config.block_size!r}")
+
+
+def run_model_config(config, vocab_size, pad_id=0):
+    """The :class:`BertConfig` of a ``--model bert`` run: a fine-tuned folder's (its config.json, kept in the run as
+    ``bert``) with the run's dropout, or the run's sizes: ``num_encoder_layers`` layers, ``block_size`` positions,
+    BERT's two token types, [PAD] ``pad_id``."""
+    if config.bert is not None:
+        return hf.config_from_hf(config.bert, "config.json's \"bert\"").replace(dropout=config.dropout)
+    return BertConfig(vocab_size=vocab_size, d_model=config.d_model, num_heads=config.num_heads,
+                      num_layers=config.num_encoder_layers, d_ff=config.d_ff, max_position_embeddings=config.block_size,
+                      dropout=config.dropout, pad_token_id=pad_id)
+
+
+def build_run_model(config, vocab_size, pad_id=0):
+    """The masked LM a ``--model bert`` run trains (:func:`run_model_config`)."""
+    return BertForMaskedLM(run_model_config(config, vocab_size, pad_id))
+
+
+def read_run_pretrained(config, model):
+    """``{minitf name: host array}`` of a fine-tuning run's --init-from folder for its masked LM (a classifier
+    folder's encoder; the masked-LM head then keeps its new values)."""
+    _, head, _ = hf.pretrained_config(config.init_from)
+    state = hf.read_pretrained_state(config.init_from, model.config, "masked_lm", head)
+    return dict(model.state_dict(), **state) if head != "masked_lm" else state

@@ -1,0 +1,169 @@
+"""Training BERT's masked language model with the shared trainer: :class:`BertTrainer` is
+:class:`minitf.training.trainer.Trainer` (the same update for any world size, --accumulate, --zero 1, the loop,
+budget, checkpoints, resume and signals) with what a masked LM needs: sequences of text ([CLS] line [SEP]) as
+batches, the loss over the masked positions only (:mod:`minitf.bert.masking`: their count is the update's mean's
+denominator, :meth:`BertTrainer.loss_tokens`), validation by masked-token loss and accuracy."""
+import pathlib
+
+from minitf.backend import host as np
+from minitf.bert.config import build_run_model, read_run_pretrained
+from minitf.bert.masking import chosen, mask_inputs
+from minitf.loss import LabelSmoothedCrossEntropy
+from minitf.module import no_grad
+from minitf.training import trainer as base
+from minitf.training.errors import DataError, StepOutOfMemory
+from minitf.training.files import write_json_atomic
+from minitf.training.trainer import Trainer, perplexity
+
+#: Targets of the positions that carry no loss.
+IGNORE = -1
+#: The step whose masks every validation draws (the same positions at every validation: comparable numbers).
+VALIDATION_STEP = 2 ** 62
+
+
+class SentenceCorpus:
+    """The text as sequences: each non-empty line ``[CLS] line [SEP]``, cut to ``block_size`` tokens (its [SEP]
+    kept), stored flat per split (``ids``, ``starts``, ``lengths``)."""
+
+    def __init__(self, tokenizer, texts, block_size):
+        self.tokenizer, self.block_size = tokenizer, int(block_size)
+        self.ids, self.starts, self.lengths = {}, {}, {}
+        for split, text in texts.items():
+            lines = [line for line in text.split("\n") if line.strip()]
+            encoded = [tokenizer.encode(line)[0] for line in lines]  # once, when the run starts
+            encoded = [ids if len(ids) <= self.block_size else ids[:self.block_size - 1] + [tokenizer.sep_id]
+                       for ids in encoded]
+            lengths = np.asarray([len(ids) for ids in encoded], dtype=np.int64)
+            if lengths.size == 0:
+                raise DataError(f"the {split} text has no non-empty line; a masked LM trains on lines of text")
+            self.lengths[split] = lengths
+            self.starts[split] = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+            self.ids[split] = np.asarray([i for ids in encoded for i in ids], dtype=np.int64)
+
+    def epoch_batches(self, seed, epoch, max_tokens):
+        """(batches, lengths): this epoch's order of the training sequences, ``max_tokens // block_size`` a batch,
+        and their lengths (twice: the trainer's (input, target) sizes that weigh the ranks' shares)."""
+        lengths = self.lengths["train"]
+        order = np.random.default_rng([int(seed), int(epoch), 0x424552]).permutation(lengths.size)  # "BER"
+        rows = max(1, int(max_tokens) // self.block_size)
+        return [order[i:i + rows] for i in range(0, order.size, rows)], (lengths, lengths)
+
+    def batch(self, split, index):
+        """(ids (B, T) padded with [PAD], lengths (B,)) of the sequences ``index`` of ``split`` (host int64)."""
+        index = np.asarray(index, dtype=np.int64)
+        lengths = self.lengths[split][index]
+        width = int(lengths.max())
+        grid = self.starts[split][index][:, None] + np.arange(width)[None, :]                    # (B, T)
+        inside = np.arange(width)[None, :] < lengths[:, None]                                     # (B, T)
+        ids = np.where(inside, self.ids[split][np.minimum(grid, self.ids[split].size - 1)], self.tokenizer.pad_id)
+        return ids, lengths
+
+
+class BertTrainer(Trainer):
+    """A run of ``python train.py --model bert``: ``corpus`` is a :class:`SentenceCorpus`."""
+
+    def build_model(self):
+        return build_run_model(self.config, self.tokenizer.vocab_size, self.tokenizer.pad_id)
+
+    def read_pretrained(self):
+        return read_run_pretrained(self.config, self.model)
+
+    def build_loss(self):
+        return LabelSmoothedCrossEntropy(self.config.label_smoothing, ignore_index=IGNORE)
+
+    def epoch_batches(self):
+        return self.corpus.epoch_batches(self.config.seed, self.epoch, self.config.max_tokens)
+
+    def loss_tokens(self, index, lengths):
+        """The masked positions of the batch ``index`` (every rank draws the whole batch's: the same count)."""
+        index = np.asarray(index, dtype=np.int64)
+        seq = lengths[0][index]
+        return int(chosen(self.config.seed, self.step, index, seq, int(seq.max()), self.config.mask_prob).sum())
+
+    def masked_batch(self, split, index, step):
+        """(inputs, targets, key_padding_mask) of the sequences ``index`` with ``step``'s masks."""
+        ids, lengths = self.corpus.batch(split, index)
+        inputs, targets = mask_inputs(ids, index, lengths, self.config.seed, step, self.config.mask_prob,
+                                      self.tokenizer.mask_id, self.tokenizer.vocab_size, IGNORE)
+        return inputs, targets, np.arange(ids.shape[1])[None, :] >= lengths[:, None]             # (B, T) True: pad
+
+    def forward_loss(self, share):
+        inputs, targets, padding = self.masked_batch("train", share, self.step)
+        return self.loss_fn(self.model(inputs, key_padding_mask=padding), targets)
+
+    def _out_of_memory(self, update):
+        self.model.clear_saved()
+        self.loss_fn.clear_saved()
+        c = self.config
+        return StepOutOfMemory(
+            f"out of memory at step {self.step + 1} on a batch of {max(1, c.max_tokens // c.block_size)} sequences "
+            f"of up to {c.block_size} tokens (rank {self.world.rank}, {len(update)} batches per update); use a "
+            f"smaller --max-tokens (this run: {c.max_tokens}), e.g. --resume {self.run_dir} --max-tokens "
+            f"{max(c.block_size, c.max_tokens // 2)}; last good checkpoint: {self.last_checkpoint or 'none yet'}")
+
+    def end_reserve(self):
+        """One more validation and the test split, timed by the last validation (a share before any)."""
+        budget = self.budget
+        if budget.limit is None:
+            return 0.0
+        if budget.seconds_per_sentence is None:
+            return budget.UNMEASURED_SHARE * budget.limit + budget.MARGIN_SECONDS
+        return 2 * budget.validation_seconds + budget.MARGIN_SECONDS
+
+    def evaluate(self, split):
+        """(loss, nll summed, masked tokens, correct predictions) over ``split``'s sequences with the validation
+        masks; every rank takes a share of the batches."""
+        totals = np.zeros(4)
+        n = self.corpus.lengths[split].size
+        rows = max(1, self.config.max_tokens // self.config.block_size)
+        batches = [np.arange(i, min(i + rows, n)) for i in range(0, n, rows)]
+        training = self.model.training
+        self.model.eval()
+        try:
+            with no_grad():
+                for index in batches[self.world.rank::self.world.size]:
+                    inputs, targets, padding = self.masked_batch(split, index, VALIDATION_STEP)
+                    logits = self.model(inputs, key_padding_mask=padding)
+                    loss = self.loss_fn(logits, targets)
+                    carry = targets != IGNORE
+                    guess = np.asarray(logits.argmax(-1).get() if hasattr(logits, "get") else logits.argmax(-1))
+                    totals += (loss * self.loss_fn.num_tokens, self.loss_fn.nll_sum, self.loss_fn.num_tokens,
+                               float((guess == targets)[carry].sum()))
+        finally:
+            self.model.train(training)
+        if self.world.size > 1:
+            totals = self.world.sum_host(totals)
+        tokens = max(float(totals[2]), 1.0)
+        return float(totals[0]) / tokens, float(totals[1]), tokens, float(totals[3]) / tokens
+
+    def validate(self, bar=None, split="valid", samples=0, model_name=None):
+        """Masked-token loss, perplexity and accuracy on ``split``, logged and written to metrics.jsonl; rank 0
+        returns the record, the others {}."""
+        started = base.clock()
+        loss, nll, tokens, accuracy = self.evaluate(split)
+        ppl = perplexity(nll / tokens)
+        record = dict(kind=split, step=self.step, loss=round(loss, 5), ppl=round(ppl, 3),
+                      accuracy=round(accuracy, 4), tokens=int(tokens))
+        if model_name is not None:
+            record["model"] = model_name
+        if split == "valid" and model_name is None:
+            self.valid_ppl[self.step] = ppl
+            self.budget.note_validation(base.clock() - started, 1)
+        if not self.world.is_root:
+            return {}
+        self.metrics.write(**record)
+        (bar.write if bar is not None else self.log)(
+            f"step {self.step} {split}: masked-token loss {loss:.3f}  ppl {ppl:.2f}  accuracy {accuracy:.3f} "
+            f"({int(tokens)} masked tokens)")
+        return record
+
+    def finish(self, final):
+        """The end of a run: best.json names the last checkpoint, the test split's masked loss is reported."""
+        if self.world.is_root:
+            write_json_atomic(self.run_dir / "best.json", {"model": "last", "checkpoint": str(
+                pathlib.Path("checkpoints") / final.name)})
+        if "test" in self.corpus.lengths:
+            record = self.validate(split="test")
+            if self.world.is_root:
+                self.log(f"test masked-token loss {record['loss']:.3f} (accuracy {record['accuracy']:.3f}) with the "
+                         "last model")
