@@ -22,6 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
+from minitf.training.errors import add_renamed  # noqa: E402
 minitf.backend.keep_freed_memory()  # as train.py runs (no page faults for each fresh temporary)
 from minitf import backend  # noqa: E402
 from benchmarks.common import CONFIGS, GPT_SHAPES, MinitfGPTStep, MinitfStep, load_reference, make_batch  # noqa: E402
@@ -136,7 +137,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", choices=list(CONFIGS), default="base")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--ref", help="also profile this git revision, alternating (before / after)")
+    add_renamed(parser, "--baseline", "--ref", metavar="REV",
+                help="also profile this git revision, alternating (before / after)")
     parser.add_argument("--gpt", choices=list(GPT_SHAPES), help="profile the GPT's step of this shape instead")
     args = parser.parse_args(argv)
     c = CONFIGS[args.config] if args.gpt is None else dict(GPT_SHAPES[args.gpt], kind="gpt")
@@ -144,14 +146,14 @@ def main(argv=None):
         args.config = f"GPT {args.gpt}"
     print(f"{args.config}: median of {args.steps} steps, load average {os.getloadavg()[0]:.2f}, "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}\n")
-    if args.ref is None:
+    if args.baseline is None:
         print_table(*profile(c, None if args.gpt else make_batch(c), args.steps))
         return
     import tempfile
     with tempfile.TemporaryDirectory() as folder:
-        minitf_ref = load_reference(args.ref, folder)
+        minitf_ref = load_reference(args.baseline, folder)
         before, after = profile(c, None if args.gpt else make_batch(c), args.steps, libs=(minitf_ref, minitf))
-    print_comparison(before, after, args.ref)
+    print_comparison(before, after, args.baseline)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ over (B, H, T, T) = (32, 8, 64, 64); ``decode_attention`` one cached decoding st
 sentences, 8 heads, one query against 30 cached positions); ``decode_normalizer`` beam search's log-softmax
 normalizer over the vocabulary at one step (nmt/decode.py's ``shifted_exp_sums`` and the log), (beam x batch,
 V) = (32, ``--vocab``) logits. ``threshold``: softmax over (rows, 512) for
-growing row counts, to place ``backend.THREAD_MIN_ELEMENTS``. ``in_place --ref REV``: GELU's tanh form (forward
+growing row counts, to place ``backend.THREAD_MIN_ELEMENTS``. ``in_place --baseline REV``: GELU's tanh form (forward
 and backward over (``--rows``, 768)) and the attention core with its backward at the default GPT run's shape
 ((16, 4, 128, 48), causal), this tree's code (each step into an array it already has) against revision REV's
 (999164a: the plain lines, a fresh array for each operation), alternating, on 1 thread and on ``--threads``.
@@ -34,6 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
+from minitf.training.errors import add_renamed  # noqa: E402
 minitf.backend.keep_freed_memory()  # as train.py runs (no page faults for each fresh temporary)
 from benchmarks.common import cpu_model, blas_description  # noqa: E402
 from minitf import backend  # noqa: E402
@@ -183,9 +184,9 @@ def threshold_part(args):
 def in_place_part(args):
     import tempfile
     from benchmarks.common import load_reference
-    if not args.ref:
-        raise SystemExit("threads.py: --part in_place needs --ref REV, the revision to compare with (999164a)")
-    old = load_reference(args.ref, tempfile.mkdtemp())
+    if not args.baseline:
+        raise SystemExit("threads.py: --part in_place needs --baseline REV, the revision to compare with (999164a)")
+    old = load_reference(args.baseline, tempfile.mkdtemp())
     x, dy = rand((args.rows, 768), 15, 2.0), rand((args.rows, 768), 16)
     Q, K, U, dO = (rand((16, 4, 128, 48), seed) for seed in (17, 18, 19, 20))
     keep = ~np.triu(np.ones((128, 128), dtype=bool), k=1)[None, None]
@@ -200,7 +201,7 @@ def in_place_part(args):
             return (O, P) + tuple(lib.attention.scaled_dot_product_attention_backward(dO, Q, K, U, P))
         return run
     for name, make in (("gelu_tanh f+b", gelu), ("attention core f+b", attention)):
-        runs = {args.ref: make(old), "this tree": make(minitf)}
+        runs = {args.baseline: make(old), "this tree": make(minitf)}
         for count in sorted({1, args.threads}):
             times, results = {k: [] for k in runs}, {}
             with backend.thread_count(count), old.backend.thread_count(count):
@@ -224,7 +225,7 @@ PARTS = ("adam", "loss", "layernorm", "silu", "gelu", "dropout", "softmax", "dec
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--part", choices=PARTS + ("all", "threshold", "in_place"), default="all")
-    parser.add_argument("--ref", help="in_place: the revision whose code to compare with")
+    add_renamed(parser, "--baseline", "--ref", metavar="REV", help="in_place: the revision whose code to compare with")
     parser.add_argument("--threads", type=int, default=None, help="the threaded side (default: backend.threads())")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--params", type=int, default=74_000_000, help="Adam's parameters (opus-mt: 74M)")

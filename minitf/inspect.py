@@ -30,7 +30,7 @@ from minitf.loader import load as load_any
 from minitf.pretrained import is_hugging_face_folder
 from minitf.nmt.data import pad_batch
 from minitf.nmt.decode import beam_search, greedy_decode
-from minitf.training.errors import DataError, OneLineParser, UsageError, positive, report_errors
+from minitf.training.errors import DataError, OneLineParser, UsageError, add_renamed, positive, report_errors
 from minitf.training.text import decode_lines
 
 np = backend.host  # token ids live on the host
@@ -165,8 +165,8 @@ class Inspector:
         if self.loaded.context <= self.max_tokens:
             raise DataError(f"{where} has {n} {what}, longer than the model's context of {self.loaded.context} "
                             f"({self.loaded.context_why}); shorten it")
-        raise DataError(f"{where} has {n} {what}; the page shows at most --max-tokens {self.max_tokens}: shorten it "
-                        "or raise --max-tokens")
+        raise DataError(f"{where} has {n} {what}; the page shows at most --max-input-tokens {self.max_tokens}: shorten "
+                        "it or raise --max-input-tokens")
 
     def example(self, text, reference=None, where="the sentence"):
         """(the JSON of one example, warning lines). DataError for an empty or too long sentence."""
@@ -348,8 +348,8 @@ def build_parser():
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("inspect.html"),
                    help="the HTML file to write (default: inspect.html)")
     p.add_argument("--open", action="store_true", help="open the page in the browser")
-    p.add_argument("--max-tokens", type=positive(int), default=100,
-                   help="the longest input shown (also capped by the model's context) (default: 100)")
+    add_renamed(p, "--max-input-tokens", "--max-tokens", type=positive(int), default=100,
+                help="the longest input shown, in tokens (also capped by the model's context) (default: 100)")
     p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 with a text box instead")
     p.add_argument("--port", type=int, default=8000, help="--serve's port (0: any free one) (default: 8000)")
     p.add_argument("--max-chars", type=positive(int), default=1000,
@@ -381,7 +381,7 @@ def run(argv=None):
     loaded = load(args.checkpoint, warn)
     if args.reference is not None and not loaded.page.pairs:
         raise UsageError(f"--reference is for a translation model; {loaded.page.no_reference}")
-    inspector = Inspector(loaded, args.max_tokens, args.beam)
+    inspector = Inspector(loaded, args.max_input_tokens, args.beam)
     examples, warnings = [], []
     for text, where in sentences:
         example, notes = inspector.example(text, args.reference, where)
@@ -402,7 +402,7 @@ def run(argv=None):
 
 def serve(args, warn):
     loaded = load(args.checkpoint, warn)
-    inspector = Inspector(loaded, args.max_tokens, args.beam)
+    inspector = Inspector(loaded, args.max_input_tokens, args.beam)
     form = {"max_chars": args.max_chars, "reference": loaded.page.pairs}
 
     def page(query, examples=(), warnings=(), error=None):
@@ -433,7 +433,7 @@ def serve(args, warn):
 
 def main(argv=None):
     backend.keep_freed_memory()
-    return report_errors("minitf.inspect", run, argv, memory_hint="use a shorter sentence or a smaller --max-tokens")
+    return report_errors("minitf.inspect", run, argv, memory_hint="use a shorter sentence or a smaller --max-input-tokens")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Do two revisions train bit for bit alike? ``python scripts/same_runs.py --ref REV`` runs the same short runs
+"""Do two revisions train bit for bit alike? ``python scripts/same_runs.py --baseline REV`` runs the same short runs
 (translation, Marian fine-tuning, GPT, Llama; one rank and two through mpiexec) with ``train.py`` of this tree and
 of a git worktree of REV, and compares the last checkpoint's model.npz and Adam moments (sha256) and every logged
 training loss. For a refactor of the shared machinery that must change no number (the update, the run config).
@@ -15,6 +15,8 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout
+from minitf.training.errors import add_renamed  # noqa: E402
 TINY = ["--d-model", "16", "--num-heads", "2", "--num-layers", "1", "--d-ff", "32", "--vocab-size", "40",
         "--max-tokens", "120", "--warmup", "20", "--bleu-sentences", "4", "--beam", "2"]
 LM = ["--tokenizer", "char", "--d-model", "24", "--num-heads", "4", "--num-layers", "2", "--d-ff", "48",
@@ -66,7 +68,8 @@ def show(result):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ref", required=True, help="the revision to compare with (a git worktree of it is made)")
+    add_renamed(p, "--baseline", "--ref", required=True, metavar="REV",
+                help="the revision to compare with (a git worktree of it is made)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--runs", nargs="*", help="only these runs (translation, marian, gpt, llama, llama-folder)")
     p.add_argument("--ranks", type=int, nargs="*", default=[1, 2])
@@ -74,7 +77,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         ref = tmp / "ref"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(ref), args.ref], cwd=ROOT, check=True)
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(ref), args.baseline], cwd=ROOT, check=True)
         try:
             (tmp / "data").mkdir()
             inputs = make_inputs(tmp / "data")

@@ -455,7 +455,7 @@ def test_inspect_help_shows_every_default():
     from minitf.inspect import build_parser
     parser = build_parser()
     defaults = [a for a in parser._actions if a.option_strings and a.default not in (None, False, argparse.SUPPRESS)]
-    assert len(defaults) == 4  # --out, --max-tokens, --port, --max-chars
+    assert len(defaults) == 4  # --out, --max-input-tokens, --port, --max-chars
     for action in defaults:
         assert f"(default: {action.default})" in action.help, action.option_strings
     assert "(default: MINITF_DEVICE, else cpu)" in parser.format_help()
@@ -515,7 +515,7 @@ BAD_INPUTS = {
                             "line 2 is empty"),
     "nothing on stdin": (lambda w, t: ["--checkpoint", w["ref"]], b"", 1, "standard input is empty"),
     "longer than the page": (lambda w, t: ["--checkpoint", w["ref"], "--text", "Der hund sieht ein haus.",
-                                           "--max-tokens", "5"], None, 1, "at most --max-tokens 5"),
+                                           "--max-input-tokens", "5"], None, 1, "at most --max-input-tokens 5"),
     "longer than the context": (lambda w, t: ["--checkpoint", w["ref"], "--text", "der hund " * 60], None, 1,
                                 "longer than the model's context of 100"),
     "unwritable output": (lambda w, t: ["--checkpoint", w["ref"], "--text", "Der hund.", "--out", _file_as_folder(t)],

@@ -38,7 +38,7 @@ def test_translate_cli_reads_stdin_and_scores_references(tiny_run):
     src = pathlib.Path(corpus[corpus.index("--test-src") + 1])
     ref = pathlib.Path(corpus[corpus.index("--test-tgt") + 1])
     result = subprocess.run([sys.executable, "-m", "minitf.translate", "--checkpoint", str(tiny_run["run"]),
-                             "--beam", "2", "--ref", str(ref)], input=src.read_bytes(), capture_output=True,
+                             "--beam", "2", "--reference", str(ref)], input=src.read_bytes(), capture_output=True,
                             cwd=ROOT, env=_env(), timeout=120)
     assert result.returncode == 0, result.stderr.decode()
     lines = result.stdout.decode().splitlines()
@@ -191,14 +191,14 @@ def test_a_marian_folder_translates_files_and_pipes_through_the_cli(marian):
     run = lambda *flags, **how: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "minitf.translate", "--checkpoint", str(marian["folder"]), *map(str, flags)],
         capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=120, **how)
-    result = run("--src", marian["src"], "--ref", marian["src"])
+    result = run("--src", marian["src"], "--reference", marian["src"])
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == marian["expected"][4]
     assert "BLEU" in result.stderr and "error" not in result.stderr.lower()
     assert marian["expected"][4] != marian["expected"][1]  # beam and greedy differ here: the test can tell
     greedy = run("--beam", 1, input="\n".join(marian["texts"]) + "\n")
     assert greedy.returncode == 0 and greedy.stdout.splitlines() == marian["expected"][1], greedy.stderr
-    short = run("--beam", 2, "--max-len", 3, "--src", marian["src"])
+    short = run("--beam", 2, "--max-new-tokens", 3, "--src", marian["src"])
     assert short.returncode == 0 and short.stdout.splitlines() == marian["expected"]["max-len 3"], short.stderr
 
 
@@ -361,14 +361,20 @@ def test_a_line_longer_than_the_runs_max_len_is_refused_naming_the_line(tiny_run
     source.write_text(f"{long_line}\n", encoding="utf-8")
     code, err, out = translate(["--checkpoint", tiny_run["run"], "--src", source], capsys)
     assert code == 1 and out == "" and f"--src {source}: line 1 has " in one_error_line(err, "minitf.translate")
-    code, err, out = translate(["--checkpoint", tiny_run["run"], "--max-len", 100], capsys, b"Der hund.\n",
+    code, err, out = translate(["--checkpoint", tiny_run["run"], "--max-new-tokens", 100], capsys, b"Der hund.\n",
                                monkeypatch, tmp_path)
     line = one_error_line(err, "minitf.translate")
-    assert code == 2 and out == "" and "--max-len 100 does not fit the model's context of 100" in line
+    assert code == 2 and out == "" and "--max-new-tokens 100 does not fit the model's context of 100" in line
     assert "use at most 99" in line
+    code, err, out = translate(["--checkpoint", tiny_run["run"], "--max-new-tokens", 99], capsys, b"Der hund.\n",
+                               monkeypatch, tmp_path)
+    assert code == 0 and len(out.splitlines()) == 1, err
+    # the old spelling, kept one release: the same value, and one line saying the new one
     code, err, out = translate(["--checkpoint", tiny_run["run"], "--max-len", 99], capsys, b"Der hund.\n",
                                monkeypatch, tmp_path)
     assert code == 0 and len(out.splitlines()) == 1, err
+    assert [line for line in err if line.startswith("note:")] == [
+        "note: --max-len is now --max-new-tokens (the old spelling goes in the next release)"], err
 
 
 @pytest.mark.extra("transformers", "bench")
@@ -402,7 +408,7 @@ def test_a_marian_folder_refuses_a_line_past_its_positions_as_transformers_does(
     line = one_error_line(err, "minitf.translate")
     assert code == 1 and out == "" and "standard input: line 2 has 65 tokens with its </s>" in line
     assert "longer than the model's context of 64 (its position table, max_position_embeddings)" in line
-    code, err, out = translate(["--checkpoint", marian["folder"], "--max-len", 64], capsys, b"Hallo\n",
+    code, err, out = translate(["--checkpoint", marian["folder"], "--max-new-tokens", 64], capsys, b"Hallo\n",
                                monkeypatch, tmp_path)
     assert code == 2 and "use at most 63" in one_error_line(err, "minitf.translate")
 

@@ -2,12 +2,12 @@
 RUN_OR_CHECKPOINT_OR_MARIAN_FOLDER``.
 
 Reads source sentences from stdin (or ``--src FILE``), one per line, and writes one translation
-per line on stdout: on a terminal each line as it is typed, from a pipe or file in batches. ``--ref
+per line on stdout: on a terminal each line as it is typed, from a pipe or file in batches. ``--reference
 FILE`` also prints corpus BLEU (sacrebleu) on stderr. A run's model decodes with the paper's rules:
 beam search by default (beam 4, alpha 0.6, at most input length + 50 tokens); ``--beam 1`` is greedy.
 A Hugging Face Marian folder (an opus-mt model: config.json, model.safetensors, source.spm, target.spm,
 vocab.json) decodes as transformers' ``generate`` does, with its generation_config.json's beam size, length
-limit and length penalty unless ``--beam``, ``--max-len`` or ``--alpha`` say otherwise. A sentence longer than
+limit and length penalty unless ``--beam``, ``--max-new-tokens`` or ``--alpha`` say otherwise. A sentence longer than
 the model's context (a run's --max-len, a Marian folder's max_position_embeddings) is refused naming its line,
 and no output passes the context less the decoder's start token (docs/decoding.md, "Positions and padding").
 """
@@ -20,7 +20,8 @@ from minitf.loader import load
 from minitf.nmt.config import MAX_ALPHA
 from minitf.nmt.decode import translate_texts
 from minitf.nmt.kind import KIND
-from minitf.training.errors import DataError, OneLineParser, UsageError, number_in, positive, report_errors
+from minitf.training.errors import (DataError, OneLineParser, UsageError, add_renamed, number_in, positive,
+                                   report_errors)
 from minitf.training.text import answer_each_line, decode_lines, read_lines
 
 
@@ -35,13 +36,13 @@ def load_translator(path, warn=None):
 
 
 def decoding(settings, args, why=""):
-    """The decoding settings with the user's flags in place of the model's; a --max-len whose output would not
+    """The decoding settings with the user's flags in place of the model's; a --max-new-tokens whose output would not
     fit the model's context with its start token is refused."""
     positions = settings.max_positions
-    if args.max_len is not None and positions is not None and args.max_len > positions - 1:
-        raise UsageError(f"--max-len {args.max_len} does not fit the model's context of {positions} ({why}) with "
-                         f"the decoder's start token; use at most {positions - 1}")
-    return settings.with_flags(beam=args.beam, alpha=args.alpha, max_len=args.max_len)
+    if args.max_new_tokens is not None and positions is not None and args.max_new_tokens > positions - 1:
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens} does not fit the model's context of {positions} "
+                         f"({why}) with the decoder's start token; use at most {positions - 1}")
+    return settings.with_flags(beam=args.beam, alpha=args.alpha, max_len=args.max_new_tokens)
 
 
 def translate_interactively(model, tokenizer, settings, stdin=None, stdout=None, stderr=None, why=""):
@@ -64,12 +65,13 @@ def build_parser():
     p.add_argument("--alpha", type=number_in(0, MAX_ALPHA), default=None,
                    help=f"length penalty exponent, 0 to {MAX_ALPHA:g} (a run: GNMT's, default 0.6; a Marian "
                         "folder: Hugging Face's length_penalty, default generation_config.json's)")
-    p.add_argument("--max-len", type=positive(int), default=None,
-                   help="most tokens of a translation counting its end (default: source length + 50 for a run, "
-                        "generation_config.json's max_length - 1 for a Marian folder)")
+    add_renamed(p, "--max-new-tokens", "--max-len", type=positive(int), default=None,
+                help="most tokens of a translation counting its end (default: source length + 50 for a run, "
+                     "generation_config.json's max_length - 1 for a Marian folder)")
     p.add_argument("--batch-size", type=positive(int), default=64)
     p.add_argument("--src", type=pathlib.Path, help="source file (default: stdin)")
-    p.add_argument("--ref", type=pathlib.Path, help="reference translations: print BLEU on stderr")
+    add_renamed(p, "--reference", "--ref", type=pathlib.Path, metavar="FILE",
+                help="reference translations, one a line: print BLEU on stderr")
     p.add_argument("--device", choices=["cpu", "gpu"], default=None)
     return p
 
@@ -81,16 +83,16 @@ def run(argv=None):
     else:
         backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
     warn = lambda message: print(message, file=sys.stderr)  # noqa: E731
-    if args.src is None and args.ref is None and sys.stdin.isatty():  # a person typing: answer each line
+    if args.src is None and args.reference is None and sys.stdin.isatty():  # a person typing: answer each line
         model, tokenizer, options, why = load_translator(args.checkpoint, warn)
         return translate_interactively(model, tokenizer, decoding(options, args, why), why=why)
     if args.src is not None:
         sources, origin = read_lines(args.src, "--src"), f"--src {args.src}"
     else:
         sources, origin = decode_lines(sys.stdin.buffer.read(), "standard input"), "standard input"
-    references = read_lines(args.ref, "--ref") if args.ref is not None else None
+    references = read_lines(args.reference, "--reference") if args.reference is not None else None
     if references is not None and len(references) != len(sources):
-        raise DataError(f"--ref has {len(references)} lines but the source has {len(sources)}; "
+        raise DataError(f"--reference has {len(references)} lines but the source has {len(sources)}; "
                         "they must match line by line")
     model, tokenizer, options, why = load_translator(args.checkpoint, warn)
     numbers = [number for number, s in enumerate(sources, start=1) if s]  # the line of each sentence translated

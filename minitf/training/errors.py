@@ -61,6 +61,28 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+class _OldSpelling(argparse.Action):
+    """A renamed flag's old spelling, kept one release: its value goes to the new flag's, with a one-line note."""
+
+    def __init__(self, option_strings, dest, new=None, **keywords):
+        self.new = new
+        super().__init__(option_strings, dest, **keywords)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"note: {option_string} is now {self.new} (the old spelling goes in the next release)", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_renamed(parser, new, old, **keywords):
+    """Add the flag ``new`` (argparse's ``keywords``) and its old spelling ``old``, kept one release: it sets the
+    same value and says once, on stderr, that it is now ``new`` (hidden from --help). One meaning per flag in every
+    command (docs/training.md, "Flags")."""
+    action = parser.add_argument(new, **keywords)
+    parser.add_argument(old, dest=action.dest, action=_OldSpelling, new=new, help=argparse.SUPPRESS,
+                        default=argparse.SUPPRESS, **{k: v for k, v in keywords.items() if k in ("type", "metavar")})
+    return action
+
+
 def _number(convert, accept, expected):
     """An argparse type: ``convert(text)`` if ``accept`` takes it, else 'expected ..., got ...'."""
     def parse(text):
