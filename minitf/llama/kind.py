@@ -5,7 +5,7 @@ and its runs load, resume and sample as the GPT's do."""
 import importlib.util
 import pathlib
 
-from minitf.llama import hf
+from minitf.llama import hf, moe_hf
 from minitf.llama.config import RUN_PRESETS, run_model_config, validate_run
 from minitf.llama.model import Llama
 from minitf.training.errors import DataError, UsageError
@@ -15,7 +15,7 @@ from minitf.training.kind import Kind, Loaded
 class LlamaKind(Kind):
     name = "llama"
     title = "language model"
-    hf_model_types = hf.FAMILY
+    hf_model_types = moe_hf.FAMILY
     hf_what = hf.LLAMA_FOLDER
     generates = True
     presets = RUN_PRESETS
@@ -97,7 +97,7 @@ class LlamaKind(Kind):
             raise DataError(f"reading a {hf.LLAMA_FOLDER} needs the tokenizers package, not installed here: "
                             "pip install -e '.[hf]'")
         folder = pathlib.Path(folder)
-        config, hf_config = hf.pretrained_config(folder)  # every config value checked first
+        config, hf_config = moe_hf.pretrained_config(folder)  # every config value checked first
         tokenizer_path(folder)                    # then the tokenizer's presence, before the weights are read
         model = Llama.from_pretrained(folder).eval()
         tokenizer = read_tokenizer(folder, config.eos_ids)

@@ -14,7 +14,7 @@ Shapes: B batch, L sequence length, D d_model, V vocabulary size.
 from minitf import backend
 from minitf.attention import GroupedQueryAttention
 from minitf.layers import Embedding, OutputProjection, RMSNorm, SwiGLU
-from minitf.llama import hf
+from minitf.llama import moe_hf
 from minitf.llama.config import LlamaConfig
 from minitf.module import Module, ModuleList
 from minitf.moe import SparseMoE, aux_losses, backward_aux
@@ -159,14 +159,16 @@ class Llama(Module):
     # -- Hugging Face folders -------------------------------------------------------
     @classmethod
     def from_pretrained(cls, folder, dtype=None):
-        """The model of a Hugging Face Llama, Qwen2 or Mistral folder (:func:`minitf.llama.hf.from_pretrained`):
-        config.json and every tensor checked first, bfloat16 and float16 weights widened, built under ``dtype``."""
-        return hf.from_pretrained(cls, folder, dtype)
+        """The model of a Hugging Face Llama, Qwen2, Mistral, Qwen3, Qwen3-MoE, Qwen2-MoE, Mixtral or OLMoE folder
+        (:func:`minitf.llama.moe_hf.from_pretrained`): config.json and every tensor checked first, bfloat16 and
+        float16 weights widened, built under ``dtype``."""
+        return moe_hf.from_pretrained(cls, folder, dtype)
 
     def save_pretrained(self, folder, hf_config=None):
-        """Write this model as a Hugging Face folder (:func:`minitf.llama.hf.save_pretrained`; ``hf_config``: the
-        config.json it was read from, whose other entries are kept) that transformers loads with the same logits."""
-        hf.save_pretrained(self, folder, hf_config)
+        """Write this model as a Hugging Face folder (:func:`minitf.llama.moe_hf.save_pretrained`; ``hf_config``:
+        the config.json it was read from, whose other entries are kept) that transformers loads with the same
+        logits."""
+        moe_hf.save_pretrained(self, folder, hf_config)
 
     def num_parameters_of_shape(self):
         """The parameters a model of this config has, counted from the config alone."""
