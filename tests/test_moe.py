@@ -187,3 +187,31 @@ def test_the_auxiliary_losses_gradient_through_the_block_reaches_router_and_inpu
 
 def xp_zeros(shape):
     return backend.asarray(np.zeros(shape))
+
+
+def test_the_block_on_a_cupy_like_strict_backend_one_host_copy_a_forward_no_float64():
+    """On tests/strict_xp.py's stand-in: no implicit host conversion, no host array mixed in; one device-to-host
+    copy per forward (the tokens per expert, which the loop over the experts needs on the host) and none in the
+    backward; a float32 block makes no float64 array; the numbers are NumPy's bit for bit."""
+    from tests import strict_xp
+    with backend.default_dtype("float32"):
+        block = randomize(SparseMoE(6, 4, 5, 2, shared_d_ff=3), 3)
+        x = random_array(4, (2, 3, 6)).astype(np.float32)
+        dy = random_array(5, (2, 3, 6)).astype(np.float32)
+        expected_y = backend.to_numpy(block(x))
+        expected_dx = backend.to_numpy(block.backward(dy))
+        expected_grads = {n: backend.to_numpy(p.grad).copy() for n, p in block.named_parameters()}
+        block.zero_grad()
+        with strict_xp.active() as counts:
+            for p in block.parameters():
+                p.data, p.grad = backend.asarray(backend.to_numpy(p.data)), backend.asarray(backend.to_numpy(p.grad))
+            xs, dys = backend.asarray(x), backend.asarray(dy)
+            counts.reset()
+            counts.watch_float64 = True
+            y = block(xs)
+            assert counts.to_host == 1
+            dx = block.backward(dys)
+            assert counts.to_host == 1 and counts.float64_results == 0
+            got = {n: backend.to_numpy(p.grad) for n, p in block.named_parameters()}
+            assert np.array_equal(backend.to_numpy(y), expected_y) and np.array_equal(backend.to_numpy(dx), expected_dx)
+        assert all(np.array_equal(got[n], expected_grads[n]) for n in got)
