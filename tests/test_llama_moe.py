@@ -143,3 +143,32 @@ def test_decoding_a_sparse_model_through_the_cache_equals_the_full_forward(case,
 def test_a_sparse_config_that_does_not_fit_is_refused_naming_the_field(fields, words):
     with pytest.raises(ValueError, match=words):
         LlamaConfig(**(dict(vocab_size=50, d_model=8, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=8) | fields))
+
+
+def test_the_walk_of_a_sparse_llama_is_made_of_the_real_gradients_and_names_its_lines():
+    """The trace example with a sparse feed-forward (3 experts, top 2, a shared expert, q/k norms per head): every
+    recorded upstream gradient and parameter gradient agrees with central differences (tests/test_trace.py's
+    checks), the walk's sparse steps are the records of the experts and the router, and each names its line."""
+    import pathlib
+    from minitf import kinds
+    from minitf.llama.study import build_trace_model
+    from minitf.study import walk
+    from minitf.study.tracer import run_next_token
+    from tests.test_trace import analytic_and_numeric, llama_loss, upstream_gradients_checked
+    root = pathlib.Path(__file__).resolve().parents[1]
+    with backend.default_dtype("float64"):
+        tracer, model, _ = run_next_token(build_trace_model(num_experts=3, num_experts_per_tok=2, qk_norm="head",
+                                                            shared_expert_d_ff=4))
+        assert smallest_gap(model) > GAP
+        assert upstream_gradients_checked(tracer, model, llama_loss) >= 20
+        analytic, numeric = analytic_and_numeric(model, llama_loss)
+    assert np.abs(analytic - numeric).max() <= 1e-6 * np.abs(numeric).max() + 1e-8
+    steps = [s for s in kinds.get("llama").walk(tracer, model).steps if not isinstance(s, str)]
+    sparse = {s.label.split(":")[0]: s for s in steps if "layers.0.mlp" in s.label}
+    router = [r for r in tracer.records if r.name == "layers.0.mlp.gate" and r.kind == "backward"]
+    assert np.array_equal(sparse["layers.0.mlp.gate"].array, dict(router[0].inputs)["dy"])
+    for step in steps:
+        if step.code is not None:
+            path, number = walk.source_line(*step.code)[0].split(":")
+            line = (root / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
+            assert line.strip().startswith(walk.source_line(*step.code)[1]), (step.label, line)

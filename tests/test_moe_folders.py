@@ -149,3 +149,49 @@ def test_a_model_no_folder_type_holds_is_refused_before_anything_is_written(tmp_
     assert not (tmp_path / "out").exists()
     assert moe_hf.model_type_of(config.replace(qk_norm="head")) == "qwen3_moe"
     assert moe_hf.model_type_of(config.replace(mlp_only_layers=())) == "mixtral"
+
+
+@pytest.mark.extra("tokenizers", "hf")
+def test_generate_and_inspect_read_a_qwen3_moe_folder(tmp_path):
+    """python -m minitf.generate samples a Qwen3-MoE folder as transformers' greedy generate does, and
+    python -m minitf.inspect draws its page (the sparse feed-forward's walk, the experts in the model's line)."""
+    import subprocess
+    import sys
+    import torch
+    import transformers
+    from minitf.study.inspection import page
+    from tests.runs import CPU_ENV, ROOT
+    from tests.test_llama import write_tokenizer
+    folder = tmp_path / "qwen3_moe"
+    folder.mkdir()
+    V = write_tokenizer(folder)
+    torch.manual_seed(0)
+    theirs = transformers.AutoModelForCausalLM.from_config(
+        hf_config("qwen3_moe", vocab_size=V, bos_token_id=0, eos_token_id=1))
+    with torch.no_grad():
+        for p in theirs.parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, 0.5)
+    theirs.save_pretrained(folder)
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", *map(str, args)], capture_output=True, text=True, cwd=ROOT,
+                              env=CPU_ENV, timeout=300)
+
+    done = run("minitf.generate", "--checkpoint", folder, "--prompt", "the cat", "--temperature", 0,
+               "--max-new-tokens", 6)
+    assert done.returncode == 0, done.stderr
+    import minitf
+    loaded = minitf.load(folder)
+    ids = loaded.tokenizer.encode(["the cat"])[0]
+    with torch.no_grad():
+        out = theirs.eval().generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, pad_token_id=1)[0]
+    out = out.tolist()
+    cut = next((i for i, t in enumerate(out) if i >= len(ids) and t == 1), len(out))
+    assert done.stdout == loaded.tokenizer.decode([out[:cut]])[0] + "\n"
+    html = tmp_path / "page.html"
+    drawn = run("minitf.inspect", "--checkpoint", folder, "--text", "the cat", "--out", html)
+    assert drawn.returncode == 0, drawn.stderr
+    data = page.read_data(html.read_text(encoding="utf-8"))
+    assert "1 sparse feed-forwards of 4 SwiGLU experts (d_ff 6, top 2) and 1 dense" in dict(data["model"]["facts"])[
+        "model"]
