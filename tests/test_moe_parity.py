@@ -242,3 +242,42 @@ def test_save_pretrained_loads_in_transformers_with_the_same_logits(family, fiel
     back = Llama.from_pretrained(tmp_path)
     assert all(np.array_equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
     assert back.config == config.replace(head_dim=4, router_aux_loss_coef=back.config.router_aux_loss_coef)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=seeds, layers=st.integers(1, 3), E=st.integers(1, 6), data=st.data())
+def test_the_load_balancing_loss_and_its_gradient_equal_transformers_function(seed, layers, E, data):
+    """minitf.moe.load_balancing_loss and its backward (through the softmax: d/dlogits) against transformers'
+    load_balancing_loss_func and PyTorch's autograd of it, several layers' router logits, with an attention mask
+    or without (float64: its float32 sums made float64 as above)."""
+    torch, _ = _hf()
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    from minitf.layers import softmax, softmax_backward
+    from minitf.moe import load_balancing_loss, load_balancing_loss_backward, top_k
+    k = data.draw(st.integers(1, E))
+    B, L = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 5))
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((layers, B * L, E)) * 2
+    mask = None
+    if data.draw(st.booleans()):
+        mask = (rng.random((B, L)) < 0.7).astype(np.int64)
+        mask[:, 0] = 1
+    rows = None if mask is None else mask.reshape(-1).astype(float)
+    stacked = backend.asarray(logits.reshape(-1, E))
+    p = softmax(stacked)
+    idx, _ = top_k(p, k)
+    rows_all = None if rows is None else np.concatenate([rows] * layers)
+    ours = load_balancing_loss(p, idx, E, rows_all)
+    dlogits = softmax_backward(p, load_balancing_loss_backward(p, idx, E, rows_all))
+    theirs_logits = tuple(torch.tensor(logits[i], requires_grad=True) for i in range(layers))
+    with hugging_face_in_float64():
+        from transformers.models.mixtral import modeling_mixtral
+        theirs = modeling_mixtral.load_balancing_loss_func(theirs_logits, E, k,
+                                                           None if mask is None else torch.from_numpy(mask))
+        theirs.backward()
+    assert load_balancing_loss_func is not None and theirs.dtype == torch.float64
+    assert abs(ours - theirs.item()) <= 1e-12 * abs(theirs.item())
+    expected = np.concatenate([t.grad.numpy() for t in theirs_logits])
+    # a floor: where the gradient is 0 in exact arithmetic (k = E: every f_e is 1, the loss E sum_e P_e = E is
+    # constant) theirs is rounding noise of 1e-16
+    assert relative_difference(backend.to_numpy(dlogits), expected, floor=1e-4) < RTOL
