@@ -172,3 +172,31 @@ def test_the_walk_of_a_sparse_llama_is_made_of_the_real_gradients_and_names_its_
             path, number = walk.source_line(*step.code)[0].split(":")
             line = (root / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
             assert line.strip().startswith(walk.source_line(*step.code)[1]), (step.label, line)
+
+
+def test_a_sparse_llama_learns_with_its_auxiliary_loss_and_keeps_its_experts_in_use():
+    """float32, Adam, 60 steps on a fixed batch of random text: the next-token loss falls, the load-balancing
+    loss stays near its balanced value (k: the expert load spread) and every expert keeps some tokens; the step is
+    the one the trainer should run: forward, aux_losses, backward_aux, backward, step."""
+    with backend.default_dtype("float32"):
+        backend.manual_seed(0)
+        config = LlamaConfig(vocab_size=32, d_model=16, num_layers=2, num_heads=2, num_kv_heads=1, d_ff=16,
+                             num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.05, router_z_loss_coef=1e-3)
+        model = Llama(config)
+        optimizer = minitf.Adam(model.parameters(), lr=3e-3)
+        loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+        ids = np.random.default_rng(0).integers(0, 32, (4, 17))
+        losses, balance = [], []
+        for _ in range(60):
+            model.zero_grad()
+            loss = loss_fn(model(ids[:, :-1]), ids[:, 1:])
+            aux = model.aux_losses()
+            model.backward_aux({name: c for name, (_, c) in aux.items()})
+            model.backward(loss_fn.backward())
+            optimizer.step()
+            losses.append(loss)
+            balance.append(aux["load_balancing"][0])
+        loads = model.expert_load()
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert max(balance) < 1.5 * config.num_experts_per_tok, balance  # k when perfectly balanced
+    assert all((load > 0).all() and load.sum() == 4 * 16 * 2 for load in loads), loads

@@ -283,7 +283,8 @@ def _misfits(config, model_type):
         and "dense layers among the sparse",
         model_type in ("mixtral", "olmoe") and c.moe_d_ff not in (None, c.d_ff) and "experts of another width",
         model_type == "mixtral" and not c.norm_topk_prob and "unrenormalised top-k weights",
-        model_type in ("mixtral", "olmoe") and c.router_z_loss_coef > 0 and "a router z-loss"]
+        model_type == "olmoe" and c.num_heads * c.head_size != c.d_model
+        and "a q norm of another width than d_model (OLMoE's is hidden_size wide)"]
     return ", ".join(p for p in problems if p)
 
 
