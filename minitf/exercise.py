@@ -116,6 +116,54 @@ def _gelu_terms(inputs, upstream):
                                                           dy[1] * 0.5 * z * (1.0 - t * t) * du_dz)}}
 
 
+def _router(cls, rng):
+    E, k, N = 4, 2, 5
+    mixtral, qwen = cls(k, True), cls(k, False)  # both forms, each on its own inputs: a wrong one is named
+    inputs = {"logits_mixtral": random_array(rng, (N, E), 2.0), "out_mixtral": random_array(rng, (N, E, D)),
+              "logits_qwen": random_array(rng, (N, E), 2.0), "out_qwen": random_array(rng, (N, E, D))}
+    return (lambda zm, om, zq, oq: backend.xp.stack([mixtral.forward(zm, om), qwen.forward(zq, oq)])), \
+        (lambda dy: mixtral.backward(dy[0]) + qwen.backward(dy[1])), inputs, mixtral
+
+
+def _router_terms(inputs, upstream):
+    """For each form, what the usual slips leave out of the right gradient (docs/moe.md): the unchosen experts'
+    zero in dout (a gradient sent to every expert), the renormalisation's Jacobian, the softmax over all E."""
+    from minitf.layers import softmax, softmax_backward
+    from minitf.moe import top_k
+    xp = backend.xp
+    (dy,) = upstream
+    terms = {}
+    for i, form in enumerate(("mixtral", "qwen")):
+        z, out, g = inputs[f"logits_{form}"], inputs[f"out_{form}"], dy[i]
+        p = softmax(z)
+        idx, c = top_k(p, 2)
+        t = c.sum(axis=-1, keepdims=True)
+        w = c / t if form == "mixtral" else c
+        dw = (g[:, None, :] * xp.take_along_axis(out, idx[..., None], axis=1)).sum(axis=-1)      # (N, k)
+
+        def to_logits(dchosen):
+            dp = xp.zeros_like(p)
+            xp.put_along_axis(dp, idx, dchosen, axis=-1)
+            return softmax_backward(p, dp)
+
+        unchosen = xp.ones_like(p)
+        xp.put_along_axis(unchosen, idx, 0.0, axis=-1)
+        every = (p / t if form == "mixtral" else p) * unchosen  # the weights the unchosen experts would get
+        terms[f"out_{form}"] = {"the zero gradient of the experts top-k did not choose":
+                                ("-dy w_e at every unchosen expert e", -g[:, None, :] * every[..., None])}
+        right = to_logits((dw - (dw * w).sum(axis=-1, keepdims=True)) / t if form == "mixtral" else dw)
+        q = c / t  # the softmax of the chosen logits alone
+        over_chosen = xp.zeros_like(p)
+        xp.put_along_axis(over_chosen, idx, q * (dw - (dw * q).sum(axis=-1, keepdims=True)), axis=-1)
+        terms[f"logits_{form}"] = {"the softmax's backward over all E experts (not over the chosen k alone)":
+                                   ("p (dp - <dp, p>) - q (dw - <dw, q>), q = softmax(chosen logits)",
+                                    right - over_chosen)}
+        if form == "mixtral":
+            terms["logits_mixtral"]["the renormalisation's Jacobian term -<dw, w> / t"] = (
+                "softmax'(p) of -<dw, w> / t at the chosen experts", right - to_logits(dw / t))
+    return terms
+
+
 EXERCISES = {e.name: e for e in [
     Exercise("linear", "Linear", "y = x W + b: dW, db and dx", "layers/linear.md",
              _plain(lambda cls, rng: (randomize(cls(D, 3), rng), {"x": random_array(rng, (B, T, D))})),
@@ -156,6 +204,10 @@ EXERCISES = {e.name: e for e in [
              "layers/swiglu.md",
              _plain(lambda cls, rng: (randomize(cls(D, 6), rng), {"x": random_array(rng, (B, T, D))})),
              "da = dh u and du = dh a; dx = up_proj's dx + gate_proj's dx through SiLU's backward"),
+    Exercise("router", "Router", "a mixture of experts' router: top-k of a softmax, renormalised or not",
+             "moe.md", _router,
+             "dout only at the chosen experts; dw = dy . out; with renormalisation dc = (dw - <dw, w>) / t; the "
+             "softmax's backward over all E experts", _router_terms),
 ]}
 
 

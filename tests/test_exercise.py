@@ -21,6 +21,16 @@ SOLUTIONS = {
     "rmsnorm": "backward = minitf.RMSNorm.backward",
     "rotary": "backward = minitf.RotaryEmbedding.backward",
     "swiglu": "backward = minitf.SwiGLU.backward",
+    # no library class mixes given expert outputs: minitf.moe.SparseMoE.backward's lines on the exercise's cache
+    "router": """def backward(self, dy):
+        p, idx, t, w, chosen = self.saved_tensors()
+        dout = xp.zeros(p.shape + dy.shape[-1:], dtype=dy.dtype)
+        xp.put_along_axis(dout, idx[..., None], w[..., None] * dy[:, None, :], axis=1)
+        dw = (dy[:, None, :] * chosen).sum(axis=-1)
+        dc = (dw - (dw * w).sum(axis=-1, keepdims=True)) / t if self.renormalise else dw
+        dp = xp.zeros_like(p)
+        xp.put_along_axis(dp, idx, dc, axis=-1)
+        return softmax_backward(p, dp), dout""",
 }
 
 #: exercise -> (a planted bug, what the checker must print about it)
@@ -89,6 +99,29 @@ BUGS = {
                "up_proj.weight"),
 }
 
+#: the router's three usual slips (docs/moe.md), each a change of the solution, and what the checker names
+ROUTER_SLIPS = {
+    "every expert gets a gradient": (
+        ("""        dout = xp.zeros(p.shape + dy.shape[-1:], dtype=dy.dtype)
+        xp.put_along_axis(dout, idx[..., None], w[..., None] * dy[:, None, :], axis=1)""",
+         """        dout = (p / t if self.renormalise else p)[..., None] * dy[:, None, :]   # chosen or not"""),
+        "the zero gradient of the experts top-k did not choose is missing"),
+    "the renormalisation's Jacobian dropped": (
+        ("dc = (dw - (dw * w).sum(axis=-1, keepdims=True)) / t if self.renormalise else dw",
+         "dc = dw / t if self.renormalise else dw"),
+        "the renormalisation's Jacobian term -<dw, w> / t is missing"),
+    "the softmax over the chosen logits only": (
+        ("""        dp = xp.zeros_like(p)
+        xp.put_along_axis(dp, idx, dc, axis=-1)
+        return softmax_backward(p, dp), dout""", """        q = w if self.renormalise else w / t
+        dz = xp.zeros_like(p)
+        xp.put_along_axis(dz, idx, q * (dw - (dw * q).sum(axis=-1, keepdims=True)), axis=-1)
+        return dz, dout"""),
+        "logits_qwen"),  # the same function as Mixtral's (renormalised): only the Qwen form's logits fail
+}
+BUGS["router"] = (SOLUTIONS["router"].replace(*ROUTER_SLIPS["the renormalisation's Jacobian dropped"][0]),
+                  "the renormalisation's Jacobian term")
+
 
 def filled(tmp_path, name, body):
     """A learner's file: the exercise with ``body`` as its class's backward."""
@@ -120,6 +153,20 @@ def test_a_planted_bug_fails_and_says_how(name, tmp_path, capsys):
     assert exercise.main(["check", str(filled(tmp_path, name, body))]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and message in out and "backward is wrong" in out, out
+
+
+@pytest.mark.parametrize("slip", list(ROUTER_SLIPS))
+def test_the_router_checker_names_each_usual_slip(slip, tmp_path, capsys):
+    """Each slip of docs/moe.md fails and the hint names it; the softmax over the chosen logits alone is right
+    for the renormalised (Mixtral) form, the same function there, and named for the Qwen form."""
+    (old, new), message = ROUTER_SLIPS[slip]
+    assert old in SOLUTIONS["router"]
+    assert exercise.main(["check", str(filled(tmp_path, "router", SOLUTIONS["router"].replace(old, new)))]) == 1
+    out = capsys.readouterr().out
+    assert message in out, out
+    if slip == "the softmax over the chosen logits only":
+        assert "the softmax's backward over all E experts (not over the chosen k alone) is missing" in out
+        assert not any(line.startswith("logits_mixtral") and "FAIL" in line for line in out.splitlines())
 
 
 @pytest.mark.parametrize("bug, message", [
