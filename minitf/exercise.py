@@ -129,7 +129,7 @@ def _router_terms(inputs, upstream):
     """For each form, what the usual slips leave out of the right gradient (docs/moe.md): the unchosen experts'
     zero in dout (a gradient sent to every expert), the renormalisation's Jacobian, the softmax over all E."""
     from minitf.layers import softmax, softmax_backward
-    from minitf.moe import top_k
+    from minitf.moe import put_rows, top_k
     xp = backend.xp
     (dy,) = upstream
     terms = {}
@@ -143,18 +143,18 @@ def _router_terms(inputs, upstream):
 
         def to_logits(dchosen):
             dp = xp.zeros_like(p)
-            xp.put_along_axis(dp, idx, dchosen, axis=-1)
+            put_rows(dp, idx, dchosen)
             return softmax_backward(p, dp)
 
         unchosen = xp.ones_like(p)
-        xp.put_along_axis(unchosen, idx, 0.0, axis=-1)
+        put_rows(unchosen, idx, 0.0)
         every = (p / t if form == "mixtral" else p) * unchosen  # the weights the unchosen experts would get
         terms[f"out_{form}"] = {"the zero gradient of the experts top-k did not choose":
                                 ("-dy w_e at every unchosen expert e", -g[:, None, :] * every[..., None])}
         right = to_logits((dw - (dw * w).sum(axis=-1, keepdims=True)) / t if form == "mixtral" else dw)
         q = c / t  # the softmax of the chosen logits alone
         over_chosen = xp.zeros_like(p)
-        xp.put_along_axis(over_chosen, idx, q * (dw - (dw * q).sum(axis=-1, keepdims=True)), axis=-1)
+        put_rows(over_chosen, idx, q * (dw - (dw * q).sum(axis=-1, keepdims=True)))
         terms[f"logits_{form}"] = {"the softmax's backward over all E experts (not over the chosen k alone)":
                                    ("p (dp - <dp, p>) - q (dw - <dw, q>), q = softmax(chosen logits)",
                                     right - over_chosen)}

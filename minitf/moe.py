@@ -86,10 +86,22 @@ class Experts(Module):
         return dxs
 
 
+def stable_argsort(a, axis=-1):
+    """``argsort`` keeping equal values in their order: NumPy's kind="stable" (CuPy's argsort is always stable and
+    takes no other kind)."""
+    return xp.argsort(a, axis=axis) if backend.get_device() == "gpu" else xp.argsort(a, axis=axis, kind="stable")
+
+
+def put_rows(target, idx, values):
+    """``target[n, idx[n, j]] = values[n, j]`` for target (N, E), idx and values (N, k): NumPy's put_along_axis on
+    the last axis, as one indexed assignment (CuPy has it too)."""
+    target[xp.arange(idx.shape[0])[:, None], idx] = values
+
+
 def top_k(probs, k):
     """(idx, chosen) of probs (N, E): the k largest of each row, largest first (ties: the lower index first, as
     ``torch.topk`` on distinct values), idx (N, k) integers and chosen = probs[idx] (N, k)."""
-    idx = xp.argsort(-probs, axis=-1, kind="stable")[:, :k]          # (N, k)
+    idx = stable_argsort(-probs)[:, :k]                              # (N, k)
     return idx, xp.take_along_axis(probs, idx, axis=-1)
 
 
@@ -129,7 +141,7 @@ class SparseMoE(Module):
         weights = chosen / total if self.norm_topk_prob else chosen  # w = p[idx] / sum p[idx]  (N, k)
         # group the M = N k (token, slot) assignments by expert: one stable sort of their experts
         flat = idx.reshape(-1)                                       # expert of assignment m = n k + j  (M,)
-        order = xp.argsort(flat, kind="stable")                      # assignments, expert by expert  (M,)
+        order = stable_argsort(flat)                                 # assignments, expert by expert  (M,)
         token = order // k                                           # the token of each sorted assignment  (M,)
         counts = backend.to_numpy(xp.bincount(flat, minlength=self.num_experts))  # tokens per expert (host, E)
         xs = x[token]                                                # gathered, grouped by expert  (M, D)
@@ -190,13 +202,13 @@ class SparseMoE(Module):
         # chosen = probs[idx]: the gradient goes to the chosen entries only (top-k is a choice, not a function
         # of p with a derivative: it is locally constant); the unchosen probabilities get 0 from y
         dprobs = xp.zeros_like(s.probs)
-        xp.put_along_axis(dprobs, s.idx, dchosen, axis=-1)           # (N, E)
+        put_rows(dprobs, s.idx, dchosen)                             # (N, E)
         dlogits = softmax_backward(s.probs, dprobs)                  # p = softmax(logits): over all E
         if self.router_gradient is not None:                         # an auxiliary loss's, parked before
             dlogits = dlogits + self.router_gradient
             self.router_gradient = None
         dx += self.gate.backward(dlogits)                            # logits = x W_router
-        return dx.reshape(s.shape)
+        return dx.reshape(s.shape)                                   # (N, D) -> (..., D)
 
     def load(self):
         """Tokens per expert of the last forward: host integers (E,) (the k assignments of every token counted)."""
@@ -224,7 +236,7 @@ def load_balancing_loss(probs, idx, num_experts, row_weights=None):
     R = probs.shape[0]
     r, total = _row_weights(R, row_weights, probs.dtype)
     routed = xp.zeros((R, num_experts), dtype=probs.dtype)
-    xp.put_along_axis(routed, idx, 1.0, axis=-1)                     # one-hot of the k choices  (R, E)
+    put_rows(routed, idx, 1.0)                     # one-hot of the k choices  (R, E)
     f = (routed * r).sum(axis=0) / total                             # fraction routed  (E,)
     P = (probs * r).sum(axis=0) / total                              # mean probability  (E,)
     return float(num_experts * (f * P).sum())
@@ -237,7 +249,7 @@ def load_balancing_loss_backward(probs, idx, num_experts, row_weights=None):
     R = probs.shape[0]
     r, total = _row_weights(R, row_weights, probs.dtype)
     routed = xp.zeros((R, num_experts), dtype=probs.dtype)
-    xp.put_along_axis(routed, idx, 1.0, axis=-1)
+    put_rows(routed, idx, 1.0)
     f = (routed * r).sum(axis=0) / total                             # (E,)
     # loss = E sum_e f_e P_e, P_e = sum_n r_n p_ne / R_total  =>  dloss/dp_ne = E f_e r_n / R_total
     return num_experts * f[None, :] * r / total                      # (R, E)
