@@ -114,8 +114,10 @@ class Llama(Module):
                                  "the cached ones")
         elif start:
             raise ValueError("start is for decoding with a cache (the positions of the cached tokens come first)")
-        # the rows the auxiliary losses count: every token, or the real ones (transformers' attention mask)
-        self.aux_rows = None if key_padding_mask is None else ~backend.asarray(key_padding_mask).reshape(-1)
+        # the rows the auxiliary losses count: every token, or the real ones (transformers' attention mask; with a
+        # cache the mask covers the cached positions too, and only the new ones are routed: every new row counts)
+        self.aux_rows = None if key_padding_mask is None or cache is not None else \
+            ~backend.asarray(key_padding_mask).reshape(-1)                # (B*L,) True = a real token
         x = self.embed_tokens(ids)                                      # W[ids]  (B, L, D)
         for i, layer in enumerate(self.layers):
             x = layer(x, key_padding_mask, None if cache is None else states[i])  # N pre-norm blocks
