@@ -384,7 +384,8 @@ def make_folder(folder, family="llama", eos=(1, 2), **config):
     folder.mkdir(parents=True, exist_ok=True)
     V = write_tokenizer(folder)
     torch.manual_seed(7)
-    Config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[family]
+    Config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+              "qwen3_moe": transformers.Qwen3MoeConfig}[family]
     model = getattr(transformers, Config.__name__.replace("Config", "ForCausalLM"))(Config(**(dict(
         vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=48, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=0,

@@ -214,6 +214,19 @@ class LlamaRunConfig(TextBlocksRunConfig):
                                       model=True, type="positive int", group=_GROUP)
     rope_theta: float = option(10000.0, f"the rotary positions' base (default: {RUN_PRESETS['tiny']['rope_theta']:g})",
                                model=True, type="positive float", group=_GROUP)
+    # a mixture of experts (minitf.moe.SparseMoE in every block's feed-forward): 0 experts is the dense block
+    num_experts: int = option(0, "experts of each block's sparse feed-forward (0: dense, the default)", model=True,
+                              type="int", group=_GROUP)
+    experts_per_token: int = option(2, "experts each token is routed to, the top k of the router's softmax "
+                                    "(default 2)", model=True, type="positive int", group=_GROUP)
+    moe_d_ff: int | None = option(None, "each expert's SwiGLU width (default: --d-ff)", model=True,
+                                  type="positive int", group=_GROUP)
+    router_aux_loss_coef: float | None = option(
+        None, f"the load-balancing loss's coefficient (default: {LlamaConfig.router_aux_loss_coef:g}, or the "
+        "--init-from folder's)", type="float", group=_GROUP)
+    router_z_loss_coef: float | None = option(
+        None, f"the router z-loss's coefficient (default: {LlamaConfig.router_z_loss_coef:g}: none, or the "
+        "--init-from folder's)", type="float", group=_GROUP)
     # from a Hugging Face Llama, Qwen2 or Mistral folder: its model's config (LlamaConfig's fields), kept so that the
     # run needs the folder no more: the model is built from it, an export writes it again
     llama: dict | None = option(None, flag=False, model=True)
@@ -247,6 +260,12 @@ _LATER_FIELDS = ("sliding_window", "qk_norm", "num_experts", "num_experts_per_to
                  "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "router_z_loss_coef")
 
 
+#: LlamaConfig's fields a run sets by a flag of another name (named in its refusals)
+RUN_FIELD_FLAGS = {"num_experts_per_tok": "--experts-per-token", "num_experts": "--num-experts",
+                   "moe_d_ff": "--moe-d-ff", "router_aux_loss_coef": "--router-aux-loss-coef",
+                   "router_z_loss_coef": "--router-z-loss-coef"}
+
+
 def validate_run(config):
     """Refuse (one line naming the flag) what does not fit in a ``--model llama`` run's own fields, and a shape the
     Llama block cannot take (checked by building its :class:`LlamaConfig` once); a fine-tuning run's blocks must
@@ -260,7 +279,10 @@ def validate_run(config):
     try:
         model = run_model_config(config, 8)
     except ValueError as error:
-        raise UsageError(str(error).replace("LlamaConfig: ", "--model llama: ")) from None
+        message = str(error).replace("LlamaConfig: ", "--model llama: ")
+        for field, flag in RUN_FIELD_FLAGS.items():  # the run's flags where its fields say them
+            message = message.replace(f"{field} ", f"{flag} ")
+        raise UsageError(message) from None
     positions, why = model.positions
     if config.llama is not None and config.block_size > positions:
         raise UsageError(f"--block-size {config.block_size} is longer than the {positions} positions of "
@@ -271,9 +293,13 @@ def run_model_config(config, vocab_size):
     """The :class:`LlamaConfig` of a ``--model llama`` run's RunConfig: a fine-tuning run's folder's model (its
     ``llama`` field, ``vocab_size`` aside: the folder's), or the run's sizes, ``num_decoder_layers`` blocks,
     ``block_size`` positions, tied output."""
+    coefficients = {name: float(getattr(config, name)) for name in ("router_aux_loss_coef", "router_z_loss_coef")
+                    if getattr(config, name) is not None}  # given: they replace the folder's or the default
     if config.llama is not None:
-        return from_folder_fields(config.llama)
+        return from_folder_fields(config.llama).replace(**coefficients)
     return LlamaConfig(vocab_size=vocab_size, d_model=config.d_model, num_layers=config.num_decoder_layers,
                        num_heads=config.num_heads, num_kv_heads=config.num_kv_heads or config.num_heads,
                        d_ff=config.d_ff, rope_theta=float(config.rope_theta),
-                       max_position_embeddings=config.block_size, tie_word_embeddings=True)
+                       max_position_embeddings=config.block_size, tie_word_embeddings=True,
+                       num_experts=config.num_experts, num_experts_per_tok=config.experts_per_token,
+                       moe_d_ff=config.moe_d_ff, **coefficients)

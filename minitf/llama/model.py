@@ -145,11 +145,16 @@ class Llama(Module):
         "load_balancing" (transformers' ``load_balancing_loss_func`` over every sparse layer's rows, padding left
         out) with ``router_aux_loss_coef``, and "router_z" with ``router_z_loss_coef`` where that is above 0. The
         training loss is ``main + sum coefficient * value``; each value is logged apart."""
+        return aux_losses(self.sparse_blocks(), self.aux_coefficients(), getattr(self, "aux_rows", None))
+
+    def aux_coefficients(self):
+        """``{name: coefficient}`` of the auxiliary losses :meth:`aux_losses` reports ({} in a dense model):
+        "load_balancing" with ``router_aux_loss_coef``, "router_z" with ``router_z_loss_coef`` where above 0."""
         c = self.config
-        coefficients = {"load_balancing": c.router_aux_loss_coef}
-        if c.router_z_loss_coef > 0:
-            coefficients["router_z"] = c.router_z_loss_coef
-        return aux_losses(self.sparse_blocks(), coefficients, getattr(self, "aux_rows", None))
+        if not self.sparse_blocks():
+            return {}
+        return {"load_balancing": c.router_aux_loss_coef} | (
+            {"router_z": c.router_z_loss_coef} if c.router_z_loss_coef > 0 else {})
 
     def backward_aux(self, weights):
         """Add the gradient of ``sum_name weights[name] * aux_losses()[name] value`` (weights: usually
