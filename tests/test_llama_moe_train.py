@@ -86,7 +86,8 @@ def test_a_router_forced_to_one_expert_is_warned_of_once_per_layer_and_validatio
                                                                                              capsys):
     """Every token routed to experts 0 and 1 (top-k replaced by a fixed choice): each sparse layer sends all its
     tokens to expert 0, and the log says so in one line per layer and validation interval (4 steps, a validation
-    every 2: two lines per layer), naming the layer, the share and the expert; a free run is warned of what its records show."""
+    every 2: two lines per layer), naming the layer, the share and the expert; a free run is warned of what its
+    records show."""
     import minitf.moe
     from minitf.backend import xp
     from minitf.train import main as train_main
@@ -140,21 +141,12 @@ def test_init_from_fine_tunes_a_qwen3_moe_folder_and_exports_what_transformers_r
     import transformers
     from minitf import backend
     from minitf.llama.model import Llama
-    from minitf.train import main as train_main
-    from tests.runs import metrics
     from tests.test_llama import make_folder
-    from tests.test_llama_train import FINE_TUNE
+    from tests.test_llama_train import fine_tuned
     from tests.test_lm_train import make_text
     folder = make_folder(tmp_path / "folder", "qwen3_moe", num_experts=4, num_experts_per_tok=2,
                          moe_intermediate_size=16, head_dim=8, norm_topk_prob=True, router_aux_loss_coef=0.02)
-    text = make_text(tmp_path)
-    still, tuned = tmp_path / "still", tmp_path / "tuned"
-    assert train_main(text + FINE_TUNE + ["--init-from", str(folder), "--lr-scale", "1e-9", "--max-steps", "1",
-                                          "--eval-every", "1", "--out", str(still)]) == 0
-    assert train_main(text + FINE_TUNE + ["--init-from", str(folder), "--lr-scale", "1", "--max-steps", "12",
-                                          "--eval-every", "12", "--out", str(tuned)]) == 0
-    (before,), (after,) = metrics(still, "valid"), metrics(tuned, "valid")
-    assert after["loss"] < before["loss"] - 0.5, (before, after)
+    tuned = fine_tuned(folder, make_text(tmp_path), tmp_path)
     config = json.loads((tuned / "config.json").read_text())
     assert config["llama"]["num_experts"] == 4 and config["llama"]["qk_norm"] == "head"
     assert config["llama"]["router_aux_loss_coef"] == 0.02
