@@ -10,7 +10,7 @@ import math
 
 from minitf import backend
 from minitf.backend import xp
-from minitf.layers import Linear, init_array, matmul_rows
+from minitf.layers import Linear, RMSNorm, init_array, matmul_rows
 from minitf.module import Module, Parameter, is_grad_enabled
 from minitf.rotary import RotaryEmbedding
 
@@ -270,11 +270,14 @@ class GroupedQueryAttention(Module):
     Submodules (Hugging Face's names): ``q_proj`` (D -> H*dk), ``k_proj`` and ``v_proj`` (D -> Hkv*dk), with
     biases when ``qkv_bias`` (Qwen2), ``o_proj`` (H*dk -> D) without; ``rotary`` a
     :class:`minitf.rotary.RotaryEmbedding` (default: rope_type "default", theta 10000). ``head_dim``
-    defaults to D / H.
+    defaults to D / H. ``qk_norm``: None, "head" (Qwen3's ``q_norm`` and ``k_norm``, an RMSNorm of each head's
+    dk coordinates) or "projection" (OLMoE's, an RMSNorm of the whole projection, H*dk and Hkv*dk), of epsilon
+    ``norm_eps``, on the queries and keys before they are turned.
     """
     record_weights = False  # set True to keep the last attention weights P (B, H, T, Tk) in ``self.weights``
 
-    def __init__(self, d_model, num_heads, num_kv_heads=None, head_dim=None, qkv_bias=False, rotary=None):
+    def __init__(self, d_model, num_heads, num_kv_heads=None, head_dim=None, qkv_bias=False, rotary=None,
+                 qk_norm=None, norm_eps=1e-6):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"num_heads must be a multiple of num_kv_heads, got num_heads={num_heads}, "
@@ -289,6 +292,13 @@ class GroupedQueryAttention(Module):
         self.v_proj = Linear(d_model, num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = Linear(num_heads * self.head_dim, d_model, bias=False)
         self.rotary = rotary if rotary is not None else RotaryEmbedding(self.head_dim)
+        if qk_norm not in (None, "head", "projection"):
+            raise ValueError(f"qk_norm must be None, 'head' or 'projection', got {qk_norm!r}")
+        self.qk_norm = qk_norm
+        if qk_norm is not None:
+            per_head = qk_norm == "head"
+            self.q_norm = RMSNorm(self.head_dim if per_head else num_heads * self.head_dim, norm_eps)
+            self.k_norm = RMSNorm(self.head_dim if per_head else num_kv_heads * self.head_dim, norm_eps)
         if self.rotary.head_dim != self.head_dim:
             raise ValueError(f"the rotary embedding's head_dim {self.rotary.head_dim} is not the heads' "
                              f"{self.head_dim}")
@@ -306,8 +316,14 @@ class GroupedQueryAttention(Module):
         B, T, _ = x.shape
         H, Hkv, E, G = self.num_heads, self.num_kv_heads, self.head_dim, self.num_heads // self.num_kv_heads
         start = cache.get("length", 0) if cache is not None else 0  # positions already in the cache
-        q = self.rotary(self.q_proj(x).reshape(B, T, H, E), start)      # (B, T, H, dk), turned
-        k = self.rotary(self.k_proj(x).reshape(B, T, Hkv, E), start)    # (B, T, Hkv, dk), turned
+        q, k = self.q_proj(x), self.k_proj(x)                           # (B, T, H*dk), (B, T, Hkv*dk)
+        if self.qk_norm == "projection":                                # OLMoE: over the whole projection
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.reshape(B, T, H, E), k.reshape(B, T, Hkv, E)           # (B, T, H, dk), (B, T, Hkv, dk)
+        if self.qk_norm == "head":                                      # Qwen3: over each head's dk
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = self.rotary(q, start)                                       # (B, T, H, dk), turned
+        k = self.rotary(k, start)                                       # (B, T, Hkv, dk), turned
         k = k.reshape(B, T, Hkv * E)                                    # (B, T, Hkv*dk)
         v = self.v_proj(x)                                              # (B, T, Hkv*dk)
         if cache is not None:                                           # earlier steps' keys/values, then these
@@ -344,10 +360,14 @@ class GroupedQueryAttention(Module):
         # K = k.reshape(B, Tk, Hkv, E).transpose(0, 2, 1, 3), k = rotary(k_proj(x)...)  =>  turned back
         # (k was turned after q, so its cache is the one on top of the rotary's stack)
         dk = self.rotary.backward(dK.transpose(0, 2, 1, 3))             # (B, T, Hkv, dk)
-        dk = dk.reshape(B, T, Hkv * E)                                  # (B, T, Hkv*dk)
         # Q = q.transpose(0, 2, 1, 3), q = rotary(q_proj(x)...)  =>  turned back
         dq = self.rotary.backward(dQ.transpose(0, 2, 1, 3))             # (B, T, H, dk)
+        if self.qk_norm == "head":                                      # q, k = q_norm(q), k_norm(k) per head
+            dq, dk = self.q_norm.backward(dq), self.k_norm.backward(dk)
+        dk = dk.reshape(B, T, Hkv * E)                                  # (B, T, Hkv*dk)
         dq = dq.reshape(B, T, H * E)                                    # (B, T, H*dk)
+        if self.qk_norm == "projection":                                # q, k = q_norm(q), k_norm(k) whole
+            dq, dk = self.q_norm.backward(dq), self.k_norm.backward(dk)
         # q, k and v are all projections of x  =>  dx is the sum of the three paths
         return self.q_proj.backward(dq) + self.k_proj.backward(dk) + self.v_proj.backward(dv)
 

@@ -417,6 +417,62 @@ def _relative_bias_slips():
 RELATIVE_BIAS_SLIPS = _relative_bias_slips()
 
 
+ROUTER_K = 2  # of E = 4 experts
+
+
+def _router(cls, rng):
+    E, N = 4, 5
+    mixtral, qwen = cls(ROUTER_K, True), cls(ROUTER_K, False)  # both forms, each on its own inputs: a wrong one is named
+    inputs = {"logits_mixtral": random_array(rng, (N, E), 2.0), "out_mixtral": random_array(rng, (N, E, D)),
+              "logits_qwen": random_array(rng, (N, E), 2.0), "out_qwen": random_array(rng, (N, E, D))}
+    return (lambda zm, om, zq, oq: backend.xp.stack([mixtral.forward(zm, om), qwen.forward(zq, oq)])), \
+        (lambda dy: mixtral.backward(dy[0]) + qwen.backward(dy[1])), inputs, mixtral
+
+
+def _router_reference(inputs, params, dy):
+    """Per form (r.mixtral renormalised, r.qwen not; dy[0] and dy[1] their upstream gradients): the forward's
+    values and the gradients the usual slips of docs/moe.md compute."""
+    from minitf.layers import softmax, softmax_backward
+    from minitf.moe import put_rows, top_k
+    xp = backend.xp
+    forms = {}
+    for i, form in enumerate(("mixtral", "qwen")):
+        z, out, g = inputs[f"logits_{form}"], inputs[f"out_{form}"], dy[i]
+        p = softmax(z)                                                  # over all E  (N, E)
+        idx, c = top_k(p, ROUTER_K)                                     # (N, k)
+        t = c.sum(axis=-1, keepdims=True)                               # (N, 1)
+        dw = (g[:, None, :] * xp.take_along_axis(out, idx[..., None], axis=1)).sum(axis=-1)      # (N, k)
+
+        def to_logits(dchosen, p=p, idx=idx):  # dp: dchosen at the chosen experts, 0 elsewhere; softmax's backward
+            dp = xp.zeros_like(p)
+            put_rows(dp, idx, dchosen)
+            return softmax_backward(p, dp)
+
+        q = c / t                                                       # the softmax of the chosen logits alone
+        over_chosen = xp.zeros_like(p)
+        put_rows(over_chosen, idx, q * (dw - (dw * q).sum(axis=-1, keepdims=True)))
+        every = p / t if form == "mixtral" else p                       # the weight every expert would get  (N, E)
+        forms[form] = SimpleNamespace(every_expert=every[..., None] * g[:, None, :],   # (N, E, D)
+                                      no_jacobian=to_logits(dw / t), over_chosen=over_chosen)
+    return SimpleNamespace(**forms)
+
+
+EVERY_EXPERT = ("every expert got a gradient: top-k chose k of them, and the others are not in y, so dout is "
+                "w_j dy at each chosen expert idx_j and 0 at the others")
+OVER_CHOSEN = ("the softmax's backward is taken over the k chosen logits alone: p is the softmax over all E experts, "
+               "so dp (dw at the chosen experts, 0 elsewhere) goes through softmax_backward(p, dp) over all E (with "
+               "renormalisation the two agree, without it they do not)")
+#: the router's three usual slips (docs/moe.md); the softmax over the chosen logits alone is the right gradient of
+#: the renormalised form (the same function there), so it is a slip of the Qwen form's logits only
+ROUTER_SLIPS = (
+    Slip("out_mixtral", EVERY_EXPERT, lambda r: r.mixtral.every_expert),
+    Slip("out_qwen", EVERY_EXPERT, lambda r: r.qwen.every_expert),
+    Slip("logits_mixtral", "the renormalisation's Jacobian is dropped: w = c / t with t = sum(c) depends on every "
+         "chosen c, so dc = (dw - <dw, w>) / t, not dw / t", lambda r: r.mixtral.no_jacobian),
+    Slip("logits_qwen", OVER_CHOSEN, lambda r: r.qwen.over_chosen),
+)
+
+
 EXERCISES = {e.name: e for e in [
     Exercise("linear", "Linear", "y = x W + b: dW, db and dx", "layers/linear.md",
              _plain(lambda cls, rng: (randomize(cls(D, 3), rng), {"x": random_array(rng, (B, T, D))})),
@@ -488,6 +544,16 @@ EXERCISES = {e.name: e for e in [
                         f"every sentence and every layer of the {array}'s stack: a scatter-add"
                  for array in ("encoder", "decoder")}},
              slips=RELATIVE_BIAS_SLIPS, reference=_relative_bias_reference),
+    Exercise("router", "Router", "a mixture of experts' router: top-k of a softmax, renormalised or not",
+             "moe.md", _router,
+             {"out_mixtral": "dout = w_j dy at the chosen experts idx_j, 0 at the others",
+              "out_qwen": "dout = w_j dy at the chosen experts idx_j, 0 at the others",
+              "logits_mixtral": "dw = <dy, out[idx]>, dc = (dw - <dw, w>) / t (the renormalisation's Jacobian), "
+                                "then the softmax's backward over all E experts with dp = dc at the chosen, 0 "
+                                "elsewhere",
+              "logits_qwen": "dw = <dy, out[idx]> is dc (no renormalisation), then the softmax's backward over all E "
+                             "experts with dp = dc at the chosen, 0 elsewhere"},
+             slips=ROUTER_SLIPS, reference=_router_reference),
 ]}
 
 

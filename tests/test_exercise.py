@@ -43,6 +43,16 @@ SOLUTIONS = {
         backend.add_at_rows(self.encoder.grad, enc.reshape(-1), d[0].reshape(H, -1).T)
         backend.add_at_rows(self.decoder.grad, dec.reshape(-1), d[1].reshape(H, -1).T)
         return dy""",
+    # no library class mixes given expert outputs: minitf.moe.SparseMoE.backward's lines on the exercise's cache
+    "router": """def backward(self, dy):
+        p, idx, t, w, chosen = self.saved_tensors()
+        dout = xp.zeros(p.shape + dy.shape[-1:], dtype=dy.dtype)
+        xp.put_along_axis(dout, idx[..., None], w[..., None] * dy[:, None, :], axis=1)
+        dw = (dy[:, None, :] * chosen).sum(axis=-1)
+        dc = (dw - (dw * w).sum(axis=-1, keepdims=True)) / t if self.renormalise else dw
+        dp = xp.zeros_like(p)
+        xp.put_along_axis(dp, idx, dc, axis=-1)
+        return softmax_backward(p, dp), dout""",
 }
 
 #: exercise -> (a planted bug, what the checker must print about it)
@@ -133,6 +143,30 @@ BUGS = {
         return dy""", "hint: encoder.grad[buckets] += ... keeps one query-key pair per bucket"),
 }
 
+#: the router's three usual slips (docs/moe.md), each a change of the solution, and the hint the checker gives on
+#: each array it gets wrong (the softmax over the chosen logits alone is the renormalised form's right gradient)
+ROUTER_SLIPS = {
+    "every expert gets a gradient": (
+        ("""        dout = xp.zeros(p.shape + dy.shape[-1:], dtype=dy.dtype)
+        xp.put_along_axis(dout, idx[..., None], w[..., None] * dy[:, None, :], axis=1)""",
+         """        dout = (p / t if self.renormalise else p)[..., None] * dy[:, None, :]   # chosen or not"""),
+        {"out_mixtral": "every expert got a gradient", "out_qwen": "every expert got a gradient"}),
+    "the renormalisation's Jacobian dropped": (
+        ("dc = (dw - (dw * w).sum(axis=-1, keepdims=True)) / t if self.renormalise else dw",
+         "dc = dw / t if self.renormalise else dw"),
+        {"logits_mixtral": "the renormalisation's Jacobian is dropped"}),
+    "the softmax over the chosen logits only": (
+        ("""        dp = xp.zeros_like(p)
+        xp.put_along_axis(dp, idx, dc, axis=-1)
+        return softmax_backward(p, dp), dout""", """        q = w if self.renormalise else w / t
+        dz = xp.zeros_like(p)
+        xp.put_along_axis(dz, idx, q * (dw - (dw * q).sum(axis=-1, keepdims=True)), axis=-1)
+        return dz, dout"""),
+        {"logits_qwen": "over the k chosen logits alone"}),
+}
+BUGS["router"] = (SOLUTIONS["router"].replace(*ROUTER_SLIPS["the renormalisation's Jacobian dropped"][0]),
+                  "hint: the renormalisation's Jacobian is dropped")
+
 
 def filled(tmp_path, name, body):
     """A learner's file: the exercise with ``body`` as its class's backward."""
@@ -164,6 +198,22 @@ def test_a_planted_bug_fails_and_says_how(name, tmp_path, capsys):
     assert exercise.main(["check", str(filled(tmp_path, name, body))]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and message in out and "backward is wrong" in out, out
+
+
+@pytest.mark.parametrize("slip", list(ROUTER_SLIPS))
+def test_the_router_checker_names_each_usual_slip(slip, tmp_path, capsys):
+    """Each slip of docs/moe.md fails exactly the arrays it gets wrong, each told that slip's hint (through the
+    exercise's Slips); the softmax over the chosen logits alone is right for the renormalised (Mixtral) form, the
+    same function there, and named on the Qwen form's logits."""
+    (old, new), expected = ROUTER_SLIPS[slip]
+    assert old in SOLUTIONS["router"]
+    assert exercise.main(["check", str(filled(tmp_path, "router", SOLUTIONS["router"].replace(old, new)))]) == 1
+    out = capsys.readouterr().out
+    assert {array for array, status in rows(out).items() if status == "FAIL"} == set(expected), out
+    found = hints(out)
+    assert set(found) == set(expected), out
+    for array, text in expected.items():
+        assert text in found[array], (array, found[array], out)
 
 
 @pytest.mark.parametrize("bug, message", [

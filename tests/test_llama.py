@@ -89,15 +89,22 @@ def test_decoding_through_the_cache_equals_the_full_forward(case, steps):
     config, _, seed = case
     model = randomize(Llama(config), seed).eval()
     ids = np.random.default_rng(seed).integers(0, config.vocab_size, (2, sum(steps)))
+    full, decoded, cache = decoded_in_steps(model, ids, steps)
+    with no_grad(), pytest.raises(ValueError, match=f"start 0 is not the cache's length {sum(steps)}"):
+        model(ids[:, :1], cache=cache, start=0)
+    assert np.allclose(decoded, full, rtol=1e-12, atol=1e-13)
+
+
+def decoded_in_steps(model, ids, steps):
+    """(the full forward's logits, those of ``ids`` fed through a cache ``steps`` tokens at a time, concatenated,
+    the cache), host arrays, without gradients."""
     with no_grad():
         full = backend.to_numpy(model(ids))
         cache, rows, done = {}, [], 0
         for n in steps:
             rows.append(backend.to_numpy(model(ids[:, done:done + n], cache=cache, start=done)))
             done += n
-        with pytest.raises(ValueError, match=f"start 0 is not the cache's length {done}"):
-            model(ids[:, :1], cache=cache, start=0)
-    assert np.allclose(np.concatenate(rows, axis=1), full, rtol=1e-12, atol=1e-13)
+    return full, np.concatenate(rows, axis=1), cache
 
 
 #: SmolLM2-135M's config.json as published on the Hub (HuggingFaceTB/SmolLM2-135M): the older rotary keys
@@ -158,26 +165,24 @@ def _hf():
 
 
 class _Float64Torch:
-    """``torch`` with ``torch.float`` meaning float64: transformers' own inverse-frequency code run with it is the
-    exact float64 form of what it computes in float32."""
+    """``torch`` with ``torch.float`` and ``torch.float32`` meaning float64: transformers' own float32 steps (the
+    inverse frequencies, the mixtures of experts' routers' softmax and load-balancing sums) run with it are their
+    exact float64 form."""
 
     def __init__(self, torch):
-        self._torch, self.float = torch, torch.float64
+        self._torch, self.float, self.float32 = torch, torch.float64, torch.float64
 
     def __getattr__(self, name):
         return getattr(self._torch, name)
 
 
-@contextlib.contextmanager
-def hugging_face_in_float64():
-    """transformers' Llama, Qwen2 and Mistral modules with their float32 steps made float64: the rotary
-    frequencies built by their own functions with float32 read as float64, the rotary angles and RMSNorm's
-    statistics computed without the casts to float32 (the same lines otherwise)."""
+def float64_patches(patch, modules):
+    """With ``patch`` (a pytest.MonkeyPatch): each ``(modeling module, class prefix)`` of ``modules`` with its
+    float32 steps made float64: its torch and transformers' rotary utilities' (:class:`_Float64Torch`), its
+    RotaryEmbedding's angles and RMSNorm's statistics computed without the casts to float32 (the same lines
+    otherwise)."""
     torch, _ = _hf()
     from transformers import modeling_rope_utils
-    from transformers.models.llama import modeling_llama
-    from transformers.models.mistral import modeling_mistral
-    from transformers.models.qwen2 import modeling_qwen2
 
     def rotary_forward(self, x, position_ids):
         freqs = position_ids[..., None].to(torch.float64) * self.inv_freq.to(torch.float64)
@@ -188,13 +193,24 @@ def hugging_face_in_float64():
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
+    patch.setattr(modeling_rope_utils, "torch", _Float64Torch(torch))
+    for module, prefix in modules:
+        patch.setattr(module, "torch", _Float64Torch(torch))
+        patch.setattr(getattr(module, prefix + "RotaryEmbedding"), "forward", rotary_forward)
+        patch.setattr(getattr(module, prefix + "RMSNorm"), "forward", rmsnorm_forward)
+
+
+@contextlib.contextmanager
+def hugging_face_in_float64():
+    """transformers' Llama, Qwen2 and Mistral modules with their float32 steps made float64
+    (:func:`float64_patches`)."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.mistral import modeling_mistral
+    from transformers.models.qwen2 import modeling_qwen2
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(modeling_rope_utils, "torch", _Float64Torch(torch))
-        for module, prefix in [(modeling_llama, "Llama"), (modeling_qwen2, "Qwen2"), (modeling_mistral, "Mistral")]:
-            patch.setattr(module, "torch", _Float64Torch(torch))
-            patch.setattr(getattr(module, prefix + "RotaryEmbedding"), "forward", rotary_forward)
-            patch.setattr(getattr(module, prefix + "RMSNorm"), "forward", rmsnorm_forward)
+        float64_patches(patch, [(modeling_llama, "Llama"), (modeling_qwen2, "Qwen2"), (modeling_mistral, "Mistral")])
         yield
+
 
 
 def hf_model(family, seed, scale=None, **config):
@@ -281,20 +297,25 @@ def test_logits_loss_and_every_gradient_match_transformers(config, family, seed,
 
 
 @parity
+def greedy_both(model, theirs, prompt, n):
+    """(minitf's greedy ``generate`` of ``n`` tokens after ``prompt``, transformers' of ``theirs``), no end id."""
+    torch, _ = _hf()
+    ours = generate(model, prompt, n, temperature=0)
+    with torch.no_grad():
+        expected = theirs.generate(torch.from_numpy(prompt), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                   pad_token_id=0, eos_token_id=None)
+    return ours, expected
+
+
 @pytest.mark.parametrize("family, heads, tied", [("llama", (4, 2), True), ("qwen2", (2, 2), False)])
 def test_greedy_generation_equals_transformers_generate(family, heads, tied, tmp_path):
-    torch, _ = _hf()
     with hugging_face_in_float64():
         theirs = hf_model(family, 3, scale=0.5, vocab_size=40, hidden_size=16, num_hidden_layers=2,
                           num_attention_heads=heads[0], num_key_value_heads=heads[1], intermediate_size=24,
                           max_position_embeddings=64, tie_word_embeddings=tied)
         theirs.save_pretrained(tmp_path)
         model = Llama.from_pretrained(tmp_path)
-        prompt = np.random.default_rng(3).integers(1, 40, (2, 7))
-        ours = generate(model, prompt, 40, temperature=0)
-        with torch.no_grad():
-            expected = theirs.generate(torch.from_numpy(prompt), max_new_tokens=40, min_new_tokens=40,
-                                       do_sample=False, pad_token_id=0, eos_token_id=None)
+        ours, expected = greedy_both(model, theirs, np.random.default_rng(3).integers(1, 40, (2, 7)), 40)
     assert ours.shape == (2, 47)
     assert np.array_equal(ours, expected.numpy())
     assert len(set(ours[:, 7:].ravel().tolist())) > 2  # not a trivial run of one token
@@ -363,7 +384,8 @@ def make_folder(folder, family="llama", eos=(1, 2), **config):
     folder.mkdir(parents=True, exist_ok=True)
     V = write_tokenizer(folder)
     torch.manual_seed(7)
-    Config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[family]
+    Config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+              "qwen3_moe": transformers.Qwen3MoeConfig}[family]
     model = getattr(transformers, Config.__name__.replace("Config", "ForCausalLM"))(Config(**(dict(
         vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=48, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=0,

@@ -180,7 +180,8 @@ def gqa_shapes(draw):
 def test_grouped_query_attention_gradients(data, B, T, D, shape, qkv_bias, causal, seed):
     H, Hkv, head_dim = shape
     rope_type, theta, scaling = data.draw(rope_settings())
-    layer = randomize(GroupedQueryAttention(D, H, Hkv, head_dim, qkv_bias=qkv_bias,
+    qk_norm = data.draw(st.sampled_from([None, "head", "projection"]))  # Qwen3's per head, OLMoE's whole
+    layer = randomize(GroupedQueryAttention(D, H, Hkv, head_dim, qkv_bias=qkv_bias, qk_norm=qk_norm,
                                             rotary=RotaryEmbedding(head_dim, theta, rope_type, **scaling)), seed + 1)
     pad = data.draw(st.none() | padding_masks(B, T, allow_all_padded=True))
     assert_gradients_match(layer, random_array(seed, (B, T, D)), key_padding_mask=pad, causal=causal, seed=seed)

@@ -90,6 +90,21 @@ def tuning(tmp_path_factory):
     return make_folder(base / "folder"), make_text(base)
 
 
+def fine_tuned(folder, text, tmp_path):
+    """tmp_path/"tuned": 12 steps of fine-tuning ``folder`` on ``text``, checked to lower the validation loss by 0.5
+    from where the folder's model has it (tmp_path/"still": one step at a learning rate near 0)."""
+    from minitf.train import main as train_main
+    from tests.runs import metrics
+    still, tuned = tmp_path / "still", tmp_path / "tuned"
+    assert train_main(text + FINE_TUNE + ["--init-from", str(folder), "--lr-scale", "1e-9", "--max-steps", "1",
+                                          "--eval-every", "1", "--out", str(still)]) == 0
+    assert train_main(text + FINE_TUNE + ["--init-from", str(folder), "--lr-scale", "1", "--max-steps", "12",
+                                          "--eval-every", "12", "--out", str(tuned)]) == 0
+    (before,), (after,) = metrics(still, "valid"), metrics(tuned, "valid")
+    assert after["loss"] < before["loss"] - 0.5, (before, after)
+    return tuned
+
+
 @with_hf
 def test_init_from_fine_tunes_a_llama_folder_lowers_the_loss_and_exports_what_transformers_loads(tuning, tmp_path):
     """The run starts from the folder's weights (a learning rate near 0 leaves its validation loss where the
@@ -107,16 +122,9 @@ def test_init_from_fine_tunes_a_llama_folder_lowers_the_loss_and_exports_what_tr
     from minitf.sampling import generate
     from minitf.llama.model import Llama
     from minitf.llama.tokenizer import read_tokenizer
-    from minitf.train import main as train_main
-    from tests.runs import CPU_ENV, ROOT, metrics
+    from tests.runs import CPU_ENV, ROOT
     folder, text = tuning
-    still, tuned = tmp_path / "still", tmp_path / "tuned"
-    assert train_main(text + FINE_TUNE + ["--init-from", str(folder), "--lr-scale", "1e-9", "--max-steps", "1",
-                                          "--eval-every", "1", "--out", str(still)]) == 0
-    assert train_main(text + FINE_TUNE + ["--init-from", str(folder), "--lr-scale", "1", "--max-steps", "12",
-                                          "--eval-every", "12", "--out", str(tuned)]) == 0
-    (before,), (after,) = metrics(still, "valid"), metrics(tuned, "valid")
-    assert after["loss"] < before["loss"] - 0.5, (before, after)
+    tuned = fine_tuned(folder, text, tmp_path)
     config = json.loads((tuned / "config.json").read_text())
     start = Llama.from_pretrained(folder)
     assert config["init_from"] == str(folder.resolve()) and config["tokenizer"] == "pretrained"

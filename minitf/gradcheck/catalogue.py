@@ -15,6 +15,7 @@ import minitf
 from minitf import backend
 from minitf.attention import attention_keep_mask
 from minitf.draws import random_array, randomize
+from minitf.moe import SparseMoE
 
 #: name -> build(rng) -> (forward, backward, inputs, module), in the order of ``--help``
 BUILDERS = {}
@@ -244,6 +245,13 @@ def _grouped_query_attention(rng):  # 4 query heads share 2 key/value heads; rot
                                                rotary=minitf.RotaryEmbedding(D // 2)), rng)
     pad = backend.asarray(backend.host.arange(T)[None, :] >= backend.host.array([[T], [T - 1]]))
     return (lambda x: m.forward(x, key_padding_mask=pad)), m.backward, {"x": random_array(rng, (B, T, 2 * D))}, m
+
+
+@layer("moe")
+def _sparse_moe(rng):  # 5 SwiGLU experts, each token through its top 2 (renormalised), a shared expert
+    # the routers' values are spread wide (scale 2): a central difference of 1e-6 never flips a top-2 choice
+    m = randomize(SparseMoE(D, F, 5, 2, shared_d_ff=3), rng, scale=2.0)
+    return m.forward, m.backward, {"x": random_array(rng, (B, T, D))}, m
 
 
 #: the layers of the command, in the order of ``--help`` (a new layer's function goes above this line)

@@ -30,7 +30,16 @@ class LlamaConfig:
     ``eos_token_id``: None, one id, or a tuple of ids (Llama 3's several ends). ``sliding_window``: None, or a
     Mistral's window W (a query sees the W latest keys, itself included): minitf computes full attention, which is
     that exactly over at most W positions, so the model has min(max_position_embeddings, W) positions
-    (:attr:`positions`)."""
+    (:attr:`positions`).
+
+    ``qk_norm``: None, "head" (Qwen3: an RMSNorm of each query and key head before the rotation) or "projection"
+    (OLMoE: of the whole query and key projections). Mixtures of experts (:class:`minitf.moe.SparseMoE`):
+    ``num_experts`` 0 is dense; otherwise layer i is sparse unless i is in ``mlp_only_layers`` or (i + 1) is not
+    a multiple of ``decoder_sparse_step`` (Qwen's rule), with ``num_experts_per_tok`` experts of width
+    ``moe_d_ff`` (None: d_ff) per token, their weights renormalised where ``norm_topk_prob``, and a shared
+    expert of width ``shared_expert_d_ff`` behind a sigmoid gate where it is set (Qwen2-MoE); the dense
+    layers' width is d_ff. ``router_aux_loss_coef`` and ``router_z_loss_coef``: the coefficients the model
+    reports with its load-balancing and z auxiliary losses (:meth:`minitf.llama.model.Llama.aux_losses`)."""
     vocab_size: int
     d_model: int = 576
     num_layers: int = 30
@@ -50,6 +59,16 @@ class LlamaConfig:
     bos_token_id: int | None = None
     eos_token_id: int | tuple | None = None
     sliding_window: int | None = None
+    qk_norm: str | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_d_ff: int | None = None
+    shared_expert_d_ff: int | None = None
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple = ()
+    router_aux_loss_coef: float = 0.001
+    router_z_loss_coef: float = 0.0
 
     def __post_init__(self):
         check_positive_ints(self, ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff",
@@ -85,6 +104,7 @@ class LlamaConfig:
                 llama3 = ", ".join(repr(k) + ": ..." for k in ROPE_KEYS["llama3"])
                 raise ValueError(f"LlamaConfig: rope_scaling must be None, {{'rope_type': 'linear', 'factor': ...}} or "
                                  f"{{'rope_type': 'llama3', {llama3}}} (positive numbers), got {self.rope_scaling!r}")
+        check_sparse_fields(self)
         ids = {"pad_token_id": self.pad_token_id, "bos_token_id": self.bos_token_id}
         eos = self.eos_token_id
         ids |= {f"eos_token_id[{i}]": e for i, e in enumerate(eos)} if isinstance(eos, tuple) else {"eos_token_id": eos}
@@ -96,6 +116,16 @@ class LlamaConfig:
     def head_size(self):
         """The width of one head: head_dim, or d_model / num_heads without one."""
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    def is_sparse(self, layer):
+        """Whether block ``layer`` (0-based) has the sparse feed-forward (Qwen2-MoE's rule)."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def expert_d_ff(self):
+        """An expert's width: moe_d_ff, or d_ff without one."""
+        return self.moe_d_ff or self.d_ff
 
     @property
     def positions(self):
@@ -114,6 +144,33 @@ class LlamaConfig:
     def replace(self, **changes):
         """A copy with ``changes``, checked again."""
         return dataclasses.replace(self, **changes)
+
+
+def check_sparse_fields(config):
+    """The qk_norm and mixture-of-experts fields of a :class:`LlamaConfig`, each refused naming it."""
+    if config.qk_norm not in (None, "head", "projection"):
+        raise ValueError(f"LlamaConfig: qk_norm must be None, 'head' or 'projection', got {config.qk_norm!r}")
+    if not _is_int(config.num_experts) or config.num_experts < 0:
+        raise ValueError(f"LlamaConfig: num_experts must be an integer >= 0 (0: dense), got {config.num_experts!r}")
+    for name in ("num_experts_per_tok", "decoder_sparse_step"):
+        if not _is_int(getattr(config, name)) or getattr(config, name) < 1:
+            raise ValueError(f"LlamaConfig: {name} must be a positive integer, got {getattr(config, name)!r}")
+    if config.num_experts and config.num_experts_per_tok > config.num_experts:
+        raise ValueError(f"LlamaConfig: num_experts_per_tok {config.num_experts_per_tok} is more than the "
+                         f"{config.num_experts} experts")
+    for name in ("moe_d_ff", "shared_expert_d_ff"):
+        value = getattr(config, name)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise ValueError(f"LlamaConfig: {name} must be a positive integer or None, got {value!r}")
+    if not isinstance(config.norm_topk_prob, bool):
+        raise ValueError(f"LlamaConfig: norm_topk_prob must be true or false, got {config.norm_topk_prob!r}")
+    layers = config.mlp_only_layers
+    if not isinstance(layers, tuple) or any(not _is_int(i) or not 0 <= i < config.num_layers for i in layers):
+        raise ValueError(f"LlamaConfig: mlp_only_layers must be a tuple of layer numbers in [0, {config.num_layers})"
+                         f", got {layers!r}")
+    for name in ("router_aux_loss_coef", "router_z_loss_coef"):
+        if not _is_number(getattr(config, name)) or getattr(config, name) < 0:
+            raise ValueError(f"LlamaConfig: {name} must be a number >= 0, got {getattr(config, name)!r}")
 
 
 #: Shapes by name: {name: LlamaConfig's fields}. "tiny" trains in minutes on a CPU; "smollm2-135m" is
@@ -157,6 +214,19 @@ class LlamaRunConfig(TextBlocksRunConfig):
                                       model=True, type="positive int", group=_GROUP)
     rope_theta: float = option(10000.0, f"the rotary positions' base (default: {RUN_PRESETS['tiny']['rope_theta']:g})",
                                model=True, type="positive float", group=_GROUP)
+    # a mixture of experts (minitf.moe.SparseMoE in every block's feed-forward): 0 experts is the dense block
+    num_experts: int = option(0, "experts of each block's sparse feed-forward (0: dense, the default)", model=True,
+                              type="int", group=_GROUP)
+    experts_per_token: int = option(2, "experts each token is routed to, the top k of the router's softmax "
+                                    "(default 2)", model=True, type="positive int", group=_GROUP)
+    moe_d_ff: int | None = option(None, "each expert's SwiGLU width (default: --d-ff)", model=True,
+                                  type="positive int", group=_GROUP)
+    router_aux_loss_coef: float | None = option(
+        None, f"the load-balancing loss's coefficient (default: {LlamaConfig.router_aux_loss_coef:g}, or the "
+        "--init-from folder's)", type="float", group=_GROUP)
+    router_z_loss_coef: float | None = option(
+        None, f"the router z-loss's coefficient (default: {LlamaConfig.router_z_loss_coef:g}: none, or the "
+        "--init-from folder's)", type="float", group=_GROUP)
     # from a Hugging Face Llama, Qwen2 or Mistral folder: its model's config (LlamaConfig's fields), kept so that the
     # run needs the folder no more: the model is built from it, an export writes it again
     llama: dict | None = option(None, flag=False, model=True)
@@ -167,19 +237,33 @@ def folder_fields(config):
     config.json so that the run needs the folder no more)."""
     values = dataclasses.asdict(config)
     eos = values["eos_token_id"]
-    return dict(values, eos_token_id=list(eos) if isinstance(eos, tuple) else eos)
+    return dict(values, eos_token_id=list(eos) if isinstance(eos, tuple) else eos,
+                mlp_only_layers=list(config.mlp_only_layers))
 
 
 def from_folder_fields(values):
     """The :class:`LlamaConfig` of :func:`folder_fields`' values; a ValueError naming what does not fit."""
     names = [f.name for f in dataclasses.fields(LlamaConfig)]
-    if isinstance(values, dict):
-        values = {"sliding_window": None} | values  # runs made before it was a field
+    if isinstance(values, dict):  # a run saved before sliding_window, the q/k norms, the experts: their defaults
+        values = {f.name: f.default for f in dataclasses.fields(LlamaConfig) if f.name in _LATER_FIELDS} | values
     if not isinstance(values, dict) or sorted(values) != sorted(names):
         got = sorted(values) if isinstance(values, dict) else type(values).__name__
         raise ValueError(f"\"llama\" must hold the fields {names}, got {got}")
-    eos = values["eos_token_id"]
-    return LlamaConfig(**dict(values, eos_token_id=tuple(eos) if isinstance(eos, list) else eos))
+    eos, dense = values["eos_token_id"], values["mlp_only_layers"]
+    return LlamaConfig(**dict(values, eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+                              mlp_only_layers=tuple(dense) if isinstance(dense, list) else dense))
+
+
+#: the fields added with sliding_window, Qwen3 and the mixtures of experts (a run's "llama" field written before
+#: lacks them)
+_LATER_FIELDS = ("sliding_window", "qk_norm", "num_experts", "num_experts_per_tok", "moe_d_ff", "shared_expert_d_ff",
+                 "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "router_z_loss_coef")
+
+
+#: LlamaConfig's fields a run sets by a flag of another name (named in its refusals)
+RUN_FIELD_FLAGS = {"num_experts_per_tok": "--experts-per-token", "num_experts": "--num-experts",
+                   "moe_d_ff": "--moe-d-ff", "router_aux_loss_coef": "--router-aux-loss-coef",
+                   "router_z_loss_coef": "--router-z-loss-coef"}
 
 
 def validate_run(config):
@@ -195,7 +279,10 @@ def validate_run(config):
     try:
         model = run_model_config(config, 8)
     except ValueError as error:
-        raise UsageError(str(error).replace("LlamaConfig: ", "--model llama: ")) from None
+        message = str(error).replace("LlamaConfig: ", "--model llama: ")
+        for field, flag in RUN_FIELD_FLAGS.items():  # the run's flags where its fields say them
+            message = message.replace(f"{field} ", f"{flag} ")
+        raise UsageError(message) from None
     positions, why = model.positions
     if config.llama is not None and config.block_size > positions:
         raise UsageError(f"--block-size {config.block_size} is longer than the {positions} positions of "
@@ -206,9 +293,13 @@ def run_model_config(config, vocab_size):
     """The :class:`LlamaConfig` of a ``--model llama`` run's RunConfig: a fine-tuning run's folder's model (its
     ``llama`` field, ``vocab_size`` aside: the folder's), or the run's sizes, ``num_decoder_layers`` blocks,
     ``block_size`` positions, tied output."""
+    coefficients = {name: float(getattr(config, name)) for name in ("router_aux_loss_coef", "router_z_loss_coef")
+                    if getattr(config, name) is not None}  # given: they replace the folder's or the default
     if config.llama is not None:
-        return from_folder_fields(config.llama)
+        return from_folder_fields(config.llama).replace(**coefficients)
     return LlamaConfig(vocab_size=vocab_size, d_model=config.d_model, num_layers=config.num_decoder_layers,
                        num_heads=config.num_heads, num_kv_heads=config.num_kv_heads or config.num_heads,
                        d_ff=config.d_ff, rope_theta=float(config.rope_theta),
-                       max_position_embeddings=config.block_size, tie_word_embeddings=True)
+                       max_position_embeddings=config.block_size, tie_word_embeddings=True,
+                       num_experts=config.num_experts, num_experts_per_tok=config.experts_per_token,
+                       moe_d_ff=config.moe_d_ff, **coefficients)

@@ -199,10 +199,22 @@ def hf_to_minitf_state(weights, config, path="the weights"):
     """``{minitf name: array}`` from a ``LlamaForCausalLM`` state dict (``lm_head.weight`` of a tied model left
     out). A ValueError naming ``path`` and the tensors: missing or unknown names, a tensor that is not
     floating-point, or one of another shape than ``config`` gives it."""
-    found = {name: array for name, array in weights.items()
-             if not (name == "lm_head.weight" and config.tie_word_embeddings)}
-    pairs = name_map(config)
-    return pretrained.state_of_pairs(found, pairs, expected_shapes(config), path)
+    found = model_tensors(weights, config)
+    return pretrained.state_of_pairs(found, name_map(config), expected_shapes(config), path)
+
+
+def model_tensors(weights, config):
+    """``weights`` less a tied model's ``lm_head.weight`` (the embedding's, not a parameter of its own)."""
+    return {name: array for name, array in weights.items()
+            if not (name == "lm_head.weight" and config.tie_word_embeddings)}
+
+
+def check_tensors(found, expected, path):
+    """A ValueError naming ``path`` and the tensors where ``found`` ({name: array}) is not ``expected`` ({name:
+    shape}): missing or unknown names (five of each named), a tensor that is not floating-point, a wrong shape
+    (:func:`minitf.pretrained.check_names`, :func:`minitf.pretrained.check_shapes`)."""
+    pretrained.check_names(found, expected, path)
+    pretrained.check_shapes(found, expected, path)
 
 
 def minitf_to_hf_state(state, config):
@@ -210,14 +222,15 @@ def minitf_to_hf_state(state, config):
     return pretrained.hf_state_of_pairs(state, name_map(config))
 
 
-def read_pretrained_state(folder, config, dtype=None, warn=None):
+def read_pretrained_state(folder, config, dtype=None, warn=None, to_state=hf_to_minitf_state):
     """``{minitf name: host array}`` of ``folder``'s weights for a model of ``config``; with ``dtype`` (the
     model's), a tensor beyond that dtype's range is refused too. A tied ``config`` whose file holds an
     ``lm_head.weight`` of other values than the embedding is untied, as transformers unties it (it warns and uses
     the file's head): the state then holds ``lm_head.weight`` (:func:`config_of_state`) and ``warn`` (default
-    :func:`warnings.warn`) hears one line."""
+    :func:`warnings.warn`) hears one line. ``to_state(weights, config, path)``: the names' and layouts' map
+    (:func:`hf_to_minitf_state`; :mod:`minitf.llama.moe_hf` gives its own for its types)."""
     def convert(weights, config, path):
-        return hf_to_minitf_state(weights, untied_by_file(weights, config, path, warn), path)
+        return to_state(weights, untied_by_file(weights, config, path, warn), path)
     return pretrained.read_state(folder, config, convert, BUFFERS, dtype)
 
 
@@ -247,11 +260,17 @@ def pretrained_config(folder):
     lists some), config.json's where it has none."""
     folder = pathlib.Path(folder)
     hf = pretrained.read_config(folder, FAMILY, LLAMA_FOLDER)
-    config = config_from_hf(hf, str(folder / "config.json"))
-    if (folder / "generation_config.json").is_file():
-        config = config.replace(eos_token_id=eos_ids(read_generation_config(folder), config.vocab_size,
-                                                     str(folder / "generation_config.json")))
-    return config, hf
+    return with_generation_ends(config_from_hf(hf, str(folder / "config.json")), folder), hf
+
+
+def with_generation_ends(config, folder):
+    """``config`` with the end-of-text ids of ``folder``'s generation_config.json where it has that file (its
+    eos_token_id, none there: no end), as transformers' generate stops."""
+    folder = pathlib.Path(folder)
+    if not (folder / "generation_config.json").is_file():
+        return config
+    return config.replace(eos_token_id=eos_ids(read_generation_config(folder), config.vocab_size,
+                                               str(folder / "generation_config.json")))
 
 
 def read_generation_config(folder):
@@ -308,13 +327,16 @@ def generation_settings(folder, warn):
     return {key: value for key, value in stated.items() if value is not None}
 
 
-def from_pretrained(model_class, folder, dtype=None, warn=None):
+def from_pretrained(model_class, folder, dtype=None, warn=None, reader=None):
     """The ``model_class`` (:class:`minitf.llama.model.Llama`) of a Hugging Face folder, built under ``dtype``
     (default: minitf's default float dtype) after config.json and every tensor are checked; ``warn`` hears what
-    minitf applies as transformers does though the folder contradicts itself (:func:`read_pretrained_state`)."""
+    minitf applies as transformers does though the folder contradicts itself (:func:`read_pretrained_state`).
+    ``reader``: (pretrained_config, read_pretrained_state) of the module reading the folder (this one's, or
+    :mod:`minitf.llama.moe_hf`'s)."""
+    read_config, read_state = reader or (pretrained_config, read_pretrained_state)
     dtype = pretrained.model_dtype(dtype)
-    config, _ = pretrained_config(folder)
-    state = read_pretrained_state(folder, config, dtype, warn)
+    config, _ = read_config(folder)
+    state = read_state(folder, config, dtype, warn)
     config = config_of_state(config, state)
     with backend.default_dtype(dtype):
         model = model_class(config)

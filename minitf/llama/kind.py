@@ -5,7 +5,7 @@ and its runs load, resume and sample as the GPT's do."""
 import importlib.util
 import pathlib
 
-from minitf.llama import hf
+from minitf.llama import hf, moe_hf
 from minitf.llama.config import RUN_PRESETS, LlamaRunConfig, run_model_config, validate_run
 from minitf.llama.model import Llama
 from minitf.training.errors import DataError, UsageError
@@ -16,7 +16,7 @@ class LlamaKind(Kind):
     name = "llama"
     extends = ("gpt",)  # its task and trainer are the language model's (minitf.lm)
     title = "language model"
-    hf_model_types = hf.FAMILY
+    hf_model_types = moe_hf.FAMILY
     hf_what = hf.LLAMA_FOLDER
     generates = True
     presets = RUN_PRESETS
@@ -97,7 +97,7 @@ class LlamaKind(Kind):
         return isinstance(model, Llama)
 
     def write_model(self, model, folder, hf_config=None):
-        hf.save_pretrained(model, folder, hf_config)
+        model.save_pretrained(folder, hf_config)  # any type of the family (minitf.llama.moe_hf)
 
     def load_folder(self, folder, warn=None):
         """A Llama, Qwen2 or Mistral folder: config.json (and generation_config.json), the weights, tokenizer.json;
@@ -107,7 +107,7 @@ class LlamaKind(Kind):
             raise DataError(f"reading a {hf.LLAMA_FOLDER} needs the tokenizers package, not installed here: "
                             "pip install -e '.[hf]'")
         folder = pathlib.Path(folder)
-        config, hf_config = hf.pretrained_config(folder)  # every config value checked first
+        config, hf_config = moe_hf.pretrained_config(folder)  # every config value checked first
         tokenizer_path(folder)                    # then the tokenizer's presence, before the weights are read
         model = Llama.from_pretrained(folder, warn=warn).eval()
         tokenizer = read_tokenizer(folder, config.eos_ids)

@@ -14,9 +14,10 @@ Shapes: B batch, L sequence length, D d_model, V vocabulary size.
 from minitf import backend
 from minitf.attention import GroupedQueryAttention
 from minitf.layers import Embedding, OutputProjection, RMSNorm, SwiGLU
-from minitf.llama import hf
+from minitf.llama import moe_hf
 from minitf.llama.config import LlamaConfig
 from minitf.module import Module, ModuleList
+from minitf.moe import SparseMoE, aux_losses, backward_aux
 from minitf.rotary import RotaryEmbedding
 from minitf.transformer import check_ids
 
@@ -32,13 +33,18 @@ class LlamaBlock(Module):
     """One pre-norm block: ``h = x + self_attn(input_layernorm(x))``, ``y = h + mlp(post_attention_layernorm(h))``
     (Hugging Face's ``LlamaDecoderLayer``, names as there). x, y (B, L, D)."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer=0):
         D = config.d_model
         self.input_layernorm = RMSNorm(D, config.rms_norm_eps)
         self.self_attn = GroupedQueryAttention(D, config.num_heads, config.num_kv_heads, config.head_size,
-                                               qkv_bias=config.attention_bias, rotary=rotary_of(config))
+                                               qkv_bias=config.attention_bias, rotary=rotary_of(config),
+                                               qk_norm=config.qk_norm, norm_eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(D, config.rms_norm_eps)
-        self.mlp = SwiGLU(D, config.d_ff, bias=config.mlp_bias)
+        if config.is_sparse(layer):  # a mixture of experts (minitf.moe) in place of the one SwiGLU
+            self.mlp = SparseMoE(D, config.expert_d_ff, config.num_experts, config.num_experts_per_tok,
+                                 config.norm_topk_prob, config.shared_expert_d_ff)
+        else:
+            self.mlp = SwiGLU(D, config.d_ff, bias=config.mlp_bias)
 
     def forward(self, x, key_padding_mask=None, cache=None):
         h = x + self.self_attn(self.input_layernorm(x), key_padding_mask=key_padding_mask, causal=True, cache=cache)
@@ -69,7 +75,7 @@ class Llama(Module):
         self.config = config
         self.vocab_size = config.vocab_size
         self.embed_tokens = Embedding(config.vocab_size, config.d_model, scale=False)
-        self.layers = ModuleList([LlamaBlock(config) for _ in range(config.num_layers)])
+        self.layers = ModuleList([LlamaBlock(config, i) for i in range(config.num_layers)])
         self.norm = RMSNorm(config.d_model, config.rms_norm_eps)
         self.lm_head = OutputProjection(self.embed_tokens.weight if config.tie_word_embeddings
                                         else Embedding(config.vocab_size, config.d_model).weight)
@@ -84,7 +90,7 @@ class Llama(Module):
         """Every matrix ~ N(0, std^2), biases 0, RMSNorm gains 1 (Hugging Face's ``_init_weights``)."""
         rng = backend.init_rng()
         for p in self.parameters():
-            if p.data.ndim == 2:
+            if p.data.ndim >= 2:  # matrices, and the experts' stacked ones
                 p.data[...] = backend.asarray(rng.normal(0.0, std, p.shape), dtype=p.data.dtype)
 
     @property
@@ -113,6 +119,10 @@ class Llama(Module):
         if window is not None and length > window:  # full attention is the window's exactly up to W positions
             raise ValueError(f"{length} positions are beyond the model's sliding_window {window}, over which minitf's "
                              f"full attention is exact; give at most {window}")
+        # the rows the auxiliary losses count: every token, or the real ones (transformers' attention mask; with a
+        # cache the mask covers the cached positions too, and only the new ones are routed: every new row counts)
+        self.aux_rows = None if key_padding_mask is None or cache is not None else \
+            ~backend.asarray(key_padding_mask).reshape(-1)                # (B*L,) True = a real token
         x = self.embed_tokens(ids)                                      # W[ids]  (B, L, D)
         for i, layer in enumerate(self.layers):
             x = layer(x, key_padding_mask, None if cache is None else states[i])  # N pre-norm blocks
@@ -125,18 +135,53 @@ class Llama(Module):
             dx = layer.backward(dx)
         self.embed_tokens.backward(dx)                                  # tied: adds into lm_head's dW
 
+    # -- mixtures of experts: the auxiliary losses ---------------------------------
+    def sparse_blocks(self):
+        """The :class:`minitf.moe.SparseMoE` feed-forwards, in layer order (none in a dense model)."""
+        return [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
+
+    def aux_losses(self):
+        """``{name: (value, coefficient)}`` of the last forward's auxiliary losses ({} in a dense model):
+        "load_balancing" (transformers' ``load_balancing_loss_func`` over every sparse layer's rows, padding left
+        out) with ``router_aux_loss_coef``, and "router_z" with ``router_z_loss_coef`` where that is above 0. The
+        training loss is ``main + sum coefficient * value``; each value is logged apart."""
+        return aux_losses(self.sparse_blocks(), self.aux_coefficients(), getattr(self, "aux_rows", None))
+
+    def aux_coefficients(self):
+        """``{name: coefficient}`` of the auxiliary losses :meth:`aux_losses` reports ({} in a dense model):
+        "load_balancing" with ``router_aux_loss_coef``, "router_z" with ``router_z_loss_coef`` where above 0."""
+        c = self.config
+        if not self.sparse_blocks():
+            return {}
+        return {"load_balancing": c.router_aux_loss_coef} | (
+            {"router_z": c.router_z_loss_coef} if c.router_z_loss_coef > 0 else {})
+
+    def backward_aux(self, weights):
+        """Add the gradient of ``sum_name weights[name] * aux_losses()[name] value`` (weights: usually
+        coefficient x the loss scale the main loss's gradient carries). Call it after the forward and BEFORE
+        :meth:`backward`: it parks each sparse layer's router-logit gradient, which backward then carries into the
+        routers and, through the residual stream, every parameter below (an auxiliary loss depends on them all).
+        ``backward(dlogits)`` alone stays the gradient of what dlogits is the gradient of."""
+        backward_aux(self.sparse_blocks(), weights, getattr(self, "aux_rows", None))
+
+    def expert_load(self):
+        """Tokens per expert of the last forward, one host array (E,) per sparse layer (padding counted)."""
+        return [block.load() for block in self.sparse_blocks()]
+
     # -- Hugging Face folders -------------------------------------------------------
     @classmethod
     def from_pretrained(cls, folder, dtype=None, warn=None):
-        """The model of a Hugging Face Llama, Qwen2 or Mistral folder (:func:`minitf.llama.hf.from_pretrained`):
-        config.json and every tensor checked first, bfloat16 and float16 weights widened, built under ``dtype``;
-        ``warn(message)`` hears what is applied as transformers applies it though the folder contradicts itself."""
-        return hf.from_pretrained(cls, folder, dtype, warn)
+        """The model of a Hugging Face Llama, Qwen2, Mistral, Qwen3, Qwen3-MoE, Qwen2-MoE, Mixtral or OLMoE folder
+        (:func:`minitf.llama.moe_hf.from_pretrained`): config.json and every tensor checked first, bfloat16 and
+        float16 weights widened, built under ``dtype``; ``warn(message)`` hears what is applied as transformers
+        applies it though the folder contradicts itself."""
+        return moe_hf.from_pretrained(cls, folder, dtype, warn)
 
     def save_pretrained(self, folder, hf_config=None):
-        """Write this model as a Hugging Face folder (:func:`minitf.llama.hf.save_pretrained`; ``hf_config``: the
-        config.json it was read from, whose other entries are kept) that transformers loads with the same logits."""
-        hf.save_pretrained(self, folder, hf_config)
+        """Write this model as a Hugging Face folder (:func:`minitf.llama.moe_hf.save_pretrained`; ``hf_config``:
+        the config.json it was read from, whose other entries are kept) that transformers loads with the same
+        logits."""
+        moe_hf.save_pretrained(self, folder, hf_config)
 
     def num_parameters_of_shape(self):
         """The parameters a model of this config has, counted from the config alone."""
@@ -144,6 +189,10 @@ class Llama(Module):
         D, E, F = c.d_model, c.head_size, c.d_ff
         attn = D * E * (c.num_heads * 2 + c.num_kv_heads * 2)                 # q and o; k and v
         attn += c.attention_bias * E * (c.num_heads + 2 * c.num_kv_heads)     # q, k, v biases
-        block = attn + 3 * D * F + c.mlp_bias * (2 * F + D) + 2 * D
-        return c.vocab_size * D * (1 if c.tie_word_embeddings else 2) + c.num_layers * block + D
+        attn += {None: 0, "head": 2 * E, "projection": E * (c.num_heads + c.num_kv_heads)}[c.qk_norm]
+        dense = 3 * D * F + c.mlp_bias * (2 * F + D)
+        sparse = D * c.num_experts + 3 * D * c.expert_d_ff * c.num_experts    # router; experts
+        sparse += (3 * D * c.shared_expert_d_ff + D) if c.shared_expert_d_ff else 0  # shared expert and its gate
+        blocks = sum(attn + 2 * D + (sparse if c.is_sparse(i) else dense) for i in range(c.num_layers))
+        return c.vocab_size * D * (1 if c.tie_word_embeddings else 2) + blocks + D
 

@@ -17,6 +17,7 @@ from minitf.attention import GroupedQueryAttention
 from minitf.layers import RMSNorm, SiLU, SwiGLU
 from minitf.llama.config import LlamaConfig
 from minitf.llama.model import Llama, LlamaBlock
+from minitf.moe import Experts, SparseMoE
 from minitf.rotary import RotaryEmbedding
 from minitf.study.inspection.numbers import Parts
 from minitf.study.tracer import GPT_IDS, GPT_NEXT, Example, round_numbers, run_next_token
@@ -41,6 +42,36 @@ SHARED_K = (GroupedQueryAttention.backward, "dK = dK_rep.reshape(")
 SHARED_V = (GroupedQueryAttention.backward, "dU = dU_rep.reshape(")
 TURN_BACK = (RotaryEmbedding.backward, "return dy * cos - rotate_half(dy) * sin")
 THREE_PATHS = (GroupedQueryAttention.backward, "return self.q_proj.backward(dq) + self.k_proj.backward(dk)")
+WEIGHTED = (SparseMoE.backward, "dxs = self.experts.backward(")
+EXPERTS_DX = (Experts.backward, "dxs[a:b] = dg[a:b] @ self.gate_proj.data[e].T")
+ROUTER_DLOGITS = (SparseMoE.backward, "dlogits = softmax_backward(s.probs, dprobs)")
+ROUTER_DX = (SparseMoE.backward, "dx += self.gate.backward(dlogits)")
+
+
+def feed_forward_steps(w, mlp, layer):
+    """The walk's steps through block ``layer``'s feed-forward ``mlp`` (its name): the SwiGLU's, or a sparse
+    one's (docs/moe.md): the weighted gradient into each chosen expert, the experts' backward on their own tokens,
+    the router's logit gradient through the chosen weights into the softmax over all experts, the sum into x."""
+    if not isinstance(layer.mlp, SparseMoE):
+        w.section(f"block {mlp.split('.')[1]}, top half first: the SwiGLU feed-forward, "
+                  "y = down(silu(gate(x)) * up(x))")
+        w.step(f"{mlp}.down_proj: dh = dy W_down^T, for h = a * u", f"{mlp}.down_proj", "dx", "branch", DOWN)
+        w.step(f"{mlp}: da = dh * u (the product rule's first term)", f"{mlp}.act", "dy", "branch", PRODUCT)
+        w.step(f"{mlp}: du = dh * a (its second term)", f"{mlp}.up_proj", "dy", "branch", PRODUCT)
+        w.step(f"{mlp}.act: dg = SiLU'(g) da, g = x W_gate", f"{mlp}.act", "dx", "branch", activation_line(SiLU()))
+        w.step(f"{mlp}: dx = du W_up^T + dg W_gate^T (both read x)", mlp, "dx", "branch", TWO_PATHS)
+        return
+    E, k = layer.mlp.num_experts, layer.mlp.top_k
+    w.section(f"block {mlp.split('.')[1]}, top half first: the sparse feed-forward, {E} SwiGLU experts, each token "
+              f"through its top {k}, y = sum_j w_j expert_j(x)")
+    w.step(f"{mlp}: each (token, slot)'s dy times its weight w, rows grouped by expert", f"{mlp}.experts", "dys",
+           "branch", WEIGHTED)
+    w.step(f"{mlp}.experts: each expert's backward on its own tokens' rows only", f"{mlp}.experts", "dxs", "branch",
+           EXPERTS_DX)
+    w.step(f"{mlp}.gate: dlogits = softmax'(p) of dw = dy . expert(x) at the chosen experts (0 elsewhere)",
+           f"{mlp}.gate", "dy", "branch", ROUTER_DLOGITS)
+    w.step(f"{mlp}: dx = the experts' paths summed over the slots + dlogits W_router^T", mlp, "dx", "branch",
+           ROUTER_DX)
 
 
 def llama_walk(tracer, model):
@@ -62,12 +93,7 @@ def llama_walk(tracer, model):
            "stream", FINAL_NORM)
     for l in reversed(range(config.num_layers)):
         block, mlp, attn = f"layers.{l}", f"layers.{l}.mlp", f"layers.{l}.self_attn"
-        w.section(f"block {l}, top half first: the SwiGLU feed-forward, y = down(silu(gate(x)) * up(x))")
-        w.step(f"{mlp}.down_proj: dh = dy W_down^T, for h = a * u", f"{mlp}.down_proj", "dx", "branch", DOWN)
-        w.step(f"{mlp}: da = dh * u (the product rule's first term)", f"{mlp}.act", "dy", "branch", PRODUCT)
-        w.step(f"{mlp}: du = dh * a (its second term)", f"{mlp}.up_proj", "dy", "branch", PRODUCT)
-        w.step(f"{mlp}.act: dg = SiLU'(g) da, g = x W_gate", f"{mlp}.act", "dx", "branch", activation_line(SiLU()))
-        w.step(f"{mlp}: dx = du W_up^T + dg W_gate^T (both read x)", mlp, "dx", "branch", TWO_PATHS)
+        feed_forward_steps(w, mlp, model.layers[l])
         w.step(f"{block}.post_attention_layernorm: RMSNorm'(dx)", f"{block}.post_attention_layernorm", "dx",
                "branch", RMS)
         w.step(f"{block}: dh = dy + RMSNorm'(...) (the residual passes dy on)", attn, "dy", "stream", MLP_SUM)
@@ -155,7 +181,12 @@ def page_parts(model):
 def describe(model):
     """(what the page calls the model, its layout, its shape in one line)."""
     c = model.config
+    sparse = sum(map(c.is_sparse, range(c.num_layers)))
+    feed_forward = f"SwiGLU d_ff {c.d_ff}" if not sparse else (
+        f"{sparse} sparse feed-forwards of {c.num_experts} SwiGLU experts (d_ff {c.expert_d_ff}, top "
+        f"{c.num_experts_per_tok}{', a shared expert' if c.shared_expert_d_ff else ''})"
+        + (f" and {c.num_layers - sparse} dense (d_ff {c.d_ff})" if sparse < c.num_layers else ""))
     return ("Llama", "pre-norm RMSNorm",
             f"Llama, {c.num_layers} blocks, d_model {c.d_model}, {c.num_heads} query heads over {c.num_kv_heads} "
-            f"key/value heads, SwiGLU d_ff {c.d_ff}, rotary positions (theta {c.rope_theta:g}), "
+            f"key/value heads, {feed_forward}, rotary positions (theta {c.rope_theta:g}), "
             f"{'tied' if c.tie_word_embeddings else 'untied'} output")
