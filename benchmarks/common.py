@@ -20,8 +20,11 @@ module imports no script, and no script imports another (tests/test_architecture
   function in ``torch.nn``), minitf's embedding init, the same loss and Adam settings.
 - Another revision (:func:`load_reference`): ``minitf/*.py`` at a git revision, imported
   as the package ``minitf_ref``.
+- Each framework in a process of its own (:class:`Worker`, the parent's side, and :func:`serve`,
+  the worker's): the script started again with ``--worker NAME``, one JSON line per answer.
 """
 import importlib
+import json
 import math
 import os
 import pathlib
@@ -29,6 +32,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -415,3 +419,96 @@ def status_bytes(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024                # reported in kB
     raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def spread(values, scale=1e3, digits=0):
+    """"lowest-highest" of ``values`` times ``scale`` (seconds -> ms by default), ``digits`` decimals."""
+    return f"{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}"
+
+
+# --------------------------------------------------------------------------- #
+# each framework in a process of its own
+# --------------------------------------------------------------------------- #
+class Worker:
+    """One framework's process of its own: ``python SCRIPT --worker NAME *argv`` (a fresh interpreter, so that
+    NumPy's OpenBLAS threads, PyTorch's OpenMP threads and the two heaps never share a process). The script's
+    worker calls :func:`serve`: ``info`` is its first JSON line (printed when it is ready), ``ask(command)``
+    writes one command line to its stdin and returns its JSON answer. A worker that fails ends the parent
+    with one line (the script, the framework and the worker's last line of stderr). Use it in ``with``, or
+    call ``close()``."""
+
+    def __init__(self, script, name, argv=(), env=None):
+        self.name, self.script = name, os.path.basename(script)
+        self.errors = tempfile.TemporaryFile("w+")                     # not a pipe: a full one would block it
+        self.process = subprocess.Popen([sys.executable, os.path.abspath(script), "--worker", name, *argv],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
+                                        text=True, env=env)
+        try:
+            self.info = self.answer()
+        except BaseException:
+            self.close()
+            raise
+
+    def answer(self):
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait()
+            self.errors.seek(0)
+            error = self.errors.read().strip().splitlines()
+            raise SystemExit(f"{self.script}: the {self.name} process failed: {error[-1] if error else 'no output'}")
+        return json.loads(line)
+
+    def ask(self, command):
+        try:
+            self.process.stdin.write(command + "\n")
+            self.process.stdin.flush()
+        except OSError:
+            pass                                                       # it has ended: answer() says why
+        return self.answer()
+
+    def close(self):
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write("quit\n")
+                self.process.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.errors.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def serve(start):
+    """The worker's side of :class:`Worker`: ``start()`` builds the work and returns (info, answer); info (a
+    JSON-able dict) goes to the parent as the first line, then ``answer(command)`` answers each line of stdin,
+    one JSON line each, until "quit" or the end of stdin. Only the answers go to stdout (anything else the
+    libraries print goes to stderr)."""
+    out, sys.stdout = sys.stdout, sys.stderr
+    info, answer = start()
+    print(json.dumps(info), file=out, flush=True)
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "quit":
+            break
+        print(json.dumps(answer(command)), file=out, flush=True)
+
+
+def take_turns(workers, command, rounds, pause=0.0, flip=True):
+    """``rounds`` rounds of ``command`` asked of each of ``workers`` ({name: anything with ``ask``}) in turn,
+    the order flipping every round with ``flip`` (A B, B A, ...), ``pause`` seconds after each turn (the idle
+    process's threads stop spinning): {name: [answers]}."""
+    names, answers = list(workers), {name: [] for name in workers}
+    for r in range(rounds):
+        for name in (names[::-1] if flip and r % 2 else names):
+            answers[name].append(workers[name].ask(command))
+            time.sleep(pause)
+    return answers

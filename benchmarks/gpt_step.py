@@ -27,10 +27,8 @@ language-model run's (vocabulary 4096, d_model 192, 4 layers, 4 heads, d_ff 768,
 Needs the ``bench`` extra (torch, transformers); without it minitf is timed alone.
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -38,8 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import minitf  # noqa: E402
 minitf.backend.keep_freed_memory()  # as train.py runs (no page faults for each fresh temporary)
-from benchmarks.common import (GPT_SHAPES, MinitfGPTStep, TorchGPTStep, blas_description,  # noqa: E402
-                               blas_threads, cpu_model, matmul_peak_gflops)
+from benchmarks.common import (GPT_SHAPES, MinitfGPTStep, TorchGPTStep, Worker, blas_description,  # noqa: E402
+                               blas_threads, cpu_model, matmul_peak_gflops, serve, spread)
 
 ALL = ["default", "gpt2"]
 
@@ -52,10 +50,6 @@ def gpt_flops(shape):
     N = B * L
     layer = 2 * N * (4 * D * D + 2 * D * F) + 4 * B * L * L * D
     return 3 * (shape["num_layers"] * layer + 2 * N * D * V)
-
-
-def spread(values, scale=1e3, digits=0):
-    return f"{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}"
 
 
 def make_step(framework, shape, dropout):
@@ -87,34 +81,35 @@ def in_process(name, args, have_torch):
 
 
 def worker(args):
-    """--worker FRAMEWORK: build the step, ``--warmup`` untimed steps, ``--rounds`` timed ones; one JSON line."""
-    if args.worker == "PyTorch":                          # (malloc as train.py's: at import, both frameworks)
-        import torch
-        torch.set_num_threads(blas_threads())
-    step = make_step(args.worker, GPT_SHAPES[args.shape], args.dropout)
-    first = step(0)
-    for i in range(1, args.warmup):
-        step(i)
-    times = []
-    for r in range(args.rounds):
-        start = time.perf_counter()
-        step(args.warmup + r)
-        times.append(time.perf_counter() - start)
-    print(json.dumps({"first": first, "times": times, "parameters": step.num_parameters}))
+    """--worker FRAMEWORK: build the step, ``--warmup`` untimed steps, ``--rounds`` timed ones; the result is the
+    worker's first line (``serve``)."""
+    def start():
+        if args.worker == "PyTorch":                      # (malloc as train.py's: at import, both frameworks)
+            import torch
+            torch.set_num_threads(blas_threads())
+        step = make_step(args.worker, GPT_SHAPES[args.shape], args.dropout)
+        first = step(0)
+        for i in range(1, args.warmup):
+            step(i)
+        times = []
+        for r in range(args.rounds):
+            begin = time.perf_counter()
+            step(args.warmup + r)
+            times.append(time.perf_counter() - begin)
+        return {"first": first, "times": times, "parameters": step.num_parameters}, None
+
+    serve(start)
 
 
 def in_processes(name, args, have_torch):
     """Each framework in fresh processes taking turns (``--repeats`` each, the order flipping): as in_process."""
     frameworks = ["minitf", "PyTorch"] if have_torch else ["minitf"]
     times, first, counts, medians = {k: [] for k in frameworks}, {}, {}, {k: [] for k in frameworks}
+    argv = ["--shape", name, "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--dropout", str(args.dropout)]
     for r in range(args.repeats):
         for framework in (frameworks if r % 2 == 0 else frameworks[::-1]):
-            command = [sys.executable, os.path.abspath(__file__), "--worker", framework, "--shape", name,
-                       "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--dropout", str(args.dropout)]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
-            if done.returncode != 0:
-                raise SystemExit(f"gpt_step.py: the {framework} process failed: {done.stderr.strip()[-2000:]}")
-            out = json.loads(done.stdout.strip().splitlines()[-1])
+            with Worker(__file__, framework, argv) as process:
+                out = process.info
             times[framework] += out["times"]
             medians[framework].append(statistics.median(out["times"]))
             first[framework], counts[framework] = out["first"], out["parameters"]

@@ -50,7 +50,6 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +57,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
-from benchmarks.common import GPT_BETAS, GPT_EPS, GPT_LR, blas_description, cpu_model, status_bytes  # noqa: E402
+from benchmarks.common import (GPT_BETAS, GPT_EPS, GPT_LR, Worker, blas_description, cpu_model, serve,  # noqa: E402
+                               spread, status_bytes, take_turns)
 from minitf.llama.config import PRESETS  # noqa: E402
 
 np = minitf.backend.host
@@ -199,101 +199,57 @@ class TorchSide:
 
 
 def worker(args):
-    """Answer the parent's commands on stdin, one JSON line each on stdout: run, memory, quit."""
+    """Answer the parent's commands (``serve``), one JSON line each: run, memory, quit."""
     import warnings
     warnings.filterwarnings("ignore")                                 # transformers' notices about settings
-    out = sys.stdout
-    sys.stdout = sys.stderr                                           # only the answers go to the parent
-    if args.worker == "PyTorch":
-        import torch
-        import transformers
-        torch.set_num_threads(args.threads)
-        transformers.utils.logging.disable_progress_bar()
-    before = status_bytes("VmRSS")
-    side = (MinitfSide if args.worker == "minitf" else TorchSide)(args.folder, SHAPES[args.shape], args.part)
-    info = {"parameters": side.parameters, "loaded_mib": (status_bytes("VmRSS") - before) / 2 ** 20,
-            "attention": getattr(side, "attention", None)}
-    if args.worker == "PyTorch":
-        import torch
-        info["threads"] = torch.get_num_threads()
-    else:
-        info["threads"] = minitf.backend.threads()
-    print(json.dumps(info), file=out, flush=True)
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "run":
-            answer = side.run()
-        elif command == "memory":
-            answer = {"peak_mib": (status_bytes("VmHWM") - side.baseline) / 2 ** 20}
+
+    def start():
+        if args.worker == "PyTorch":
+            import torch
+            import transformers
+            torch.set_num_threads(args.threads)
+            transformers.utils.logging.disable_progress_bar()
+        before = status_bytes("VmRSS")
+        side = (MinitfSide if args.worker == "minitf" else TorchSide)(args.folder, SHAPES[args.shape], args.part)
+        info = {"parameters": side.parameters, "loaded_mib": (status_bytes("VmRSS") - before) / 2 ** 20,
+                "attention": getattr(side, "attention", None)}
+        if args.worker == "PyTorch":
+            import torch
+            info["threads"] = torch.get_num_threads()
         else:
-            break
-        print(json.dumps(answer), file=out, flush=True)
+            info["threads"] = minitf.backend.threads()
+
+        def answer(command):
+            if command == "run":
+                return side.run()
+            if command == "memory":
+                return {"peak_mib": (status_bytes("VmHWM") - side.baseline) / 2 ** 20}
+            raise ValueError(f"unknown command {command!r}: expected run, memory or quit")
+        return info, answer
+
+    serve(start)
 
 
 # --------------------------------------------------------------------------- #
 # the parent: two workers, taking turns
 # --------------------------------------------------------------------------- #
-class Worker:
-    def __init__(self, name, part, folder, args):
-        env = os.environ | {name: str(args.threads) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                                                   "MKL_NUM_THREADS", "MINITF_THREADS")}
-        self.name = name
-        self.process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", name, "--part", part, "--folder", str(folder),
-             "--shape", args.shape, "--threads", str(args.threads)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.info = self.answer()
-
-    def answer(self):
-        line = self.process.stdout.readline()
-        if not line:
-            error = self.process.stderr.read().strip().splitlines()
-            raise SystemExit(f"llama_step.py: the {self.name} process failed: {error[-1] if error else 'no output'}")
-        return json.loads(line)
-
-    def ask(self, command):
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        return self.answer()
-
-    def close(self):
-        if self.process.poll() is None:
-            try:
-                self.process.stdin.write("quit\n")
-                self.process.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def take_turns(part, folder, args):
+def start_and_run(part, folder, args):
     """Both workers of ``part``: their info, the warm-up answers, every round's answers, and (step) their memory."""
+    env = os.environ | {name: str(args.threads) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                               "MKL_NUM_THREADS", "MINITF_THREADS")}
+    argv = ["--part", part, "--folder", str(folder), "--shape", args.shape, "--threads", str(args.threads)]
     workers = {}
     try:
         for name in ("minitf", "PyTorch"):
-            workers[name] = Worker(name, part, folder, args)
-        first = {}
-        for name, w in workers.items():
-            first[name] = w.ask("run")                              # the warm-up: equal models, equal outputs
-            time.sleep(PAUSE)
-        rounds = {name: [] for name in workers}
-        for _ in range(args.rounds):
-            for name, w in workers.items():
-                rounds[name].append(w.ask("run"))
-                time.sleep(PAUSE)
+            workers[name] = Worker(__file__, name, argv, env)
+        first = {name: answers[0] for name, answers in                 # the warm-up: equal models, equal outputs
+                 take_turns(workers, "run", 1, PAUSE, flip=False).items()}
+        rounds = take_turns(workers, "run", args.rounds, PAUSE, flip=False)
         memory = {name: w.ask("memory")["peak_mib"] for name, w in workers.items()} if part == "step" else None
         return {name: w.info for name, w in workers.items()}, first, rounds, memory
     finally:
         for w in workers.values():
             w.close()
-
-
-def spread(values, scale=1e3, digits=0):
-    return f"{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}"
 
 
 def summary(rounds):
@@ -306,7 +262,7 @@ def summary(rounds):
 
 def bench_step(folder, args):
     shape = SHAPES[args.shape]
-    info, first, rounds, memory = take_turns("step", folder, args)
+    info, first, rounds, memory = start_and_run("step", folder, args)
     losses = {name: answer["loss"] for name, answer in first.items()}
     relative = abs(losses["minitf"] - losses["PyTorch"]) / abs(losses["PyTorch"])
     result = summary(rounds) | {"first_loss": losses, "loss_relative_difference": relative,
@@ -330,7 +286,7 @@ def bench_step(folder, args):
 
 def bench_generate(folder, args):
     shape = SHAPES[args.shape]
-    info, first, rounds, _ = take_turns("generate", folder, args)
+    info, first, rounds, _ = start_and_run("generate", folder, args)
     result = summary(rounds)
     for name, answers in rounds.items():
         if any(a["tokens"] != first[name]["tokens"] for a in answers):

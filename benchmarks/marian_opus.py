@@ -1,8 +1,9 @@
-"""An opus-mt-sized Marian model in minitf and in transformers, in one process: translation (greedy and beam 4,
-sentences per second) and the fine-tuning step (forward, loss, backward, Adam).
+"""An opus-mt-sized Marian model in minitf and in transformers, each in a process of its own: translation (greedy
+and beam 4, sentences per second) and the fine-tuning step (forward, loss, backward, Adam).
 
     pip install -e ".[bench]"      # torch, transformers, safetensors: only for the comparison
     python benchmarks/marian_opus.py --part all --rounds 5               # the opus-mt shape
+    python benchmarks/marian_opus.py --part all --rounds 5 --in-process  # both frameworks in one process
     python benchmarks/marian_opus.py --shape small --sentences 8 --rounds 1 --step-batch 4 --step-len 8  # dry run
 
 The model: a random ``transformers.MarianMTModel`` of opus-mt-de-en's shape (``--shape opus``: 6+6 layers,
@@ -45,12 +46,19 @@ float32 rounding, printed). The step's model is the same random model with its e
 into a second folder). minitf also trains the output bias, which transformers keeps as a buffer (58,101
 numbers of 74 million).
 
-Method (as ``benchmarks/gpt_step.py --in-process``): one process, minitf and transformers alternating (each round
-times a whole translation of the sentences, or one step, of each), after a warm-up (the first batch's first 8
-sentences translated; ``--warmup`` steps); PyTorch gets as many threads (``torch.set_num_threads``) as NumPy's
-BLAS has. Prints the machine, then per part the median and spread of each framework, the ratio of the medians and
-the spread of the per-round ratios. The process's malloc keeps freed memory for reuse, as train.py's and
-minitf.translate's do.
+Method (as ``benchmarks/llama_step.py``): each part starts two fresh processes, one per framework (this script
+with ``--worker``), both reading the part's folder; they take turns, the order flipping every round (minitf first,
+then transformers first, ...), each round timing a whole translation of the sentences (or one step) inside each
+process, after a warm-up (the first batch's first 8 sentences translated, per mode; ``--warmup`` steps); a short
+pause between turns lets the idle process's threads stop spinning. The outputs come back to this process and
+are compared here: the translations token for token, the first step's losses. Both processes keep freed memory
+for reuse (``minitf.backend.keep_freed_memory``, as train.py's and minitf.translate's malloc; the same settings
+for both frameworks); PyTorch gets as many threads (``torch.set_num_threads``) as NumPy's BLAS has. In one
+process the never-trimmed heap is shared: it sped PyTorch's step up and slowed both decoders by 8-10%
+(docs/benchmarks.md). ``--in-process`` keeps that method: both frameworks in this process, alternating in the
+same order every round, no pause. Prints the machine, then per part each framework's process (its id, threads
+and malloc), the median and spread of each framework, the ratio of the medians and the spread of the per-round
+ratios.
 """
 import argparse
 import json
@@ -66,7 +74,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import minitf  # noqa: E402
 from minitf.nmt import marian  # noqa: E402
-from benchmarks.common import blas_description, blas_threads, cpu_model, matmul_peak_gflops  # noqa: E402
+from benchmarks.common import (Worker, blas_description, blas_threads, cpu_model, matmul_peak_gflops,  # noqa: E402
+                               serve, spread, take_turns)
 
 np = minitf.backend.host
 
@@ -81,6 +90,8 @@ MIN_SOURCE, MAX_SOURCE = 10, 40  # source sentence lengths, counting eos
 WARMUP_SENTENCES = 8
 LR, BETAS, ADAM_EPS = 2e-5, (0.9, 0.98), 1e-9
 MODES = {"greedy": 1, "beam 4": 4}
+FRAMEWORKS = ("minitf", "PyTorch")   # the processes' names (transformers' model; "transformers" in the decoding table)
+PAUSE = 0.3                          # seconds between turns of two processes: the idle one's threads stop spinning
 
 
 def generation_config(pad):
@@ -110,17 +121,6 @@ def make_folder(shape, folder, dropout, eos_bias, seed=0):
     model.save_pretrained(folder)
     (pathlib.Path(folder) / "generation_config.json").write_text(json.dumps(generation_config(V - 1)))
     return folder
-
-
-def load_both(folder):
-    """(minitf model, its GenerationSettings, transformers model), both float32 in eval mode."""
-    import transformers
-    from minitf.nmt.marian_tokenizer import read_generation_config
-
-    ours, hf_config = marian.read(folder, dtype="float32")
-    settings = read_generation_config(folder, hf_config)
-    theirs = transformers.MarianMTModel.from_pretrained(folder).float().eval()
-    return ours, settings, theirs
 
 
 # --------------------------------------------------------------------------- #
@@ -173,29 +173,55 @@ def hf_translate(model, batches, beam):
     return outputs
 
 
-def bench_decode(model, settings, hf, args):
-    V = model.config.tgt_vocab_size
+class DecodeSide:
+    """One framework's translation of the sentences (``--sentences`` in batches of ``--batch-size``), read from the
+    folder: ``ask("warmup BEAM")`` translates the warm-up sentences, ``ask("run BEAM")`` all of them; each answers
+    {"seconds", "outputs"} (the id lists; the time is the translation's alone)."""
+
+    def __init__(self, framework, folder, args):
+        if framework == "minitf":
+            from minitf.nmt.marian_tokenizer import read_generation_config
+            model, hf_config = marian.read(folder, dtype="float32")
+            settings = read_generation_config(folder, hf_config)
+            self.translate = lambda batches, beam: minitf_translate(model, settings, batches, beam)
+            self.info = {"settings": str(settings)}
+        else:
+            import transformers
+            hf = transformers.MarianMTModel.from_pretrained(folder).float().eval()
+            self.translate = lambda batches, beam: hf_translate(hf, batches, beam)
+            self.info = {"attention": hf.config._attn_implementation}
+        self.batches = source_batches(args.sentences, SHAPES[args.shape]["vocab"], args.batch_size)
+        self.warm = [(self.batches[0][0][:WARMUP_SENTENCES], self.batches[0][1])]
+
+    def ask(self, command):
+        what, beam = command.split()
+        start = time.perf_counter()
+        outputs = self.translate(self.warm if what == "warmup" else self.batches, int(beam))
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds, "outputs": [[int(t) for t in out] for out in outputs]}
+
+
+def bench_decode(workers, args, pause, flip):
+    """Both frameworks' translations, taking turns (``take_turns``), compared token for token."""
+    V = SHAPES[args.shape]["vocab"]
     batches = source_batches(args.sentences, V, args.batch_size)
-    warm = [(batches[0][0][:WARMUP_SENTENCES], batches[0][1])]
-    runners = {"minitf": lambda beam, b: minitf_translate(model, settings, b, beam),
-               "transformers": lambda beam, b: hf_translate(hf, b, beam)}
     sources = sum(int((src != V - 1).sum()) for src, _ in batches)
     print(f"\n## Translation: {args.sentences} sentences of {MIN_SOURCE}-{MAX_SOURCE} source tokens ({sources:,} in "
           f"all), batches of {args.batch_size} sorted by length; each batch decodes as many tokens as its longest "
-          "source has\n")
+          "source has")
+    print(f"transformers' attention: {workers['PyTorch'].info['attention']}; generation settings (minitf's reading "
+          f"of generation_config.json): {workers['minitf'].info['settings']}")
+    print_workers(workers)
     rows = []
     for mode, beam in MODES.items():
-        for run in runners.values():
-            run(beam, warm)
-        times, outputs = {k: [] for k in runners}, {}
-        for r in range(args.rounds):
-            for name, run in runners.items():
-                start = time.perf_counter()
-                out = run(beam, batches)
-                times[name].append(time.perf_counter() - start)
-                if name in outputs and out != outputs[name]:
-                    raise SystemExit(f"{name}'s {mode} outputs changed from one round to the next")
-                outputs[name] = out
+        take_turns(workers, f"warmup {beam}", 1, pause, flip)
+        answers = take_turns(workers, f"run {beam}", args.rounds, pause, flip)
+        times, outputs = {}, {}
+        for name, rounds in answers.items():
+            label = "transformers" if name == "PyTorch" else name
+            if any(r["outputs"] != rounds[0]["outputs"] for r in rounds):
+                raise SystemExit(f"marian_opus.py: {label}'s {mode} outputs changed from one round to the next")
+            times[label], outputs[label] = [r["seconds"] for r in rounds], rounds[0]["outputs"]
         equal = sum(a == b for a, b in zip(outputs["minitf"], outputs["transformers"]))
         tokens = {k: sum(len(o) + 1 for o in out) for k, out in outputs.items()}  # + 1: the eos
         rows.append((mode, times, tokens, equal))
@@ -214,6 +240,13 @@ def bench_decode(model, settings, hf, args):
         print(f"- {mode}: minitf / transformers time **{ratio:.2f}x** (medians; per-round ratios "
               f"{spread(ratios, 1, 2)}); outputs equal token for token: {equal}/{args.sentences} sentences")
     return rows
+
+
+def print_workers(workers):
+    """Where each framework ran: its process id, threads and malloc (equal settings for both)."""
+    print("processes: " + ", ".join(
+        f"{name} in process {w.info['pid']} ({w.info['threads']} threads, malloc keeps freed memory: "
+        f"{'yes' if w.info['malloc'] else 'no'})" for name, w in workers.items()))
 
 
 # --------------------------------------------------------------------------- #
@@ -285,25 +318,34 @@ class TorchMarianStep:
         return value
 
 
-def bench_step(folder, vocab, args):
-    batch = step_batch(args.step_batch, args.step_len, vocab)
-    steps = {"minitf": MinitfMarianStep(folder, batch), "PyTorch": TorchMarianStep(folder, batch)}
-    first = {k: s() for k, s in steps.items()}     # equal weights: equal losses with --dropout 0
-    for _ in range(1, args.warmup):
-        for s in steps.values():
-            s()
-    times = {k: [] for k in steps}
-    for _ in range(args.rounds):
-        for k, s in steps.items():
-            start = time.perf_counter()
-            s()
-            times[k].append(time.perf_counter() - start)
-    src, labels, _ = batch
-    pad = vocab - 1
+class StepSide:
+    """One framework's fine-tuning step of the folder's model on the fixed batch: ``ask("run")`` -> {"seconds",
+    "loss"}."""
+
+    def __init__(self, framework, folder, args):
+        batch = step_batch(args.step_batch, args.step_len, SHAPES[args.shape]["vocab"])
+        self.step = (MinitfMarianStep if framework == "minitf" else TorchMarianStep)(folder, batch)
+        self.info = {"parameters": self.step.num_parameters}
+
+    def ask(self, command):
+        start = time.perf_counter()
+        loss = self.step()
+        return {"seconds": time.perf_counter() - start, "loss": float(loss)}
+
+
+def bench_step(workers, args, pause, flip):
+    """Both frameworks' steps, taking turns (``take_turns``), from equal first losses with ``--dropout 0``."""
+    first = {k: a[0]["loss"] for k, a in take_turns(workers, "run", 1, pause, flip).items()}  # equal weights
+    take_turns(workers, "run", args.warmup - 1, pause, flip)
+    times = {k: [a["seconds"] for a in answers] for k, answers in
+             take_turns(workers, "run", args.rounds, pause, flip).items()}
+    src, labels, _ = step_batch(args.step_batch, args.step_len, SHAPES[args.shape]["vocab"])
+    pad = SHAPES[args.shape]["vocab"] - 1
     tokens = int((src != pad).sum() + (labels != pad).sum())
     print(f"\n## Fine-tuning step: batch {args.step_batch} x {args.step_len} tokens both sides ({tokens:,} non-pad "
           f"tokens), label smoothing 0.1, Adam; dropout {args.dropout:g}; trained parameters "
-          + ", ".join(f"{k} {s.num_parameters:,}" for k, s in steps.items()))
+          + ", ".join(f"{k} {w.info['parameters']:,}" for k, w in workers.items()))
+    print_workers(workers)
     print("first-step loss: " + ", ".join(f"{k} {v:.6f}" for k, v in first.items()))
     print(f"load average after: {os.getloadavg()[0]:.2f}\n")
     print("| framework | median step ms (spread) | tokens/s |")
@@ -317,8 +359,49 @@ def bench_step(folder, vocab, args):
     return times, first
 
 
-def spread(values, scale=1e3, digits=0):
-    return f"{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}"
+PARTS = {"decode": (DecodeSide, bench_decode, NEVER), "step": (StepSide, bench_step, 0.0)}  # side, bench, eos bias
+
+
+def side_info(framework, side, malloc):
+    """A side's info with this process's id, threads (PyTorch's own, else NumPy's BLAS's) and malloc setting."""
+    threads = sys.modules["torch"].get_num_threads() if framework == "PyTorch" else blas_threads()
+    return side.info | {"pid": os.getpid(), "threads": threads, "malloc": malloc}
+
+
+def worker(args):
+    """--worker FRAMEWORK --part PART --folder F: that framework's side of the part in this process (``serve``)."""
+    def start():
+        malloc = minitf.backend.keep_freed_memory()   # as train.py and minitf.translate run: the same for both
+        warnings.filterwarnings("ignore")            # transformers' notices about generation settings
+        if args.worker == "PyTorch":
+            import torch
+            import transformers
+            torch.set_num_threads(blas_threads())
+            transformers.utils.logging.disable_progress_bar()
+        side = PARTS[args.part][0](args.worker, args.folder, args)
+        return side_info(args.worker, side, malloc), side.ask
+
+    serve(start)
+
+
+def bench_part(part, folder, args):
+    """``part``'s two sides, in processes of their own (or in this one with ``--in-process``), and its bench."""
+    Side, bench, _ = PARTS[part]
+    if args.in_process:
+        sides = {name: Side(name, folder, args) for name in FRAMEWORKS}
+        for name, side in sides.items():
+            side.info = side_info(name, side, args.malloc)
+        return bench(sides, args, pause=0.0, flip=False)
+    argv = ["--part", part, "--folder", str(folder)] + [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in
+                                                        ("shape", "sentences", "batch_size", "step_batch", "step_len")]
+    workers = {}
+    try:
+        for name in FRAMEWORKS:
+            workers[name] = Worker(__file__, name, argv)
+        return bench(workers, args, pause=PAUSE, flip=True)
+    finally:
+        for w in workers.values():
+            w.close()
 
 
 def main(argv=None):
@@ -327,11 +410,15 @@ def main(argv=None):
     parser.add_argument("--shape", choices=list(SHAPES), default="opus")
     parser.add_argument("--sentences", type=int, default=100, help="sentences to translate")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per decoding batch")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per framework, alternating")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per framework, taking turns")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per framework first (at least 1)")
     parser.add_argument("--step-batch", type=int, default=32, help="sentence pairs of the training step")
     parser.add_argument("--step-len", type=int, default=30, help="most tokens of a step's sentence, both sides")
     parser.add_argument("--dropout", type=float, default=0.1, help="the model's dropout (opus-mt: 0.1)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="both frameworks in this process, alternating (the method before each had its own)")
+    parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("sentences", "batch_size", "rounds", "warmup", "step_batch"):
         if getattr(args, name) < 1:
@@ -340,6 +427,8 @@ def main(argv=None):
         parser.error(f"--step-len must be at least 2, got {args.step_len}")
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.worker:
+        return worker(args)
     try:
         import torch
         import transformers
@@ -347,9 +436,10 @@ def main(argv=None):
     except ImportError as error:
         parser.exit(2, f"marian_opus.py needs torch, transformers and safetensors ({error}): "
                        'pip install -e ".[bench]"\n')
-    minitf.backend.keep_freed_memory()  # as train.py and minitf.translate run
+    # as train.py and minitf.translate run; with --in-process the heap both frameworks share (each worker: its own)
+    args.malloc = minitf.backend.keep_freed_memory() if args.in_process else None
     threads = blas_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads)   # this process's (with --in-process, PyTorch's); each worker sets its own alike
     warnings.filterwarnings("ignore")  # transformers' notices about generation settings
     transformers.utils.logging.disable_progress_bar()
     shape = SHAPES[args.shape]
@@ -362,19 +452,16 @@ def main(argv=None):
     print(f"- model ({args.shape}): random MarianMTModel, {shape['layers']}+{shape['layers']} layers, d_model "
           f"{shape['d_model']}, {shape['heads']} heads, d_ff {shape['d_ff']}, vocabulary {shape['vocab']:,}, swish, "
           "post-LN; both read the same saved folder, float32")
-    print(f"- method: one process, alternating, {args.rounds} timed rounds per framework after a warm-up")
+    print("- method: " + (f"one process, alternating, {args.rounds} timed rounds per framework after a warm-up"
+                          if args.in_process else
+                          f"a process per framework and part, taking turns (the order flipping every round), "
+                          f"{args.rounds} timed rounds per framework after a warm-up"))
     with tempfile.TemporaryDirectory(prefix="marian_opus_") as tmp:
         results = {}
-        if args.part in ("decode", "all"):
-            folder = make_folder(shape, pathlib.Path(tmp) / "decode", args.dropout, eos_bias=NEVER)
-            model, settings, hf = load_both(folder)
-            print(f"- transformers attention: {hf.config._attn_implementation}; generation settings (minitf's "
-                  f"reading of generation_config.json): {settings}")
-            results["decode"] = bench_decode(model, settings, hf, args)
-            del model, hf
-        if args.part in ("step", "all"):
-            folder = make_folder(shape, pathlib.Path(tmp) / "step", args.dropout, eos_bias=0.0)
-            results["step"] = bench_step(folder, shape["vocab"], args)
+        for part, (_, _, eos_bias) in PARTS.items():
+            if args.part in (part, "all"):
+                folder = make_folder(shape, pathlib.Path(tmp) / part, args.dropout, eos_bias=eos_bias)
+                results[part] = bench_part(part, folder, args)
     return results
 
 
