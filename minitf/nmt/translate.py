@@ -11,12 +11,11 @@ limit and length penalty unless ``--beam``, ``--max-len`` or ``--alpha`` say oth
 the model's context (a run's --max-len, a Marian folder's max_position_embeddings) is refused naming its line,
 and no output passes the context less the decoder's start token (docs/decoding.md, "Positions and padding").
 """
-import dataclasses
 import pathlib
 import sys
 
 from minitf import backend
-from minitf.loader import load
+from minitf.loader import kind_of, load
 from minitf.nmt.config import MAX_ALPHA
 from minitf.nmt.decode import translate_texts
 from minitf.nmt.kind import KIND
@@ -24,14 +23,22 @@ from minitf.training.errors import DataError, OneLineParser, UsageError, number_
 from minitf.training.text import answer_each_line, decode_lines, read_lines
 
 
-def load_translator(path, warn=None):
+def load_translator(path, warn=None, prefix=None):
     """(model, tokenizer, :class:`minitf.nmt.decode.DecodingSettings`, why) of ``--checkpoint``: a run or
-    checkpoint folder of a translation run, or a Marian folder (:func:`minitf.loader.load`); a model of another
-    kind is refused in one line naming the command that reads it. The settings hold the model's context (its
-    kind's: a Marian folder's positions, a run's --max-len), ``why`` says where it comes from."""
-    loaded = load(path, warn, kind=KIND)
-    settings = dataclasses.replace(loaded.decoding, max_positions=loaded.context)
-    return loaded.model, loaded.tokenizer, settings, loaded.context_why
+    checkpoint folder, or a Hugging Face folder, of a kind that translates (``Kind.translates``: a translation run,
+    a Marian folder, a T5 folder or run) (:func:`minitf.loader.load`); a model of another kind is refused in one line
+    naming the command that reads it. The kind gives the three (``Kind.translator``, with ``prefix``: --prefix);
+    the settings hold the model's context, ``why`` says where it comes from."""
+    loaded = load(path, warn, kind=translating_kind(path))
+    model, tokenizer, settings = loaded.kind.translator(loaded, prefix)
+    return model, tokenizer, settings, loaded.context_why
+
+
+def translating_kind(path):
+    """The kind that reads ``path`` here: its own where its models translate, else the translation kind, whose
+    reader refuses a model of another kind in one line naming the command that reads it."""
+    found = kind_of(path)
+    return found if found is not None and found.translates else KIND
 
 
 def decoding(settings, args, why=""):
@@ -57,7 +64,7 @@ def translate_interactively(model, tokenizer, settings, stdin=None, stdout=None,
 def build_parser():
     p = OneLineParser(prog="python -m minitf.translate", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, type=pathlib.Path,
-                   help="run folder, checkpoint folder, or Hugging Face Marian folder (an opus-mt model)")
+                   help="run folder, checkpoint folder, or Hugging Face Marian (opus-mt) or T5 folder")
     p.add_argument("--beam", type=positive(int), default=None,
                    help="beam size, 1 = greedy (default: 4 for a run, generation_config.json's num_beams for a "
                         "Marian folder)")
@@ -67,6 +74,10 @@ def build_parser():
     p.add_argument("--max-len", type=positive(int), default=None,
                    help="most tokens of a translation counting its end (default: source length + 50 for a run, "
                         "generation_config.json's max_length - 1 for a Marian folder)")
+    p.add_argument("--prefix", default=None,
+                   help="a T5 folder's task prefix put before each sentence: one of its config.json's "
+                        "task_specific_params, by task name (translation_en_to_fr) or text (default: its first "
+                        "translation_* task's)")
     p.add_argument("--batch-size", type=positive(int), default=64)
     p.add_argument("--src", type=pathlib.Path, help="source file (default: stdin)")
     p.add_argument("--ref", type=pathlib.Path, help="reference translations: print BLEU on stderr")
@@ -82,7 +93,7 @@ def run(argv=None):
         backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
     warn = lambda message: print(message, file=sys.stderr)  # noqa: E731
     if args.src is None and args.ref is None and sys.stdin.isatty():  # a person typing: answer each line
-        model, tokenizer, options, why = load_translator(args.checkpoint, warn)
+        model, tokenizer, options, why = load_translator(args.checkpoint, warn, args.prefix)
         return translate_interactively(model, tokenizer, decoding(options, args, why), why=why)
     if args.src is not None:
         sources, origin = read_lines(args.src, "--src"), f"--src {args.src}"
@@ -92,7 +103,7 @@ def run(argv=None):
     if references is not None and len(references) != len(sources):
         raise DataError(f"--ref has {len(references)} lines but the source has {len(sources)}; "
                         "they must match line by line")
-    model, tokenizer, options, why = load_translator(args.checkpoint, warn)
+    model, tokenizer, options, why = load_translator(args.checkpoint, warn, args.prefix)
     numbers = [number for number, s in enumerate(sources, start=1) if s]  # the line of each sentence translated
     translated = iter(translate_texts(model, tokenizer, [s for s in sources if s], batch_size=args.batch_size,
                                       settings=decoding(options, args, why),

@@ -3,10 +3,11 @@
 (config.json's ``task_specific_params``: "translate English to German: " ...). ``train.py --model t5`` is a
 stand-in that refuses until the shared trainer lands (:mod:`minitf.t5.task`). What it read is written back as such a
 folder by ``minitf.save_pretrained`` (:meth:`T5Kind.write_folder`; a bare model: :meth:`T5Kind.write_model`)."""
+import dataclasses
 import pathlib
 
 from minitf.t5 import hf
-from minitf.training.errors import DataError
+from minitf.training.errors import DataError, UsageError
 from minitf.training.kind import Kind, Loaded
 
 
@@ -29,9 +30,62 @@ def task_prefixes(hf_config):
     return prefixes
 
 
+def choose_prefix(prefixes, prefix, source):
+    """The text put before each source to translate: ``prefix`` (``--prefix``; None: not given) as one of
+    ``prefixes`` (:func:`task_prefixes`) names it, by task name ("translation_en_to_fr") or by its text; "" for
+    none. Not given: the first ``translation*`` task's. A folder that names no prefix (flan-t5) takes any text. A
+    prefix the folder does not name, or none given where it names only other tasks' (summarization), is refused
+    in one line listing the ones it has."""
+    if prefix == "" or (prefix is not None and not prefixes):
+        return prefix
+    if prefix is None:
+        chosen = next((text for name, text in prefixes.items() if name.startswith("translation")), None)
+        if chosen is not None or not prefixes:
+            return chosen or ""
+    elif prefix in prefixes:
+        return prefixes[prefix]
+    elif prefix in prefixes.values():
+        return prefix
+    listing = "; ".join(f"{name} ({text!r})" for name, text in prefixes.items())
+    given = "no --prefix was given and it names no translation task" if prefix is None else \
+        f"it does not name --prefix {prefix!r}"
+    raise UsageError(f"{source}: {given}; its task prefixes (config.json's task_specific_params) are {listing}: "
+                     "give one with --prefix NAME or --prefix TEXT, or --prefix '' for none")
+
+
+class PrefixedTokenizer:
+    """A T5 tokenizer that puts ``prefix`` before every text it encodes (the task prefix of a translation); all else
+    is the wrapped tokenizer's."""
+
+    def __init__(self, tokenizer, prefix):
+        self.tokenizer, self.prefix = tokenizer, prefix
+
+    def encode(self, texts):
+        return self.tokenizer.encode([self.prefix + text for text in texts])
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def generate_settings(folder, hf_config):
+    """The decoding settings of transformers' ``generate`` for a T5 folder: its generation_config.json (else
+    config.json's entries, else generate()'s defaults: greedy, 20 new tokens) as a Marian folder's are read
+    (:func:`minitf.nmt.marian_tokenizer.read_generation_config`), with T5's rule that pad, its decoder start, may be
+    generated (``HuggingFaceRules.generates_pad``). A config.json's task_specific_params are not applied (generate
+    does not; transformers' pipelines do)."""
+    from minitf.nmt.decode import DecodingSettings
+    from minitf.nmt.marian_tokenizer import read_generation_config
+    settings = read_generation_config(folder, hf_config)
+    return DecodingSettings(beam_size=settings.num_beams, alpha=settings.rules.length_penalty,
+                            max_len=settings.max_len, min_len=settings.min_len,
+                            rules=dataclasses.replace(settings.rules, generates_pad=True))
+
+
 class T5Kind(Kind):
     name = "t5"
     title = "text-to-text model"
+    extends = ("transformer",)  # its decoding is the translation kind's (minitf.nmt.decode)
+    translates = True
     hf_model_types = hf.FAMILY
     hf_what = hf.T5_FOLDER
     presets = {"tiny": {}}  # a name for train.py's default; the task refuses every run for now
@@ -43,6 +97,14 @@ class T5Kind(Kind):
         from minitf.t5.task import T5Task
         return T5Task()
 
+    def translator(self, loaded, prefix=None):
+        """The model, its tokenizer putting the task prefix before each sentence (:func:`choose_prefix` of
+        ``--prefix`` and the folder's task_specific_params), and generate()'s settings (:func:`generate_settings`)
+        holding its n_positions: a longer source, prefix and eos included, is refused naming its line."""
+        chosen = choose_prefix(task_prefixes(loaded.hf_config), prefix, loaded.source)
+        tokenizer = PrefixedTokenizer(loaded.tokenizer, chosen) if chosen else loaded.tokenizer
+        return loaded.model, tokenizer, dataclasses.replace(loaded.decoding, max_positions=loaded.context)
+
     def load_folder(self, folder, warn=None):
         """A T5 or mT5 folder: config.json checked, then the tokenizer (its presence and its ids against the model's
         vocabulary, before the weights are read), then the weights. ``Loaded.hf_config`` carries config.json (its
@@ -53,8 +115,9 @@ class T5Kind(Kind):
         config, hf_config = hf.pretrained_config(folder)
         task_prefixes(hf_config)
         tokenizer = read_tokenizer(folder, config)
+        decoding = generate_settings(folder, hf_config)
         model = T5.from_pretrained(folder).eval()
-        return Loaded(model, tokenizer, self, folder, None, context=config.n_positions,
+        return Loaded(model, tokenizer, self, folder, decoding, context=config.n_positions,
                       context_why="its n_positions" if config.n_positions else "", hf_config=hf_config)
 
     def write_folder(self, loaded, folder):
