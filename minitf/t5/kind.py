@@ -1,12 +1,13 @@
 """The T5 kind (the registry's "t5"): Hugging Face T5 and mT5 folders (t5 v1.0, v1.1, flan-t5, mT5) read whole by
 ``minitf.load(FOLDER)`` (:meth:`T5Kind.load_folder`): the model, its tokenizer and the folder's task prefixes
-(config.json's ``task_specific_params``: "translate English to German: " ...). ``train.py --model t5`` is a
-stand-in that refuses until the shared trainer lands (:mod:`minitf.t5.task`). What it read is written back as such a
-folder by ``minitf.save_pretrained`` (:meth:`T5Kind.write_folder`; a bare model: :meth:`T5Kind.write_model`)."""
+(config.json's ``task_specific_params``: "translate English to German: " ...). It translates (``python -m
+minitf.translate``: :meth:`T5Kind.translator`, the decoders of the translation kind it extends); ``train.py --model
+t5`` fine-tunes a folder on parallel text (:mod:`minitf.t5.task`). What it read is written back as such a folder by ``minitf.save_pretrained`` (:meth:`T5Kind.write_folder`; a bare model: :meth:`T5Kind.write_model`)."""
 import dataclasses
 import pathlib
 
 from minitf.t5 import hf
+from minitf.t5.config import PRESETS, T5RunConfig
 from minitf.training.errors import DataError, UsageError
 from minitf.training.kind import Kind, Loaded
 
@@ -53,20 +54,6 @@ def choose_prefix(prefixes, prefix, source):
                      "give one with --prefix NAME or --prefix TEXT, or --prefix '' for none")
 
 
-class PrefixedTokenizer:
-    """A T5 tokenizer that puts ``prefix`` before every text it encodes (the task prefix of a translation); all else
-    is the wrapped tokenizer's."""
-
-    def __init__(self, tokenizer, prefix):
-        self.tokenizer, self.prefix = tokenizer, prefix
-
-    def encode(self, texts):
-        return self.tokenizer.encode([self.prefix + text for text in texts])
-
-    def __getattr__(self, name):
-        return getattr(self.tokenizer, name)
-
-
 def generate_settings(folder, hf_config):
     """The decoding settings of transformers' ``generate`` for a T5 folder: its generation_config.json (else
     config.json's entries, else generate()'s defaults: greedy, 20 new tokens) as a Marian folder's are read
@@ -88,7 +75,8 @@ class T5Kind(Kind):
     translates = True
     hf_model_types = hf.FAMILY
     hf_what = hf.T5_FOLDER
-    presets = {"tiny": {}}  # a name for train.py's default; the task refuses every run for now
+    presets = PRESETS
+    run_config = T5RunConfig
     page = None  # no inspection page yet: python -m minitf.inspect refuses in one line saying use_a_run
     use_a_run = ("trace one text through it with python -m minitf.trace --checkpoint RUN --text TEXT, or read it "
                  "with minitf.load(RUN)")
@@ -97,10 +85,40 @@ class T5Kind(Kind):
         from minitf.t5.task import T5Task
         return T5Task()
 
+    def validate(self, config):
+        from minitf.t5.config import validate_run
+        validate_run(config)
+
+    def read_tokenizer(self, data, origin="tokenizer.model"):
+        """A T5 run's tokenizer.model (:func:`minitf.t5.tokenizer.run_bytes`), as the run's batches saw it (its
+        sha256 the run's; no prefix: the run's config.json holds it)."""
+        from minitf.t5.tokenizer import PrefixedTokenizer, from_run_bytes
+        return PrefixedTokenizer(from_run_bytes(data, origin), "")
+
+    def build_model(self, config, vocab_size):
+        from minitf.t5.config import run_model_config
+        from minitf.t5.model import T5
+        return T5(run_model_config(config))
+
+    def min_parameters(self, config, vocab_size):
+        d, f = config.d_model, config.d_ff  # the embedding, each block's attentions and feed-forward
+        return (vocab_size * d + config.num_encoder_layers * (4 * d * d + 2 * d * f)
+                + config.num_decoder_layers * (8 * d * d + 2 * d * f))
+
+    def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
+        """A T5 run's checkpoint: its model, its folder's tokenizer, ``generate``'s decoding with the run's --beam,
+        and its folder's config.json whose task prefix is the run's (translate and an export read it there)."""
+        from minitf.t5.trainer import run_decoding
+        hf_config = dict(config.t5, task_specific_params={"translation": {"prefix": config.prefix or ""}})
+        positions = config.t5.get("n_positions")
+        return Loaded(model, tokenizer.tokenizer, self, pathlib.Path(source), run_decoding(config.beam), run_dir,
+                      checkpoint, meta, positions, "its n_positions" if positions else "", hf_config=hf_config)
+
     def translator(self, loaded, prefix=None):
         """The model, its tokenizer putting the task prefix before each sentence (:func:`choose_prefix` of
         ``--prefix`` and the folder's task_specific_params), and generate()'s settings (:func:`generate_settings`)
         holding its n_positions: a longer source, prefix and eos included, is refused naming its line."""
+        from minitf.t5.tokenizer import PrefixedTokenizer
         chosen = choose_prefix(task_prefixes(loaded.hf_config), prefix, loaded.source)
         tokenizer = PrefixedTokenizer(loaded.tokenizer, chosen) if chosen else loaded.tokenizer
         return loaded.model, tokenizer, dataclasses.replace(loaded.decoding, max_positions=loaded.context)
