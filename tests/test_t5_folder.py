@@ -11,7 +11,7 @@ from minitf import kinds
 from minitf.t5 import T5, T5Config
 from minitf.t5.kind import task_prefixes
 from minitf.t5.tokenizer import T5JsonTokenizer, T5Tokenizer
-from minitf.training.errors import DataError, UsageError
+from minitf.training.errors import DataError
 
 TEXTS = ["translate English to German: the house is wonderful.", "Das Haus ist wunderbar.",
          "summarize: studies have shown that owning a dog is good for you",

@@ -149,13 +149,3 @@ def validate_run(config):
         raise UsageError("config.json's \"t5\" must be the T5 folder's config.json (an object); start a new run")
     if config.prefix is not None and not isinstance(config.prefix, str):
         raise UsageError(f"--prefix must be text, got {config.prefix!r}")
-
-
-def run_model_config(config):
-    """The :class:`T5Config` of a ``--model t5`` run: its folder's (config.json kept as ``t5``) with the run's
-    dropout."""
-    from minitf.t5 import hf
-    if config.t5 is None:
-        raise UsageError("a --model t5 run starts from a T5 folder (--init-from FOLDER); its config.json holds none")
-    return hf.config_from_hf(config.t5, "config.json's \"t5\"").replace(
-        dropout_rate=config.dropout, tie_word_embeddings=config.t5.get("tie_word_embeddings", True) is not False)

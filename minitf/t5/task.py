@@ -8,7 +8,7 @@ from minitf.nmt.data import Corpus, read_splits
 from minitf.nmt.task import TranslationTask, given_files, new_run_data
 from minitf.pretrained import model_type, weights_path
 from minitf.t5 import hf
-from minitf.t5.kind import choose_prefix, task_prefixes
+from minitf.t5.prefix import choose_prefix, task_prefixes
 from minitf.t5.tokenizer import PrefixedTokenizer, from_run_bytes, read_tokenizer
 from minitf.t5.trainer import T5Trainer
 from minitf.training.errors import DataError, UsageError

@@ -6,7 +6,8 @@ cross-entropy over the target tokens and their eos (teacher forcing; pad ignored
 decoded as transformers' ``generate`` does (:func:`run_decoding`)."""
 from minitf.nmt.decode import DecodingSettings, HuggingFaceRules
 from minitf.nmt.translation_trainer import TranslationTrainer
-from minitf.t5.config import run_model_config
+from minitf.t5 import hf
+from minitf.training.errors import UsageError
 
 
 def run_decoding(beam, max_positions=None):
@@ -16,9 +17,17 @@ def run_decoding(beam, max_positions=None):
                             max_positions=max_positions)
 
 
+def run_model_config(config):
+    """The :class:`T5Config` of a ``--model t5`` run: its folder's (config.json kept as ``t5``) with the run's
+    dropout."""
+    if config.t5 is None:
+        raise UsageError("a --model t5 run starts from a T5 folder (--init-from FOLDER); its config.json holds none")
+    return hf.config_from_hf(config.t5, "config.json's \"t5\"").replace(
+        dropout_rate=config.dropout, tie_word_embeddings=config.t5.get("tie_word_embeddings", True) is not False)
+
+
 def read_run_pretrained(config, model):
     """``{minitf name: host array}`` of a run's --init-from folder (the model's shape is the run's: ``model``)."""
-    from minitf.t5 import hf
     return hf.read_pretrained(config.init_from)[1]
 
 
