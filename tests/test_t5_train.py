@@ -3,7 +3,8 @@ parallel text of tests.runs.make_corpus, a translation prefix in config.json) fi
 training loss falls; the task prefix is put before each source; a run resumed halfway ends bit for bit equal to one
 that ran through; the run translates (``python -m minitf.translate --checkpoint RUN``) and
 ``minitf.save_pretrained(minitf.load(RUN), OUT)`` writes a folder transformers reads with the run's logits; bad
-inputs are one line each."""
+inputs are one line each. From scratch (no --init-from): span corruption on a text, the loss falls and a resumed run
+ends bit for bit equal (each step's spans drawn from (seed, step, line))."""
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from minitf.backend import host as np
 from minitf.t5 import T5, T5Config
 from minitf.training import checkpoint as ckpt
 from tests.runs import make_corpus, metrics, train
+from tests.test_lm_train import make_text
 
 PREFIX = "translate German to English: "
 FLAGS = ["--model", "t5", "--max-tokens", "300", "--warmup", "10", "--lr-scale", "1", "--no-progress", "--seed", "3",
@@ -100,15 +102,43 @@ def test_an_exported_run_is_read_by_transformers_with_the_same_logits(setup, tmp
     assert again.kind.translator(again)[1].prefix == PREFIX
 
 
+SCRATCH = ["--model", "t5", "--d-model", "32", "--num-heads", "2", "--num-encoder-layers", "1", "--num-decoder-layers",
+           "1", "--d-ff", "48", "--vocab-size", "140", "--max-tokens", "400", "--warmup", "10", "--no-progress",
+           "--seed", "5", "--eval-every", "100"]
+
+
+def test_from_scratch_span_corruption_lowers_the_loss_and_resumes_bit_for_bit(tmp_path):
+    flags = make_text(tmp_path) + SCRATCH + ["--save-every", "10"]
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    assert train(flags + ["--max-steps", "20", "--out", whole]) == 0
+    losses = [r["loss"] for r in metrics(whole)]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
+    config = json.loads((whole / "config.json").read_text())
+    assert config["init_from"] is None and config["t5"]["vocab_size"] == config["vocab_size"] > 100
+    assert train(flags + ["--max-steps", "10", "--out", halves]) == 0
+    assert train(["--resume", halves, "--max-steps", "20", "--no-progress"]) == 0
+    ours, theirs = (ckpt.read_checkpoint(ckpt.checkpoint_path(run, 20)) for run in (halves, whole))
+    assert all(np.array_equal(ours["params"][k], theirs["params"][k]) for k in theirs["params"])
+    loaded = minitf.load(whole)
+    assert loaded.kind.name == "t5" and loaded.tokenizer.sentinel(0) == loaded.tokenizer.vocab_size - 1
+
+
 @pytest.mark.parametrize("flags, words", [
-    ([], "--model t5 fine-tunes a T5 folder: give --init-from FOLDER"),
+    (["--train-text", "x.txt"], "--train-text are the text of T5 from scratch"),
     (["--prefix", "summarize: "], "does not name --prefix 'summarize: '"),
     (["--bpe-dropout", "0.1"], "--bpe-dropout samples minitf's own BPE merges"),
     (["--d-model", "32"], "--d-model cannot go with --init-from"),
 ])
 def test_bad_inputs_are_one_line(setup, tmp_path, capsys, flags, words):
     corpus, folder = setup
-    init = [] if not flags else ["--init-from", folder]
+    init = ["--init-from", folder]
     code, err = train(corpus + FLAGS + init + flags + ["--max-steps", "2", "--out", tmp_path / "bad"], capsys)
     assert code != 0 and len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_parallel_files_without_init_from_are_one_line(setup, tmp_path, capsys):
+    corpus, _ = setup
+    code, err = train(corpus + FLAGS + ["--max-steps", "2", "--out", tmp_path / "bad"], capsys)
+    assert code != 0 and len(err) == 1 and "parallel files (--train-src ...) go with --init-from FOLDER" in err[0], err
     assert not (tmp_path / "bad").exists()

@@ -118,11 +118,12 @@ class T5Config:
 # train.py --model t5: its run config, presets and checks
 # --------------------------------------------------------------------------- #
 GROUP = "T5 (--model t5)"
-#: Fine-tuning a T5 folder on parallel text: plain cross-entropy (as T5 was trained), the paper's schedule at a tenth
-#: (a pretrained model moves a little), short runs on a CPU.
+#: Plain cross-entropy (as T5 was trained), short runs on a CPU. Fine-tuning a T5 folder (--init-from: its sizes, the
+#: paper's schedule at a tenth unless --lr-scale) on parallel text; from scratch, these sizes (v1.1's layout).
 PRESETS = {
-    "tiny": dict(dropout=0.1, warmup=100, lr_scale=0.1, max_tokens=1500, label_smoothing=0.0, max_minutes=10.0,
-                 save_every=200, keep=5, average=0, eval_every=200, bleu_sentences=20, beam=1),
+    "tiny": dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=256, vocab_size=2000,
+                 max_len=128, dropout=0.1, warmup=400, lr_scale=1.0, max_tokens=1500, label_smoothing=0.0,
+                 max_minutes=10.0, save_every=200, keep=5, average=0, eval_every=200, bleu_sentences=20, beam=1),
 }
 
 

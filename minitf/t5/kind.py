@@ -29,7 +29,7 @@ def generate_settings(folder, hf_config):
 class T5Kind(Kind):
     name = "t5"
     title = "text-to-text model"
-    extends = ("transformer",)  # its decoding is the translation kind's (minitf.nmt.decode)
+    extends = ("transformer", "gpt")  # the translation kind's decoding and trainer; the language models' text
     translates = True
     hf_model_types = hf.FAMILY
     hf_what = hf.T5_FOLDER

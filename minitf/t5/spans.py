@@ -11,6 +11,13 @@ from minitf.backend import host as np
 STREAM = 0x7535  # "u5"
 
 
+def span_counts(length, noise_density=0.15, mean_span=3.0):
+    """(noise tokens, spans) of a sequence of ``length`` tokens (>= 2): a function of its length only, so a batch's
+    sizes (its inputs' and targets' tokens) are known before any draw."""
+    noise = min(max(int(round(length * noise_density)), 1), length - 1)
+    return noise, max(min(int(round(noise / mean_span)), noise, length - noise), 1)
+
+
 def noise_mask(length, seed, step, item, noise_density=0.15, mean_span=3.0):
     """(length,) bool: the noise tokens of one sequence of ``length`` tokens. As T5's ``random_spans_noise_mask``:
     ``round(length * noise_density)`` noise tokens (at least 1, at most ``length - 1``) in ``round(noise / mean_span)``
@@ -19,8 +26,7 @@ def noise_mask(length, seed, step, item, noise_density=0.15, mean_span=3.0):
     length = int(length)
     if length < 2:
         return np.zeros(length, dtype=bool)
-    noise = min(max(int(round(length * noise_density)), 1), length - 1)
-    spans = max(min(int(round(noise / mean_span)), noise, length - noise), 1)
+    noise, spans = span_counts(length, noise_density, mean_span)
     rng = np.random.default_rng([int(seed) % 2 ** 63, int(step) % 2 ** 63, int(item), STREAM])
 
     def runs(total):

@@ -1,8 +1,8 @@
 """``train.py --model t5``: a Hugging Face T5 folder fine-tuned on parallel text (``--init-from FOLDER --train-src S
 --train-tgt T --valid-src ... --valid-tgt ...``, the translation task's files), the task prefix put before each
 source (``--prefix``, default the folder's first translation task's). The folder's config.json and tokenizer are
-kept in the run (it needs the folder no more); the trainer is :class:`minitf.t5.trainer.T5Trainer`. T5 from scratch
-(span corruption) is not trained yet: a run without --init-from is refused in one line."""
+kept in the run (it needs the folder no more); the trainer is :class:`minitf.t5.trainer.T5Trainer`. Without
+--init-from: T5 from scratch with span corruption on the language models' text (:mod:`minitf.t5.scratch`)."""
 from minitf import backend, kinds
 from minitf.nmt.data import Corpus, read_splits
 from minitf.nmt.task import TranslationTask, given_files, new_run_data
@@ -17,8 +17,6 @@ from minitf.training.task import RunData, Task, before_training, log, refuse_wit
 #: The flags that would contradict --init-from's folder (it fixes the model's shape and the tokenizer).
 PRETRAINED_FIXED = ("d_model", "num_heads", "num_layers", "num_encoder_layers", "num_decoder_layers", "d_ff",
                     "pre_norm", "vocab_size")
-FROM_SCRATCH = ("--model t5 fine-tunes a T5 folder: give --init-from FOLDER with --train-src ... --valid-tgt ...; "
-                "T5 from scratch (span corruption) is not trained yet")
 
 
 def run_tokenizer(tokenizer, config):
@@ -37,6 +35,19 @@ class T5Task(TranslationTask):
     pretrained = "T5"
     init_from_help = ("fine-tune a Hugging Face T5, flan-t5 or mT5 folder (config.json, model.safetensors, spiece.model "
                       "or tokenizer.json) on --train-src ...: its model, weights and tokenizer kept in the run")
+
+    def add_arguments(self, parser):
+        """The translation task's files (fine-tuning) and the language models' text flags (from scratch)."""
+        from minitf.lm.task import LanguageModelTask
+        super().add_arguments(parser)
+        LanguageModelTask.add_arguments(self, parser)
+
+    def make_trainer(self, config, run_dir, data, log, progress=True):
+        """:class:`T5Trainer` for a fine-tuning run, :class:`minitf.t5.scratch.T5SpanTrainer` from scratch."""
+        if config.init_from is None:
+            from minitf.t5.scratch import T5SpanTrainer
+            return T5SpanTrainer(config, run_dir, data.tokenizer, data.corpus, log, progress=progress)
+        return super().make_trainer(config, run_dir, data, log, progress)
 
     def foreign_flags_error(self, flags, owner):
         return Task.foreign_flags_error(self, flags, owner)
@@ -71,8 +82,19 @@ class T5Task(TranslationTask):
                     lr_scale=args.lr_scale or 0.1)
 
     def check_command(self, args, config):
+        texts = [f"--{split}-text" for split in ("train", "valid", "test") if getattr(args, f"{split}_text")]
         if args.init_from is None:
-            raise UsageError(FROM_SCRATCH)
+            if given_files(args):
+                raise UsageError("--model t5 from scratch trains on text (--train-text FILE --valid-text FILE, or the "
+                                 "default text) with span corruption; parallel files (--train-src ...) go with "
+                                 "--init-from FOLDER")
+            if self.uses_prepared(args) or args.phrases:
+                raise UsageError("--model t5 from scratch reads its text as lines (--train-text ...), not a prepared "
+                                 "corpus (--corpus-dir, --corpus) nor the Ding phrases")
+            return
+        if texts:
+            raise UsageError(f"{', '.join(texts)} are the text of T5 from scratch; a fine-tuning run (--init-from) "
+                             "reads parallel files: --train-src S --train-tgt T --valid-src ... --valid-tgt ...")
         if self.uses_prepared(args) or args.phrases:
             raise UsageError("--model t5 reads its parallel text as --train-src ... files with its folder's "
                              "tokenizer, not a prepared corpus (--corpus-dir, --corpus) nor the Ding phrases")
@@ -83,6 +105,10 @@ class T5Task(TranslationTask):
 
     def new_run(self, args, given, config, run_dir, world):
         self.check_command(args, config)
+        if config.init_from is None:
+            from minitf.t5.scratch import new_scratch_run
+            with before_training(run_dir):
+                return new_scratch_run(args, config, run_dir, world)
         with before_training(run_dir):
             return new_run_data(args, config, run_dir, world, run_tokenizer(self.init_tokenizer, config))
 
@@ -93,11 +119,19 @@ class T5Task(TranslationTask):
         except OSError as error:
             raise DataError(f"cannot read the run's tokenizer {path} ({error.strerror or error}); restore it from a "
                             "checkpoint's tokenizer.model") from None
+        if config.init_from is None:
+            from minitf.t5.scratch import reopen_scratch
+            return reopen_scratch(from_run_bytes(data, str(path)), config)
         tokenizer = run_tokenizer(from_run_bytes(data, str(path)), config)
         return RunData(tokenizer, Corpus(tokenizer, read_splits(config.data), log, bos_id=tokenizer.bos_id))
 
     def describe(self, trainer, data, run_dir):
         config = trainer.config
+        if config.init_from is None:
+            return (f"T5 from scratch, span corruption: {trainer.model.num_parameters():,} parameters, d_model "
+                    f"{config.d_model}, {config.num_encoder_layers}+{config.num_decoder_layers} blocks, a vocabulary "
+                    f"of {data.tokenizer.vocab_size} (100 sentinels), lines of up to {config.max_len} tokens, on "
+                    f"{backend.get_device()}; {len(data.corpus.ids['train']):,} training lines; run folder {run_dir}")
         return (f"T5 fine-tuned from {config.init_from}: {trainer.model.num_parameters():,} parameters, d_model "
                 f"{config.d_model}, {config.num_encoder_layers}+{config.num_decoder_layers} blocks, prefix "
                 f"{config.prefix!r}, on {backend.get_device()}; {len(data.corpus.ids['train'][0]):,} training pairs; "
