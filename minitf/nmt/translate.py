@@ -7,7 +7,9 @@ FILE`` also prints corpus BLEU (sacrebleu) on stderr. A run's model decodes with
 beam search by default (beam 4, alpha 0.6, at most input length + 50 tokens); ``--beam 1`` is greedy.
 A Hugging Face Marian folder (an opus-mt model: config.json, model.safetensors, source.spm, target.spm,
 vocab.json) decodes as transformers' ``generate`` does, with its generation_config.json's beam size, length
-limit and length penalty unless ``--beam``, ``--max-len`` or ``--alpha`` say otherwise. A sentence longer than
+limit and length penalty unless ``--beam``, ``--max-len`` or ``--alpha`` say otherwise. A T5 folder or run (any kind
+that translates: ``Kind.translates``) decodes as its kind says (``Kind.translator``): T5's task prefix before each
+sentence (``--prefix``), ``generate``'s rules. A sentence longer than
 the model's context (a run's --max-len, a Marian folder's max_position_embeddings) is refused naming its line,
 and no output passes the context less the decoder's start token (docs/decoding.md, "Positions and padding").
 """
