@@ -8,9 +8,9 @@ import json
 import pathlib
 
 from minitf import kinds
-from minitf.pretrained import is_hugging_face_folder
+from minitf.pretrained import is_hugging_face_folder, model_type
 from minitf.training import checkpoint as ckpt
-from minitf.training.errors import DataError, UsageError
+from minitf.training.errors import CheckpointError, DataError, UsageError
 
 WHAT_TO_GIVE = ("a run folder of train.py, one of its checkpoints/step-NNNNNNNN folders, or a Hugging Face folder "
                 f"({', '.join(kinds.hf_model_types())})")
@@ -56,6 +56,20 @@ def save_pretrained(loaded_or_model, folder):
                          f"{', '.join(kinds.names())}, got {type(loaded_or_model).__name__}")
     kind.write_model(loaded_or_model, folder)
     return folder
+
+
+def kind_of(path):
+    """The kind of the model at ``path`` without reading it: a Hugging Face folder's (its config.json's model_type)
+    or a run or checkpoint folder's (its newest meta.json's); None where neither names one (the loader then says
+    what is wrong). The commands that read several kinds (translate, generate) pick their reader by it."""
+    found = kinds.for_model_type(model_type(path))
+    if found is not None:
+        return found
+    try:
+        meta = json.loads((ckpt.resolve_checkpoint(path) / "meta.json").read_text(encoding="utf-8"))
+        return ckpt.recorded_kind(meta)
+    except (OSError, ValueError, CheckpointError):
+        return None
 
 
 def load(path, warn=None, kind=None, hugging_face=False):

@@ -185,9 +185,12 @@ def test_every_declared_flag_is_in_the_parser_and_belongs_to_its_kinds():
         for dest in declared_flags(kind):
             assert dest in dests, (kind.name, dest)
             assert "*" in owners[dest] or kind.name in owners[dest], (kind.name, dest, owners[dest])
-    # the language models (and the masked LM) share their text flags and block size; translation's are its own
-    assert owners["train_text"] == owners["block_size"] == {"gpt", "llama", "bert"}
-    assert owners["beam"] == owners["train_src"] == {"transformer"} and owners["d_model"] == {"*"}
+    # the language models (and the masked LM) share their text flags and block size, T5 the text flags (span
+    # corruption from scratch); translation's are its own and T5's (fine-tuned on the same parallel files, its run
+    # config the translation run's and its --prefix)
+    assert owners["block_size"] == {"gpt", "llama", "bert"} and owners["train_text"] == {"gpt", "llama", "bert", "t5"}
+    assert owners["beam"] == owners["train_src"] == {"transformer", "t5"} and owners["d_model"] == {"*"}
+    assert owners["prefix"] == {"t5"}
 
 
 def test_each_flag_of_another_kind_is_refused_in_one_line(capsys):

@@ -1,7 +1,7 @@
 """A T5 folder read whole through the registry and the one loader (minitf.load): the model, the sentencepiece
 tokenizer with T5's sentinels (``<extra_id_N>`` = vocab_size - 1 - N, read as one id inside a text), the folder's
 task prefixes; a folder without a tokenizer or with more tokenizer ids than the model's vocabulary refused in one
-line naming the files; ``train.py --model t5`` refused until the shared trainer lands."""
+line naming the files (``train.py --model t5``: tests/test_t5_train.py)."""
 import json
 
 import pytest
@@ -10,9 +10,8 @@ import minitf
 from minitf import kinds
 from minitf.t5 import T5, T5Config
 from minitf.t5.kind import task_prefixes
-from minitf.t5.task import T5Task
 from minitf.t5.tokenizer import T5JsonTokenizer, T5Tokenizer
-from minitf.training.errors import DataError, UsageError
+from minitf.training.errors import DataError
 
 TEXTS = ["translate English to German: the house is wonderful.", "Das Haus ist wunderbar.",
          "summarize: studies have shown that owning a dog is good for you",
@@ -77,13 +76,6 @@ def test_a_folder_without_a_tokenizer_is_refused_before_its_weights(tmp_path):
 def test_a_bad_task_prefix_is_refused_naming_the_key(tmp_path):
     with pytest.raises(DataError, match="task_specific_params.summarization.prefix is 3; expected a string"):
         task_prefixes({"task_specific_params": {"summarization": {"prefix": 3}}})
-
-
-def test_training_t5_is_refused_until_the_shared_trainer():
-    task = T5Task()
-    for call in (lambda: task.new_run(None, set(), None, None, None), lambda: task.reopen(None, None)):
-        with pytest.raises(UsageError, match="training --model t5 lands after the shared trainer"):
-            call()
 
 
 def tokenizer_json(folder, extra_ids=10):

@@ -21,18 +21,16 @@ The model comes from the one loader (:func:`minitf.loader.load`): a model of any
 texts, ``vocab_size``, ``eos_id`` or None, and optionally ``eos_ids``: every end-of-text id).
 """
 import argparse
-import json
 import pathlib
 import sys
 
-from minitf import backend, kinds
+from minitf import backend
 from minitf.lm.kind import KIND
-from minitf.loader import load
-from minitf.pretrained import is_hugging_face_folder, model_type
+from minitf.loader import kind_of, load
+from minitf.pretrained import is_hugging_face_folder
 from minitf.sampling import generate
-from minitf.training import checkpoint as ckpt
 from minitf.training.text import answer_each_line, decode_lines
-from minitf.training.errors import (CheckpointError, DataError, OneLineParser, UsageError, non_negative, positive,
+from minitf.training.errors import (DataError, OneLineParser, UsageError, non_negative, positive,
                                     report_errors)
 
 np = backend.host  # token ids live on the host
@@ -56,9 +54,7 @@ def generating_kind(path):
     """The kind that reads ``path`` here: a Hugging Face folder's or a run's own kind where its models generate
     (the GPT, the Llama family); otherwise the GPT kind, whose reader refuses a model of another kind in one line
     naming the command that reads it."""
-    found = kinds.for_model_type(model_type(path))
-    if found is None:
-        found = run_kind(path)
+    found = kind_of(path)
     return found if found is not None and found.generates else KIND
 
 
@@ -75,16 +71,6 @@ def sampling_settings(args, path, warn):
     if stated.get("do_sample") is False and all(getattr(args, n) is None for n in ("temperature", "top_k", "top_p")):
         settings["temperature"] = 0.0  # the folder's generate is greedy
     return dict(settings, top_k=settings["top_k"] or None)
-
-
-def run_kind(path):
-    """The kind a run or checkpoint folder's newest meta.json names, or None where it cannot be read (the loader
-    then names what is wrong)."""
-    try:
-        meta = json.loads((ckpt.resolve_checkpoint(path) / "meta.json").read_text(encoding="utf-8"))
-        return ckpt.recorded_kind(meta)
-    except (OSError, ValueError, CheckpointError):
-        return None
 
 
 # --------------------------------------------------------------------------- #

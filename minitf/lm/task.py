@@ -137,10 +137,9 @@ def read_texts(paths):
             if paths.get(f"{split}_text") is not None}
 
 
-def new_text_data(args, config, run_dir, world, init_tokenizer=None, load=load_tokenizer):
-    """A new language-model run's text (--train-text ..., or the default text, fetched once by rank 0), its
-    tokenizer (made by rank 0: BPE, characters or --init-from's, ``init_tokenizer(config)``: default
-    :func:`read_init_tokenizer`, GPT-2's) and config.json; the other ranks read rank 0's with ``load(path)``."""
+def run_texts(args, world):
+    """(paths, texts) of a new run's text (:func:`text_paths`, :func:`read_texts`): the default text fetched once by
+    rank 0, the others finding it in the cache; every rank has read and checked it before anything is written."""
     if not world.is_root:  # rank 0 fetches the default text once; the others then find it in the cache
         world.barrier()
     paths = text_paths(args)
@@ -148,6 +147,14 @@ def new_text_data(args, config, run_dir, world, init_tokenizer=None, load=load_t
         world.barrier()
     texts = read_texts(paths)  # fail on bad data before writing anything
     world.barrier()
+    return paths, texts
+
+
+def new_text_data(args, config, run_dir, world, init_tokenizer=None, load=load_tokenizer):
+    """A new language-model run's text (--train-text ..., or the default text, fetched once by rank 0), its
+    tokenizer (made by rank 0: BPE, characters or --init-from's, ``init_tokenizer(config)``: default
+    :func:`read_init_tokenizer`, GPT-2's) and config.json; the other ranks read rank 0's with ``load(path)``."""
+    paths, texts = run_texts(args, world)
     config.data = paths
     if world.is_root:
         with new_run_folder(run_dir):

@@ -8,10 +8,10 @@ int array (B, S), ``pad_id`` after the real tokens, or a list of id lists; the s
 sentence's length (a pad id inside a sentence is attended to, as in transformers). A hypothesis has no bos and
 no final eos; its ``|Y|`` counts the eos. ``max_len`` caps its tokens counting eos (default: each sentence's
 source length + ``max_len_offset``, 50); one reaching it without eos is kept. pad is never generated
-(-inf after the log-softmax, so other scores are the model's log-probabilities). The model runs in eval mode
-under no_grad; every module's training flag is restored afterwards. The start token, eos and pad default to
-the model's (``model.config``: ``decoder_start_id``, ``eos_id``, ``pad_id``; a Marian model's start is its pad),
-else minitf's tokenizer's.
+(-inf after the log-softmax, so other scores are the model's log-probabilities) unless Hugging Face rules say it
+may be (T5's: ``HuggingFaceRules.generates_pad``). The model runs in eval mode under no_grad; every module's
+training flag is restored afterwards. The start token, eos and pad default to the model's (``model.config``:
+``decoder_start_id``, ``eos_id``, ``pad_id``; a Marian or T5 model's start is its pad), else minitf's tokenizer's.
 
 ``rules=HuggingFaceRules(...)`` decodes as transformers' ``generate`` does, for a model read from a Hugging Face
 (Marian) folder (:class:`HuggingFaceRules` lists the differences; each is one branch in this file, marked
@@ -55,6 +55,8 @@ class HuggingFaceRules:
       ``forced_eos`` (``forced_eos_token_id``) a sentence's last step (``max_len``) can only give eos, with
       log-probability 0, before ``renormalize`` (``renormalize_logits``) makes the log-probabilities sum to one
       again (as masking them before the softmax would);
+    - ``generates_pad``: pad may be chosen like any token (T5's: its pad is its decoder start, id 0, and
+      ``generate`` bans nothing); False (Marian's, and the paper's rules): pad is never generated;
     - running beams are ranked by their log-probability, as in the paper's rules (no difference there).
     Greedy decoding (``beam_size`` 1) is the argmax under the same banned ids and forced eos.
     """
@@ -63,6 +65,7 @@ class HuggingFaceRules:
     renormalize: bool = False
     forced_eos: bool = False
     banned_ids: tuple = ()
+    generates_pad: bool = False
 
     def __post_init__(self):
         if self.early_stopping not in (False, True, "never"):
@@ -201,9 +204,11 @@ def _step_logits(model, tokens, prefix, memory, src_mask, cache, t):
 
 
 def _banned_ids(t, pad_id, eos_id, min_len, rules):
-    """The ids that may not come next: pad (never generated), eos before ``min_len`` tokens (a weak model likes
-    the empty output), and Hugging Face ``rules``' banned ids (NoBadWordsLogitsProcessor)."""
-    return [pad_id] + ([eos_id] if t < min_len else []) + list(rules.banned_ids if rules is not None else ())
+    """The ids that may not come next: pad (never generated, unless Hugging Face ``rules`` say it may be), eos
+    before ``min_len`` tokens (a weak model likes the empty output), and ``rules``' banned ids
+    (NoBadWordsLogitsProcessor)."""
+    pad = [] if rules is not None and rules.generates_pad else [pad_id]
+    return pad + ([eos_id] if t < min_len else []) + list(rules.banned_ids if rules is not None else ())
 
 
 def _ban(logits, banned, eos_id, forced):
@@ -276,10 +281,11 @@ def _step_top_logprobs(model, tokens, prefix, memory, src_mask, cache, t, k, pad
     top = xp.take_along_axis(logits, ids, axis=1)                # (N, k) their logits
     # log_softmax(x) = (x - max) - log(sum(exp(x - max))), shifted by the max for stability
     row_max = top.max(axis=1, keepdims=True)                     # (N, 1) the row's largest logit is in its top k
-    if not renormalize:
+    counted = not renormalize and len(banned) > 0                # banned ids whose exp the normalizer counts
+    if counted:
         row_max = xp.maximum(row_max, banned_logits.max(axis=1, keepdims=True))
     sum_exp = shifted_exp_sums(logits, row_max)                  # (N,) the banned ids' exp(-inf) add 0
-    if not renormalize:
+    if counted:
         sum_exp += row_sums(xp.exp(banned_logits - row_max))     # the paper's rules: they count
     log_sum = xp.log(sum_exp)[:, None]                           # (N, 1)
     if forced is not None:                                       # a forced row: eos at log-probability 0

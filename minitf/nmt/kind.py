@@ -18,10 +18,21 @@ class TranslationKind(Kind):
     run_config = TranslationRunConfig
     page = TRANSLATION_PAGE
     use_a_run = "translate with python -m minitf.translate --checkpoint RUN"
+    translates = True
 
     def task(self):
         from minitf.nmt.task import TranslationTask
         return TranslationTask()
+
+    def translator(self, loaded, prefix=None):
+        """The model, its tokenizer and its decoding settings holding its context (a Marian folder's positions, a
+        run's --max-len); a ``--prefix`` is refused: the sentence alone is its source."""
+        import dataclasses
+        from minitf.training.errors import UsageError
+        if prefix is not None:
+            raise UsageError(f"--prefix is a T5 folder's task prefix; {loaded.source} holds a {self.title}, which "
+                             "translates the sentence alone: leave --prefix out")
+        return loaded.model, loaded.tokenizer, dataclasses.replace(loaded.decoding, max_positions=loaded.context)
 
     def validate(self, config):
         config_checks.validate(config)

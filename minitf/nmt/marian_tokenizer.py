@@ -343,8 +343,9 @@ UNSUPPORTED = {"do_sample": False, "num_beam_groups": 1, "diversity_penalty": 0.
                "sequence_bias": None, "exponential_decay_length_penalty": None, "guidance_scale": None,
                "force_words_ids": None, "constraints": None, "remove_invalid_values": False, "penalty_alpha": None,
                "prompt_lookup_num_tokens": None, "low_memory": None}
-#: transformers' defaults (generation/configuration_utils.py) where neither file has the entry
-DEFAULT_MAX_LENGTH = 20
+#: transformers' default where neither file has max_length nor max_new_tokens: 20 new tokens (5.25: generation/utils.py
+#: ``_prepare_generated_length``, "by default let's always generate 20 new tokens", the start token not counted)
+DEFAULT_NEW_TOKENS = 20
 #: |length_penalty| above this is refused (|Y| ** it overflows; opus-mt uses 1.0)
 MAX_LENGTH_PENALTY = 10.0
 
@@ -377,7 +378,7 @@ def read_generation_json(folder):
 def read_generation_config(folder, hf_config):
     """The :class:`GenerationSettings` of a Marian folder: its generation_config.json, else the same entries of
     config.json (``hf_config``), as transformers falls back; absent entries take generate()'s defaults
-    (num_beams 1, max_length 20, length_penalty 1.0, early_stopping False, renormalize_logits False, no forced
+    (num_beams 1, 20 new tokens, length_penalty 1.0, early_stopping False, renormalize_logits False, no forced
     eos, no banned ids). A one-line ValueError names an entry of the wrong type or range, one that disagrees
     with config.json's ids, or one minitf does not compute (:data:`UNSUPPORTED`, multi-token bad_words_ids)."""
     folder = pathlib.Path(folder)
@@ -416,7 +417,7 @@ def read_generation_config(folder, hf_config):
     if early not in (False, True, "never"):
         raise ValueError(f"{where}: early_stopping is {early!r}; it must be true, false or \"never\"")
     max_new = value("max_new_tokens", "int", None, low=1)
-    max_length = value("max_length", "int", DEFAULT_MAX_LENGTH, low=2)
+    max_length = value("max_length", "int", None, low=2)
     min_length = value("min_length", "int", 0, low=0)
     min_new = value("min_new_tokens", "int", None, low=0)
     penalty = float(value("length_penalty", "float", 1.0, low=-MAX_LENGTH_PENALTY, high=MAX_LENGTH_PENALTY))
@@ -424,5 +425,6 @@ def read_generation_config(folder, hf_config):
                              renormalize=value("renormalize_logits", "bool", False), forced_eos=forced is not None,
                              banned_ids=tuple(banned))
     return GenerationSettings(num_beams=value("num_beams", "int", 1, low=1),
-                              max_len=max_new if max_new is not None else max_length - 1,  # the start token
+                              max_len=max_new if max_new is not None else  # max_length counts the start token
+                              DEFAULT_NEW_TOKENS if max_length is None else max_length - 1,
                               min_len=max(min_length - 1, min_new or 0), rules=rules)

@@ -217,8 +217,8 @@ def new_run_data(args, config, run_dir, world, init_tokenizer=None):
     if world.is_root:
         config.write(run_dir)
     world.barrier()
-    if not world.is_root:
-        tokenizer = load_tokenizer(run_dir / "tokenizer.model")
+    if not world.is_root:  # --init-from's: every rank read it from the folder (a kind's own class: T5's)
+        tokenizer = init_tokenizer if init_tokenizer is not None else load_tokenizer(run_dir / "tokenizer.model")
     return RunData(tokenizer, Corpus(tokenizer, splits, log, bos_id=start_id(config)))
 
 

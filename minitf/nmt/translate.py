@@ -7,16 +7,17 @@ FILE`` also prints corpus BLEU (sacrebleu) on stderr. A run's model decodes with
 beam search by default (beam 4, alpha 0.6, at most input length + 50 tokens); ``--beam 1`` is greedy.
 A Hugging Face Marian folder (an opus-mt model: config.json, model.safetensors, source.spm, target.spm,
 vocab.json) decodes as transformers' ``generate`` does, with its generation_config.json's beam size, length
-limit and length penalty unless ``--beam``, ``--max-new-tokens`` or ``--alpha`` say otherwise. A sentence longer than
+limit and length penalty unless ``--beam``, ``--max-new-tokens`` or ``--alpha`` say otherwise. A T5 folder or run (any kind
+that translates: ``Kind.translates``) decodes as its kind says (``Kind.translator``): T5's task prefix before each
+sentence (``--prefix``), ``generate``'s rules. A sentence longer than
 the model's context (a run's --max-len, a Marian folder's max_position_embeddings) is refused naming its line,
 and no output passes the context less the decoder's start token (docs/decoding.md, "Positions and padding").
 """
-import dataclasses
 import pathlib
 import sys
 
 from minitf import backend
-from minitf.loader import load
+from minitf.loader import kind_of, load
 from minitf.nmt.config import MAX_ALPHA
 from minitf.nmt.decode import translate_texts
 from minitf.nmt.kind import KIND
@@ -25,14 +26,22 @@ from minitf.training.errors import (DataError, OneLineParser, UsageError, add_re
 from minitf.training.text import answer_each_line, decode_lines, read_lines
 
 
-def load_translator(path, warn=None):
+def load_translator(path, warn=None, prefix=None):
     """(model, tokenizer, :class:`minitf.nmt.decode.DecodingSettings`, why) of ``--checkpoint``: a run or
-    checkpoint folder of a translation run, or a Marian folder (:func:`minitf.loader.load`); a model of another
-    kind is refused in one line naming the command that reads it. The settings hold the model's context (its
-    kind's: a Marian folder's positions, a run's --max-len), ``why`` says where it comes from."""
-    loaded = load(path, warn, kind=KIND)
-    settings = dataclasses.replace(loaded.decoding, max_positions=loaded.context)
-    return loaded.model, loaded.tokenizer, settings, loaded.context_why
+    checkpoint folder, or a Hugging Face folder, of a kind that translates (``Kind.translates``: a translation run,
+    a Marian folder, a T5 folder or run) (:func:`minitf.loader.load`); a model of another kind is refused in one line
+    naming the command that reads it. The kind gives the three (``Kind.translator``, with ``prefix``: --prefix);
+    the settings hold the model's context, ``why`` says where it comes from."""
+    loaded = load(path, warn, kind=translating_kind(path))
+    model, tokenizer, settings = loaded.kind.translator(loaded, prefix)
+    return model, tokenizer, settings, loaded.context_why
+
+
+def translating_kind(path):
+    """The kind that reads ``path`` here: its own where its models translate, else the translation kind, whose
+    reader refuses a model of another kind in one line naming the command that reads it."""
+    found = kind_of(path)
+    return found if found is not None and found.translates else KIND
 
 
 def decoding(settings, args, why=""):
@@ -58,7 +67,7 @@ def translate_interactively(model, tokenizer, settings, stdin=None, stdout=None,
 def build_parser():
     p = OneLineParser(prog="python -m minitf.translate", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, type=pathlib.Path,
-                   help="run folder, checkpoint folder, or Hugging Face Marian folder (an opus-mt model)")
+                   help="run folder, checkpoint folder, or Hugging Face Marian (opus-mt) or T5 folder")
     p.add_argument("--beam", type=positive(int), default=None,
                    help="beam size, 1 = greedy (default: 4 for a run, generation_config.json's num_beams for a "
                         "Marian folder)")
@@ -68,6 +77,10 @@ def build_parser():
     add_renamed(p, "--max-new-tokens", "--max-len", type=positive(int), default=None,
                 help="most tokens of a translation counting its end (default: source length + 50 for a run, "
                      "generation_config.json's max_length - 1 for a Marian folder)")
+    p.add_argument("--prefix", default=None,
+                   help="a T5 folder's task prefix put before each sentence: one of its config.json's "
+                        "task_specific_params, by task name (translation_en_to_fr) or text (default: its first "
+                        "translation_* task's)")
     p.add_argument("--batch-size", type=positive(int), default=64)
     p.add_argument("--src", type=pathlib.Path, help="source file (default: stdin)")
     add_renamed(p, "--reference", "--ref", type=pathlib.Path, metavar="FILE",
@@ -84,7 +97,7 @@ def run(argv=None):
         backend.check_environment()  # a bad MINITF_DEVICE: one line, not a traceback
     warn = lambda message: print(message, file=sys.stderr)  # noqa: E731
     if args.src is None and args.reference is None and sys.stdin.isatty():  # a person typing: answer each line
-        model, tokenizer, options, why = load_translator(args.checkpoint, warn)
+        model, tokenizer, options, why = load_translator(args.checkpoint, warn, args.prefix)
         return translate_interactively(model, tokenizer, decoding(options, args, why), why=why)
     if args.src is not None:
         sources, origin = read_lines(args.src, "--src"), f"--src {args.src}"
@@ -94,7 +107,7 @@ def run(argv=None):
     if references is not None and len(references) != len(sources):
         raise DataError(f"--reference has {len(references)} lines but the source has {len(sources)}; "
                         "they must match line by line")
-    model, tokenizer, options, why = load_translator(args.checkpoint, warn)
+    model, tokenizer, options, why = load_translator(args.checkpoint, warn, args.prefix)
     numbers = [number for number, s in enumerate(sources, start=1) if s]  # the line of each sentence translated
     translated = iter(translate_texts(model, tokenizer, [s for s in sources if s], batch_size=args.batch_size,
                                       settings=decoding(options, args, why),

@@ -88,7 +88,13 @@ class TranslationTrainer(Trainer):
     def forward_loss(self, share):
         """The loss of the training items ``share`` (translation: sentence pairs, teacher-forced)."""
         src, tgt_in, tgt_out = self.corpus.batch("train", share)
-        return self.loss_fn(self.model(src, tgt_in), tgt_out)
+        return self.loss_fn(self.logits(src, tgt_in), tgt_out)
+
+    def logits(self, src, tgt_in):
+        """The model's logits (B, T, V) of a batch, teacher-forced: the sources ``src`` (B, S) and the decoder's
+        inputs ``tgt_in`` (B, T), both padded with pad (the paper's Transformer reads its padding from the ids; a
+        kind that extends this trainer may pass its model a mask)."""
+        return self.model(src, tgt_in)
 
     def end_reserve(self):
         """Seconds the end of the run needs (:meth:`WallBudget.end_reserve`)."""
@@ -118,7 +124,7 @@ class TranslationTrainer(Trainer):
         with inference_mode(self.model):
             for index in batches[self.world.rank::self.world.size]:  # this rank's share
                 src, tgt_in, tgt_out = self.corpus.batch(split, index)
-                loss = self.loss_fn(self.model(src, tgt_in), tgt_out)
+                loss = self.loss_fn(self.logits(src, tgt_in), tgt_out)
                 total_loss += loss * self.loss_fn.num_tokens
                 total_nll += self.loss_fn.nll_sum
                 total_tokens += self.loss_fn.num_tokens

@@ -1,8 +1,12 @@
 """T5's shape and choices: one frozen dataclass, :class:`T5Config`, in Hugging Face's names, checked once when it is
-made (a ValueError naming the field)."""
+made (a ValueError naming the field); and ``train.py --model t5``'s run config (:class:`T5RunConfig`: the translation
+run's fields and T5's own), its presets and checks."""
 import dataclasses
 import math
 
+from minitf.nmt.config import TranslationRunConfig
+from minitf.training.config import option
+from minitf.training.errors import UsageError
 from minitf.transformer import check_positive_ints
 
 #: config.json's ``feed_forward_proj`` -> (gated, minitf's activation), as transformers reads it: "gated-gelu" is
@@ -108,3 +112,41 @@ class T5Config:
     @property
     def pad_id(self):
         return self.pad_token_id
+
+
+# --------------------------------------------------------------------------- #
+# train.py --model t5: its run config, presets and checks
+# --------------------------------------------------------------------------- #
+GROUP = "T5 (--model t5)"
+#: Plain cross-entropy (as T5 was trained), short runs on a CPU. Fine-tuning a T5 folder (--init-from: its sizes, the
+#: paper's schedule at a tenth unless --lr-scale) on parallel text; from scratch, these sizes (v1.1's layout).
+PRESETS = {
+    "tiny": dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=256, vocab_size=2000,
+                 max_len=128, dropout=0.1, warmup=400, lr_scale=1.0, max_tokens=1500, label_smoothing=0.0,
+                 max_minutes=10.0, save_every=200, keep=5, average=0, eval_every=200, bleu_sentences=20, beam=1),
+}
+
+
+@dataclasses.dataclass
+class T5RunConfig(TranslationRunConfig):
+    """A ``--model t5`` run's config: the translation run's fields (its data, BLEU's settings), the task prefix put
+    before each source, and the T5 folder's config.json it was started from (``t5``, from --init-from)."""
+    prefix: str = option(None, "the task prefix put before each source sentence, e.g. 'translate English to German: "
+                         "' (default: --init-from's first translation task's, config.json's task_specific_params; "
+                         "'' for none)", type="str", group=GROUP, absent="")
+    # the --init-from folder's config.json (tie_word_embeddings as its weights say), kept so that the run needs the
+    # folder no more: its model is built from it, an export writes it again
+    t5: dict | None = option(None, flag=False, model=True)
+
+
+def validate_run(config):
+    """Refuse (one line naming the flag) what does not fit in a ``--model t5`` run's own fields."""
+    if config.bpe_dropout:
+        raise UsageError("--bpe-dropout samples minitf's own BPE merges; a T5 run keeps its folder's sentencepiece "
+                         "tokenizer: leave it out")
+    if config.lexicon:
+        raise UsageError("--lexicon mixes in the Ding dictionary's lexicon; a T5 run trains on --train-src ... only")
+    if config.t5 is not None and not isinstance(config.t5, dict):
+        raise UsageError("config.json's \"t5\" must be the T5 folder's config.json (an object); start a new run")
+    if config.prefix is not None and not isinstance(config.prefix, str):
+        raise UsageError(f"--prefix must be text, got {config.prefix!r}")

@@ -1,40 +1,40 @@
 """The T5 kind (the registry's "t5"): Hugging Face T5 and mT5 folders (t5 v1.0, v1.1, flan-t5, mT5) read whole by
 ``minitf.load(FOLDER)`` (:meth:`T5Kind.load_folder`): the model, its tokenizer and the folder's task prefixes
-(config.json's ``task_specific_params``: "translate English to German: " ...). ``train.py --model t5`` is a
-stand-in that refuses until the shared trainer lands (:mod:`minitf.t5.task`). What it read is written back as such a
-folder by ``minitf.save_pretrained`` (:meth:`T5Kind.write_folder`; a bare model: :meth:`T5Kind.write_model`)."""
+(config.json's ``task_specific_params``: "translate English to German: " ...). It translates (``python -m
+minitf.translate``: :meth:`T5Kind.translator`, the decoders of the translation kind it extends); ``train.py --model
+t5`` fine-tunes a folder on parallel text (:mod:`minitf.t5.task`). What it read is written back as such a folder by ``minitf.save_pretrained`` (:meth:`T5Kind.write_folder`; a bare model: :meth:`T5Kind.write_model`)."""
+import dataclasses
 import pathlib
 
 from minitf.t5 import hf
-from minitf.training.errors import DataError
+from minitf.t5.config import PRESETS, T5RunConfig
+from minitf.t5.prefix import choose_prefix, task_prefixes
 from minitf.training.kind import Kind, Loaded
 
 
-def task_prefixes(hf_config):
-    """``{task name: prefix}`` of a config.json's ``task_specific_params`` ({} where it names none), e.g.
-    ``{"translation_en_to_de": "translate English to German: "}``; a one-line DataError for an entry that is not
-    an object with a string prefix."""
-    params = (hf_config or {}).get("task_specific_params") or {}
-    if not isinstance(params, dict):
-        raise DataError(f"config.json: task_specific_params is {params!r}; expected an object of tasks")
-    prefixes = {}
-    for name, values in params.items():
-        if not isinstance(values, dict):
-            raise DataError(f"config.json: task_specific_params.{name} is {values!r}; expected an object")
-        prefix = values.get("prefix")
-        if prefix is not None:
-            if not isinstance(prefix, str):
-                raise DataError(f"config.json: task_specific_params.{name}.prefix is {prefix!r}; expected a string")
-            prefixes[name] = prefix
-    return prefixes
+def generate_settings(folder, hf_config):
+    """The decoding settings of transformers' ``generate`` for a T5 folder: its generation_config.json (else
+    config.json's entries, else generate()'s defaults: greedy, 20 new tokens) as a Marian folder's are read
+    (:func:`minitf.nmt.marian_tokenizer.read_generation_config`), with T5's rule that pad, its decoder start, may be
+    generated (``HuggingFaceRules.generates_pad``). A config.json's task_specific_params are not applied (generate
+    does not; transformers' pipelines do)."""
+    from minitf.nmt.decode import DecodingSettings
+    from minitf.nmt.marian_tokenizer import read_generation_config
+    settings = read_generation_config(folder, hf_config)
+    return DecodingSettings(beam_size=settings.num_beams, alpha=settings.rules.length_penalty,
+                            max_len=settings.max_len, min_len=settings.min_len,
+                            rules=dataclasses.replace(settings.rules, generates_pad=True))
 
 
 class T5Kind(Kind):
     name = "t5"
     title = "text-to-text model"
+    extends = ("transformer", "gpt")  # the translation kind's decoding and trainer; the language models' text
+    translates = True
     hf_model_types = hf.FAMILY
     hf_what = hf.T5_FOLDER
-    presets = {"tiny": {}}  # a name for train.py's default; the task refuses every run for now
+    presets = PRESETS
+    run_config = T5RunConfig
     page = None  # no inspection page yet: python -m minitf.inspect refuses in one line saying use_a_run
     use_a_run = ("trace one text through it with python -m minitf.trace --checkpoint RUN --text TEXT, or read it "
                  "with minitf.load(RUN)")
@@ -42,6 +42,44 @@ class T5Kind(Kind):
     def task(self):
         from minitf.t5.task import T5Task
         return T5Task()
+
+    def validate(self, config):
+        from minitf.t5.config import validate_run
+        validate_run(config)
+
+    def read_tokenizer(self, data, origin="tokenizer.model"):
+        """A T5 run's tokenizer.model (:func:`minitf.t5.tokenizer.run_bytes`), as the run's batches saw it (its
+        sha256 the run's; no prefix: the run's config.json holds it)."""
+        from minitf.t5.tokenizer import PrefixedTokenizer, from_run_bytes
+        return PrefixedTokenizer(from_run_bytes(data, origin), "")
+
+    def build_model(self, config, vocab_size):
+        from minitf.t5.trainer import run_model_config
+        from minitf.t5.model import T5
+        return T5(run_model_config(config))
+
+    def min_parameters(self, config, vocab_size):
+        d, f = config.d_model, config.d_ff  # the embedding, each block's attentions and feed-forward
+        return (vocab_size * d + config.num_encoder_layers * (4 * d * d + 2 * d * f)
+                + config.num_decoder_layers * (8 * d * d + 2 * d * f))
+
+    def loaded_run(self, model, tokenizer, config, source, checkpoint, meta, run_dir):
+        """A T5 run's checkpoint: its model, its folder's tokenizer, ``generate``'s decoding with the run's --beam,
+        and its folder's config.json whose task prefix is the run's (translate and an export read it there)."""
+        from minitf.t5.trainer import run_decoding
+        hf_config = dict(config.t5, task_specific_params={"translation": {"prefix": config.prefix or ""}})
+        positions = config.t5.get("n_positions")
+        return Loaded(model, tokenizer.tokenizer, self, pathlib.Path(source), run_decoding(config.beam), run_dir,
+                      checkpoint, meta, positions, "its n_positions" if positions else "", hf_config=hf_config)
+
+    def translator(self, loaded, prefix=None):
+        """The model, its tokenizer putting the task prefix before each sentence (:func:`choose_prefix` of
+        ``--prefix`` and the folder's task_specific_params), and generate()'s settings (:func:`generate_settings`)
+        holding its n_positions: a longer source, prefix and eos included, is refused naming its line."""
+        from minitf.t5.tokenizer import PrefixedTokenizer
+        chosen = choose_prefix(task_prefixes(loaded.hf_config), prefix, loaded.source)
+        tokenizer = PrefixedTokenizer(loaded.tokenizer, chosen) if chosen else loaded.tokenizer
+        return loaded.model, tokenizer, dataclasses.replace(loaded.decoding, max_positions=loaded.context)
 
     def load_folder(self, folder, warn=None):
         """A T5 or mT5 folder: config.json checked, then the tokenizer (its presence and its ids against the model's
@@ -53,8 +91,9 @@ class T5Kind(Kind):
         config, hf_config = hf.pretrained_config(folder)
         task_prefixes(hf_config)
         tokenizer = read_tokenizer(folder, config)
+        decoding = generate_settings(folder, hf_config)
         model = T5.from_pretrained(folder).eval()
-        return Loaded(model, tokenizer, self, folder, None, context=config.n_positions,
+        return Loaded(model, tokenizer, self, folder, decoding, context=config.n_positions,
                       context_why="its n_positions" if config.n_positions else "", hf_config=hf_config)
 
     def write_folder(self, loaded, folder):

@@ -8,6 +8,8 @@ after each source); decoding cuts at the first eos and leaves pad and the sentin
 
 A tokenizer whose ids do not fit the model (pieces + sentinels beyond config.json's vocab_size) is refused in one
 line naming both files."""
+import base64
+import hashlib
 import json
 import pathlib
 import re
@@ -147,3 +149,57 @@ def tokenizer_present(folder):
     if not ((folder / "tokenizer.json").is_file() or (folder / "spiece.model").is_file()):
         raise DataError(f"{folder} has no spiece.model (nor tokenizer.json); copy the tokenizer from the model's "
                         "Hugging Face folder")
+
+
+def run_bytes(tokenizer):
+    """A T5 run's tokenizer.model: JSON naming the folder's tokenizer file (spiece.model or tokenizer.json), its
+    sentinels and ids, and the file's bytes (base64), so that a run needs the folder no more
+    (:func:`from_run_bytes` reads it; a protobuf's first byte is never "{")."""
+    spiece = isinstance(tokenizer, T5Tokenizer)
+    return json.dumps({"t5_tokenizer": "spiece.model" if spiece else "tokenizer.json",
+                       "extra_ids": tokenizer.extra_ids if spiece else None, "pad_id": tokenizer.pad_id,
+                       "eos_id": tokenizer.eos_id, "data": base64.b64encode(tokenizer.model_bytes()).decode("ascii")},
+                      sort_keys=True).encode("utf-8")
+
+
+def from_run_bytes(data, origin="tokenizer.model"):
+    """The tokenizer of a T5 run's tokenizer.model (:func:`run_bytes`); a one-line DataError for anything else."""
+    try:
+        values = json.loads(bytes(data).decode("utf-8"))
+        kept = base64.b64decode(values["data"], validate=True)
+        which, pad_id, eos_id = values["t5_tokenizer"], int(values["pad_id"]), int(values["eos_id"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise DataError(f"{origin} is not a T5 run's tokenizer (JSON naming spiece.model or tokenizer.json with "
+                        "its bytes); restore it from a checkpoint's tokenizer.model") from None
+    if which == "spiece.model":
+        return T5Tokenizer(kept, values.get("extra_ids", EXTRA_IDS), origin)
+    tokenizers = tokenizers_package(f"the tokenizer of {origin}")
+    try:
+        tokenizer = tokenizers.Tokenizer.from_str(kept.decode("utf-8"))
+    except Exception as error:  # the tokenizers package raises a bare Exception
+        raise DataError(f"{origin} holds a tokenizer.json that cannot be read ({error}); restore it from a "
+                        "checkpoint's tokenizer.model") from None
+    return T5JsonTokenizer(tokenizer, kept, pad_id, eos_id)
+
+
+class PrefixedTokenizer:
+    """A T5 tokenizer that puts ``prefix`` before every source it encodes (a translation's task prefix: "translate
+    English to German: "); a target (``encode_target``) is encoded as it is. ``model_bytes`` and ``sha256`` are a
+    run's tokenizer.model (:func:`run_bytes`); ``bos_id``: the decoder's start (a run's batches: the model's
+    decoder_start_token_id); all else is the wrapped tokenizer's."""
+
+    def __init__(self, tokenizer, prefix, bos_id=None):
+        self.tokenizer, self.prefix, self.bos_id = tokenizer, prefix, bos_id
+        self.sha256 = hashlib.sha256(self.model_bytes()).hexdigest()
+
+    def encode(self, texts):
+        return self.tokenizer.encode([self.prefix + text for text in texts])
+
+    def encode_target(self, texts):
+        return self.tokenizer.encode(texts)
+
+    def model_bytes(self):
+        return run_bytes(self.tokenizer)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)

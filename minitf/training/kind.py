@@ -99,9 +99,17 @@ class Kind:
     #: Whether its models continue text (``python -m minitf.generate`` samples them with
     #: :func:`minitf.sampling.generate`: ``model(ids, cache=, start=)``, ``vocab_size``, ``position_limit``).
     generates = False
+    #: Whether its models translate (``python -m minitf.translate`` decodes them as :meth:`translator` says).
+    translates = False
 
     def task(self):
         """Its part of the ``train.py`` command (a :class:`minitf.training.task.Task`)."""
+        raise NotImplementedError
+
+    def translator(self, loaded, prefix=None):
+        """(model, tokenizer, decoding settings) with which ``python -m minitf.translate`` translates ``loaded`` (a
+        kind that :attr:`translates`); ``prefix``: its ``--prefix`` (None: not given), refused in one line where
+        this kind's models take none or the model does not name it."""
         raise NotImplementedError
 
     def validate(self, config):
