@@ -10,6 +10,7 @@ import contextlib
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -420,6 +421,76 @@ def test_ctrl_c_while_a_rank_imports_site_is_one_line_and_130(tmp_path):
     assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), lines
     assert_one_clean_line(lines, status, 130, "^train.py: error: interrupted \\(Ctrl-C\\); training had not started")
     assert not run.exists()
+
+
+#: HYPOTHESIS_PROFILE=thorough (the deeper search of every test) sweeps every 50 ms; the suite a few moments.
+THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
+#: Moments of a Ctrl-C, in seconds after train.py's first line ran in the launcher (``test pause: start``, said at
+#: once), and after the launcher's line just before mpiexec starts (mpiexec starting the ranks, their interpreters,
+#: their imports and MPI's start follow it, wherever the launcher's own imports end on a busy machine). A signal
+#: always lands before the run's end.
+SWEEP_FROM_START = [i * 0.05 for i in range(40)] if THOROUGH else [0.0, 0.1, 0.4]
+SWEEP_FROM_LAUNCH = [i * 0.05 for i in range(40)] if THOROUGH else [0.0, 0.02, 0.05, 0.08, 0.12, 0.2, 0.4]
+#: A Ctrl-C that works ends the command within seconds even on a busy machine; one that is lost leaves it training.
+ENDS_WITHIN = 45
+
+
+@contextlib.contextmanager
+def busy_cores(n):
+    """``n`` processes spinning at 100% for the duration: a loaded machine, where every part of the start-up
+    lasts longer (a Ctrl-C 0.4 s after the start ended a rank with MPICH's banner there, and not on an idle one)."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for process in spinning:
+            process.kill()
+            process.wait(30)
+
+
+def start_up_problem(status, lines):
+    """What is wrong with the end of a command given one Ctrl-C (None: nothing): exit status 130, one line of
+    ours saying it was interrupted, nothing else but the launcher's first line (and the test's marker) and
+    mpiexec's two lines about forwarding it."""
+    if status is None:
+        return f"still running {ENDS_WITHIN} s after the Ctrl-C (lost): {lines}"
+    ours = [line for line in lines if "ranks through mpiexec" not in line and line != "test pause: start"
+            and not line.endswith(MPIEXEC_CTRL_C)]
+    if status != 130 or len(ours) != 1 or not re.match(r"train\.py: (error: )?interrupted", ours[0]):
+        return f"status {status}, lines {lines}"
+    return None
+
+
+@needs_mpi
+def test_ctrl_c_at_any_moment_of_the_start_is_one_line_and_130(tmp_path):
+    """One Ctrl-C to the process group at moments swept over the start-up from train.py's first line, with a core
+    kept busy: the launcher's imports and checks, mpiexec's start, the ranks' interpreters, imports and MPI's
+    start, the first steps. It used to be lost (mpiexec forwarded it before it had started a rank: the run
+    trained on, exit 0) or to end a rank before train.py's handler (MPICH's banner, status 2 or 11). The
+    launcher's interpreter before train.py's first line is Python's own (docs/reliability.md)."""
+    data = make_corpus(tmp_path)
+    failures = []
+    with busy_cores(1):
+        for since, delays in (("start", SWEEP_FROM_START), ("launch", SWEEP_FROM_LAUNCH)):
+            for delay in delays:
+                command = start(tmp_path, data + TINY + ["--max-steps", 300, "--eval-every", 1000, "--average", 0,
+                                                         "--bleu-sentences", 0, "--out", tmp_path / "run"],
+                                MINITF_TEST_PAUSE="start:0")
+                try:
+                    command.wait_for("test pause: start" if since == "start" else "ranks through mpiexec")
+                    time.sleep(delay)
+                    command.signal(signal.SIGINT, "group")
+                    try:
+                        status, lines = command.finish(ENDS_WITHIN)
+                    except subprocess.TimeoutExpired:
+                        status, lines = None, list(command.lines)
+                finally:
+                    command.kill()
+                problem = start_up_problem(status, lines)
+                if problem:
+                    failures.append(f"Ctrl-C {delay:.2f} s after the {since}: {problem}")
+                shutil.rmtree(tmp_path / "run", ignore_errors=True)
+    assert not failures, "\n".join(failures)
 
 
 @needs_mpi

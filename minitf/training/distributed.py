@@ -41,6 +41,69 @@ class RootFailed(BaseException):
         self.status = status
 
 
+#: The folder where each rank of the launcher's ``mpiexec`` marks that train.py's Ctrl-C handler holds (``train.py``).
+READY_ENV = "MINITF_READY_DIR"
+#: What the launcher passes on to ``mpiexec``, once every rank is ready for it (:func:`run_ranks`).
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_ranks(command, env, ranks):
+    """Run ``command`` (``mpiexec`` starting ``ranks`` ranks of train.py) and return its exit status (128 + N when
+    signal N ended it). ``mpiexec`` runs in a session of its own, as it starts the ranks, so a terminal's Ctrl-C (or
+    ``kill``) reaches this process alone, which passes each signal on once every rank has said, by a file in
+    ``READY_ENV``'s folder, that train.py's handler holds it. A signal passed on at once was lost when ``mpiexec``
+    had not started the ranks yet (the run trained on), or ended a rank before its handler (MPICH's banner)."""
+    import select
+    import shutil
+    import subprocess
+    import tempfile
+
+    ready = tempfile.mkdtemp(prefix="minitf-ranks-")
+    wake, woken = os.pipe()
+    os.set_blocking(woken, False)
+    previous = {sig: signal.signal(sig, lambda signum, frame: None) for sig in FORWARDED}  # the number goes to woken
+    before = signal.set_wakeup_fd(woken)
+    process = None
+    try:
+        process = subprocess.Popen(command, env=dict(env, **{READY_ENV: ready}), stdin=subprocess.DEVNULL,
+                                   start_new_session=True, preexec_fn=_end_with_the_launcher())
+        ended = os.pidfd_open(process.pid) if hasattr(os, "pidfd_open") else None
+        held = []
+        while process.poll() is None:
+            # a signal wakes the wait (set_wakeup_fd); while one waits for the ranks, look every 10 ms
+            timeout = 0.01 if held else (None if ended is not None else 0.1)
+            readable = select.select([wake] + ([ended] if ended is not None else []), [], [], timeout)[0]
+            if wake in readable:
+                held += os.read(wake, 64)
+            if held and len(os.listdir(ready)) >= ranks:
+                for signum in held:
+                    if process.poll() is None:
+                        process.send_signal(signum)
+                held = []
+        status = process.wait()
+    finally:
+        signal.set_wakeup_fd(before)
+        os.close(wake)
+        os.close(woken)
+        if process is None:  # mpiexec never started: the start-up's own handling again
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        shutil.rmtree(ready, ignore_errors=True)
+    return 128 - status if status < 0 else status
+
+
+def _end_with_the_launcher():
+    """The ``preexec_fn`` that has the kernel kill ``mpiexec`` when the launcher dies (``kill -9``: as when the
+    launcher was ``mpiexec`` itself), where prctl exists (Linux); None elsewhere."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+    return lambda: prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
 def launched_by_mpi():
     """True when ``mpiexec`` started this process (read from the environment; no import)."""
     return any(name in os.environ for name in LAUNCHER_ENV)
