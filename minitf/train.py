@@ -351,6 +351,7 @@ def launch(argv, started, start_up=None):
     print(line, file=sys.stderr, flush=True)
     env = dict(os.environ, MINITF_COMMAND_START=repr(started),  # the ranks count the whole command from here
                MINITF_SITE_AFTER_HANDLER="1",  # train.py imports site itself in the ranks it started with -S
+               **{training.STDERR_TERMINAL_ENV: str(int(sys.stderr.isatty()))},  # a rank's stderr is mpiexec's pipe
                **{name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
     if start_up is not None:
         start_up.pause("launch")
