@@ -502,6 +502,58 @@ def test_ctrl_c_at_any_moment_of_the_start_is_one_line_and_130(tmp_path):
     assert not failures, "\n".join(failures)
 
 
+#: A stand-in for mpiexec with one rank: notes each SIGINT it is given (seconds after its start), marks the rank
+#: ready (as train.py's first lines do) after ``MARK_AFTER`` seconds unless it is negative, and ends once it has
+#: ``WANT`` signals, with 130 (0 when none came in 20 s).
+FAKE_MPIEXEC = """import os, signal, sys, time
+start, got = time.monotonic(), []
+signal.signal(signal.SIGINT, lambda signum, frame: got.append(time.monotonic() - start))
+print("fake mpiexec started", flush=True)
+mark, want = float(os.environ["MARK_AFTER"]), int(os.environ["WANT"])
+deadline = start + 20
+while len(got) < want and time.monotonic() < deadline:
+    if 0 <= mark <= time.monotonic() - start:
+        open(os.path.join(os.environ["MINITF_READY_DIR"], "0"), "w").close()
+        mark = -1.0
+    time.sleep(0.01)
+print("signals at", " ".join(f"{t:.2f}" for t in got), flush=True)
+sys.exit(130 if got else 0)
+"""
+
+
+@pytest.mark.parametrize("mark_after, signals", [(1.0, 1), (-1, 2)], ids=["ready-after-1s", "never-ready"])
+def test_the_launcher_passes_a_signal_on_once_the_ranks_hold_it(tmp_path, mark_after, signals):
+    """minitf.training.distributed.run_ranks with a stand-in for mpiexec: a Ctrl-C that comes before the rank has
+    marked that its handler holds it waits for the mark, then reaches mpiexec (it was lost, or ended a rank before
+    train.py's handler); a second Ctrl-C goes on at once even if a rank never marks (a rank that died before
+    train.py's first line: mpiexec's own second Ctrl-C then ends the job); mpiexec's status is the command's."""
+    script = tmp_path / "fake_mpiexec.py"
+    script.write_text(FAKE_MPIEXEC)
+    launcher = ("import os, sys; from minitf.training.distributed import run_ranks; "
+                f"sys.exit(run_ranks([sys.executable, {str(script)!r}], dict(os.environ), 1))")
+    command = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT), MARK_AFTER=str(mark_after),
+                                        WANT=str(signals)), start_new_session=True)
+    try:
+        assert command.stdout.readline().strip() == "fake mpiexec started"
+        sent = []
+        for _ in range(signals):
+            time.sleep(0.3)
+            os.killpg(command.pid, signal.SIGINT)  # the terminal's Ctrl-C: the launcher's group alone
+            sent.append(time.monotonic())
+        status = command.wait(30)
+        times = [float(t) for t in command.stdout.readline().split()[2:]]
+    finally:
+        if command.poll() is None:
+            os.killpg(command.pid, signal.SIGKILL)
+            command.wait(30)
+    assert status == 130 and len(times) == signals, (status, times)
+    if mark_after > 0:
+        assert times[0] >= mark_after, times  # held until the rank marked it holds it
+    else:
+        assert times[0] >= 0.55, times  # the first one waited for the second (at about 0.6 s)
+
+
 @needs_mpi
 def test_a_waiting_rank_sleeps_instead_of_spinning(tmp_path):
     """While rank 0 tokenizes (or downloads, or prepares for hours), rank 1 waits in a barrier: it takes

@@ -52,7 +52,9 @@ def run_ranks(command, env, ranks):
     signal N ended it). ``mpiexec`` runs in a session of its own, as it starts the ranks, so a terminal's Ctrl-C (or
     ``kill``) reaches this process alone, which passes each signal on once every rank has said, by a file in
     ``READY_ENV``'s folder, that train.py's handler holds it. A signal passed on at once was lost when ``mpiexec``
-    had not started the ranks yet (the run trained on), or ended a rank before its handler (MPICH's banner)."""
+    had not started the ranks yet (the run trained on), or ended a rank before its handler (MPICH's banner). A
+    second signal goes on at once with the first, ready or not (a rank that died before train.py's first line
+    never marks: ``mpiexec``'s own second Ctrl-C then ends the job)."""
     import select
     import shutil
     import subprocess
@@ -75,8 +77,10 @@ def run_ranks(command, env, ranks):
             readable = select.select([wake] + ([ended] if ended is not None else []), [], [], timeout)[0]
             if wake in readable:
                 held += os.read(wake, 64)
-            if held and len(os.listdir(ready)) >= ranks:
-                for signum in held:
+            if held and (len(held) > 1 or len(os.listdir(ready)) >= ranks):  # a second one goes on at once
+                for i, signum in enumerate(held):
+                    if i:
+                        time.sleep(0.05)  # two at once would merge into one: a second Ctrl-C is mpiexec's abort
                     if process.poll() is None:
                         process.send_signal(signum)
                 held = []
