@@ -29,6 +29,9 @@ INTERRUPTED = (130, 143)
 _OBJECT_TAG = 7
 #: The MPI tag of rank 0's failure notice (its exit status) on the control communicator (``MpiWorld.tell_failure``).
 _FAILED_TAG = 8
+#: The MPI tag of a rank's notice that it stopped on a signal (its exit status), to every other rank
+#: (``MpiWorld.tell_stopped``).
+_STOPPED_TAG = 9
 
 
 class RootFailed(BaseException):
@@ -108,6 +111,16 @@ def _end_with_the_launcher():
     return lambda: prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
+class PeerStopped(KeyboardInterrupt):
+    """Another rank stopped on signal ``signum`` while this one waited for it, without taking the signal as its own
+    (it was in a collective the other never reached, or had only noted the signal for after its step): this rank
+    stops as on that signal (the interrupted line, status 128 + signum), so that every rank agrees on the ending."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+
 def launched_by_mpi():
     """True when ``mpiexec`` started this process (read from the environment; no import)."""
     return any(name in os.environ for name in LAUNCHER_ENV)
@@ -179,6 +192,8 @@ class MpiWorld:
         self.control = self.comm.Dup()  # the end of the job's agreement (:meth:`agree`), apart from the run's messages
         self.pending = 0
         self.notices = []  # rank 0: the failure notices it sent; another rank: the one it received (tell_failure)
+        self.stops_sent, self.stops_heard = [], set()  # tell_stopped's notices: sent, and the ranks heard from
+        self.told_by = ()  # the ranks that sent a stop notice (from the agreement)
         self._collectives = None
 
     def _wait(self, request, deadline=None, listen=True):
@@ -201,10 +216,23 @@ class MpiWorld:
         return True
 
     def _listen(self):
-        """Raise :class:`RootFailed` if rank 0 has sent its failure notice (never on rank 0)."""
+        """Raise :class:`RootFailed` if rank 0 has sent its failure notice (never on rank 0), :class:`PeerStopped`
+        if another rank has said that it stopped on a signal (:meth:`tell_stopped`)."""
         if not self.is_root and not self.notices and self.control.Iprobe(source=0, tag=_FAILED_TAG):
             self.notices.append(self.control.recv(source=0, tag=_FAILED_TAG))
             raise RootFailed(self.notices[0])
+        found = self.MPI.Status()
+        if not self.stops_heard and self.control.Iprobe(source=self.MPI.ANY_SOURCE, tag=_STOPPED_TAG, status=found):
+            source = found.Get_source()
+            status = self.control.recv(source=source, tag=_STOPPED_TAG)
+            self.stops_heard.add(source)
+            raise PeerStopped(status - 128)
+
+    def tell_stopped(self, status):
+        """This rank stopped on a signal (``status`` 128 + signum) where it was: tell every other rank, which may be
+        waiting for it in a collective it will never reach; there it raises :class:`PeerStopped`."""
+        self.stops_sent = [self.control.isend(int(status), dest=rank, tag=_STOPPED_TAG)
+                           for rank in range(self.size) if rank != self.rank]
 
     def tell_failure(self, status):
         """Rank 0 failed with ``status``: tell every other rank, which raises :class:`RootFailed` where it waits
@@ -213,8 +241,14 @@ class MpiWorld:
 
     def settle_notices(self, root_status, grace_s):
         """After the agreement: every notice rank 0 sent is received (a rank that failed on its own before it
-        heard takes it now), so that MPI_Finalize finds no message left; ``root_status``: rank 0's agreed status."""
+        heard takes it now), and every stop notice (:attr:`told_by`, from the agreement), so that MPI_Finalize
+        finds no message left; ``root_status``: rank 0's agreed status."""
         deadline = time.monotonic() + grace_s
+        for request in self.stops_sent:
+            self._wait(request, deadline, listen=False)
+        for rank in set(self.told_by) - self.stops_heard - {self.rank}:
+            if self._wait(self.control.irecv(source=rank, tag=_STOPPED_TAG), deadline, listen=False):
+                self.stops_heard.add(rank)
         if self.is_root:
             for request in self.notices:
                 self._wait(request, deadline, listen=False)
@@ -272,15 +306,22 @@ class MpiWorld:
 
     def agree(self, status, grace_s=None):
         """Every rank's exit status in rank order, once every rank has given its own; None if they have not
-        within ``grace_s`` seconds (None: wait for as long as they run)."""
-        every = np.zeros(self.size, dtype=np.int64)
-        request = self.control.Iallgather(np.array([status], dtype=np.int64), every)
+        within ``grace_s`` seconds (None: wait for as long as they run). Also sets :attr:`told_by`, the ranks
+        that sent a stop notice (:meth:`tell_stopped`)."""
+        every = np.zeros(2 * self.size, dtype=np.int64)
+        request = self.control.Iallgather(np.array([status, bool(self.stops_sent)], dtype=np.int64), every)
         deadline = None if grace_s is None else time.monotonic() + grace_s
-        return [int(s) for s in every] if self._wait(request, deadline, listen=False) else None
+        if not self._wait(request, deadline, listen=False):
+            return None
+        self.told_by = tuple(rank for rank in range(self.size) if every[2 * rank + 1])
+        return [int(s) for s in every[0::2]]
 
     def pids(self):
-        """Every rank's process id, on every rank (to tell which rank mpiexec reports dead)."""
-        return self.comm.allgather(os.getpid())
+        """Every rank's process id, on every rank (to tell which rank mpiexec reports dead); a waiting rank takes
+        signals (a blocking allgather held them while another rank stopped before it: MPI_Abort's banner)."""
+        every = np.zeros(self.size, dtype=np.int64)
+        self._wait(self.comm.Iallgather(np.array([os.getpid()], dtype=np.int64), every))
+        return [int(pid) for pid in every]
 
     def abort(self, status):
         self.comm.Abort(status)
@@ -438,9 +479,18 @@ def main(run, argv, prog, grace_s=2.0, **report_options):
         quiet.enter_context(contextlib.redirect_stdout(captured))
         quiet.enter_context(contextlib.redirect_stderr(captured))
     line = None
+    raised = []
+
+    def run_noting(argv):
+        try:
+            return run(argv)
+        except KeyboardInterrupt:  # stopped on a signal where it was: another rank may be waiting for this one
+            raised.append(True)
+            raise
+
     with quiet:
         try:
-            status = report_errors(prog, run, argv, **report_options)
+            status = report_errors(prog, run_noting, argv, **report_options)
         except SystemExit as error:  # argparse: --help (0) or a usage error (2)
             status = error.code if isinstance(error.code, int) else 1
         except KeyboardInterrupt as error:  # a signal just after run's own handling: the same ending
@@ -455,6 +505,8 @@ def main(run, argv, prog, grace_s=2.0, **report_options):
             signal.signal(sig, signal.SIG_IGN)       # second Ctrl-C still kills it)
         if world.is_root and status not in (0,) + INTERRUPTED:  # (a signal reached every rank itself)
             world.tell_failure(status)
+        if raised and status in INTERRUPTED:  # but another rank may only have noted it, or wait for this one
+            world.tell_stopped(status)
         # a finished rank waits for the others for as long as they run, a failed one a few seconds, one
         # stopped by a signal longer (mpiexec sent it to every rank; a busy machine may be slow to deliver it)
         statuses = world.agree(status, None if status == 0 else 5 * grace_s if status in INTERRUPTED else grace_s)
