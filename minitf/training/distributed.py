@@ -66,29 +66,34 @@ def run_ranks(command, env, ranks):
     ready = tempfile.mkdtemp(prefix="minitf-ranks-")
     wake, woken = os.pipe()
     os.set_blocking(woken, False)
-    previous = {sig: signal.signal(sig, lambda signum, frame: None) for sig in FORWARDED}  # the number goes to woken
+    # counted by the Python handler, which runs in this process only: the child between fork and exec (still in
+    # this process group, so a Ctrl-C reaches it too) writes to the wakeup pipe as well, which only wakes the wait
+    held = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in FORWARDED}
     before = signal.set_wakeup_fd(woken)
-    process = None
+    process = ended = None
     try:
         process = subprocess.Popen(command, env=dict(env, **{READY_ENV: ready}), stdin=subprocess.DEVNULL,
                                    start_new_session=True, preexec_fn=_end_with_the_launcher())
         ended = os.pidfd_open(process.pid) if hasattr(os, "pidfd_open") else None
-        held = []
         while process.poll() is None:
             # a signal wakes the wait (set_wakeup_fd); while one waits for the ranks, look every 10 ms
             timeout = 0.01 if held else (None if ended is not None else 0.1)
             readable = select.select([wake] + ([ended] if ended is not None else []), [], [], timeout)[0]
             if wake in readable:
-                held += os.read(wake, 64)
+                os.read(wake, 64)
             if held and (len(held) > 1 or len(os.listdir(ready)) >= ranks):  # a second one goes on at once
-                for i, signum in enumerate(held):
+                passing = held[:]
+                del held[:len(passing)]  # (one that comes meanwhile stays held)
+                for i, signum in enumerate(passing):
                     if i:
                         time.sleep(0.05)  # two at once would merge into one: a second Ctrl-C is mpiexec's abort
                     if process.poll() is None:
                         process.send_signal(signum)
-                held = []
         status = process.wait()
     finally:
+        if ended is not None:
+            os.close(ended)
         signal.set_wakeup_fd(before)
         os.close(wake)
         os.close(woken)
