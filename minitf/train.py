@@ -348,7 +348,8 @@ def launch(argv, started, start_up=None):
         if line:
             print(line, file=sys.stderr, flush=True)
         return None
-    print(line, file=sys.stderr, flush=True)
+    sys.stderr.flush()
+    os.write(2, (line + "\n").encode())  # one write: a Ctrl-C's line (train.StartUp) cannot land inside it
     env = dict(os.environ, MINITF_COMMAND_START=repr(started),  # the ranks count the whole command from here
                MINITF_SITE_AFTER_HANDLER="1",  # train.py imports site itself in the ranks it started with -S
                **{training.STDERR_TERMINAL_ENV: str(int(sys.stderr.isatty()))},  # a rank's stderr is mpiexec's pipe
