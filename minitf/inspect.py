@@ -109,19 +109,27 @@ def load(path, warn):
 # --------------------------------------------------------------------------- #
 # One sentence: checked, tokenized, computed
 # --------------------------------------------------------------------------- #
-def unknown_characters(tokenizer, text):
-    """The characters of ``text`` the tokenizer cannot give back (each becomes its unknown token), read on the
-    source side: a character encoded alone gives the unknown id or nothing (a tokenizer with an ``unk_id``),
-    else does not come back decoded. A token the tokenizer reads whole (a Marian folder's language code such
-    as ``>>fra<<``, a special token written in the text such as ``<pad>``) is one token, not its characters;
-    a language code missing from the vocabulary is named whole."""
-    found, text = _whole_tokens(tokenizer, text)
+def unknown_characters(tokenizer, text, target=False):
+    """What of ``text`` became the tokenizer's unknown token, read from the ids of the whole text (the target
+    side's with ``target``, where the tokenizer has one): a Marian folder names each piece its vocabulary lacks as
+    the text that produced it (a word, a language code such as ``>>xyz<<`` whole); a tokenizer with an ``unk_id``
+    whose ids of the text hold none has nothing to say, else names the characters that give it alone; one without
+    (a byte-level BPE, characters) the characters that do not come back decoded. A character that is no piece of
+    its own but is read within a longer piece (a vocabulary without "i" that holds "▁Ärztin") is not unknown."""
+    own = getattr(tokenizer, "unknown_pieces", None)
+    if own is not None:
+        return list(dict.fromkeys(own(text, target)))
+    encode = getattr(tokenizer, "encode_target", None) if target else None
+    encode = encode or tokenizer.encode
     unk = getattr(tokenizer, "unk_id", None)
+    if unk is not None and unk not in encode([text])[0]:
+        return []
+    found = []
     for char in dict.fromkeys(text):
         if char.isspace():
             continue
-        ids = tokenizer.encode([char])[0]
-        if unk is not None:  # a Marian folder's decode reads the target vocabulary: the ids tell
+        ids = encode([char])[0]
+        if unk is not None:
             unknown = not ids or unk in ids
         else:
             back = tokenizer.decode([ids])[0]
@@ -129,19 +137,6 @@ def unknown_characters(tokenizer, text):
         if unknown:
             found.append(char)
     return found
-
-
-def _whole_tokens(tokenizer, text):
-    """(the language codes of ``text`` its vocabulary lacks, ``text`` without the tokens the tokenizer reads
-    whole): a Marian tokenizer's codes (``>>fra<<``) and special tokens written in the text."""
-    pieces, vocab = getattr(tokenizer, "pieces", None), getattr(tokenizer, "vocab", None)
-    if pieces is None or not isinstance(vocab, dict):
-        return [], text
-    specials = {tokenizer.eos_token, tokenizer.unk_token, tokenizer.pad_token}
-    whole = [p for p in dict.fromkeys(pieces(text)) if p in specials or (p.startswith(">>") and p.endswith("<<"))]
-    for token in sorted(whole, key=len, reverse=True):
-        text = text.replace(token, " ")
-    return [token for token in whole if token not in vocab], text
 
 
 class Inspector:
@@ -171,7 +166,9 @@ class Inspector:
     def example(self, text, reference=None, where="the sentence"):
         """(the JSON of one example, warning lines). DataError for an empty or too long sentence."""
         loaded, model = self.loaded, self.loaded.model
-        unknown = unknown_characters(loaded.tokenizer, text + (reference or ""))
+        unknown = unknown_characters(loaded.tokenizer, text)
+        if reference is not None:  # on the side it is read: a Marian folder's target vocabulary
+            unknown += [u for u in unknown_characters(loaded.tokenizer, reference, target=True) if u not in unknown]
         notes = [f"{where} has characters the tokenizer does not know: {' '.join(unknown)} (each became its "
                  "unknown token, which the model reads as one token without meaning)"] if unknown else []
         if not loaded.page.pairs:  # one text, each next token

@@ -8,17 +8,24 @@ and returns dL/d(input).
 Saved tensors go on a per-module stack: a module called twice in one forward
 pass (a shared embedding, say) keeps both caches, and backward pops them in
 reverse order. Nothing is ever overwritten silently, and a cache that backward
-never pops is reported (see :meth:`Module.check_saved_consumed`), not kept forever.
+never pops is reported where it would do harm, not kept forever: at the next
+outermost forward with gradients on over it (the stacks would grow by a whole set
+of activations every step) and at the optimizer's step (the gradients would not be
+that forward's). ``zero_grad`` only zeroes, so PyTorch's order (forward, zero_grad,
+backward, step) works. A forward that raises drops what it pushed.
 """
 import collections
 import contextlib
+import functools
 import types
 import weakref
 
 from minitf import backend
 from minitf.backend import xp
 
-_grad_state = {"enabled": True}
+# enabled: forwards save caches (False inside no_grad()); depth: forwards running now, so that only the
+# outermost one checks for stale caches; stacked: inside stacked_forwards()
+_grad_state = {"enabled": True, "depth": 0, "stacked": False}
 # every module holding a cache that no backward has popped yet (weak: a dropped model leaves)
 _unconsumed = weakref.WeakSet()
 
@@ -32,6 +39,20 @@ def no_grad():
         yield
     finally:
         _grad_state["enabled"] = previous
+
+
+@contextlib.contextmanager
+def stacked_forwards():
+    """Allow outermost forwards with gradients on over caches that no backward has consumed yet:
+    several forwards of one layer before their backwards, popped in reverse order (the gradient
+    check's cache rule does this, as a shared layer does within one forward). Outside it, such a
+    forward raises (:meth:`Module.check_saved_consumed`'s names)."""
+    previous = _grad_state["stacked"]
+    _grad_state["stacked"] = True
+    try:
+        yield
+    finally:
+        _grad_state["stacked"] = previous
 
 
 def is_grad_enabled():
@@ -63,6 +84,13 @@ class Module:
     the order they were assigned, which gives stable dotted names."""
 
     training = True
+
+    def __init_subclass__(cls, **kwargs):
+        """Every subclass's own ``forward`` is entered through :func:`_outermost_checked`."""
+        super().__init_subclass__(**kwargs)
+        forward = cls.__dict__.get("forward")
+        if callable(forward) and not hasattr(forward, "__minitf_checked__"):
+            cls.forward = _outermost_checked(forward)
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError
@@ -101,19 +129,21 @@ class Module:
             module.__dict__.pop("_saved", None)
             _unconsumed.discard(module)
 
+    def pending_caches(self):
+        """``[(dotted name, module)]`` of every module of this model (this one named "") whose forward ran
+        with gradients on and whose cache no backward has consumed yet."""
+        if not _unconsumed:  # the usual case: one cheap test
+            return []
+        return [(name, module) for name, module in self.named_modules() if module in _unconsumed]
+
     def check_saved_consumed(self):
         """Raise RuntimeError naming (by dotted name) every module of this model whose
-        forward ran with gradients on and whose cache no backward has consumed.
-
-        :meth:`zero_grad` calls this: a step that forgot its backward would otherwise
-        grow the cache stacks by a whole set of activations every step."""
-        if not _unconsumed:  # the usual case: one cheap test
-            return
+        forward ran with gradients on and whose cache no backward has consumed."""
         pending = [f"{name + ' ' if name else ''}({type(module).__name__}, {len(module._saved)} "
-                   f"cache{'s' if len(module._saved) > 1 else ''})"
-                   for name, module in self.named_modules() if module in _unconsumed]
+                   f"cache{'s' if len(module._saved) > 1 else ''})" for name, module in self.pending_caches()]
         if pending:
-            raise RuntimeError(unconsumed_message(pending))
+            raise RuntimeError("forward ran with gradients on, but backward never consumed the cache of: "
+                               + ", ".join(pending) + ". " + WHAT_TO_DO)
 
     # -- traversal ---------------------------------------------------------
     def named_children(self):
@@ -172,9 +202,7 @@ class Module:
         return self.train(False)
 
     def zero_grad(self):
-        """Set every gradient to 0, after checking that no forward was left without its
-        backward (:meth:`check_saved_consumed`)."""
-        self.check_saved_consumed()
+        """Set every gradient to 0 (only that: between a forward and its backward too, as in PyTorch)."""
         params = self.parameters()
         flat = FlatBuffers.of(params)
         if flat is not None:
@@ -277,17 +305,46 @@ class FlatBuffers:
         return flat
 
 
-def unconsumed_message(pending):
-    """The error text for modules whose forward cache no backward consumed."""
-    return ("forward ran with gradients on, but backward never consumed the cache of: "
-            + ", ".join(pending) + ". Call backward once per forward, run evaluation under "
-            "no_grad(), or call model.clear_saved() after an aborted step.")
+WHAT_TO_DO = ("Call backward once after each forward run with gradients on (zero_grad may come between them, "
+              "as in PyTorch), run evaluation and decoding under minitf.no_grad(), or call model.clear_saved() "
+              "to drop the caches of an aborted step.")
+
+
+def _outermost_checked(forward):
+    """``forward`` entered through a check done by the outermost forward only (the one a caller runs, not the
+    layers it calls): with gradients on, no module it reaches may still hold the cache of an earlier forward
+    that no backward consumed (a forgotten backward: every stack would grow by a whole set of activations each
+    step). If it raises, it drops every cache it pushed (it found none: nothing else is lost)."""
+    @functools.wraps(forward)
+    def checked(self, *args, **kwargs):
+        state = _grad_state
+        outermost = state["depth"] == 0 and state["enabled"] and not state["stacked"]
+        if outermost and _unconsumed:
+            pending = self.pending_caches()
+            if pending:
+                names = [f"{name or type(self).__name__} ({type(module).__name__})" for name, module in pending]
+                raise RuntimeError(
+                    f"{type(self).__name__}.forward ran with gradients on over the cache of an earlier forward that "
+                    f"no backward consumed: " + ", ".join(names[:3])
+                    + (f" and {len(names) - 3} more modules" if len(names) > 3 else "") + ". " + WHAT_TO_DO)
+        state["depth"] += 1
+        try:
+            return forward(self, *args, **kwargs)
+        except BaseException:
+            if outermost:
+                self.clear_saved()
+            raise
+        finally:
+            state["depth"] -= 1
+
+    checked.__minitf_checked__ = True
+    return checked
 
 
 def check_parameters_saved_consumed(params):
-    """:meth:`Module.check_saved_consumed` for an optimizer, which knows only its
-    parameters: raise if a module owning one of ``params`` holds an unconsumed cache
-    (named by class here: only the model knows the dotted names)."""
+    """For an optimizer's step, which knows only its parameters: raise if a module owning one of ``params``
+    holds a cache that no backward consumed (a forgotten backward: the gradients are not that forward's).
+    Modules are named by class here: only the model knows the dotted names."""
     if not _unconsumed:  # the usual case: one cheap test
         return
     ids = {id(p) for p in params}
@@ -295,5 +352,7 @@ def check_parameters_saved_consumed(params):
         type(module).__name__ for module in list(_unconsumed)
         if any(isinstance(value, Parameter) and id(value) in ids for value in vars(module).values()))
     if counts:
-        raise RuntimeError(unconsumed_message([f"{name} x{n}" for name, n in sorted(counts.items())])
-                           + " model.check_saved_consumed() names each module.")
+        raise RuntimeError("optimizer step over gradients that are not a whole step's: a forward ran with "
+                           "gradients on and backward never consumed the cache of "
+                           + ", ".join(f"{name} x{n}" for name, n in sorted(counts.items())) + " (model."
+                           "check_saved_consumed() names each module). " + WHAT_TO_DO)

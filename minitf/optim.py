@@ -108,7 +108,9 @@ class Optimizer:
 
     def step(self, grad=None):
         """One update of the range ``[lo, hi)`` of the parameters with ``grad`` (default: that range of the flat
-        gradient buffer; ZeRO-1 passes the reduce-scattered shard)."""
+        gradient buffer; ZeRO-1 passes the reduce-scattered shard). Raises, before changing anything, if a forward
+        over these parameters ran with gradients on and no backward consumed its cache."""
+        check_parameters_saved_consumed(self.params)
         self.step_count += 1
         data = self.flat.data[self.lo:self.hi]
         self.update_range(data, self.flat.grad[self.lo:self.hi] if grad is None else grad,
@@ -126,9 +128,7 @@ class Optimizer:
         return self.lr(step) if callable(self.lr) else self.lr
 
     def zero_grad(self):
-        """Zero every gradient (one whole-buffer write), after checking that no forward
-        over these parameters was left without its backward."""
-        check_parameters_saved_consumed(self.params)
+        """Zero every gradient (one whole-buffer write; only that: between a forward and its backward too)."""
         backend.by_rows(_fill_zero, self.flat.grad)        # self.flat.grad.fill(0), chunks on threads
 
     def state_dict(self):
@@ -271,7 +271,6 @@ class MixedPrecision:
         self.good_steps, self.overflows = 0, 0
 
     def zero_grad(self):
-        check_parameters_saved_consumed(self.params)
         backend.by_rows(_fill_zero, self.model_flat.grad)  # self.model_flat.grad.fill(0), chunks on threads
 
     def unscale_grads(self):

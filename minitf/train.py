@@ -366,7 +366,7 @@ def every_core_command(argv, device=None):
 def launch(argv, started, start_up=None):
     """The command ``python train.py``, before any rank starts: the flags and the run's config are checked
     here (one line and the exit status of a rank's refusal, without starting ``mpiexec``); then this
-    process becomes ``mpiexec`` with one rank per core (not returning), or returns None to run here.
+    process runs ``mpiexec`` with one rank per core and returns its exit status, or returns None to run here.
     ``start_up``: train.py's Ctrl-C handling until then (one line, 130)."""
     args = build_parser().parse_args(argv)  # --help, an unknown or bad flag: here, as argparse reads them
     status = report_errors("train.py", lambda _: check_command(args, argv), argv, memory_hint="")
@@ -381,13 +381,18 @@ def launch(argv, started, start_up=None):
         if line:
             print(line, file=sys.stderr, flush=True)
         return None
-    print(line, file=sys.stderr, flush=True)
+    sys.stderr.flush()
+    os.write(2, (line + "\n").encode())  # one write: a Ctrl-C's line (train.StartUp) cannot land inside it
     env = dict(os.environ, MINITF_COMMAND_START=repr(started),  # the ranks count the whole command from here
                MINITF_SITE_AFTER_HANDLER="1",  # train.py imports site itself in the ranks it started with -S
+               **{training.STDERR_TERMINAL_ENV: str(int(sys.stderr.isatty()))},  # a rank's stderr is mpiexec's pipe
                **{name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
     if start_up is not None:
         start_up.pause("launch")
-    os.execve(command[0], command, env)  # mpiexec takes this process's place: signals reach it, and the ranks
+    from minitf.training.distributed import run_ranks
+
+    ranks = int(command[command.index("-n") + 1])
+    return run_ranks(command, env, ranks)  # signals reach this process, passed on once the ranks hold them
 
 
 def command_start(started):

@@ -28,7 +28,7 @@ def _train(words, rng, vocab_size):
     return model.getvalue()
 
 
-def _vocab(models, rng, codes, drop):
+def _vocab(models, rng, codes, drop, missing=()):
     import sentencepiece
 
     pieces = []
@@ -41,24 +41,27 @@ def _vocab(models, rng, codes, drop):
     rng.shuffle(pieces)
     vocab = {"</s>": 0, "<unk>": 1}
     for piece in list(codes) + pieces[drop:]:  # the first `drop` shuffled pieces are not in the vocabulary
-        vocab.setdefault(piece, len(vocab))
+        if piece not in missing:
+            vocab.setdefault(piece, len(vocab))
     vocab["<pad>"] = len(vocab)
     return vocab
 
 
-def write_tokenizer_files(folder, seed=0, spm_size=60, separate=False, codes=CODES, drop=4):
+def write_tokenizer_files(folder, seed=0, spm_size=60, separate=False, codes=CODES, drop=4, source_words=SOURCE_WORDS,
+                          missing=()):
     """Write source.spm, target.spm, vocab.json (and target_vocab.json with ``separate``) and
     tokenizer_config.json into ``folder``; returns the vocabulary size (the <pad> id + 1; with
-    ``separate``, both vocabularies have that size)."""
+    ``separate``, both vocabularies have that size). ``source_words``: what the source model is trained on;
+    ``missing``: pieces left out of the vocabularies (besides the ``drop`` first shuffled ones)."""
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    source, target = _train(SOURCE_WORDS, rng, spm_size), _train(TARGET_WORDS, rng, spm_size)
+    source, target = _train(source_words, rng, spm_size), _train(TARGET_WORDS, rng, spm_size)
     (folder / "source.spm").write_bytes(source)
     (folder / "target.spm").write_bytes(target)
     config = {"source_lang": "de", "target_lang": "en"}
     if separate:
-        vocab, target_vocab = _vocab([source], rng, codes, drop), _vocab([target], rng, (), drop)
+        vocab, target_vocab = _vocab([source], rng, codes, drop, missing), _vocab([target], rng, (), drop, missing)
         # equal sizes, <pad> the same id, as Marian's converter makes them (a longer one loses pieces)
         size = min(len(vocab), len(target_vocab))
         vocab, target_vocab = ({piece: i for piece, i in v.items() if i < size - 1} | {"<pad>": size - 1}
@@ -66,7 +69,7 @@ def write_tokenizer_files(folder, seed=0, spm_size=60, separate=False, codes=COD
         (folder / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False), encoding="utf-8")
         config["separate_vocabs"] = True
     else:
-        vocab = _vocab([source, target], rng, codes, drop)
+        vocab = _vocab([source, target], rng, codes, drop, missing)
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     return len(vocab)
@@ -82,13 +85,13 @@ def generation_config(pad, **changes):
             "renormalize_logits": True} | changes
 
 
-def minitf_marian_folder(folder, seed=3):
+def minitf_marian_folder(folder, seed=3, **tokenizer_files):
     """A random Marian-shaped minitf.Transformer (2+2 layers, d_model 16, SiLU, halves positions, an output bias,
     pad as the decoder's start, eos 0) saved by minitf's own writer into ``folder`` with tokenizer files trained
-    here; returns the model. No torch needed."""
+    here (``tokenizer_files``: :func:`write_tokenizer_files`'s options); returns the model. No torch needed."""
     import minitf
     from minitf.nmt import marian
-    V = write_tokenizer_files(folder)
+    V = write_tokenizer_files(folder, **tokenizer_files)
     minitf.manual_seed(seed)
     model = minitf.Transformer(V, V, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, d_ff=32,
                                dropout=0.0, pad_id=V - 1, activation="silu", positions="halves", output_bias=True,

@@ -686,3 +686,40 @@ def test_unknown_characters_of_a_marian_folder_are_read_on_its_source_side(tmp_p
     assert unknown_characters(tokenizer, ">>fra<< Die Katze schläft") == []
     assert unknown_characters(tokenizer, "Die <pad> Katze") == []
     assert unknown_characters(tokenizer, ">>xyz<< Die ☃ Katze") == [">>xyz<<", "☃"]
+
+
+#: A source model trained on these words too makes "Die" and "Ärztin" pieces of their own ("▁Die", "▁Ärztin").
+DOCTOR_WORDS = ["Die", "Ärztin"] * 4
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_unknown_text_is_read_from_the_sentences_ids_not_from_single_characters(tmp_path, capsys, separate):
+    """A vocabulary without the standalone piece "i" (a character encoded alone: "▁", "i") that still encodes
+    "Die Ärztin" without an <unk> id ("▁Die", "▁Ärztin"): nothing is said. It used to warn that "i" is unknown.
+    A piece the vocabulary lacks is named as the text that produced it (a word, not its letters), and the
+    reference is read on the target side."""
+    pytest.importorskip("sentencepiece")
+    from minitf.inspect import unknown_characters
+    from minitf.nmt.marian_tokenizer import MarianTokenizer
+    from tests.marian_files import SOURCE_WORDS, minitf_marian_folder, write_tokenizer_files
+
+    words = SOURCE_WORDS + DOCTOR_WORDS
+    write_tokenizer_files(tmp_path / "i", separate=separate, drop=0, source_words=words, missing=("i",))
+    tokenizer = MarianTokenizer.from_folder(tmp_path / "i")
+    assert tokenizer.pieces("Die Ärztin") == ["▁Die", "▁Ärztin"] and "i" not in tokenizer.vocab
+    unk = tokenizer.unk_id
+    assert unk not in tokenizer.encode(["Die Ärztin"])[0] and unk in tokenizer.encode(["i"])[0]
+    assert unknown_characters(tokenizer, "Die Ärztin") == []
+    assert unknown_characters(tokenizer, "Die Ärztin ☃") == ["☃"]
+    write_tokenizer_files(tmp_path / "word", separate=separate, drop=0, source_words=words, missing=("▁Ärztin",))
+    tokenizer = MarianTokenizer.from_folder(tmp_path / "word")
+    assert unknown_characters(tokenizer, "Die Ärztin") == ["Ärztin"]
+    folder = tmp_path / "opus"
+    minitf_marian_folder(folder, source_words=words, missing=("i",), drop=0, separate=separate)
+    code, err, _ = run_inspect(["--checkpoint", folder, "--text", "Die Ärztin", "--beam", 1, "--out",
+                                tmp_path / "page.html"], capsys)
+    assert code == 0 and err == [], err
+    code, err, _ = run_inspect(["--checkpoint", folder, "--text", "Die Ärztin ☃", "--reference", "The dog.",
+                                "--out", tmp_path / "page.html"], capsys)
+    assert code == 0 and len(err) == 1 and err[0].startswith("warning: --text has characters the tokenizer does "
+                                                             "not know: ☃ ("), err

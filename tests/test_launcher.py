@@ -10,6 +10,7 @@ import contextlib
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -420,6 +421,137 @@ def test_ctrl_c_while_a_rank_imports_site_is_one_line_and_130(tmp_path):
     assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), lines
     assert_one_clean_line(lines, status, 130, "^train.py: error: interrupted \\(Ctrl-C\\); training had not started")
     assert not run.exists()
+
+
+#: HYPOTHESIS_PROFILE=thorough (the deeper search of every test) sweeps every 50 ms; the suite a few moments.
+THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
+#: Moments of a Ctrl-C, in seconds after train.py's first line ran in the launcher (``test pause: start``, said at
+#: once), and after the launcher's line just before mpiexec starts (mpiexec starting the ranks, their interpreters,
+#: their imports and MPI's start follow it, wherever the launcher's own imports end on a busy machine). A signal
+#: always lands before the run's end.
+SWEEP_FROM_START = [i * 0.05 for i in range(40)] if THOROUGH else [0.0, 0.1, 0.4]
+SWEEP_FROM_LAUNCH = [i * 0.05 for i in range(40)] if THOROUGH else [0.0, 0.02, 0.05, 0.08, 0.12, 0.2, 0.4]
+#: A Ctrl-C that works ends the command within seconds even on a busy machine; one that is lost leaves it training.
+ENDS_WITHIN = 45
+
+
+@contextlib.contextmanager
+def busy_cores(n):
+    """``n`` processes spinning at 100% for the duration: a loaded machine, where every part of the start-up
+    lasts longer (a Ctrl-C 0.4 s after the start ended a rank with MPICH's banner there, and not on an idle one)."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for process in spinning:
+            process.kill()
+            process.wait(30)
+
+
+#: The last line of a command given one Ctrl-C: the start-up's or a phase's one line, or (during training) the stop
+#: after saving a checkpoint.
+INTERRUPTED_LAST = r"^train\.py: error: interrupted|^stopped at step \d+; checkpoint "
+
+
+def start_up_problem(status, lines):
+    """What is wrong with the end of a command given one Ctrl-C (None: nothing): exit status 130, its last line
+    saying it stopped (:data:`INTERRUPTED_LAST`), at most one error line (that one), no traceback and nothing of
+    MPI's but mpiexec's two lines about forwarding it."""
+    if status is None:
+        return f"still running {ENDS_WITHIN} s after the Ctrl-C (lost): {lines}"
+    noise = [line for line in lines if "BAD TERMINATION" in line or "Abort" in line or "MPI" in line
+             or "Traceback" in line or "Fatal" in line or (line.startswith("[mpiexec@")
+                                                           and not line.endswith(MPIEXEC_CTRL_C))]
+    errors = [line for line in lines if "error" in line.lower()]
+    if status != 130 or noise or not lines or not re.search(INTERRUPTED_LAST, lines[-1]) or len(errors) > 1 \
+            or any(line != lines[-1] for line in errors):
+        return f"status {status}, lines {lines}"
+    return None
+
+
+@needs_mpi
+def test_ctrl_c_at_any_moment_of_the_start_is_one_line_and_130(tmp_path):
+    """One Ctrl-C to the process group at moments swept over the start-up from train.py's first line, with a core
+    kept busy: the launcher's imports and checks, mpiexec's start, the ranks' interpreters, imports and MPI's
+    start, the first steps: status 130, one last line saying it stopped (before training the one line; during
+    training the checkpoint's), no banner, never lost. It used to be lost (mpiexec forwarded it before it had started a rank: the run
+    trained on, exit 0) or to end a rank before train.py's handler (MPICH's banner, status 2 or 11). The
+    launcher's interpreter before train.py's first line is Python's own (docs/reliability.md)."""
+    data = make_corpus(tmp_path)
+    failures = []
+    with busy_cores(1):
+        for since, delays in (("start", SWEEP_FROM_START), ("launch", SWEEP_FROM_LAUNCH)):
+            for delay in delays:
+                command = start(tmp_path, data + TINY + ["--max-steps", 300, "--eval-every", 1000, "--average", 0,
+                                                         "--bleu-sentences", 0, "--out", tmp_path / "run"],
+                                MINITF_TEST_PAUSE="start:0")
+                try:
+                    command.wait_for("test pause: start" if since == "start" else "ranks through mpiexec")
+                    time.sleep(delay)
+                    command.signal(signal.SIGINT, "group")
+                    try:
+                        status, lines = command.finish(ENDS_WITHIN)
+                    except subprocess.TimeoutExpired:
+                        status, lines = None, list(command.lines)
+                finally:
+                    command.kill()
+                problem = start_up_problem(status, lines)
+                if problem:
+                    failures.append(f"Ctrl-C {delay:.2f} s after the {since}: {problem}")
+                shutil.rmtree(tmp_path / "run", ignore_errors=True)
+    assert not failures, "\n".join(failures)
+
+
+#: A stand-in for mpiexec with one rank: notes each SIGINT it is given (seconds after its start), marks the rank
+#: ready (as train.py's first lines do) after ``MARK_AFTER`` seconds unless it is negative, and ends once it has
+#: ``WANT`` signals, with 130 (0 when none came in 20 s).
+FAKE_MPIEXEC = """import os, signal, sys, time
+start, got = time.monotonic(), []
+signal.signal(signal.SIGINT, lambda signum, frame: got.append(time.monotonic() - start))
+print("fake mpiexec started", flush=True)
+mark, want = float(os.environ["MARK_AFTER"]), int(os.environ["WANT"])
+deadline = start + 20
+while len(got) < want and time.monotonic() < deadline:
+    if 0 <= mark <= time.monotonic() - start:
+        open(os.path.join(os.environ["MINITF_READY_DIR"], "0"), "w").close()
+        mark = -1.0
+    time.sleep(0.01)
+print("signals at", " ".join(f"{t:.2f}" for t in got), flush=True)
+sys.exit(130 if got else 0)
+"""
+
+
+@pytest.mark.parametrize("mark_after, signals", [(1.0, 1), (-1, 2)], ids=["ready-after-1s", "never-ready"])
+def test_the_launcher_passes_a_signal_on_once_the_ranks_hold_it(tmp_path, mark_after, signals):
+    """minitf.training.distributed.run_ranks with a stand-in for mpiexec: a Ctrl-C that comes before the rank has
+    marked that its handler holds it waits for the mark, then reaches mpiexec (it was lost, or ended a rank before
+    train.py's handler); a second Ctrl-C goes on at once even if a rank never marks (a rank that died before
+    train.py's first line: mpiexec's own second Ctrl-C then ends the job); mpiexec's status is the command's."""
+    script = tmp_path / "fake_mpiexec.py"
+    script.write_text(FAKE_MPIEXEC)
+    launcher = ("import os, sys; from minitf.training.distributed import run_ranks; "
+                f"sys.exit(run_ranks([sys.executable, {str(script)!r}], dict(os.environ), 1))")
+    command = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT), MARK_AFTER=str(mark_after),
+                                        WANT=str(signals)), start_new_session=True)
+    try:
+        assert command.stdout.readline().strip() == "fake mpiexec started"
+        sent = []
+        for _ in range(signals):
+            time.sleep(0.3)
+            os.killpg(command.pid, signal.SIGINT)  # the terminal's Ctrl-C: the launcher's group alone
+            sent.append(time.monotonic())
+        status = command.wait(30)
+        times = [float(t) for t in command.stdout.readline().split()[2:]]
+    finally:
+        if command.poll() is None:
+            os.killpg(command.pid, signal.SIGKILL)
+            command.wait(30)
+    assert status == 130 and len(times) == signals, (status, times)
+    if mark_after > 0:
+        assert times[0] >= mark_after, times  # held until the rank marked it holds it
+    else:
+        assert times[0] >= 0.55, times  # the first one waited for the second (at about 0.6 s)
 
 
 @needs_mpi

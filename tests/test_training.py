@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -355,3 +356,45 @@ def test_the_end_of_a_run_says_why_it_kept_no_average(tmp_path, corpus, capsys, 
     lines = [line for line in capsys.readouterr().err.splitlines() if "no average" in line]
     assert len(lines) == 1 and lines[0].startswith("no average of the last 5 checkpoints: ") and why in lines[0], lines
     assert not (run / "checkpoints" / "averaged").exists()
+
+
+def test_progress_in_a_log_file_is_plain_lines_without_carriage_returns(tmp_path):
+    """``python train.py > log 2>&1``: stderr is a file, not a terminal, so no progress bar (tqdm redraws it with
+    a carriage return per step: 886 KB of log for the default run) but one plain line at the first step and then
+    one every 30 s of training; the run's own lines stay."""
+    corpus = make_corpus(tmp_path)
+    log = tmp_path / "log"
+    flags = [flag for flag in TINY if flag != "--no-progress"]
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        result = subprocess.run([sys.executable, "train.py", *corpus, *flags, "--max-steps", "40", "--eval-every", "20",
+                                 "--bleu-sentences", "2", "--average", "0", "--out", str(tmp_path / "run")],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=300)
+    wall = time.monotonic() - started
+    text = log.read_bytes()
+    assert result.returncode == 0, text[-3000:]
+    assert b"\r" not in text, text[:500]
+    lines = text.decode().splitlines()
+    progress = [line for line in lines if line.startswith("progress: step ")]
+    assert 1 <= len(progress) <= 1 + wall / trainer_module.PROGRESS_EVERY, progress
+    assert progress[0].startswith("progress: step 1/40 ") and "loss" in progress[0], progress
+    assert any(line.startswith("step 20 valid:") for line in lines), lines
+
+
+def test_progress_lines_come_at_the_first_step_and_then_every_interval():
+    """The plain lines' cadence: the first step, then not before ``every`` seconds have passed."""
+    import io
+    out = io.StringIO()
+    lines = trainer_module.ProgressLines(total=None, initial=10, file=out, every=3600)
+    for _ in range(50):
+        lines.update(1)
+        lines.set_postfix_str("loss 1.0")
+    lines.write("step 60 valid: loss 1.0")
+    assert out.getvalue().splitlines() == ["progress: step 11, loss 1.0, 0 s", "step 60 valid: loss 1.0"]
+    out = io.StringIO()
+    lines = trainer_module.ProgressLines(total=20, initial=0, file=out, every=0)
+    for _ in range(20):
+        lines.update(1)
+        lines.set_postfix_str("loss 1.0")
+    assert len(out.getvalue().splitlines()) == 20 and out.getvalue().splitlines()[-1].startswith(
+        "progress: step 20/20 (100%), loss 1.0")

@@ -304,20 +304,81 @@ def _tiny_model_and_batch():
     return model, src, tgt
 
 
-def test_a_forward_left_without_its_backward_is_reported_by_name_at_zero_grad():
+def _grads(model):
+    return {name: backend.to_numpy(p.grad).copy() for name, p in model.named_parameters()}
+
+
+def test_zero_grad_between_forward_and_backward_is_pytorchs_order():
+    """``out = model(x); opt.zero_grad(); model.backward(d); opt.step()``: zero_grad only zeroes."""
+    model, src, tgt = _tiny_model_and_batch()
+    model.eval()                                             # no dropout: every forward the same
+    optimizer = minitf.Adam(model.parameters())
+    loss_fn = minitf.LabelSmoothedCrossEntropy(0.1)
+    loss_fn(model(src, tgt), tgt)
+    model.backward(loss_fn.backward())
+    expected = _grads(model)                                 # the gradients of one step, zeroed first
+    for zero_grad in (model.zero_grad, optimizer.zero_grad):
+        loss_fn(model(src, tgt), tgt)                        # forward and loss first ...
+        zero_grad()                                          # ... then zero_grad, before backward
+        model.backward(loss_fn.backward())
+        assert all(np.array_equal(g, expected[name]) for name, g in _grads(model).items())
+    optimizer.step()                                         # every cache consumed: the step runs
+    assert optimizer.step_count == 1
+
+
+def test_a_forgotten_backward_is_caught_at_the_next_forward_and_at_the_step():
     model, src, tgt = _tiny_model_and_batch()
     optimizer = minitf.Adam(model.parameters())
+    def caches():
+        return [len(m.__dict__.get("_saved", ())) for m in model.modules()]
+
     model(src, tgt)                                          # gradients on, and no backward
-    with pytest.raises(RuntimeError, match=r"encoder\.layers\.0\.self_attn \(MultiHeadAttention, 1 cache\)"):
-        model.zero_grad()
-    with pytest.raises(RuntimeError, match="MultiHeadAttention x3"):
-        optimizer.zero_grad()
-    model(src, tgt)                                          # a second one: the stacks would grow
-    with pytest.raises(RuntimeError, match=r"decoder\.layers\.0\.ff_block\.norm \(LayerNorm, 2 caches\)"):
-        model.zero_grad()
+    model.zero_grad()                                        # zeroing is no harm
+    before = caches()
+    with pytest.raises(RuntimeError, match=r"Transformer\.forward ran with gradients on over the cache of an "
+                                           r"earlier forward that no backward consumed: "
+                                           r"src_embed \(Embedding\), src_dropout \(Dropout\), "
+                                           r"tgt_dropout \(Dropout\) and 20 more modules\. Call backward"):
+        model(src, tgt)                                      # a second one would grow every stack
+    assert caches() == before                                # and it added nothing
+    with pytest.raises(RuntimeError, match="MultiHeadAttention x3.*model.check_saved_consumed"):
+        optimizer.step()                                     # a step over stale gradients
+    assert optimizer.step_count == 0
+    with minitf.no_grad():                                   # evaluation saves nothing: no harm
+        model(src, tgt)
     model.clear_saved()                                      # after an aborted step: legal again
-    model.zero_grad()
-    optimizer.zero_grad()
+    model(src, tgt)
+    with pytest.raises(RuntimeError, match=r"model\.clear_saved\(\)"):
+        model(src, tgt)
+
+
+def test_a_forward_that_raises_leaves_no_cache_behind():
+    model, src, tgt = _tiny_model_and_batch()
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("the output projection")
+
+    model.generator.forward = out_of_memory                  # after the encoder and decoder have pushed theirs
+    with pytest.raises(MemoryError):
+        model(src, tgt)
+    del model.generator.forward
+    model.check_saved_consumed()                             # the aborted forward's caches are gone
+    model(src, tgt)                                          # not reported as a forgotten backward
+
+
+def test_layer_checks_may_stack_two_forwards_before_their_backwards():
+    """The gradient check's cache rule calls a layer twice before its two backwards (as a
+    shared layer is called twice in one forward): inside stacked_forwards() that is allowed."""
+    from minitf.module import stacked_forwards
+    model, src, tgt = _tiny_model_and_batch()
+    layer = model.encoder.layers[0]
+    x = random_array(np.random.default_rng(0), (1, 4, 8))
+    with stacked_forwards():
+        layer(x, None)
+        layer(x * 2, None)
+    layer.backward(np.ones((1, 4, 8)))
+    layer.backward(np.ones((1, 4, 8)))
+    model.check_saved_consumed()
 
 
 def test_consumed_or_unsaved_caches_pass_zero_grad():

@@ -413,6 +413,42 @@ def test_a_marian_folder_refuses_a_line_past_its_positions_as_transformers_does(
     assert code == 2 and "use at most 63" in one_error_line(err, "minitf.translate")
 
 
+@pytest.mark.parametrize("flags, named", [(["--max-new-tokens", 99999999998, "--beam", 1], "--max-new-tokens"),
+                                           (["--beam", 10 ** 12, "--max-new-tokens", 8], "--beam")])
+def test_out_of_memory_names_the_setting_that_drove_it(tmp_path, capsys, monkeypatch, flags, named):
+    """A Marian folder of 99,999,999,999 positions (minitf's own writer: no torch) lets --max-new-tokens 99999999998 pass
+    the context check: decoding one sentence greedily then asks for 745 GiB, and the line said "use a smaller
+    --batch-size or --beam", neither of which can help. It names the setting whose value drove the arrays
+    (sentences x beams x output tokens), and says the numbers."""
+    pytest.importorskip("sentencepiece")
+    from tests.marian_files import minitf_marian_folder
+
+    folder = tmp_path / "opus"
+    minitf_marian_folder(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 99999999999}))
+    code, err, out = translate(["--checkpoint", folder, *flags], capsys, b"Der Hund.\n", monkeypatch, tmp_path)
+    line = one_error_line(err, "minitf.translate")
+    assert code == 1 and out == "" and "out of memory" in line and line.endswith(f"use a smaller {named}"), line
+    others = {"--max-new-tokens", "--beam", "--batch-size"} - {named}
+    assert not any(f"smaller {flag}" in line or f"or {flag}" in line for flag in others), line
+
+
+def test_the_driver_of_decodings_memory_is_the_setting_far_above_its_usual_size():
+    """Sentences against 64, beams against 4, the output cap against source length + 50: the one more than twice
+    its usual size is named; none, and the hint names --batch-size or --beam as before."""
+    from minitf.nmt.decode import DecodingOutOfMemory
+    from minitf.nmt.translate import memory_hint
+
+    cases = {(100000, 4, 60, 10): "--batch-size", (1, 64, 60, 10): "--beam", (1, 1, 10 ** 11, 5): "--max-new-tokens",
+             (64, 4, 60, 10): "--batch-size or --beam", (100, 6, 100, 30): "--batch-size or --beam"}
+    for (sentences, beam, steps, source), flag in cases.items():
+        error = DecodingOutOfMemory(MemoryError("Unable to allocate"), sentences, beam, steps, source)
+        assert memory_hint(error) == f"use a smaller {flag}", (sentences, beam, steps, source)
+        assert f"decoding {sentences} sentence" in str(error) and f"outputs of up to {steps} tokens" in str(error)
+    assert memory_hint(MemoryError()) == "use a smaller --batch-size or --beam"
+
+
 def test_the_trainers_validation_says_how_many_sentences_were_cut_to_its_max_len(tmp_path, capsys):
     """A run of --max-len 14 whose validation and test sentences are mostly longer: the run does not stop at its
     end (its BLEU cannot refuse them), and each BLEU line says how many were cut to its positions and what to do."""

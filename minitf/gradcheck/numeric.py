@@ -12,7 +12,7 @@ rounding error of L swamps the O(h^2) term.
 """
 from minitf import backend
 from minitf.backend import xp
-from minitf.module import no_grad
+from minitf.module import no_grad, stacked_forwards
 
 
 def numerical_gradient(f, x, h=1e-6):
@@ -57,6 +57,17 @@ def as_tuple(value):
     return value if isinstance(value, tuple) else (value,)
 
 
+def run_forward(forward, arrays, reseed=None):
+    """``forward(*arrays)`` as a tuple, after ``backend.manual_seed(reseed)`` if set (the same dropout mask each
+    time). A check calls a layer alone, sometimes twice before the two backwards (the cache rule) and with a
+    learner's backward that may leave a cache behind: the checks judge the caches themselves, so the forward
+    runs inside :func:`minitf.module.stacked_forwards`."""
+    if reseed is not None:
+        backend.manual_seed(reseed)
+    with stacked_forwards():
+        return as_tuple(forward(*arrays))
+
+
 def upstream_gradients(outputs, seed):
     """The random upstream gradient G (one array per output, N(0, 1)) that makes
     ``L = sum(forward(inputs) * G)`` a scalar: a stream of its own, so that G does not
@@ -98,12 +109,7 @@ def compare_gradients(forward, backward, inputs, params=(), seed=0, h=1e-6, rese
     names, arrays = list(inputs), list(inputs.values())
     params = dict(params)
 
-    def run_forward():
-        if reseed is not None:
-            backend.manual_seed(reseed)
-        return as_tuple(forward(*arrays))
-
-    outputs = run_forward()
+    outputs = run_forward(forward, arrays, reseed)
     G = upstream_gradients(outputs, seed)
     for p in params.values():
         p.grad[...] = 0
@@ -111,7 +117,7 @@ def compare_gradients(forward, backward, inputs, params=(), seed=0, h=1e-6, rese
 
     def loss():
         with no_grad():
-            return sum(float((o * g).sum()) for o, g in zip(run_forward(), G))
+            return sum(float((o * g).sum()) for o, g in zip(run_forward(forward, arrays, reseed), G))
 
     report = []
     for name, array, analytic in zip(names, arrays, input_grads):

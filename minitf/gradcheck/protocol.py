@@ -5,7 +5,7 @@ of its own forward. Each rule broken is one line, naming the array and the fix.
 """
 from minitf import backend
 from minitf.backend import xp
-from minitf.gradcheck.numeric import as_tuple, compare_gradients, gradients_match, upstream_gradients
+from minitf.gradcheck.numeric import as_tuple, compare_gradients, gradients_match, run_forward, upstream_gradients
 from minitf.module import no_grad
 
 
@@ -99,10 +99,8 @@ def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None,
                     owned[name][...] = p.grad  # keep what this backward computed, in the array it found
                 p.grad = owned[name]
 
-    def run_forward():
-        if reseed is not None:
-            backend.manual_seed(reseed)
-        return as_tuple(forward(*arrays))
+    def forward_once():
+        return run_forward(forward, arrays, reseed)
 
     if caches:  # first: one rule needs the very first forward of the check to be on other inputs
         problems += cache_problems(forward, backward, inputs, params, seed=seed, reseed=reseed)
@@ -128,7 +126,7 @@ def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None,
         return found
 
     before = snapshot()
-    outputs = run_forward()
+    outputs = forward_once()
     problems += mutations(before, "forward")
     before = snapshot()
     G = upstream_gradients(outputs, seed)
@@ -166,7 +164,7 @@ def protocol_problems(forward, backward, inputs, params=(), seed=0, reseed=None,
         held = {n: rng.standard_normal(p.shape) for n, p in params.items()}
         for name, p in params.items():
             p.grad[...] = backend.asarray(held[name], dtype=p.grad.dtype)
-        run_forward()
+        forward_once()
         backward(tuple(backend.asarray(g) for g in G_before) if len(G) > 1 else backend.asarray(G_before[0]))
         check_rebound()
         for name, p in params.items():
@@ -223,9 +221,7 @@ def cache_problems(forward, backward, inputs, params=(), seed=0, reseed=None, h=
     directions |= {"." + n: rng.standard_normal(p.shape) for n, p in params.items()}
 
     def run(values):
-        if reseed is not None:
-            backend.manual_seed(reseed)
-        return as_tuple(forward(*[values[n].copy() if n in floats else values[n] for n in names]))
+        return run_forward(forward, [values[n].copy() if n in floats else values[n] for n in names], reseed)
 
     def zero():
         for p in params.values():

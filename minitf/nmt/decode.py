@@ -481,6 +481,21 @@ def too_long(where, tokens, positions, why):
                      f"{f' ({why})' if why else ''}; shorten it or split it into sentences")
 
 
+class DecodingOutOfMemory(MemoryError):
+    """Decoding a batch ran out of memory. Its arrays grow with sentences x beams x output tokens; ``driver``
+    names the one of those whose value drove them, far above its usual size ("max_len": the output cap against
+    the default of source length + 50; "beam": against 4; "batch_size": sentences against 64), or None when
+    none stands out; the message says the numbers."""
+
+    def __init__(self, error, sentences, beam, steps, source):
+        ratios = {"max_len": steps / (source + 50), "beam": beam / 4, "batch_size": sentences / 64}
+        driver = max(ratios, key=ratios.get)
+        self.driver = driver if ratios[driver] > 2 else None
+        self.sentences, self.beam, self.steps = sentences, beam, steps
+        super().__init__(f"{error or 'MemoryError'}; decoding {sentences} sentence{'s' if sentences > 1 else ''} "
+                         f"of up to {source} tokens with beam {beam} and outputs of up to {steps} tokens")
+
+
 def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=64, max_len=None, min_len=1,
                     rules=None, settings=None, where=None, cut_long=False, why=""):
     """Translate a list of sentences; batches of similar length, output in input order. The source ends in
@@ -516,11 +531,14 @@ def translate_texts(model, tokenizer, texts, beam_size=4, alpha=0.6, batch_size=
             caps = backend.host.array([len(ids[i]) + 1 + 50 if max_len is None else max_len for i in chunk])
             if positions is not None:
                 caps = backend.host.minimum(caps, positions - 1)
-            if beam_size == 1:
-                tokens = greedy_decode(model, src, max_len=caps, min_len=min_len, rules=rules, **special)
-            else:
-                tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha, max_len=caps, min_len=min_len,
-                                     rules=rules, **special)
+            try:
+                if beam_size == 1:
+                    tokens = greedy_decode(model, src, max_len=caps, min_len=min_len, rules=rules, **special)
+                else:
+                    tokens = beam_search(model, src, beam_size=beam_size, alpha=alpha, max_len=caps,
+                                         min_len=min_len, rules=rules, **special)
+            except MemoryError as error:  # which setting drove it, for the one line (DecodingOutOfMemory.driver)
+                raise DecodingOutOfMemory(error, len(chunk), beam_size, int(caps.max()), src.shape[1]) from None
             for i, t in zip(chunk, tokens):
                 outputs[i] = t
     return tokenizer.decode(outputs)

@@ -266,6 +266,14 @@ class MarianTokenizer:
         unk = self.target_unk_id if target else self.unk_id
         return [[table.get(piece, unk) for piece in self.pieces(text, target)] for text in texts]
 
+    def unknown_pieces(self, text, target=False):
+        """What of ``text`` became ``<unk>``'s id, read from its pieces (the ids :meth:`encode` gives, or
+        :meth:`encode_target`'s): each piece the vocabulary lacks, as the text that produced it (a word piece
+        without its word-start mark, a language code whole), in order. A ``<unk>`` written in the text is no
+        unknown text."""
+        table = self.target_vocab if target else self.vocab
+        return [piece.replace(_WORD_START, "") or piece for piece in self.pieces(text, target) if piece not in table]
+
     def encode(self, texts):
         """Source ids of each text of a list, as ``MarianTokenizer(texts)`` without the final ``</s>``."""
         return self._encode(texts, target=False)

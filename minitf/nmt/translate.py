@@ -122,9 +122,20 @@ def run(argv=None):
     return 0
 
 
+#: The flag of each setting that can drive decoding's memory (minitf.nmt.decode.DecodingOutOfMemory.driver).
+MEMORY_FLAGS = {"max_len": "--max-new-tokens", "beam": "--beam", "batch_size": "--batch-size"}
+
+
+def memory_hint(error):
+    """What to lower after running out of memory: the flag of the setting that drove decoding's arrays, or
+    --batch-size or --beam when none stands out (or the memory ran out elsewhere)."""
+    flag = MEMORY_FLAGS.get(getattr(error, "driver", None))
+    return f"use a smaller {flag}" if flag else "use a smaller --batch-size or --beam"
+
+
 def main(argv=None):
     backend.keep_freed_memory()  # decoding's temporaries reuse freed memory (see train.py)
-    return report_errors("minitf.translate", run, argv, memory_hint="use a smaller --batch-size or --beam")
+    return report_errors("minitf.translate", run, argv, memory_hint=memory_hint)
 
 
 if __name__ == "__main__":

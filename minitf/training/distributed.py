@@ -29,6 +29,9 @@ INTERRUPTED = (130, 143)
 _OBJECT_TAG = 7
 #: The MPI tag of rank 0's failure notice (its exit status) on the control communicator (``MpiWorld.tell_failure``).
 _FAILED_TAG = 8
+#: The MPI tag of a rank's notice that it stopped on a signal (its exit status), to every other rank
+#: (``MpiWorld.tell_stopped``).
+_STOPPED_TAG = 9
 
 
 class RootFailed(BaseException):
@@ -39,6 +42,88 @@ class RootFailed(BaseException):
     def __init__(self, status):
         super().__init__(status)
         self.status = status
+
+
+#: The folder where each rank of the launcher's ``mpiexec`` marks that train.py's Ctrl-C handler holds (``train.py``).
+READY_ENV = "MINITF_READY_DIR"
+#: What the launcher passes on to ``mpiexec``, once every rank is ready for it (:func:`run_ranks`).
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_ranks(command, env, ranks):
+    """Run ``command`` (``mpiexec`` starting ``ranks`` ranks of train.py) and return its exit status (128 + N when
+    signal N ended it). ``mpiexec`` runs in a session of its own, as it starts the ranks, so a terminal's Ctrl-C (or
+    ``kill``) reaches this process alone, which passes each signal on once every rank has said, by a file in
+    ``READY_ENV``'s folder, that train.py's handler holds it. A signal passed on at once was lost when ``mpiexec``
+    had not started the ranks yet (the run trained on), or ended a rank before its handler (MPICH's banner). A
+    second signal goes on at once with the first, ready or not (a rank that died before train.py's first line
+    never marks: ``mpiexec``'s own second Ctrl-C then ends the job)."""
+    import select
+    import shutil
+    import subprocess
+    import tempfile
+
+    ready = tempfile.mkdtemp(prefix="minitf-ranks-")
+    wake, woken = os.pipe()
+    os.set_blocking(woken, False)
+    # counted by the Python handler, which runs in this process only: the child between fork and exec (still in
+    # this process group, so a Ctrl-C reaches it too) writes to the wakeup pipe as well, which only wakes the wait
+    held = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in FORWARDED}
+    before = signal.set_wakeup_fd(woken)
+    process = ended = None
+    try:
+        process = subprocess.Popen(command, env=dict(env, **{READY_ENV: ready}), stdin=subprocess.DEVNULL,
+                                   start_new_session=True, preexec_fn=_end_with_the_launcher())
+        ended = os.pidfd_open(process.pid) if hasattr(os, "pidfd_open") else None
+        while process.poll() is None:
+            # a signal wakes the wait (set_wakeup_fd); while one waits for the ranks, look every 10 ms
+            timeout = 0.01 if held else (None if ended is not None else 0.1)
+            readable = select.select([wake] + ([ended] if ended is not None else []), [], [], timeout)[0]
+            if wake in readable:
+                os.read(wake, 64)
+            if held and (len(held) > 1 or len(os.listdir(ready)) >= ranks):  # a second one goes on at once
+                passing = held[:]
+                del held[:len(passing)]  # (one that comes meanwhile stays held)
+                for i, signum in enumerate(passing):
+                    if i:
+                        time.sleep(0.05)  # two at once would merge into one: a second Ctrl-C is mpiexec's abort
+                    if process.poll() is None:
+                        process.send_signal(signum)
+        status = process.wait()
+    finally:
+        if ended is not None:
+            os.close(ended)
+        signal.set_wakeup_fd(before)
+        os.close(wake)
+        os.close(woken)
+        if process is None:  # mpiexec never started: the start-up's own handling again
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        shutil.rmtree(ready, ignore_errors=True)
+    return 128 - status if status < 0 else status
+
+
+def _end_with_the_launcher():
+    """The ``preexec_fn`` that has the kernel kill ``mpiexec`` when the launcher dies (``kill -9``: as when the
+    launcher was ``mpiexec`` itself), where prctl exists (Linux); None elsewhere."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+    return lambda: prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
+class PeerStopped(KeyboardInterrupt):
+    """Another rank stopped on signal ``signum`` while this one waited for it, without taking the signal as its own
+    (it was in a collective the other never reached, or had only noted the signal for after its step): this rank
+    stops as on that signal (the interrupted line, status 128 + signum), so that every rank agrees on the ending."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = int(signum)
 
 
 def launched_by_mpi():
@@ -112,6 +197,8 @@ class MpiWorld:
         self.control = self.comm.Dup()  # the end of the job's agreement (:meth:`agree`), apart from the run's messages
         self.pending = 0
         self.notices = []  # rank 0: the failure notices it sent; another rank: the one it received (tell_failure)
+        self.stops_sent, self.stops_heard = [], set()  # tell_stopped's notices: sent, and the ranks heard from
+        self.told_by = ()  # the ranks that sent a stop notice (from the agreement)
         self._collectives = None
 
     def _wait(self, request, deadline=None, listen=True):
@@ -134,10 +221,23 @@ class MpiWorld:
         return True
 
     def _listen(self):
-        """Raise :class:`RootFailed` if rank 0 has sent its failure notice (never on rank 0)."""
+        """Raise :class:`RootFailed` if rank 0 has sent its failure notice (never on rank 0), :class:`PeerStopped`
+        if another rank has said that it stopped on a signal (:meth:`tell_stopped`)."""
         if not self.is_root and not self.notices and self.control.Iprobe(source=0, tag=_FAILED_TAG):
             self.notices.append(self.control.recv(source=0, tag=_FAILED_TAG))
             raise RootFailed(self.notices[0])
+        found = self.MPI.Status()
+        if not self.stops_heard and self.control.Iprobe(source=self.MPI.ANY_SOURCE, tag=_STOPPED_TAG, status=found):
+            source = found.Get_source()
+            status = self.control.recv(source=source, tag=_STOPPED_TAG)
+            self.stops_heard.add(source)
+            raise PeerStopped(status - 128)
+
+    def tell_stopped(self, status):
+        """This rank stopped on a signal (``status`` 128 + signum) where it was: tell every other rank, which may be
+        waiting for it in a collective it will never reach; there it raises :class:`PeerStopped`."""
+        self.stops_sent = [self.control.isend(int(status), dest=rank, tag=_STOPPED_TAG)
+                           for rank in range(self.size) if rank != self.rank]
 
     def tell_failure(self, status):
         """Rank 0 failed with ``status``: tell every other rank, which raises :class:`RootFailed` where it waits
@@ -146,8 +246,14 @@ class MpiWorld:
 
     def settle_notices(self, root_status, grace_s):
         """After the agreement: every notice rank 0 sent is received (a rank that failed on its own before it
-        heard takes it now), so that MPI_Finalize finds no message left; ``root_status``: rank 0's agreed status."""
+        heard takes it now), and every stop notice (:attr:`told_by`, from the agreement), so that MPI_Finalize
+        finds no message left; ``root_status``: rank 0's agreed status."""
         deadline = time.monotonic() + grace_s
+        for request in self.stops_sent:
+            self._wait(request, deadline, listen=False)
+        for rank in set(self.told_by) - self.stops_heard - {self.rank}:
+            if self._wait(self.control.irecv(source=rank, tag=_STOPPED_TAG), deadline, listen=False):
+                self.stops_heard.add(rank)
         if self.is_root:
             for request in self.notices:
                 self._wait(request, deadline, listen=False)
@@ -205,15 +311,22 @@ class MpiWorld:
 
     def agree(self, status, grace_s=None):
         """Every rank's exit status in rank order, once every rank has given its own; None if they have not
-        within ``grace_s`` seconds (None: wait for as long as they run)."""
-        every = np.zeros(self.size, dtype=np.int64)
-        request = self.control.Iallgather(np.array([status], dtype=np.int64), every)
+        within ``grace_s`` seconds (None: wait for as long as they run). Also sets :attr:`told_by`, the ranks
+        that sent a stop notice (:meth:`tell_stopped`)."""
+        every = np.zeros(2 * self.size, dtype=np.int64)
+        request = self.control.Iallgather(np.array([status, bool(self.stops_sent)], dtype=np.int64), every)
         deadline = None if grace_s is None else time.monotonic() + grace_s
-        return [int(s) for s in every] if self._wait(request, deadline, listen=False) else None
+        if not self._wait(request, deadline, listen=False):
+            return None
+        self.told_by = tuple(rank for rank in range(self.size) if every[2 * rank + 1])
+        return [int(s) for s in every[0::2]]
 
     def pids(self):
-        """Every rank's process id, on every rank (to tell which rank mpiexec reports dead)."""
-        return self.comm.allgather(os.getpid())
+        """Every rank's process id, on every rank (to tell which rank mpiexec reports dead); a waiting rank takes
+        signals (a blocking allgather held them while another rank stopped before it: MPI_Abort's banner)."""
+        every = np.zeros(self.size, dtype=np.int64)
+        self._wait(self.comm.Iallgather(np.array([os.getpid()], dtype=np.int64), every))
+        return [int(pid) for pid in every]
 
     def abort(self, status):
         self.comm.Abort(status)
@@ -371,9 +484,18 @@ def main(run, argv, prog, grace_s=2.0, **report_options):
         quiet.enter_context(contextlib.redirect_stdout(captured))
         quiet.enter_context(contextlib.redirect_stderr(captured))
     line = None
+    raised = []
+
+    def run_noting(argv):
+        try:
+            return run(argv)
+        except KeyboardInterrupt:  # stopped on a signal where it was: another rank may be waiting for this one
+            raised.append(True)
+            raise
+
     with quiet:
         try:
-            status = report_errors(prog, run, argv, **report_options)
+            status = report_errors(prog, run_noting, argv, **report_options)
         except SystemExit as error:  # argparse: --help (0) or a usage error (2)
             status = error.code if isinstance(error.code, int) else 1
         except KeyboardInterrupt as error:  # a signal just after run's own handling: the same ending
@@ -388,6 +510,8 @@ def main(run, argv, prog, grace_s=2.0, **report_options):
             signal.signal(sig, signal.SIG_IGN)       # second Ctrl-C still kills it)
         if world.is_root and status not in (0,) + INTERRUPTED:  # (a signal reached every rank itself)
             world.tell_failure(status)
+        if raised and status in INTERRUPTED:  # but another rank may only have noted it, or wait for this one
+            world.tell_stopped(status)
         # a finished rank waits for the others for as long as they run, a failed one a few seconds, one
         # stopped by a signal longer (mpiexec sent it to every rank; a busy machine may be slow to deliver it)
         statuses = world.agree(status, None if status == 0 else 5 * grace_s if status in INTERRUPTED else grace_s)

@@ -112,7 +112,8 @@ non_negative = _number(float, lambda value: 0 <= value < float("inf"), "a finite
 
 def report_errors(prog, run, argv, memory_hint, interrupt_message="interrupted"):
     """Run ``run(argv)`` and return its exit status; every expected failure
-    becomes ``prog: error: ...`` on stderr with a non-zero status."""
+    becomes ``prog: error: ...`` on stderr with a non-zero status. ``memory_hint``: what to do after running out
+    of memory, or a function of the MemoryError giving it (the setting that drove that allocation)."""
     def fail(message, status=1):
         print(f"{prog}: error: {message}", file=sys.stderr)
         return status
@@ -126,7 +127,8 @@ def report_errors(prog, run, argv, memory_hint, interrupt_message="interrupted")
             MetricsWriteError) as error:
         return fail(error)
     except MemoryError as error:
-        return fail(f"out of memory ({error or 'MemoryError'}); {memory_hint}")
+        hint = memory_hint(error) if callable(memory_hint) else memory_hint
+        return fail(f"out of memory ({error or 'MemoryError'}); {hint}")
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM (download.Terminated, Interrupted)
         signum = getattr(error, "signum", 2)
         if isinstance(error, Interrupted):
