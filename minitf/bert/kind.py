@@ -82,6 +82,27 @@ class BertKind(Kind):
         return Loaded(model, tokenizer, self, folder, None, context=config.positions,
                       context_why="its max_position_embeddings", hf_config=hf_config)
 
+    # -- what the study tools ask (python -m minitf.trace and minitf.inspect find them here: minitf.bert.study)
+    def walk(self, tracer, model):
+        from minitf.bert.study import bert_walk
+        return bert_walk(tracer, model)
+
+    def page_parts(self, model):
+        from minitf.bert.study import page_parts
+        return page_parts(model)
+
+    def describe_model(self, model):
+        from minitf.bert.study import describe
+        return describe(model)
+
+    def trace_loaded(self, loaded, text):
+        from minitf.bert.study import trace_loaded
+        return trace_loaded(loaded, text)
+
+    def trace_example(self):
+        from minitf.bert.study import trace_example
+        return trace_example()
+
     def write_folder(self, loaded, folder):
         """``loaded`` written as a Hugging Face folder (config.json, model.safetensors: :func:`minitf.bert.hf.
         save_pretrained`, keeping the entries of the config.json it was read from) and its tokenizer's files."""
