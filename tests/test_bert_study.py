@@ -114,3 +114,59 @@ def test_trace_of_a_bert_folder_scores_each_mask_on_its_own_top_candidate(tmp_pa
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
     assert len(err) == 1 and "has no [MASK]" in err[0] and captured.out == ""
+
+
+def test_the_encoder_page_numbers_are_the_models_own():
+    """numbers.encoder on a two-layer masked LM (its kind's parts): each layer's attention is what its attention keeps,
+    in both directions (no zero above the diagonal); the loss is the masks' cross-entropy alone; the gradient per
+    input token is what reaches the word embedding's backward, non-zero at every position."""
+    import minitf
+    from minitf.bert.model import BertConfig, BertForMaskedLM
+    from minitf.study.inspection import numbers, page
+    with default_dtype("float64"):
+        minitf.manual_seed(4)
+        model = BertForMaskedLM(BertConfig(vocab_size=12, d_model=16, num_heads=2, num_layers=2, d_ff=24,
+                                           max_position_embeddings=8)).eval()
+        ids, targets = np.array([1, 5, 3, 7, 2]), np.array([-1, -1, 9, -1, -1])
+        inspection = numbers.encoder(model, ids, targets, parts=kinds.get("bert").page_parts(model))
+        with minitf.no_grad():
+            logits = backend.to_numpy(model(ids[None]))[0]
+    (name, weights), = inspection.attention.items()
+    assert name == "self-attention (both directions)" and weights.shape == (2, 2, 5, 5)
+    above = np.triu_indices(5, 1)  # the keys after each query: a causal mask would zero them
+    assert weights[..., above[0], above[1]].min() > 0 and np.allclose(weights.sum(-1), 1)
+    z = logits[2] - logits[2].max()
+    assert inspection.loss == pytest.approx(np.log(np.exp(z).sum()) - z[9], rel=1e-10) and inspection.num_tokens == 1
+    assert np.isnan(inspection.probability[[0, 1, 3, 4]]).all()
+    assert inspection.embedding_grad.shape == (5,) and inspection.embedding_grad.min() > 0
+    data = page.example_data(inspection, "t", ids, lambda i: f"t{i}", masked=True)
+    assert data["masked"] and data["embedding_grad"]["note"] is None and data["attention"][0]["causal"] is False
+    assert [s["label"] for s in data["walk"] if "label" in s][0].startswith("loss: dlogits")
+
+
+@pytest.mark.extra("torch", "bench")
+@pytest.mark.extra("transformers", "bench")
+@pytest.mark.extra("safetensors", "bench")
+def test_inspect_draws_a_bert_folder_on_a_text_with_a_mask(tmp_path, capsys):
+    """python -m minitf.inspect --checkpoint BERTFOLDER --text '... [MASK] ...': the page's example is the encoder's
+    (its pieces, the mask's top candidates, the walk from the loss to the tables); a text without [MASK] is one line
+    and writes no page."""
+    from minitf.inspect import main as inspect_main
+    from minitf.study.inspection import page
+    from tests.test_bert_classify_train import make_folder
+    folder = make_folder(tmp_path / "folder")
+    out = tmp_path / "page.html"
+    capsys.readouterr()
+    assert inspect_main(["--checkpoint", str(folder), "--text", "the [MASK] sees a dog", "--out", str(out)]) == 0
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    assert data["model"]["kind"] == "encoder" and data["title"].startswith("minitf inspect: BERT")
+    (example,) = data["examples"]
+    assert example["masked"] and example["input"] == ["[CLS]", "the", "[MASK]", "sees", "a", "dog", "[SEP]"]
+    scored = [i for i, p in enumerate(example["predicted"]) if p is not None]
+    assert scored == [2] and example["top"][2][0][0] == example["predicted"][2]
+    assert example["probability"][2] == pytest.approx(example["top"][2][0][1], rel=1e-6)
+    assert len(example["embedding_grad"]["norms"]) == 7
+    bad = tmp_path / "bad.html"
+    assert inspect_main(["--checkpoint", str(folder), "--text", "the cat sees a dog", "--out", str(bad)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no [MASK]" in err[0] and not bad.exists()

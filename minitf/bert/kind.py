@@ -10,7 +10,7 @@ from minitf.bert import hf
 from minitf.bert.config import PRESETS, BertRunConfig, build_run_model, validate
 from minitf.bert.model import BertForMaskedLM, BertForSequenceClassification
 from minitf.training.errors import DataError, UsageError
-from minitf.training.kind import Kind, Loaded
+from minitf.training.kind import Kind, Loaded, Page
 
 
 class BertKind(Kind):
@@ -21,6 +21,10 @@ class BertKind(Kind):
     extends = ("gpt",)  # its runs read the language models' text (minitf.lm.task's flags, files, default text)
     presets = PRESETS
     run_config = BertRunConfig
+    #: One text with [MASK]: attention in both directions, each mask's candidates, the gradient to every token.
+    page = Page("encoder", loss_name="masked-token cross-entropy", text_label="text with [MASK]",
+                score_caption="exp(validation masked-token cross-entropy): lower is better.",
+                no_reference="a masked LM scores the text's own masks on its top candidates")
     use_a_run = ("fill its masks with python -m minitf.fill_mask --checkpoint RUN --text '... [MASK] ...' (a "
                  "classifier: python -m minitf.classify --checkpoint RUN --text '...')")
 
