@@ -21,12 +21,15 @@ module imports no script, and no script imports another (tests/test_architecture
 - Another revision (:func:`load_reference`): ``minitf/*.py`` at a git revision, imported
   as the package ``minitf_ref``.
 """
+import gc
 import importlib
+import json
 import math
 import os
 import pathlib
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -415,3 +418,183 @@ def status_bytes(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024                # reported in kB
     raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+# --------------------------------------------------------------------------- #
+# two frameworks, each in a process of its own, taking turns (llama_step.py, bert_step.py)
+# --------------------------------------------------------------------------- #
+#: Seconds between turns: the idle process's threads stop spinning.
+PAUSE = 0.3
+
+
+def reset_peak():
+    """The resident set now (bytes), after resetting the peak to it (Linux >= 4.0; else the peak keeps the past)."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        pass
+    return status_bytes("VmRSS")
+
+
+def serve_worker(args, side):
+    """A worker process of a script run with ``--worker NAME``: ``side()`` builds its framework's model and work (an
+    object with ``parameters``, ``baseline`` (step parts) and ``run()`` -> {"seconds", ...}); then answer the
+    parent's commands on stdin, one JSON line each on stdout: run, memory, quit."""
+    import warnings
+    warnings.filterwarnings("ignore")                                 # transformers' notices about settings
+    out = sys.stdout
+    sys.stdout = sys.stderr                                           # only the answers go to the parent
+    if args.worker == "PyTorch":
+        import torch
+        import transformers
+        torch.set_num_threads(args.threads)
+        transformers.utils.logging.disable_progress_bar()
+    before = status_bytes("VmRSS")
+    side = side()
+    info = {"parameters": side.parameters, "loaded_mib": (status_bytes("VmRSS") - before) / 2 ** 20,
+            "attention": getattr(side, "attention", None)}
+    if args.worker == "PyTorch":
+        import torch
+        info["threads"] = torch.get_num_threads()
+    else:
+        info["threads"] = minitf.backend.threads()
+    print(json.dumps(info), file=out, flush=True)
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "run":
+            answer = side.run()
+        elif command == "memory":
+            answer = {"peak_mib": (status_bytes("VmHWM") - side.baseline) / 2 ** 20}
+        else:
+            break
+        print(json.dumps(answer), file=out, flush=True)
+
+
+class Worker:
+    """The process of one framework of the script ``script`` (run with ``--worker NAME``), asked one JSON line at a
+    time."""
+
+    def __init__(self, script, name, part, folder, args):
+        env = os.environ | {name: str(args.threads) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                                   "MKL_NUM_THREADS", "MINITF_THREADS")}
+        self.name, self.script = name, os.path.basename(script)
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.abspath(script), "--worker", name, "--part", part, "--folder", str(folder),
+             "--shape", args.shape, "--threads", str(args.threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.info = self.answer()
+
+    def answer(self):
+        line = self.process.stdout.readline()
+        if not line:
+            error = self.process.stderr.read().strip().splitlines()
+            raise SystemExit(f"{self.script}: the {self.name} process failed: {error[-1] if error else 'no output'}")
+        return json.loads(line)
+
+    def ask(self, command):
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.answer()
+
+    def close(self):
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write("quit\n")
+                self.process.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def take_turns(script, part, folder, args):
+    """Both workers of ``part`` of the script ``script``: their info, the warm-up answers, every round's answers, and (step) their memory."""
+    workers = {}
+    try:
+        for name in ("minitf", "PyTorch"):
+            workers[name] = Worker(script, name, part, folder, args)
+        first = {}
+        for name, w in workers.items():
+            first[name] = w.ask("run")                              # the warm-up: equal models, equal outputs
+            time.sleep(PAUSE)
+        rounds = {name: [] for name in workers}
+        for _ in range(args.rounds):
+            for name, w in workers.items():
+                rounds[name].append(w.ask("run"))
+                time.sleep(PAUSE)
+        memory = {name: w.ask("memory")["peak_mib"] for name, w in workers.items()} if part == "step" else None
+        return {name: w.info for name, w in workers.items()}, first, rounds, memory
+    finally:
+        for w in workers.values():
+            w.close()
+
+
+def spread(values, scale=1e3, digits=0):
+    return f"{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}"
+
+
+def summary(rounds):
+    """{"times", "median", "ratio", "round_ratios"} of both frameworks' rounds."""
+    times = {name: [r["seconds"] for r in answers] for name, answers in rounds.items()}
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    return {"times": times, "median": medians, "ratio": medians["minitf"] / medians["PyTorch"],
+            "round_ratios": [a / b for a, b in zip(times["minitf"], times["PyTorch"])]}
+
+
+LOSS_TOLERANCE = 1e-4                           # the first step's losses of the two frameworks, relative
+
+
+def step_report(script, part, folder, args, tokens, title):
+    """Time ``part`` (a training step) of ``script``'s two workers (:func:`take_turns`), print its table under
+    ``title`` (``tokens`` a step) and return every number: the rounds' :func:`summary`, the first step's losses and
+    whether they agree to :data:`LOSS_TOLERANCE`, each side's peak memory."""
+    info, first, rounds, memory = take_turns(script, part, folder, args)
+    losses = {name: answer["loss"] for name, answer in first.items()}
+    relative = abs(losses["minitf"] - losses["PyTorch"]) / abs(losses["PyTorch"])
+    result = summary(rounds) | {"first_loss": losses, "loss_relative_difference": relative,
+                                "losses_agree": relative <= LOSS_TOLERANCE, "peak_mib": memory, "workers": info}
+    print(f"\n## {title}; parameters " + ", ".join(f"{k} {v['parameters']:,}" for k, v in info.items()))
+    print(f"first-step loss: minitf {losses['minitf']:.6f}, PyTorch {losses['PyTorch']:.6f} (relative difference "
+          f"{relative:.1e}: {'equal' if result['losses_agree'] else 'NOT equal'} to {LOSS_TOLERANCE:g})")
+    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
+    print("| framework | median step ms (spread) | tokens/s | peak memory over the loaded model (MiB) |")
+    print("|---|---:|---:|---:|")
+    for name, t in result["times"].items():
+        m = result["median"][name]
+        print(f"| {name} | {m * 1e3:.0f} ({spread(t)}) | {tokens / m:,.0f} | {memory[name]:,.0f} |")
+    print(f"\nminitf / PyTorch: **{result['ratio']:.2f}x** (medians; per-round ratios "
+          f"{spread(result['round_ratios'], 1, 2)}); peak memory **{memory['minitf'] / memory['PyTorch']:.2f}x**")
+    return result
+
+
+def bench_header(parser, script, argv, args):
+    """The comparison's start: refuse (exit 2, one line) a --threads or --rounds below 1, a --json in no folder, a
+    machine without torch, transformers and safetensors; print the command, the date and the machine; return the
+    record the results go into (command, machine, threads, shape, date, rounds)."""
+    for option in ("threads", "rounds"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option} must be at least 1, got {getattr(args, option)}")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        parser.error(f"--json {args.json}: its folder does not exist; give a file in an existing folder")
+    name = os.path.basename(script)
+    try:
+        import torch
+        import transformers
+        import safetensors  # noqa: F401  (minitf reads the folder's model.safetensors with it)
+    except ImportError as error:
+        parser.exit(2, f"{name} needs torch, transformers and safetensors ({error}): pip install -e \".[bench]\"\n")
+    transformers.utils.logging.disable_progress_bar()
+    command = f"python benchmarks/{name} {' '.join(sys.argv[1:] if argv is None else argv)}"
+    machine = (f"{cpu_model()}, {os.cpu_count()} logical CPUs; NumPy {minitf.backend.host.__version__}, BLAS "
+               f"{blas_description()}; PyTorch {torch.__version__}, transformers {transformers.__version__}")
+    date = time.strftime("%Y-%m-%d %H:%M %Z")
+    print(f"- command: `{command}`")
+    print(f"- date: {date}; load average before: {os.getloadavg()[0]:.2f}")
+    print(f"- CPU: {machine}; {args.threads} threads in each framework's process")
+    return {"command": command, "machine": machine, "threads": args.threads, "shape": args.shape, "date": date,
+            "rounds": args.rounds}

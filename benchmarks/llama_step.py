@@ -49,8 +49,6 @@ import gc
 import json
 import os
 import pathlib
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +56,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
-from benchmarks.common import GPT_BETAS, GPT_EPS, GPT_LR, blas_description, cpu_model, status_bytes  # noqa: E402
+from benchmarks.common import (GPT_BETAS, GPT_EPS, GPT_LR, bench_header, reset_peak, serve_worker,  # noqa: E402
+                               spread, step_report, summary, take_turns)
 from minitf.llama.config import PRESETS  # noqa: E402
 
 np = minitf.backend.host
@@ -74,8 +73,6 @@ SHAPES = {
 }
 PARTS = ("step", "generate")
 LR, BETAS, EPS = GPT_LR, GPT_BETAS, GPT_EPS     # one Adam setting for both frameworks (as benchmarks/gpt_step.py)
-PAUSE = 0.3                                     # seconds between turns: the idle process's threads stop spinning
-LOSS_TOLERANCE = 1e-4                           # the first step's losses, relative
 
 
 # --------------------------------------------------------------------------- #
@@ -115,17 +112,6 @@ def prompt_ids(shape, seed=2):
 # --------------------------------------------------------------------------- #
 # the worker: one framework, one part, in a process of its own
 # --------------------------------------------------------------------------- #
-
-
-def reset_peak():
-    """The resident set now (bytes), after resetting the peak to it (Linux >= 4.0; else the peak keeps the past)."""
-    gc.collect()
-    try:
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")
-    except OSError:
-        pass
-    return status_bytes("VmRSS")
 
 
 class MinitfSide:
@@ -198,139 +184,20 @@ class TorchSide:
         return {"seconds": time.perf_counter() - start, "tokens": ids[:, self.prompts.shape[1]:].tolist()}
 
 
-def worker(args):
-    """Answer the parent's commands on stdin, one JSON line each on stdout: run, memory, quit."""
-    import warnings
-    warnings.filterwarnings("ignore")                                 # transformers' notices about settings
-    out = sys.stdout
-    sys.stdout = sys.stderr                                           # only the answers go to the parent
-    if args.worker == "PyTorch":
-        import torch
-        import transformers
-        torch.set_num_threads(args.threads)
-        transformers.utils.logging.disable_progress_bar()
-    before = status_bytes("VmRSS")
-    side = (MinitfSide if args.worker == "minitf" else TorchSide)(args.folder, SHAPES[args.shape], args.part)
-    info = {"parameters": side.parameters, "loaded_mib": (status_bytes("VmRSS") - before) / 2 ** 20,
-            "attention": getattr(side, "attention", None)}
-    if args.worker == "PyTorch":
-        import torch
-        info["threads"] = torch.get_num_threads()
-    else:
-        info["threads"] = minitf.backend.threads()
-    print(json.dumps(info), file=out, flush=True)
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "run":
-            answer = side.run()
-        elif command == "memory":
-            answer = {"peak_mib": (status_bytes("VmHWM") - side.baseline) / 2 ** 20}
-        else:
-            break
-        print(json.dumps(answer), file=out, flush=True)
-
-
 # --------------------------------------------------------------------------- #
 # the parent: two workers, taking turns
 # --------------------------------------------------------------------------- #
-class Worker:
-    def __init__(self, name, part, folder, args):
-        env = os.environ | {name: str(args.threads) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                                                   "MKL_NUM_THREADS", "MINITF_THREADS")}
-        self.name = name
-        self.process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", name, "--part", part, "--folder", str(folder),
-             "--shape", args.shape, "--threads", str(args.threads)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.info = self.answer()
-
-    def answer(self):
-        line = self.process.stdout.readline()
-        if not line:
-            error = self.process.stderr.read().strip().splitlines()
-            raise SystemExit(f"llama_step.py: the {self.name} process failed: {error[-1] if error else 'no output'}")
-        return json.loads(line)
-
-    def ask(self, command):
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        return self.answer()
-
-    def close(self):
-        if self.process.poll() is None:
-            try:
-                self.process.stdin.write("quit\n")
-                self.process.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def take_turns(part, folder, args):
-    """Both workers of ``part``: their info, the warm-up answers, every round's answers, and (step) their memory."""
-    workers = {}
-    try:
-        for name in ("minitf", "PyTorch"):
-            workers[name] = Worker(name, part, folder, args)
-        first = {}
-        for name, w in workers.items():
-            first[name] = w.ask("run")                              # the warm-up: equal models, equal outputs
-            time.sleep(PAUSE)
-        rounds = {name: [] for name in workers}
-        for _ in range(args.rounds):
-            for name, w in workers.items():
-                rounds[name].append(w.ask("run"))
-                time.sleep(PAUSE)
-        memory = {name: w.ask("memory")["peak_mib"] for name, w in workers.items()} if part == "step" else None
-        return {name: w.info for name, w in workers.items()}, first, rounds, memory
-    finally:
-        for w in workers.values():
-            w.close()
-
-
-def spread(values, scale=1e3, digits=0):
-    return f"{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}"
-
-
-def summary(rounds):
-    """{"times", "median", "ratio", "round_ratios"} of both frameworks' rounds."""
-    times = {name: [r["seconds"] for r in answers] for name, answers in rounds.items()}
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    return {"times": times, "median": medians, "ratio": medians["minitf"] / medians["PyTorch"],
-            "round_ratios": [a / b for a, b in zip(times["minitf"], times["PyTorch"])]}
-
-
 def bench_step(folder, args):
     shape = SHAPES[args.shape]
-    info, first, rounds, memory = take_turns("step", folder, args)
-    losses = {name: answer["loss"] for name, answer in first.items()}
-    relative = abs(losses["minitf"] - losses["PyTorch"]) / abs(losses["PyTorch"])
-    result = summary(rounds) | {"first_loss": losses, "loss_relative_difference": relative,
-                                "losses_agree": relative <= LOSS_TOLERANCE, "peak_mib": memory, "workers": info}
     tokens = shape["batch"] * shape["block"]
-    print(f"\n## Training step: batch {shape['batch']} x block {shape['block']} ({tokens:,} tokens), next-token "
-          "cross-entropy, Adam (minitf) / AdamW with weight_decay 0 (PyTorch); parameters "
-          + ", ".join(f"{k} {v['parameters']:,}" for k, v in info.items()))
-    print(f"first-step loss: minitf {losses['minitf']:.6f}, PyTorch {losses['PyTorch']:.6f} (relative difference "
-          f"{relative:.1e}: {'equal' if result['losses_agree'] else 'NOT equal'} to {LOSS_TOLERANCE:g})")
-    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
-    print("| framework | median step ms (spread) | tokens/s | peak memory over the loaded model (MiB) |")
-    print("|---|---:|---:|---:|")
-    for name, t in result["times"].items():
-        m = result["median"][name]
-        print(f"| {name} | {m * 1e3:.0f} ({spread(t)}) | {tokens / m:,.0f} | {memory[name]:,.0f} |")
-    print(f"\nminitf / PyTorch: **{result['ratio']:.2f}x** (medians; per-round ratios "
-          f"{spread(result['round_ratios'], 1, 2)}); peak memory **{memory['minitf'] / memory['PyTorch']:.2f}x**")
-    return result
+    return step_report(__file__, "step", folder, args, tokens,
+                       f"Training step: batch {shape['batch']} x block {shape['block']} ({tokens:,} tokens), next-token "
+                       "cross-entropy, Adam (minitf) / AdamW with weight_decay 0 (PyTorch)")
 
 
 def bench_generate(folder, args):
     shape = SHAPES[args.shape]
-    info, first, rounds, _ = take_turns("generate", folder, args)
+    info, first, rounds, _ = take_turns(__file__, "generate", folder, args)
     result = summary(rounds)
     for name, answers in rounds.items():
         if any(a["tokens"] != first[name]["tokens"] for a in answers):
@@ -365,37 +232,18 @@ def main(argv=None):
     parser.add_argument("--worker", choices=["minitf", "PyTorch"], help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("threads", "rounds"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.worker:
-        return worker(args)
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        parser.error(f"--json {args.json}: its folder does not exist; give a file in an existing folder")
-    try:
-        import torch
-        import transformers
-        import safetensors  # noqa: F401  (minitf reads the folder's model.safetensors with it)
-    except ImportError as error:
-        parser.exit(2, f"llama_step.py needs torch, transformers and safetensors ({error}): "
-                       'pip install -e ".[bench]"\n')
-    transformers.utils.logging.disable_progress_bar()
+        side = MinitfSide if args.worker == "minitf" else TorchSide
+        return serve_worker(args, lambda: side(args.folder, SHAPES[args.shape], args.part))
+    results = bench_header(parser, __file__, argv, args)
     shape = SHAPES[args.shape]
     m = shape["model"]
-    command = f"python benchmarks/llama_step.py {' '.join(sys.argv[1:] if argv is None else argv)}"
-    machine = (f"{cpu_model()}, {os.cpu_count()} logical CPUs; NumPy {np.__version__}, BLAS {blas_description()}; "
-               f"PyTorch {torch.__version__}, transformers {transformers.__version__}")
-    print(f"- command: `{command}`")
-    print(f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}; load average before: {os.getloadavg()[0]:.2f}")
-    print(f"- CPU: {machine}; {args.threads} threads in each framework's process")
     print(f"- model ({args.shape}): random LlamaForCausalLM, {m['num_layers']} layers, d_model {m['d_model']}, "
           f"{m['num_heads']} query heads, {m['num_kv_heads']} key/value heads, d_ff {m['d_ff']}, vocabulary "
           f"{m['vocab_size']:,}, {'tied' if m['tie_word_embeddings'] else 'untied'} output, rope theta "
           f"{m['rope_theta']:g}; both read the same saved folder, float32")
     print(f"- method: a process per framework and part, taking turns, {args.rounds} timed rounds each after a "
           "warm-up")
-    results = {"command": command, "machine": machine, "threads": args.threads, "shape": args.shape,
-               "date": time.strftime("%Y-%m-%d %H:%M %Z"), "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="llama_step_") as tmp:
         folder = make_folder(shape, pathlib.Path(tmp) / "model")
         gc.collect()
