@@ -105,7 +105,7 @@ def bad_tsv(tmp_path, name, content):
 
 
 @pytest.mark.parametrize("case", ["unknown label", "no tab", "two tabs", "latin-1", "one label", "block size",
-                                  "beside text"])
+                                  "beside text", "mask share"])
 def test_each_bad_tsv_is_one_line_and_writes_nothing(tmp_path, capsys, case):
     folder = make_folder(tmp_path / "folder")
     good = make_tsv(tmp_path, n_train=8, n_valid=4)
@@ -122,6 +122,7 @@ def test_each_bad_tsv_is_one_line_and_writes_nothing(tmp_path, capsys, case):
                       ["has one label ('animal')"]),
         "block size": (["--block-size", "64"], ["--block-size 64 is longer than", "32 positions"]),
         "beside text": (["--train-text", train_tsv], ["--train-text and --train-tsv cannot go together"]),
+        "mask share": (["--mask-prob", "0.2"], ["--mask-prob is the masked LM's"]),
     }[case]
     base = ["--train-tsv", train_tsv, "--valid-tsv", valid_tsv]
     capsys.readouterr()

@@ -106,6 +106,9 @@ class BertTask(LanguageModelTask):
             paths = tsv_paths(args)
             if paths is None:
                 return self._new_text_run(args, config, run_dir, world)
+            if "mask_prob" in given:
+                raise UsageError("--mask-prob is the masked LM's; a --train-tsv run trains a classifier, every text "
+                                 "scored on its label: leave it out")
             splits, config.labels = read_labelled(paths)  # before anything is written
             config.data = paths
             return self._new_run(config, run_dir, world, paths, splits["train"][0],
