@@ -509,7 +509,7 @@
     const charts = h("div", {class: "charts"}, box);
     lineChart(charts, {
       id: "points", title: "The gradient down the residual stream",
-      caption: "|dL/dx| at the decoder's output, at each layer's input (the top layer first)" +
+      caption: `|dL/dx| at the ${ex.masked === true ? "encoder" : "decoder"}'s output, at each layer's input (the top layer first)` +
         (gpt ? ", down to the embeddings." : ", at the encoder's output (the memory: its gradient sums the " +
           "cross-attention of every decoder layer) and at each encoder layer's input.") +
         (ex.points_note ? " " + ex.points_note : ""),
