@@ -59,6 +59,8 @@ def test_a_classifier_learns_a_separable_tsv_and_exports_what_transformers_names
     assert config["labels"] == ["animal", "toy"] and config["block_size"] == 32  # the folder's positions
     steps, valid = metrics(run), metrics(run, "valid")
     assert all(r["tokens"] == 8 for r in steps)  # 256 // 32 sequences a batch: one loss term each
+    # the update's mean is over the texts: a new two-label head starts near ln 2 (over the tokens: ~10 times less)
+    assert 0.4 < steps[0]["loss"] < 1.2, steps[0]
     assert valid[-1]["accuracy"] > 0.9 and valid[-1]["loss"] < valid[0]["loss"], valid
     assert metrics(run, "test")[-1]["accuracy"] > 0.9
     capsys.readouterr()
@@ -146,3 +148,20 @@ def test_texts_longer_than_the_positions_are_cut_and_said_once(tmp_path, capsys)
     said = [line for line in err if line.startswith("cut ")]
     assert said == ["cut 1 train line longer than --block-size 12 tokens to their first 11 and [SEP] (the model reads "
                     "at most 12)"], err
+
+
+def test_two_ranks_train_a_classifier_as_one_process(tmp_path):
+    """mpiexec -n 2: each rank takes a share of each batch's texts and the update divides by the whole batch's
+    texts, so the parameters after 3 steps equal one process's (float32 sums in another order: within 1e-5 of the
+    largest)."""
+    from tests.runs import HAVE_MPI, final_params, train_py
+    if not HAVE_MPI:
+        pytest.skip("needs mpi4py and mpiexec (pip install '.[mpi]')")
+    folder = make_folder(tmp_path / "folder")
+    common = [*make_tsv(tmp_path, n_train=40, n_valid=8), *FLAGS, "--init-from", folder, "--max-steps", "3",
+              "--save-every", "3"]
+    one = train_py(*common, "--out", tmp_path / "one")
+    two = train_py(*common, "--out", tmp_path / "two", ranks=2)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
+    (step, reference), (step_two, got) = final_params(tmp_path / "one"), final_params(tmp_path / "two")
+    assert step == step_two == 3 and np.abs(got - reference).max() <= 1e-5 * np.abs(reference).max()
