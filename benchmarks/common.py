@@ -22,7 +22,12 @@ module imports no script, and no script imports another (tests/test_architecture
   as the package ``minitf_ref``.
 - Each framework in a process of its own (:class:`Worker`, the parent's side, and :func:`serve`,
   the worker's): the script started again with ``--worker NAME``, one JSON line per answer.
+- A model of transformers against minitf's, one process each, taking turns (llama_step.py, bert_step.py):
+  the worker's side (:func:`serve_side`), a language model's step in each (:class:`MinitfLMStep`,
+  :class:`TorchLMStep`), the pair (:func:`run_pair`), the step's table (:func:`step_report`)
+  and the run's header (:func:`bench_header`).
 """
+import gc
 import importlib
 import json
 import math
@@ -30,6 +35,7 @@ import os
 import pathlib
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -512,3 +518,192 @@ def take_turns(workers, command, rounds, pause=0.0, flip=True):
             answers[name].append(workers[name].ask(command))
             time.sleep(pause)
     return answers
+
+
+# --------------------------------------------------------------------------- #
+# minitf against transformers, a process each, taking turns (llama_step.py, bert_step.py)
+# --------------------------------------------------------------------------- #
+PAUSE = 0.3                                     # seconds between turns: the idle process's threads stop spinning
+LOSS_TOLERANCE = 1e-4                           # the first step's losses of the two frameworks, relative
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "MINITF_THREADS")
+
+
+def reset_peak():
+    """The resident set now (bytes), after resetting the peak to it (Linux >= 4.0; else the peak keeps the past)."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        pass
+    return status_bytes("VmRSS")
+
+
+class MinitfLMStep:
+    """minitf's training step of ``model`` (a language model: ids -> logits) on the host batch ``(inputs, targets)``
+    (int64, each (batch, block); target -1: no loss): zero_grad, forward, ``LabelSmoothedCrossEntropy(0.0)``,
+    backward, ``minitf.Adam`` (GPT_LR, GPT_BETAS, GPT_EPS). ``baseline`` is the resident set before the step's
+    memory (:func:`reset_peak`); freed memory is kept from then on, as train.py runs. ``run()`` -> {"seconds",
+    "loss"}."""
+
+    def __init__(self, model, batch):
+        self.model, self.parameters = model, model.num_parameters()
+        model.train()
+        self.inputs, self.targets = (minitf.backend.asarray(a) for a in batch)
+        self.baseline = reset_peak()
+        minitf.backend.keep_freed_memory()                            # as train.py runs
+        self.loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+        self.optimizer = minitf.Adam(model.parameters(), lr=GPT_LR, betas=GPT_BETAS, eps=GPT_EPS)
+
+    def run(self):
+        start = time.perf_counter()
+        self.optimizer.zero_grad()
+        loss = self.loss_fn(self.model(self.inputs), self.targets)
+        self.model.backward(self.loss_fn.backward())
+        self.optimizer.step()
+        minitf.backend.synchronize()
+        return {"seconds": time.perf_counter() - start, "loss": float(loss)}
+
+
+class TorchLMStep:
+    """The same step of a transformers model (``.logits``) in PyTorch: ``cross_entropy(..., ignore_index=-1)``,
+    autograd, ``torch.optim.AdamW`` with ``weight_decay=0.0`` (minitf's Adam is AdamW without weight decay; the
+    default 0.01 would add a pass over the parameters to this side only); the same malloc settings as
+    :class:`MinitfLMStep`. ``attention`` is transformers' attention implementation."""
+
+    def __init__(self, model, batch):
+        import torch
+        self.torch, self.model = torch, model
+        self.parameters = sum(p.numel() for p in model.parameters())
+        self.attention = model.config._attn_implementation
+        model.train()
+        self.inputs, self.targets = (torch.from_numpy(a) for a in batch)
+        self.baseline = reset_peak()
+        minitf.backend.keep_freed_memory()                            # the same malloc settings as minitf's side
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=GPT_LR, betas=GPT_BETAS, eps=GPT_EPS,
+                                           weight_decay=0.0)
+
+    def run(self):
+        torch, start = self.torch, time.perf_counter()
+        self.optimizer.zero_grad()
+        logits = self.model(self.inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.targets.reshape(-1),
+                                                 ignore_index=-1)
+        value = loss.item()
+        loss.backward()
+        self.optimizer.step()
+        return {"seconds": time.perf_counter() - start, "loss": value}
+
+
+def serve_side(args, side):
+    """The worker of a script run with ``--worker NAME`` (minitf or PyTorch) and ``--threads N``, on :func:`serve`:
+    ``side()`` builds its framework's model and work (an object with ``parameters``, ``baseline`` (the resident
+    set before a step's memory, or none) and ``run()`` -> {"seconds", ...}); its info (parameters, loaded MiB,
+    transformers' attention, threads) goes first, then it answers run and memory."""
+    import warnings
+    warnings.filterwarnings("ignore")                                 # transformers' notices about settings
+
+    def start():
+        if args.worker == "PyTorch":
+            import torch
+            import transformers
+            torch.set_num_threads(args.threads)
+            transformers.utils.logging.disable_progress_bar()
+        before = status_bytes("VmRSS")
+        work = side()
+        info = {"parameters": work.parameters, "loaded_mib": (status_bytes("VmRSS") - before) / 2 ** 20,
+                "attention": getattr(work, "attention", None)}
+        if args.worker == "PyTorch":
+            import torch
+            info["threads"] = torch.get_num_threads()
+        else:
+            info["threads"] = minitf.backend.threads()
+
+        def answer(command):
+            if command == "run":
+                return work.run()
+            if command == "memory":
+                return {"peak_mib": (status_bytes("VmHWM") - work.baseline) / 2 ** 20}
+            raise ValueError(f"unknown command {command!r}: expected run, memory or quit")
+        return info, answer
+
+    serve(start)
+
+
+def run_pair(script, part, folder, args):
+    """Both workers (:class:`Worker`, minitf and PyTorch) of ``part`` of ``script`` on ``folder``, ``args.threads``
+    threads each, taking turns (:func:`take_turns`): their info, the warm-up answers, every round's answers
+    (``args.rounds``), and (part "step") their peak memory."""
+    env = os.environ | {name: str(args.threads) for name in THREAD_VARIABLES}
+    argv = ["--part", part, "--folder", str(folder), "--shape", args.shape, "--threads", str(args.threads)]
+    workers = {}
+    try:
+        for name in ("minitf", "PyTorch"):
+            workers[name] = Worker(script, name, argv, env)
+        first = {name: answers[0] for name, answers in                 # the warm-up: equal models, equal outputs
+                 take_turns(workers, "run", 1, PAUSE, flip=False).items()}
+        rounds = take_turns(workers, "run", args.rounds, PAUSE, flip=False)
+        memory = {name: w.ask("memory")["peak_mib"] for name, w in workers.items()} if part == "step" else None
+        return {name: w.info for name, w in workers.items()}, first, rounds, memory
+    finally:
+        for w in workers.values():
+            w.close()
+
+
+def summary(rounds):
+    """{"times", "median", "ratio", "round_ratios"} of both frameworks' rounds."""
+    times = {name: [r["seconds"] for r in answers] for name, answers in rounds.items()}
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    return {"times": times, "median": medians, "ratio": medians["minitf"] / medians["PyTorch"],
+            "round_ratios": [a / b for a, b in zip(times["minitf"], times["PyTorch"])]}
+
+
+def step_report(script, folder, args, tokens, title):
+    """Time the part "step" (a training step) of ``script``'s two workers (:func:`run_pair`), print its table under
+    ``title`` (``tokens`` a step) and return every number: the rounds' :func:`summary`, the first step's losses and
+    whether they agree to :data:`LOSS_TOLERANCE`, each side's peak memory."""
+    info, first, rounds, memory = run_pair(script, "step", folder, args)
+    losses = {name: answer["loss"] for name, answer in first.items()}
+    relative = abs(losses["minitf"] - losses["PyTorch"]) / abs(losses["PyTorch"])
+    result = summary(rounds) | {"first_loss": losses, "loss_relative_difference": relative,
+                                "losses_agree": relative <= LOSS_TOLERANCE, "peak_mib": memory, "workers": info}
+    print(f"\n## {title}; parameters " + ", ".join(f"{k} {v['parameters']:,}" for k, v in info.items()))
+    print(f"first-step loss: minitf {losses['minitf']:.6f}, PyTorch {losses['PyTorch']:.6f} (relative difference "
+          f"{relative:.1e}: {'equal' if result['losses_agree'] else 'NOT equal'} to {LOSS_TOLERANCE:g})")
+    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
+    print("| framework | median step ms (spread) | tokens/s | peak memory over the loaded model (MiB) |")
+    print("|---|---:|---:|---:|")
+    for name, t in result["times"].items():
+        m = result["median"][name]
+        print(f"| {name} | {m * 1e3:.0f} ({spread(t)}) | {tokens / m:,.0f} | {memory[name]:,.0f} |")
+    print(f"\nminitf / PyTorch: **{result['ratio']:.2f}x** (medians; per-round ratios "
+          f"{spread(result['round_ratios'], 1, 2)}); peak memory **{memory['minitf'] / memory['PyTorch']:.2f}x**")
+    return result
+
+
+def bench_header(parser, script, argv, args):
+    """The comparison's start: refuse (exit 2, one line) a --threads or --rounds below 1, a --json in no folder, a
+    machine without torch, transformers and safetensors; print the command, the date and the machine; return the
+    record the results go into (command, machine, threads, shape, date, rounds)."""
+    for option in ("threads", "rounds"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option} must be at least 1, got {getattr(args, option)}")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        parser.error(f"--json {args.json}: its folder does not exist; give a file in an existing folder")
+    name = os.path.basename(script)
+    try:
+        import torch
+        import transformers
+        import safetensors  # noqa: F401  (minitf reads the folder's model.safetensors with it)
+    except ImportError as error:
+        parser.exit(2, f"{name} needs torch, transformers and safetensors ({error}): pip install -e \".[bench]\"\n")
+    transformers.utils.logging.disable_progress_bar()
+    command = f"python benchmarks/{name} {' '.join(sys.argv[1:] if argv is None else argv)}"
+    machine = (f"{cpu_model()}, {os.cpu_count()} logical CPUs; NumPy {minitf.backend.host.__version__}, BLAS "
+               f"{blas_description()}; PyTorch {torch.__version__}, transformers {transformers.__version__}")
+    date = time.strftime("%Y-%m-%d %H:%M %Z")
+    print(f"- command: `{command}`")
+    print(f"- date: {date}; load average before: {os.getloadavg()[0]:.2f}")
+    print(f"- CPU: {machine}; {args.threads} threads in each framework's process")
+    return {"command": command, "machine": machine, "threads": args.threads, "shape": args.shape, "date": date,
+            "rounds": args.rounds}

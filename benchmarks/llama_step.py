@@ -49,7 +49,6 @@ import gc
 import json
 import os
 import pathlib
-import statistics
 import sys
 import tempfile
 import time
@@ -57,8 +56,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
-from benchmarks.common import (GPT_BETAS, GPT_EPS, GPT_LR, Worker, blas_description, cpu_model, serve,  # noqa: E402
-                               spread, status_bytes, take_turns)
+from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_header, run_pair, serve_side, spread,  # noqa: E402
+                               step_report, summary)
 from minitf.llama.config import PRESETS  # noqa: E402
 
 np = minitf.backend.host
@@ -73,9 +72,6 @@ SHAPES = {
                  batch=2, block=32, prompts=3, prompt_len=8, new_tokens=16),
 }
 PARTS = ("step", "generate")
-LR, BETAS, EPS = GPT_LR, GPT_BETAS, GPT_EPS     # one Adam setting for both frameworks (as benchmarks/gpt_step.py)
-PAUSE = 0.3                                     # seconds between turns: the idle process's threads stop spinning
-LOSS_TOLERANCE = 1e-4                           # the first step's losses, relative
 
 
 # --------------------------------------------------------------------------- #
@@ -117,17 +113,6 @@ def prompt_ids(shape, seed=2):
 # --------------------------------------------------------------------------- #
 
 
-def reset_peak():
-    """The resident set now (bytes), after resetting the peak to it (Linux >= 4.0; else the peak keeps the past)."""
-    gc.collect()
-    try:
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")
-    except OSError:
-        pass
-    return status_bytes("VmRSS")
-
-
 class MinitfSide:
     """minitf's model of the folder (float32) and one part's work: ``run()`` -> {"seconds", "loss" or "tokens"}."""
 
@@ -137,24 +122,15 @@ class MinitfSide:
         self.parameters = self.model.num_parameters()
         self.shape, self.part = shape, part
         if part == "step":
-            self.model.train()
-            self.inputs, self.targets = (minitf.backend.asarray(a) for a in step_batch(shape))
-            self.baseline = reset_peak()
-            minitf.backend.keep_freed_memory()                        # as train.py runs
-            self.loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
-            self.optimizer = minitf.Adam(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS)
+            self.step = MinitfLMStep(self.model, step_batch(shape))
+            self.baseline = self.step.baseline
         else:
             self.prompts = prompt_ids(shape)
 
     def run(self):
-        start = time.perf_counter()
         if self.part == "step":
-            self.optimizer.zero_grad()
-            loss = self.loss_fn(self.model(self.inputs), self.targets)
-            self.model.backward(self.loss_fn.backward())
-            self.optimizer.step()
-            minitf.backend.synchronize()
-            return {"seconds": time.perf_counter() - start, "loss": float(loss)}
+            return self.step.run()
+        start = time.perf_counter()
         from minitf.sampling import generate
         ids = generate(self.model, self.prompts, self.shape["new_tokens"], temperature=0)
         return {"seconds": time.perf_counter() - start, "tokens": ids[:, self.prompts.shape[1]:].tolist()}
@@ -172,25 +148,16 @@ class TorchSide:
         self.attention = self.model.config._attn_implementation
         self.shape, self.part = shape, part
         if part == "step":
-            self.model.train()
-            self.inputs, self.targets = (torch.from_numpy(a) for a in step_batch(shape))
-            self.baseline = reset_peak()
-            minitf.backend.keep_freed_memory()                        # the same malloc settings as minitf's side
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+            self.step = TorchLMStep(self.model, step_batch(shape))
+            self.baseline = self.step.baseline
         else:
             self.model.eval()
             self.prompts = torch.from_numpy(prompt_ids(shape))
 
     def run(self):
-        torch, start = self.torch, time.perf_counter()
         if self.part == "step":
-            self.optimizer.zero_grad()
-            logits = self.model(self.inputs).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.targets.reshape(-1))
-            value = loss.item()
-            loss.backward()
-            self.optimizer.step()
-            return {"seconds": time.perf_counter() - start, "loss": value}
+            return self.step.run()
+        torch, start = self.torch, time.perf_counter()
         n = self.shape["new_tokens"]
         with torch.inference_mode():
             ids = self.model.generate(self.prompts, attention_mask=torch.ones_like(self.prompts), do_sample=False,
@@ -198,95 +165,17 @@ class TorchSide:
         return {"seconds": time.perf_counter() - start, "tokens": ids[:, self.prompts.shape[1]:].tolist()}
 
 
-def worker(args):
-    """Answer the parent's commands (``serve``), one JSON line each: run, memory, quit."""
-    import warnings
-    warnings.filterwarnings("ignore")                                 # transformers' notices about settings
-
-    def start():
-        if args.worker == "PyTorch":
-            import torch
-            import transformers
-            torch.set_num_threads(args.threads)
-            transformers.utils.logging.disable_progress_bar()
-        before = status_bytes("VmRSS")
-        side = (MinitfSide if args.worker == "minitf" else TorchSide)(args.folder, SHAPES[args.shape], args.part)
-        info = {"parameters": side.parameters, "loaded_mib": (status_bytes("VmRSS") - before) / 2 ** 20,
-                "attention": getattr(side, "attention", None)}
-        if args.worker == "PyTorch":
-            import torch
-            info["threads"] = torch.get_num_threads()
-        else:
-            info["threads"] = minitf.backend.threads()
-
-        def answer(command):
-            if command == "run":
-                return side.run()
-            if command == "memory":
-                return {"peak_mib": (status_bytes("VmHWM") - side.baseline) / 2 ** 20}
-            raise ValueError(f"unknown command {command!r}: expected run, memory or quit")
-        return info, answer
-
-    serve(start)
-
-
-# --------------------------------------------------------------------------- #
-# the parent: two workers, taking turns
-# --------------------------------------------------------------------------- #
-def start_and_run(part, folder, args):
-    """Both workers of ``part``: their info, the warm-up answers, every round's answers, and (step) their memory."""
-    env = os.environ | {name: str(args.threads) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                                               "MKL_NUM_THREADS", "MINITF_THREADS")}
-    argv = ["--part", part, "--folder", str(folder), "--shape", args.shape, "--threads", str(args.threads)]
-    workers = {}
-    try:
-        for name in ("minitf", "PyTorch"):
-            workers[name] = Worker(__file__, name, argv, env)
-        first = {name: answers[0] for name, answers in                 # the warm-up: equal models, equal outputs
-                 take_turns(workers, "run", 1, PAUSE, flip=False).items()}
-        rounds = take_turns(workers, "run", args.rounds, PAUSE, flip=False)
-        memory = {name: w.ask("memory")["peak_mib"] for name, w in workers.items()} if part == "step" else None
-        return {name: w.info for name, w in workers.items()}, first, rounds, memory
-    finally:
-        for w in workers.values():
-            w.close()
-
-
-def summary(rounds):
-    """{"times", "median", "ratio", "round_ratios"} of both frameworks' rounds."""
-    times = {name: [r["seconds"] for r in answers] for name, answers in rounds.items()}
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    return {"times": times, "median": medians, "ratio": medians["minitf"] / medians["PyTorch"],
-            "round_ratios": [a / b for a, b in zip(times["minitf"], times["PyTorch"])]}
-
-
 def bench_step(folder, args):
     shape = SHAPES[args.shape]
-    info, first, rounds, memory = start_and_run("step", folder, args)
-    losses = {name: answer["loss"] for name, answer in first.items()}
-    relative = abs(losses["minitf"] - losses["PyTorch"]) / abs(losses["PyTorch"])
-    result = summary(rounds) | {"first_loss": losses, "loss_relative_difference": relative,
-                                "losses_agree": relative <= LOSS_TOLERANCE, "peak_mib": memory, "workers": info}
     tokens = shape["batch"] * shape["block"]
-    print(f"\n## Training step: batch {shape['batch']} x block {shape['block']} ({tokens:,} tokens), next-token "
-          "cross-entropy, Adam (minitf) / AdamW with weight_decay 0 (PyTorch); parameters "
-          + ", ".join(f"{k} {v['parameters']:,}" for k, v in info.items()))
-    print(f"first-step loss: minitf {losses['minitf']:.6f}, PyTorch {losses['PyTorch']:.6f} (relative difference "
-          f"{relative:.1e}: {'equal' if result['losses_agree'] else 'NOT equal'} to {LOSS_TOLERANCE:g})")
-    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
-    print("| framework | median step ms (spread) | tokens/s | peak memory over the loaded model (MiB) |")
-    print("|---|---:|---:|---:|")
-    for name, t in result["times"].items():
-        m = result["median"][name]
-        print(f"| {name} | {m * 1e3:.0f} ({spread(t)}) | {tokens / m:,.0f} | {memory[name]:,.0f} |")
-    print(f"\nminitf / PyTorch: **{result['ratio']:.2f}x** (medians; per-round ratios "
-          f"{spread(result['round_ratios'], 1, 2)}); peak memory **{memory['minitf'] / memory['PyTorch']:.2f}x**")
-    return result
+    return step_report(__file__, folder, args, tokens,
+                       f"Training step: batch {shape['batch']} x block {shape['block']} ({tokens:,} tokens), "
+                       "next-token cross-entropy, Adam (minitf) / AdamW with weight_decay 0 (PyTorch)")
 
 
 def bench_generate(folder, args):
     shape = SHAPES[args.shape]
-    info, first, rounds, _ = start_and_run("generate", folder, args)
+    info, first, rounds, _ = run_pair(__file__, "generate", folder, args)
     result = summary(rounds)
     for name, answers in rounds.items():
         if any(a["tokens"] != first[name]["tokens"] for a in answers):
@@ -321,37 +210,18 @@ def main(argv=None):
     parser.add_argument("--worker", choices=["minitf", "PyTorch"], help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("threads", "rounds"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.worker:
-        return worker(args)
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        parser.error(f"--json {args.json}: its folder does not exist; give a file in an existing folder")
-    try:
-        import torch
-        import transformers
-        import safetensors  # noqa: F401  (minitf reads the folder's model.safetensors with it)
-    except ImportError as error:
-        parser.exit(2, f"llama_step.py needs torch, transformers and safetensors ({error}): "
-                       'pip install -e ".[bench]"\n')
-    transformers.utils.logging.disable_progress_bar()
+        side = MinitfSide if args.worker == "minitf" else TorchSide
+        return serve_side(args, lambda: side(args.folder, SHAPES[args.shape], args.part))
+    results = bench_header(parser, __file__, argv, args)
     shape = SHAPES[args.shape]
     m = shape["model"]
-    command = f"python benchmarks/llama_step.py {' '.join(sys.argv[1:] if argv is None else argv)}"
-    machine = (f"{cpu_model()}, {os.cpu_count()} logical CPUs; NumPy {np.__version__}, BLAS {blas_description()}; "
-               f"PyTorch {torch.__version__}, transformers {transformers.__version__}")
-    print(f"- command: `{command}`")
-    print(f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}; load average before: {os.getloadavg()[0]:.2f}")
-    print(f"- CPU: {machine}; {args.threads} threads in each framework's process")
     print(f"- model ({args.shape}): random LlamaForCausalLM, {m['num_layers']} layers, d_model {m['d_model']}, "
           f"{m['num_heads']} query heads, {m['num_kv_heads']} key/value heads, d_ff {m['d_ff']}, vocabulary "
           f"{m['vocab_size']:,}, {'tied' if m['tie_word_embeddings'] else 'untied'} output, rope theta "
           f"{m['rope_theta']:g}; both read the same saved folder, float32")
     print(f"- method: a process per framework and part, taking turns, {args.rounds} timed rounds each after a "
           "warm-up")
-    results = {"command": command, "machine": machine, "threads": args.threads, "shape": args.shape,
-               "date": time.strftime("%Y-%m-%d %H:%M %Z"), "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="llama_step_") as tmp:
         folder = make_folder(shape, pathlib.Path(tmp) / "model")
         gc.collect()

@@ -23,6 +23,7 @@ import webbrowser
 
 from minitf import backend, kinds
 from minitf.atomic import kind_of, writable_target, write_atomic
+from minitf.module import no_grad
 from minitf.study.inspection import numbers
 from minitf.study.inspection.page import example_data, loaded_note, render, visible
 from minitf.study.inspection.serve import BadRequest, make_server, serve_forever
@@ -58,7 +59,7 @@ class Loaded:
         if loaded.kind.page is None:  # a kind the page cannot draw yet (Kind.page): one line, not a traceback
             use = loaded.kind.use_a_run.replace("RUN", str(loaded.source))
             raise UsageError(f"{loaded.source} holds a {loaded.kind.name} model, which the inspection page does not "
-                             f"draw yet (it draws translation models and GPTs); {use}")
+                             f"draw yet (it draws translation models, GPTs and masked LMs); {use}")
         self.loaded = loaded
         self.model, self.tokenizer, self.page, self.source = loaded.model, loaded.tokenizer, loaded.kind.page, \
             loaded.source
@@ -86,6 +87,9 @@ def piece_function(tokenizer, target=False):
     """``piece(id) -> str``: a token as the model sees it: sentencepiece's piece ("▁Haus", "</s>"), a Marian
     vocabulary's piece (the target's with ``target``), a byte-level BPE token ("Ġthe"), a character; else the
     token decoded alone."""
+    tokens = getattr(tokenizer, "tokens", None)                  # a BERT-family tokenizer: its own pieces
+    if callable(tokens):
+        return lambda i: tokens([int(i)])[0]
     vocab = getattr(tokenizer, "target_vocab" if target else "vocab", None)   # a Marian folder's vocab.json
     if isinstance(vocab, dict):
         pieces = {i: piece for piece, i in vocab.items()}
@@ -166,6 +170,8 @@ class Inspector:
     def example(self, text, reference=None, where="the sentence"):
         """(the JSON of one example, warning lines). DataError for an empty or too long sentence."""
         loaded, model = self.loaded, self.loaded.model
+        if loaded.page.layout == "encoder":  # one text, each [MASK] scored on the model's own top candidate
+            return self.masked_example(text, where)
         unknown = unknown_characters(loaded.tokenizer, text)
         if reference is not None:  # on the side it is read: a Marian folder's target vocabulary
             unknown += [u for u in unknown_characters(loaded.tokenizer, reference, target=True) if u not in unknown]
@@ -207,6 +213,28 @@ class Inspector:
                             target_from=target_from, reference=reference, notes=notes,
                             source_piece=loaded.source_piece)
         return data, notes
+
+
+    def masked_example(self, text, where):
+        """(the JSON of an encoder's example, warnings): ``text`` with its special tokens (the tokenizer's
+        ``encode(text)`` -> (ids, token types)), each of its masks scored on the model's own most probable token
+        there, whose candidates the page shows; a DataError for an empty or too long text or one without a mask."""
+        loaded, model, tokenizer = self.loaded, self.loaded.model, self.loaded.tokenizer
+        if not text.strip():
+            raise DataError(f"{where} is empty; expected a text with {tokenizer.mask_token}")
+        ids = [int(i) for i in tokenizer.encode(text)[0]]
+        self._check_length(len(ids), where, "tokens with its special tokens")
+        masks = [i for i, token in enumerate(ids) if token == tokenizer.mask_id]
+        if not masks:
+            raise DataError(f"{where} has no {tokenizer.mask_token}; an encoder's page shows what it puts at each "
+                            f"mask: put {tokenizer.mask_token} where a word is to be filled")
+        with no_grad():
+            logits = backend.to_numpy(model(np.asarray([ids], dtype=np.int64)))[0]          # (L, V)
+        targets = [int(logits[i].argmax()) if i in masks else -1 for i in range(len(ids))]
+        inspection = numbers.encoder(model, ids, targets, parts=loaded.parts)
+        data = example_data(inspection, text, ids, loaded.piece, masked=True,
+                            target_from=f"each {tokenizer.mask_token} scored on the model's own most probable token")
+        return data, []
 
 
 # --------------------------------------------------------------------------- #

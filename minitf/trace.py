@@ -11,6 +11,7 @@ Transformer, printing every activation and every gradient with its name and shap
     python -m minitf.trace --model gpt --no-params   # the same for a one-layer GPT (docs/gpt.md)
     python -m minitf.trace --model gpt --walk        # its gradient from the loss to the embedding
     python -m minitf.trace --model llama --walk      # the Llama block's (docs/llama.md)
+    python -m minitf.trace --model bert --walk       # BERT's masked LM (docs/bert.md)
     python -m minitf.trace --checkpoint RUN_OR_FOLDER --text "Der Hund." --no-params   # a trained model
 
 The example and how it is recorded: ``minitf.study.tracer``; the three views that follow the
@@ -91,11 +92,13 @@ def main(argv=None):
     examples = traced_kinds()
     parser.add_argument("--model", choices=tuple(examples), default=None,
                         help="the example: the encoder-decoder (default), a one-layer GPT-2-style GPT with the "
-                             "next-token loss (docs/gpt.md) or a one-block Llama (docs/llama.md)")
+                             "next-token loss (docs/gpt.md), a one-block Llama (docs/llama.md) or a one-layer BERT "
+                             "masked LM (docs/bert.md)")
     parser.add_argument("--checkpoint", type=pathlib.Path, metavar="RUN_OR_FOLDER",
                         help="instead of a built-in example: a run folder of train.py (any --model), one of its "
-                             "checkpoints, or a Hugging Face Marian, GPT-2 or Llama-family folder, traced in float64 "
-                             "(its weights widened) on --text")
+                             "checkpoints, or a Hugging Face Marian, GPT-2, Llama-family or BERT-family folder, traced "
+                             "in float64 (its weights widened) on --text (a masked LM's: each [MASK] scored on its "
+                             "own top candidate)")
     parser.add_argument("--text", help=f"with --checkpoint: the text, cut to its first {MAX_TOKENS} tokens; a "
                                        "translation model reads it as the source and as the target (teacher-forced: "
                                        "its start token, then the text's tokens, each scored on the next, </s> "

@@ -15,6 +15,7 @@ from minitf.inspect import main as inspect_main
 from minitf.study.inspection import page
 from tests.runs import QUIET, ROOT, TINY, make_corpus, train
 from tests.test_inspect_server import serving
+from tests.test_bert_train import TINY_BERT
 from tests.test_lm_train import TINY_GPT, make_text
 
 pytestmark = pytest.mark.extra("selenium", "browser")
@@ -44,7 +45,7 @@ def browser():
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
     """Pages of a post-LN and a pre-LN translation run (2 + 2 layers, a reference with a word the model
-    never saw), of a GPT run and of a Llama-block run."""
+    never saw), of a GPT run, of a Llama-block run and of a BERT masked-LM run (a text with [MASK])."""
     folder = tmp_path_factory.mktemp("pages")
     corpus = make_corpus(folder)
     made = {}
@@ -65,6 +66,11 @@ def pages(tmp_path_factory):
     made["llama"] = (run, folder / "llama.html")
     assert inspect_main(["--checkpoint", str(run), "--text", "the cat sees a dog.", "--out",
                          str(made["llama"][1])]) == 0
+    run = folder / "bert"
+    assert train(make_text(folder) + TINY_BERT + ["--max-steps", "6", "--eval-every", "3", "--out", run]) == 0
+    made["bert"] = (run, folder / "bert.html")
+    assert inspect_main(["--checkpoint", str(run), "--text", "the [MASK] sees a dog.", "--out",
+                         str(made["bert"][1])]) == 0
     return made
 
 
@@ -113,7 +119,7 @@ def heatmap(driver):
 
 
 @needs_chromium
-@pytest.mark.parametrize("name", ["post", "pre", "gpt", "llama"])
+@pytest.mark.parametrize("name", ["post", "pre", "gpt", "llama", "bert"])
 def test_the_page_opens_from_disk_with_no_error_and_no_request(name, browser, pages, tmp_path):
     data = open_page(browser, pages[name][1])
     assert console_errors(browser) == [] and fetched(browser) == []
@@ -288,3 +294,26 @@ def test_the_picture_script_saves_each_view(pages, tmp_path, capsys):
         sizes[view] = struct.unpack(">II", png[16:24])  # (width, height)
     assert sizes["page"][0] == 1000 and sizes["page"][1] > max(sizes["heads"][1], sizes["gradient"][1])
     assert "python -m minitf.inspect --checkpoint" in capsys.readouterr().out
+
+
+@needs_chromium
+def test_an_encoders_page_shows_each_masks_candidates_and_attention_both_ways(browser, pages, tmp_path):
+    """The BERT page: only the mask is a scored chip (showing what the model puts there); hovering it lists its five
+    candidates with the page's probabilities; the heat map has no masked cell (each position reads every other)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    data = open_page(browser, pages["bert"][1])
+    example = data["examples"][0]
+    chips = browser.find_elements("css selector", "#targets .token.target")
+    assert [c.get_attribute("data-position") for c in chips] == ["2"] and "[MASK] →" in chips[0].text
+    ActionChains(browser).move_to_element(chips[0]).perform()
+    panel = browser.find_element("id", "alternatives")
+    assert "most likely tokens for this mask" in panel.text
+    rows = [[cell.text for cell in row.find_elements("css selector", "td")]
+            for row in panel.find_elements("css selector", "tr")]
+    assert [piece for piece, _, _ in rows] == [shown(piece) for piece, _ in example["top"][2]], panel.text
+    screenshot(browser, "tokens", tmp_path / "bert-alternatives.png")
+    first = heatmap(browser)
+    assert first["kind"] == "self-attention (both directions)"
+    weights = page.decode_array(example["attention"][0])
+    assert first["values"] == " ".join(f"{v:.4f}" for v in weights[0, 0].ravel()) and weights[0, 0].min() > 0
+    assert console_errors(browser) == []

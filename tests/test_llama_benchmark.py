@@ -4,25 +4,15 @@ the same folder on both sides, no dropout), greedy generation gives the same tok
 peak memory is measured, and --json writes the same numbers. No timing is checked: that is the benchmark's job on
 a quiet machine. Skipped without the bench extra."""
 import json
-import os
-import pathlib
 import re
-import subprocess
-import sys
 
-import pytest
+from tests.helpers import BENCH_MARKS, assert_step_report, run_benchmark
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "llama_step.py"
-
-pytestmark = [pytest.mark.extra("torch", "bench"), pytest.mark.extra("transformers", "bench"),
-              pytest.mark.extra("safetensors", "bench")]
+pytestmark = BENCH_MARKS
 
 
 def run(*args):
-    """The command in a process of its own (its two workers in theirs)."""
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env=os.environ | {"PYTHONPATH": str(ROOT)})
+    return run_benchmark("llama_step.py", *args)
 
 
 def test_the_dry_run_steps_from_equal_losses_and_generates_equal_tokens(tmp_path):
@@ -31,9 +21,7 @@ def test_the_dry_run_steps_from_equal_losses_and_generates_equal_tokens(tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert "- CPU: " in out and "1 threads in each framework's process" in out
-    losses = re.search(r"first-step loss: minitf ([\d.]+), PyTorch ([\d.]+) \(relative difference \S+: equal", out)
-    assert losses and abs(float(losses[1]) - float(losses[2])) <= 1e-4 * float(losses[2]), out
-    assert re.search(r"minitf / PyTorch: \*\*[\d.]+x\*\* .*peak memory \*\*[\d.]+x\*\*", out), out
+    assert_step_report(out)
     assert re.search(r"new tokens equal token for token: 3/3 prompts", out), out
     numbers = json.loads(out_json.read_text())
     assert numbers["threads"] == 1 and numbers["shape"] == "tiny"

@@ -248,6 +248,16 @@ def test_layernorm_variance_term_is_the_derivative_along_the_row(traced):
     assert small == SCALE_INVARIANT
 
 
+def printed_places(text):
+    """The (file, line, code) places a printed walk names, each checked: the file's line there starts with the code."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    places = re.findall(r"^   (minitf/\S+\.py):(\d+)  (.+)$", text, re.M)
+    for path, number, code in places:
+        line = (root / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
+        assert line.strip().startswith(code), (path, number, code, line)
+    return places
+
+
 def walk_output(*argv):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -258,12 +268,7 @@ def walk_output(*argv):
 def test_walk_points_at_the_lines_it_prints_and_its_tied_sum_adds_up(traced):
     _, model, _ = traced
     text = walk_output()
-    root = pathlib.Path(__file__).resolve().parents[1]
-    places = re.findall(r"^   (minitf/\S+\.py):(\d+)  (.+)$", text, re.M)
-    assert len(places) >= 20
-    for path, number, code in places:
-        line = (root / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
-        assert line.strip().startswith(code), (path, number, code, line)
+    assert len(printed_places(text)) >= 20
     # tied uses 1, 2, 3 and their sum: row 4 of each, as printed
     rows = [np.array([float(v) for v in re.findall(r"-?\d+\.\d+", row)])
             for row in re.findall(r"^   \(5, 4\)\s+norm \S+\s+row (\[.*\])$", text, re.M)]
@@ -429,12 +434,7 @@ def test_every_step_of_the_llama_walk_names_its_line(name):
 
 def test_trace_prints_the_llama_walk_with_its_lines():
     text = walk_output("--model", "llama")
-    root = pathlib.Path(__file__).resolve().parents[1]
-    places = re.findall(r"^   (minitf/\S+\.py):(\d+)  (.+)$", text, re.M)
-    assert len(places) == 21
-    for path, number, code in places:
-        line = (root / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
-        assert line.strip().startswith(code), (path, number, code, line)
+    assert len(printed_places(text)) == 21
     assert "4 query heads over 2 key/value heads" in text and "rotary" in text
 
 
@@ -528,12 +528,7 @@ def test_gpt_trace_parameter_gradients_agree_with_finite_differences(traced_gpt)
 def test_gpt_walk_points_at_its_lines_and_its_scatter_adds_add_up(traced_gpt):
     tracer, model, _ = traced_gpt
     text = walk_output("--model", "gpt")
-    root = pathlib.Path(__file__).resolve().parents[1]
-    places = re.findall(r"^   (minitf/\S+\.py):(\d+)  (.+)$", text, re.M)
-    assert len(places) >= 14
-    for path, number, code in places:
-        line = (root / path).read_text(encoding="utf-8").splitlines()[int(number) - 1]
-        assert line.strip().startswith(code), (path, number, code, line)
+    assert len(printed_places(text)) >= 14
     steps = re.findall(r"^\s*(\d+) ", text, re.M)
     assert [int(n) for n in steps] == list(range(1, len(steps) + 1))
     assert "GELU" in text and "final_norm" in text and "cross" not in text.replace("no cross-attention", "")

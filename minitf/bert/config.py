@@ -1,11 +1,12 @@
 """The BERT kind's part of the run config (``train.py --model bert``): its presets and its own options, each
 declared once (:func:`minitf.training.config.option`), their checks, and the model a run's config describes. A masked language model trained from
 scratch on the language models' text (``--train-text``, or the World English Bible), or a Hugging Face BERT,
-DistilBERT or RoBERTa folder fine-tuned on it (``--init-from``)."""
+DistilBERT or RoBERTa folder fine-tuned on it (``--init-from``); or a sequence classifier fine-tuned on labelled
+lines (``--train-tsv``: text TAB label), its label names kept as ``labels``."""
 import dataclasses
 
 from minitf.bert import hf
-from minitf.bert.model import BertConfig, BertForMaskedLM
+from minitf.bert.model import BertConfig, BertForMaskedLM, BertForSequenceClassification
 from minitf.lm.config import GROUP as TEXT_GROUP
 from minitf.training.config import RunConfig, option
 from minitf.training.errors import UsageError
@@ -33,6 +34,9 @@ class BertRunConfig(RunConfig):
     # from a Hugging Face BERT, DistilBERT or RoBERTa folder: its config.json, kept so that the run needs the folder
     # no more (its model is built from it, an export writes it again)
     bert: dict | None = option(None, flag=False, model=True)
+    # a sequence classifier's label names, label i's at index i (the training TSV's labels in sorted order: its
+    # config.json's id2label); None: the masked LM
+    labels: list | None = option(None, flag=False, model=True)
 
 
 def validate(config):
@@ -46,27 +50,52 @@ def validate(config):
         raise UsageError(f"--mask-prob must be a share in (0, 1) (BERT: 0.15), got {config.mask_prob!r}")
     if not (isinstance(config.block_size, int) and config.block_size >= 3):
         raise UsageError(f"--block-size must be at least 3 ([CLS], one token, [SEP]), got {config.block_size!r}")
+    labels = config.labels
+    if labels is not None and not (isinstance(labels, list) and len(labels) >= 2
+                                   and all(isinstance(name, str) and name for name in labels)
+                                   and len(set(labels)) == len(labels)):
+        raise UsageError(f"a classifier's labels are at least two different non-empty names, got {labels!r}")
 
 
 def run_model_config(config, vocab_size, pad_id=0):
     """The :class:`BertConfig` of a ``--model bert`` run: a fine-tuned folder's (its config.json, kept in the run as
     ``bert``) with the run's dropout, or the run's sizes: ``num_encoder_layers`` layers, ``block_size`` positions,
-    BERT's two token types, [PAD] ``pad_id``."""
+    BERT's two token types, [PAD] ``pad_id``; a classifier's with its ``labels`` (id2label)."""
     if config.bert is not None:
-        return hf.config_from_hf(config.bert, "config.json's \"bert\"").replace(dropout=config.dropout)
-    return BertConfig(vocab_size=vocab_size, d_model=config.d_model, num_heads=config.num_heads,
-                      num_layers=config.num_encoder_layers, d_ff=config.d_ff, max_position_embeddings=config.block_size,
-                      dropout=config.dropout, pad_token_id=pad_id)
+        model = hf.config_from_hf(config.bert, "config.json's \"bert\"").replace(dropout=config.dropout)
+    else:
+        model = BertConfig(vocab_size=vocab_size, d_model=config.d_model, num_heads=config.num_heads,
+                           num_layers=config.num_encoder_layers, d_ff=config.d_ff,
+                           max_position_embeddings=config.block_size, dropout=config.dropout, pad_token_id=pad_id)
+    if config.labels is not None:
+        model = model.replace(num_labels=len(config.labels), id2label=tuple(config.labels))
+    return model
 
 
 def build_run_model(config, vocab_size, pad_id=0):
-    """The masked LM a ``--model bert`` run trains (:func:`run_model_config`)."""
-    return BertForMaskedLM(run_model_config(config, vocab_size, pad_id))
+    """The model a ``--model bert`` run trains (:func:`run_model_config`): a sequence classifier where the run has
+    ``labels`` (--train-tsv), else the masked LM."""
+    model_class = BertForMaskedLM if config.labels is None else BertForSequenceClassification
+    return model_class(run_model_config(config, vocab_size, pad_id))
+
+
+def pretrained_state(folder, labels=None):
+    """``{minitf name: host array}`` of what the --init-from ``folder`` gives a run's model: the masked LM's
+    (``labels`` None) or a classifier's of ``labels``. Its encoder always; its pooler where it has one; its head
+    where it is the run's own (a masked LM's; a classifier's of the same label names): the rest of the model keeps
+    its new values, as transformers' from_pretrained leaves a new head."""
+    config, head, _ = hf.pretrained_config(folder)
+    if labels is None:
+        return hf.read_pretrained_state(folder, config, "masked_lm", head)
+    if head == "classification":  # the folder's own classifier: kept only where it names the run's labels
+        state = hf.read_pretrained_state(folder, config, "classification")
+        same = config.labels == tuple(labels)
+        return {name: array for name, array in state.items() if same or not name.startswith("classifier.")}
+    return hf.read_pretrained_state(folder, config.replace(num_labels=len(labels), id2label=tuple(labels)),
+                                    "classification", head)
 
 
 def read_run_pretrained(config, model):
-    """``{minitf name: host array}`` of a fine-tuning run's --init-from folder for its masked LM (a classifier
-    folder's encoder; the masked-LM head then keeps its new values)."""
-    _, head, _ = hf.pretrained_config(config.init_from)
-    state = hf.read_pretrained_state(config.init_from, model.config, "masked_lm", head)
-    return dict(model.state_dict(), **state) if head != "masked_lm" else state
+    """``{minitf name: host array}`` of a fine-tuning run's --init-from folder for its whole ``model``
+    (:func:`pretrained_state`; the parts the folder does not give keep ``model``'s new values)."""
+    return dict(model.state_dict(), **pretrained_state(config.init_from, config.labels))

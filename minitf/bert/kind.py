@@ -10,7 +10,7 @@ from minitf.bert import hf
 from minitf.bert.config import PRESETS, BertRunConfig, build_run_model, validate
 from minitf.bert.model import BertForMaskedLM, BertForSequenceClassification
 from minitf.training.errors import DataError, UsageError
-from minitf.training.kind import Kind, Loaded
+from minitf.training.kind import Kind, Loaded, Page
 
 
 class BertKind(Kind):
@@ -21,6 +21,10 @@ class BertKind(Kind):
     extends = ("gpt",)  # its runs read the language models' text (minitf.lm.task's flags, files, default text)
     presets = PRESETS
     run_config = BertRunConfig
+    #: One text with [MASK]: attention in both directions, each mask's candidates, the gradient to every token.
+    page = Page("encoder", loss_name="masked-token cross-entropy", text_label="text with [MASK]",
+                score_caption="exp(validation masked-token cross-entropy): lower is better.",
+                no_reference="a masked LM scores the text's own masks on its top candidates")
     use_a_run = ("fill its masks with python -m minitf.fill_mask --checkpoint RUN --text '... [MASK] ...' (a "
                  "classifier: python -m minitf.classify --checkpoint RUN --text '...')")
 
@@ -81,6 +85,27 @@ class BertKind(Kind):
                              f"{config.vocab_size}; they do not belong together: copy the model's own tokenizer")
         return Loaded(model, tokenizer, self, folder, None, context=config.positions,
                       context_why="its max_position_embeddings", hf_config=hf_config)
+
+    # -- what the study tools ask (python -m minitf.trace and minitf.inspect find them here: minitf.bert.study)
+    def walk(self, tracer, model):
+        from minitf.bert.study import bert_walk
+        return bert_walk(tracer, model)
+
+    def page_parts(self, model):
+        from minitf.bert.study import page_parts
+        return page_parts(model)
+
+    def describe_model(self, model):
+        from minitf.bert.study import describe
+        return describe(model)
+
+    def trace_loaded(self, loaded, text):
+        from minitf.bert.study import trace_loaded
+        return trace_loaded(loaded, text)
+
+    def trace_example(self):
+        from minitf.bert.study import trace_example
+        return trace_example()
 
     def write_folder(self, loaded, folder):
         """``loaded`` written as a Hugging Face folder (config.json, model.safetensors: :func:`minitf.bert.hf.

@@ -206,7 +206,12 @@ def gpt_header(loss):
 def build_model(model_class="transformer"):
     """The traced model: CONFIG (or GPT_CONFIG for "gpt"), float64, weight matrices set to round numbers."""
     backend.manual_seed(0)
-    model = minitf.GPT(**GPT_CONFIG) if model_class == "gpt" else minitf.Transformer(**CONFIG)
+    return with_round_numbers(minitf.GPT(**GPT_CONFIG) if model_class == "gpt" else minitf.Transformer(**CONFIG))
+
+
+def with_round_numbers(model):
+    """``model`` with every weight matrix and table set to round numbers (:func:`round_numbers`, each parameter
+    its own offset); biases and LayerNorm gains keep their initial 0 and 1. Returns it."""
     for offset, (_, p) in enumerate(model.named_parameters()):
         data = backend.to_numpy(p.data)
         if data.ndim >= 2:                                  # weights: round numbers

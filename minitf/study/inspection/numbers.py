@@ -197,6 +197,16 @@ def language_model(model, ids, top=TOP, parts=None):
     return _inspection(logits, targets, top, loss, loss_fn, 0.0, attention, tracer, model, parts)
 
 
+def encoder(model, ids, targets, top=TOP, parts=None):
+    """The :class:`Inspection` of one text through an encoder with a token-level head (a masked LM, whose ``parts``
+    its kind gives): ``ids`` (L,), ``targets`` (L,) the token each scored position is scored on (-1: none, every
+    position but the masks); every position reads every other (attention in both directions)."""
+    ids, targets = np.asarray(ids, dtype=np.int64), np.asarray(targets, dtype=np.int64)
+    loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+    logits, loss, attention, tracer = _run(model, loss_fn, lambda: model(ids[None]), targets, top, parts)
+    return _inspection(logits, targets, top, loss, loss_fn, 0.0, attention, tracer, model, parts)
+
+
 def _inspection(logits, targets, top, loss, loss_fn, smoothing, attention, tracer, model, parts):
     probability, top_ids, top_probs = _predictions(logits, targets, top)
     walk, points = _walk(tracer, model, parts.walk)

@@ -241,8 +241,12 @@
 
   function tokensSection(ex, parent) {
     const box = section("tokens", "Tokens and predictions", parent);
-    const gpt = ex.source === null;
-    h("p", {class: "caption"}, box, gpt
+    const gpt = ex.source === null, enc = ex.masked === true;  // enc: an encoder's text, scored at its masks
+    h("p", {class: "caption"}, box, enc
+      ? "The text as the encoder reads it (its tokenizer's pieces, with its special tokens). Every position reads " +
+        "every other (attention in both directions); only the masks are scored, " + ex.target_from + ". Hover " +
+        "over a mask (or click it, or tab to it) to see its five most likely tokens, the candidates for it."
+      : gpt
       ? "The text as the model reads it (its tokenizer's pieces). Token t is predicted from tokens 0 … t−1, so " +
         "each token's colour is the probability the model gave it before seeing it; the first token has nothing " +
         "before it. Hover over a token (or click it, or tab to it) to see the five tokens the model found most " +
@@ -260,19 +264,24 @@
       `target: ${ex.predicted.length} pieces, each predicted from the source and the target pieces before it`);
     const row = h("div", {class: "tokens", id: "targets"}, box);
     // each chip: [text, the position whose prediction it shows (or -1), whether it is the scored token]
-    const items = gpt ? [[ex.input[0], -1]].concat(ex.input.slice(1).map((p, i) => [p, i]), [["next?", ex.input.length - 1]])
+    const items = enc ? ex.input.map((p, i) => [p, ex.predicted[i] === null ? -2 : i])
+      : gpt ? [[ex.input[0], -1]].concat(ex.input.slice(1).map((p, i) => [p, i]), [["next?", ex.input.length - 1]])
       : ex.predicted.map((p, i) => [p, i]);
     const panel = h("div", {class: "box", id: "alternatives", "aria-live": "polite"}, null);
     let pinned = null;
     items.forEach(([piece, position], k) => {
+      if (position === -2) {  // an encoder's position that is not masked: no loss there
+        h("span", {class: "token none", title: "not masked: the loss reads no prediction here"}, row, show(piece));
+        return;
+      }
       if (position < 0) {
         const chip = h("span", {class: "token none", title: "the first token: nothing before it predicts it"}, row, show(piece));
         h("small", {}, chip, "first");
         return;
       }
-      const p = ex.probability[position], next = gpt && k === items.length - 1;
+      const p = ex.probability[position], next = gpt && !enc && k === items.length - 1;
       const chip = h("span", {class: "token target" + (next ? " none" : ""), tabindex: 0, "data-position": position}, row,
-                     next ? "next?" : show(piece));
+                     next ? "next?" : enc ? show(piece) + " → " + show(ex.predicted[position]) : show(piece));
       if (!next) {
         chip.style.background = colour(GREENS, p);
         chip.style.color = darkOn(p) ? "#fff" : "#1b1f24";
@@ -293,9 +302,9 @@
     });
     gradientLegend(box, GREENS, "0", "1", "probability the model gave the shown token");
     box.appendChild(panel);
-    h("p", {class: "muted"}, panel, "Hover over a " + (gpt ? "token" : "target token") + " to see the alternatives the model weighed there.");
+    h("p", {class: "muted"}, panel, "Hover over a " + (enc ? "mask" : gpt ? "token" : "target token") + " to see the alternatives the model weighed there.");
     const ppl = Math.exp(ex.loss);
-    h("p", {id: "loss"}, box, `loss: ${fmt(ex.loss, 4)}, the cross-entropy of the ${gpt ? "text's next tokens" : "shown target"}` +
+    h("p", {id: "loss"}, box, `loss: ${fmt(ex.loss, 4)}, the cross-entropy of the ${enc ? "masks' top candidates" : gpt ? "text's next tokens" : "shown target"}` +
       `${ex.smoothing ? " (label smoothing " + ex.smoothing + ")" : " (no label smoothing)"}, mean over its ${ex.num_tokens} ` +
       `scored tokens (perplexity ${fmt(ppl, 4)}).`);
   }
@@ -303,9 +312,12 @@
   function alternatives(panel, ex, position, gpt, next) {
     panel.textContent = "";
     const wanted = ex.predicted[position];
-    const context = gpt ? ex.input.slice(Math.max(0, position - 5), position + 1).map(show).join("")
+    const context = ex.masked === true ? ex.input.map(show).join(" ")
+      : gpt ? ex.input.slice(Math.max(0, position - 5), position + 1).map(show).join("")
       : ex.input.slice(Math.max(0, position - 5), position + 1).map(show).join(" ");
     const title = next ? `After the whole text, the model expects next:`
+      : ex.masked === true ? `Position ${position} of “${context}”: the model's five most likely tokens for this mask ` +
+        `(the first, “${show(wanted)}”, probability ${ex.probability_text[position]}, is the one scored):`
       : `Position ${position}: after “…${context}” the model gave “${show(wanted)}” probability ${ex.probability_text[position]}.` +
         " Its five most likely tokens here:";
     h("p", {}, panel, title);
@@ -331,6 +343,9 @@
     "cross-attention": "Rows: the decoder's positions, labelled by the token each reads (left) and the token it " +
       "predicts (right, after →); columns: the source tokens (keys and values come from the encoder's output). " +
       "In a trained model, the row that predicts a target word often weighs the source word it translates.",
+    "self-attention (both directions)": "Rows: the positions as queries, labelled by the token each reads " +
+      "(left) and, at a mask, the token the model puts there (right, after →); columns: every token of the text " +
+      "as keys. Nothing is masked: each position reads the tokens before and after it.",
     "causal self-attention": "Rows: the positions, labelled by the token each reads (left) and the token it " +
       "predicts (right, after →); columns: the tokens read at the same or earlier positions. Grey cells are " +
       "masked: a position cannot look at later ones.",
@@ -494,7 +509,7 @@
     const charts = h("div", {class: "charts"}, box);
     lineChart(charts, {
       id: "points", title: "The gradient down the residual stream",
-      caption: "|dL/dx| at the decoder's output, at each layer's input (the top layer first)" +
+      caption: `|dL/dx| at the ${ex.masked === true ? "encoder" : "decoder"}'s output, at each layer's input (the top layer first)` +
         (gpt ? ", down to the embeddings." : ", at the encoder's output (the memory: its gradient sums the " +
           "cross-attention of every decoder layer) and at each encoder layer's input.") +
         (ex.points_note ? " " + ex.points_note : ""),

@@ -120,20 +120,22 @@ LAST_TOKEN_NOTE = ("The last bar is always 0: the text's last token predicts not
 #: Which tokens label the rows and the columns of each attention (``source``: the encoder's input;
 #: ``input``: the decoder's, or a GPT's, input tokens).
 AXES = {"encoder self-attention": ("source", "source"), "decoder masked self-attention": ("input", "input"),
-        "cross-attention": ("input", "source"), "causal self-attention": ("input", "input")}
+        "cross-attention": ("input", "source"), "causal self-attention": ("input", "input"),
+        "self-attention (both directions)": ("input", "input")}
 #: Attentions whose weights above the diagonal are masked (a position sees itself and earlier ones).
 CAUSAL = ("decoder masked self-attention", "causal self-attention")
 
 
 def example_data(inspection, text, input_ids, piece, source_ids=None, target_from="", reference=None, notes=(),
-                 source_piece=None):
+                 source_piece=None, masked=False):
     """The JSON of one example: ``text`` as given, the token pieces (``piece(id) -> str``; the source's
     ``source_piece``, default ``piece``) of the decoder's (a GPT's) ``input_ids`` and of the ``source_ids``
-    (translation), what the targets are (``target_from``), and every number of ``inspection``."""
+    (translation), what the targets are (``target_from``), and every number of ``inspection``; ``masked``: an
+    encoder's text, scored at its masks only (no last-token note)."""
     targets = [int(t) for t in inspection.targets]
     source_piece = source_piece or piece
     return {
-        "text": text, "reference": reference, "target_from": target_from, "notes": list(notes),
+        "text": text, "reference": reference, "masked": masked, "target_from": target_from, "notes": list(notes),
         "source": None if source_ids is None else [source_piece(int(i)) for i in source_ids],
         "input": [piece(int(i)) for i in input_ids],
         "predicted": [piece(t) if t >= 0 else None for t in targets],
@@ -154,7 +156,7 @@ def example_data(inspection, text, input_ids, piece, source_ids=None, target_fro
         "points_note": None if source_ids is None else POINTS_NOTE,
         "embedding_grad": {"axis": "input" if source_ids is None else "source",
                            "norms": [float(n) for n in inspection.embedding_grad],
-                           "note": LAST_TOKEN_NOTE if source_ids is None else None},
+                           "note": LAST_TOKEN_NOTE if source_ids is None and not masked else None},
     }
 
 
