@@ -9,10 +9,11 @@ from minitf import backend
 from minitf.backend import host as np
 from minitf.bert.config import build_run_model, read_run_pretrained
 from minitf.bert.masking import chosen, mask_inputs
+from minitf.lm.trainer import LanguageModelTrainer
 from minitf.loss import LabelSmoothedCrossEntropy
 from minitf.module import no_grad
 from minitf.training import trainer as base
-from minitf.training.errors import DataError, StepOutOfMemory
+from minitf.training.errors import DataError
 from minitf.training.files import write_json_atomic
 from minitf.training.trainer import Trainer, perplexity
 
@@ -116,24 +117,10 @@ class BertTrainer(Trainer):
         inputs, targets, padding = self.masked_batch("train", share, self.step)
         return self.loss_fn(self.model(inputs, key_padding_mask=padding), targets)
 
-    def _out_of_memory(self, update):
-        self.model.clear_saved()
-        self.loss_fn.clear_saved()
-        c = self.config
-        return StepOutOfMemory(
-            f"out of memory at step {self.step + 1} on a batch of {max(1, c.max_tokens // c.block_size)} sequences "
-            f"of up to {c.block_size} tokens (rank {self.world.rank}, {len(update)} batches per update); use a "
-            f"smaller --max-tokens (this run: {c.max_tokens}), e.g. --resume {self.run_dir} --max-tokens "
-            f"{max(c.block_size, c.max_tokens // 2)}; last good checkpoint: {self.last_checkpoint or 'none yet'}")
-
-    def end_reserve(self):
-        """One more validation and the test split, timed by the last validation (a share before any)."""
-        budget = self.budget
-        if budget.limit is None:
-            return 0.0
-        if budget.seconds_per_sentence is None:
-            return budget.UNMEASURED_SHARE * budget.limit + budget.MARGIN_SECONDS
-        return 2 * budget.validation_seconds + budget.MARGIN_SECONDS
+    # the language models' out-of-memory line and end-of-run reserve (this kind extends theirs: minitf.lm)
+    BATCH_ROWS = "sequences of up to"
+    _out_of_memory = LanguageModelTrainer._out_of_memory
+    end_reserve = LanguageModelTrainer.end_reserve
 
     #: What carries the loss (metrics.jsonl's count key, the log's words), what the loss is called.
     counted, counted_words, loss_words = "tokens", "masked tokens", "masked-token loss"

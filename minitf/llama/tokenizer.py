@@ -12,7 +12,7 @@ from minitf.atomic import write_atomic
 from minitf.llama.hf import read_json_object
 from minitf.pretrained import write_json
 from minitf.training.errors import DataError
-from minitf.training.tokenizer import HuggingFaceTokenizer, tokenizers_package
+from minitf.training.tokenizer import HuggingFaceTokenizer, read_tokenizer_json, tokenizers_package
 
 #: What a run's tokenizer.model would hold for this tokenizer (its "format").
 FORMAT = "minitf-llama-tokenizer"
@@ -73,13 +73,7 @@ class LlamaTokenizer(HuggingFaceTokenizer):
 def read_tokenizer(folder, eos_ids=()):
     """The :class:`LlamaTokenizer` of ``folder``'s tokenizer.json; a one-line DataError for a folder without one
     (Llama 2's sentencepiece tokenizer.model alone is not read) or one the package cannot read."""
-    path = tokenizer_path(folder)
-    tokenizers = tokenizers_package(f"the tokenizer of {folder}")
-    try:
-        tokenizer = tokenizers.Tokenizer.from_file(str(path))
-    except Exception as error:  # the tokenizers package raises a bare Exception
-        raise DataError(f"{path} cannot be read as a tokenizer ({str(error).strip() or type(error).__name__}); "
-                        "copy it again from the model's Hugging Face folder") from None
+    tokenizers, tokenizer = read_tokenizer_json(tokenizer_path(folder), f"the tokenizer of {folder}")
     return LlamaTokenizer(as_transformers_reads(tokenizer, folder, tokenizers), eos_ids)
 
 

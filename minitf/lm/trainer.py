@@ -72,14 +72,17 @@ class LanguageModelTrainer(Trainer):
         inputs, targets = self.corpus.batch("train", share)                # (B, T), (B, T)
         return self.loss_fn(self.model(inputs), targets)
 
+    #: What a batch's rows are, in the out-of-memory line (a masked LM's: "sequences of up to").
+    BATCH_ROWS = "blocks of"
+
     def _out_of_memory(self, update):
         self.model.clear_saved()
         self.loss_fn.clear_saved()
         c = self.config
         return StepOutOfMemory(
-            f"out of memory at step {self.step + 1} on a batch of {max(1, c.max_tokens // c.block_size)} blocks of "
-            f"{c.block_size} tokens (rank {self.world.rank}, {len(update)} batches per update); use a smaller "
-            f"--max-tokens (this run: {c.max_tokens}), e.g. --resume {self.run_dir} --max-tokens "
+            f"out of memory at step {self.step + 1} on a batch of {max(1, c.max_tokens // c.block_size)} "
+            f"{self.BATCH_ROWS} {c.block_size} tokens (rank {self.world.rank}, {len(update)} batches per update); use "
+            f"a smaller --max-tokens (this run: {c.max_tokens}), e.g. --resume {self.run_dir} --max-tokens "
             f"{max(c.block_size, c.max_tokens // 2)}; last good checkpoint: {self.last_checkpoint or 'none yet'}")
 
     def end_reserve(self):

@@ -16,7 +16,7 @@ import re
 
 from minitf.atomic import write_atomic
 from minitf.training.errors import DataError
-from minitf.training.tokenizer import HuggingFaceTokenizer, _spm, tokenizers_package
+from minitf.training.tokenizer import HuggingFaceTokenizer, _spm, read_tokenizer_json, tokenizers_package
 
 SENTINEL = re.compile(r"<extra_id_(\d+)>")
 #: transformers' T5Tokenizer's default number of sentinels
@@ -120,12 +120,7 @@ def read_tokenizer(folder, config):
     tokenizer_present(folder)
     if (folder / "tokenizer.json").is_file():
         path = folder / "tokenizer.json"
-        tokenizers = tokenizers_package(f"the tokenizer of {folder}")
-        try:
-            tokenizer = tokenizers.Tokenizer.from_file(str(path))
-        except Exception as error:  # the tokenizers package raises a bare Exception
-            raise DataError(f"{path} cannot be read as a tokenizer ({str(error).strip() or type(error).__name__}); "
-                            "copy it again from the model's Hugging Face folder") from None
+        _, tokenizer = read_tokenizer_json(path, f"the tokenizer of {folder}")
         found = T5JsonTokenizer(tokenizer, path.read_bytes(), config.pad_token_id, config.eos_token_id)
         what = str(path)
     else:

@@ -218,6 +218,17 @@ def tokenizers_package(needed_by):
     return tokenizers
 
 
+def read_tokenizer_json(path, needed_by=None):
+    """(the ``tokenizers`` package, the ``tokenizers.Tokenizer`` of the tokenizer.json at ``path``): a one-line
+    DataError for a file the package cannot read, or without the package (``needed_by`` names who needs it)."""
+    tokenizers = tokenizers_package(needed_by or f"the tokenizer of {pathlib.Path(path).parent}")
+    try:
+        return tokenizers, tokenizers.Tokenizer.from_file(str(path))
+    except Exception as error:  # the tokenizers package raises a bare Exception
+        raise DataError(f"{path} cannot be read as a tokenizer ({str(error).strip() or type(error).__name__}); "
+                        "copy it again from the model's Hugging Face folder") from None
+
+
 class HuggingFaceTokenizer:
     """A tokenizer of the ``tokenizers`` package (a Hugging Face model's tokenizer.json) with the interface of
     :class:`Tokenizer` (``encode``, ``decode``, ``vocab_size``, ``model_bytes``, ``sha256``), what every kind that
