@@ -48,7 +48,8 @@ def declared_flags(kind=None):
         if m["action"]:
             keywords["action"] = m["action"]
         else:
-            keywords.update({k: v for k, v in (("type", FLAG_TYPES.get(m["type"])), ("choices", m["choices"]),
+            choices = m["choices"]() if callable(m["choices"]) else m["choices"]
+            keywords.update({k: v for k, v in (("type", FLAG_TYPES.get(m["type"])), ("choices", choices),
                                                ("metavar", m["metavar"])) if v is not None})
         if m["help"]:
             keywords["help"] = m["help"].replace("{default}", default(name, kind)) if "{default}" in m["help"] else m["help"]

@@ -692,6 +692,7 @@ def test_unknown_characters_of_a_marian_folder_are_read_on_its_source_side(tmp_p
 DOCTOR_WORDS = ["Die", "Ärztin"] * 4
 
 
+@pytest.mark.extra("safetensors", "hf")
 @pytest.mark.parametrize("separate", [False, True])
 def test_unknown_text_is_read_from_the_sentences_ids_not_from_single_characters(tmp_path, capsys, separate):
     """A vocabulary without the standalone piece "i" (a character encoded alone: "▁", "i") that still encodes

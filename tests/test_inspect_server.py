@@ -41,6 +41,7 @@ import pytest
 from minitf import inspect
 from minitf.study.inspection import page, serve
 from minitf.training.errors import DataError
+from minitf.training.kind import TRANSLATION_PAGE
 from tests.runs import CPU_ENV, ROOT, copy_run, read_line
 
 TIMEOUT = 30  # s: the longest any answer may take here (a blocked server fails the test, never hangs it)
@@ -276,10 +277,10 @@ def test_a_fifo_or_a_device_in_place_of_the_metrics_file_is_refused_and_the_serv
 
 def test_a_metrics_file_longer_than_the_cap_is_refused_unread(world, monkeypatch):
     size = (world["ref"] / "metrics.jsonl").stat().st_size
-    assert inspect.read_curves(world["ref"], "translation")["train"]["step"]  # read whole at its own size
+    assert inspect.read_curves(world["ref"], TRANSLATION_PAGE)["train"]["step"]  # read whole at its own size
     monkeypatch.setattr(inspect, "MAX_METRICS_BYTES", size - 1)
     with pytest.raises(DataError, match=f"metrics.jsonl holds {size:,} bytes, more than the {size - 1:,} read here"):
-        inspect.read_curves(world["ref"], "translation")
+        inspect.read_curves(world["ref"], TRANSLATION_PAGE)
 
 
 # --------------------------------------------------------------------------- 7. direction and invisible characters

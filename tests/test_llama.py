@@ -307,6 +307,8 @@ def greedy_both(model, theirs, prompt, n):
     return ours, expected
 
 
+@pytest.mark.extra("torch", "bench")
+@pytest.mark.extra("transformers", "bench")
 @pytest.mark.parametrize("family, heads, tied", [("llama", (4, 2), True), ("qwen2", (2, 2), False)])
 def test_greedy_generation_equals_transformers_generate(family, heads, tied, tmp_path):
     with hugging_face_in_float64():

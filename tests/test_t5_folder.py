@@ -40,6 +40,7 @@ def t5_folder(folder, extra_ids=10, vocab_size=72):
     return folder
 
 
+@pytest.mark.extra("safetensors", "hf")
 def test_a_t5_folder_loads_whole_with_its_sentinels_and_prefixes(tmp_path):
     import sentencepiece
     loaded = minitf.load(t5_folder(tmp_path))
@@ -56,6 +57,7 @@ def test_a_t5_folder_loads_whole_with_its_sentinels_and_prefixes(tmp_path):
                                                "summarization": "summarize: "}
 
 
+@pytest.mark.extra("safetensors", "hf")
 def test_sentinels_beyond_the_vocabulary_are_refused_naming_both_files(tmp_path):
     folder = t5_folder(tmp_path, extra_ids=20, vocab_size=72)
     with pytest.raises(DataError) as error:
@@ -65,6 +67,7 @@ def test_sentinels_beyond_the_vocabulary_are_refused_naming_both_files(tmp_path)
            "config.json's vocab_size 72" in message and "\n" not in message
 
 
+@pytest.mark.extra("safetensors", "hf")
 def test_a_folder_without_a_tokenizer_is_refused_before_its_weights(tmp_path):
     folder = t5_folder(tmp_path)
     (folder / "spiece.model").unlink()
@@ -111,6 +114,7 @@ def test_a_folder_with_tokenizer_json_reads_it(tmp_path):
         minitf.load(folder_small)
 
 
+@pytest.mark.extra("safetensors", "hf")
 def test_python_m_minitf_trace_traces_a_t5_folder(tmp_path, capsys):
     """One forward and backward of a text through the folder's model: the header names T5's shape, and the bias
     tables' backward is among the steps."""
@@ -121,6 +125,7 @@ def test_python_m_minitf_trace_traces_a_t5_folder(tmp_path, capsys):
     assert "backward encoder.relative_attention_bias" in out and "backward decoder.relative_attention_bias" in out
 
 
+@pytest.mark.extra("safetensors", "hf")
 def test_python_m_minitf_inspect_refuses_a_t5_folder_in_one_line_writing_nothing(tmp_path, capsys):
     from minitf import inspect
     folder = t5_folder(tmp_path / "t5")

@@ -47,6 +47,7 @@ def setup(tmp_path):
     return corpus, t5_folder(tmp_path, corpus)
 
 
+@pytest.mark.extra("safetensors", "hf")  # the folder is written by minitf's writer
 def test_fine_tuning_lowers_the_loss_with_the_folders_prefix(setup, tmp_path, capsys):
     corpus, folder = setup
     run = tmp_path / "run"
@@ -67,6 +68,7 @@ def test_fine_tuning_lowers_the_loss_with_the_folders_prefix(setup, tmp_path, ca
     assert len(out) == len(open(src, encoding="utf-8").read().splitlines())
 
 
+@pytest.mark.extra("safetensors", "hf")  # the folder is written by minitf's writer
 def test_a_resumed_run_ends_bit_for_bit_equal(setup, tmp_path):
     corpus, folder = setup
     flags = corpus + FLAGS + ["--init-from", folder, "--save-every", "4"]
@@ -81,6 +83,7 @@ def test_a_resumed_run_ends_bit_for_bit_equal(setup, tmp_path):
     assert any(not np.array_equal(theirs["params"][k], start[k]) for k in start)
 
 
+@pytest.mark.extra("safetensors", "hf")  # the folder is written by minitf's writer
 @pytest.mark.extra("torch", "bench")
 @pytest.mark.extra("transformers", "bench")
 def test_an_exported_run_is_read_by_transformers_with_the_same_logits(setup, tmp_path):
@@ -123,6 +126,7 @@ def test_from_scratch_span_corruption_lowers_the_loss_and_resumes_bit_for_bit(tm
     assert loaded.kind.name == "t5" and loaded.tokenizer.sentinel(0) == loaded.tokenizer.vocab_size - 1
 
 
+@pytest.mark.extra("safetensors", "hf")  # the folder is written by minitf's writer
 @pytest.mark.parametrize("flags, words", [
     (["--train-text", "x.txt"], "--train-text are the text of T5 from scratch"),
     (["--prefix", "summarize: "], "does not name --prefix 'summarize: '"),
@@ -137,6 +141,7 @@ def test_bad_inputs_are_one_line(setup, tmp_path, capsys, flags, words):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.extra("safetensors", "hf")  # the folder is written by minitf's writer
 def test_parallel_files_without_init_from_are_one_line(setup, tmp_path, capsys):
     corpus, _ = setup
     code, err = train(corpus + FLAGS + ["--max-steps", "2", "--out", tmp_path / "bad"], capsys)

@@ -415,6 +415,7 @@ def test_a_marian_folder_refuses_a_line_past_its_positions_as_transformers_does(
 
 @pytest.mark.parametrize("flags, named", [(["--max-new-tokens", 99999999998, "--beam", 1], "--max-new-tokens"),
                                            (["--beam", 10 ** 12, "--max-new-tokens", 8], "--beam")])
+@pytest.mark.extra("safetensors", "hf")
 def test_out_of_memory_names_the_setting_that_drove_it(tmp_path, capsys, monkeypatch, flags, named):
     """A Marian folder of 99,999,999,999 positions (minitf's own writer: no torch) lets --max-new-tokens 99999999998 pass
     the context check: decoding one sentence greedily then asks for 745 GiB, and the line said "use a smaller

@@ -54,7 +54,8 @@ def option(default, help="", *, flag=True, resume="fixed", model=False, type=Non
            action=None, group="recipe", flag_default=None, absent=_AS_DEFAULT):
     """A run-config field declared once, with everything the rest derives from it: its ``train.py`` flag
     (``--field-name``; ``flag=False``: set by the command or a folder, never by a flag), the flag's ``help``
-    (``{default}`` is replaced by the presets' values), ``type``, ``choices``, ``metavar``, ``action`` and
+    (``{default}`` is replaced by the presets' values), ``type``, ``choices`` (or a function giving them when the
+    parser is built: a registry that grows), ``metavar``, ``action`` and
     ``group`` in --help, its argparse value when not given (``flag_default``: None, the preset's), what ``--resume``
     does with it (:data:`RESUME_RULES`), whether it shapes the model (``model``: a checkpoint fits a run only if
     these agree, dropout aside), and the value a config.json written before the field existed means
@@ -148,7 +149,7 @@ class RunConfig:
     clip_norm: float = option(0.0, "global gradient-norm clipping (0 = off; {default})", resume="recipe",
                               type="float")
     optimizer: str = option("adam", "the update rule ({default}: the paper's, beta1 0.9, beta2 0.98, eps 1e-9)",
-                            choices=tuple(OPTIMIZERS))
+                            choices=lambda: tuple(OPTIMIZERS))  # read when the parser is built
     precision: str = option("fp32", "{default}: fp32; tf32 (GPU: TF32 tensor-core matmuls via CUPY_TF32=1); fp16 "
                             "(float16 model, float32 master weights and Adam moments, dynamic loss scaling)",
                             choices=PRECISIONS, group="run")
