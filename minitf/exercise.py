@@ -436,7 +436,7 @@ def _router_reference(inputs, params, dy):
     from minitf.moe import put_rows, top_k
     xp = backend.xp
     forms = {}
-    for i, form in enumerate(("mixtral", "qwen")):
+    for i, (form, renormalised) in enumerate((("mixtral", True), ("qwen", False))):
         z, out, g = inputs[f"logits_{form}"], inputs[f"out_{form}"], dy[i]
         p = softmax(z)                                                  # over all E  (N, E)
         idx, c = top_k(p, ROUTER_K)                                     # (N, k)
@@ -451,7 +451,7 @@ def _router_reference(inputs, params, dy):
         q = c / t                                                       # the softmax of the chosen logits alone
         over_chosen = xp.zeros_like(p)
         put_rows(over_chosen, idx, q * (dw - (dw * q).sum(axis=-1, keepdims=True)))
-        every = p / t if form == "mixtral" else p                       # the weight every expert would get  (N, E)
+        every = p / t if renormalised else p                            # the weight every expert would get  (N, E)
         forms[form] = SimpleNamespace(every_expert=every[..., None] * g[:, None, :],   # (N, E, D)
                                       no_jacobian=to_logits(dw / t), over_chosen=over_chosen)
     return SimpleNamespace(**forms)

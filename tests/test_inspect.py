@@ -332,7 +332,7 @@ def test_the_walk_is_the_walk_of_trace_for_its_examples(float64):
                                      np.array(tracer.TGT_OUT[0]), smoothing=tracer.SMOOTHING)
     assert _walk(inspection) == _steps(walk.translation_walk(traced, model))
     traced, model, _ = tracer.run_gpt()
-    inspection = numbers.language_model(tracer.build_model("gpt"), np.array(tracer.GPT_IDS[0]))
+    inspection = numbers.language_model(tracer.build_model(minitf.GPT, tracer.GPT_CONFIG), np.array(tracer.GPT_IDS[0]))
     assert _walk(inspection) == _steps(walk.language_model_walk(traced, model))
     llama = kinds.get("llama")
     traced, model, _ = llama.trace_example().run()

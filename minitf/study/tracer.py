@@ -203,10 +203,11 @@ def gpt_header(loss):
             "float64, dropout 0", f"ids {GPT_IDS}, next-token targets {GPT_NEXT} (-1: none, ignored); loss {loss:.6f}"]
 
 
-def build_model(model_class="transformer"):
-    """The traced model: CONFIG (or GPT_CONFIG for "gpt"), float64, weight matrices set to round numbers."""
+def build_model(model_class=None, config=None):
+    """The traced model: ``model_class(**config)`` (default: the paper's Transformer of CONFIG; the GPT example
+    passes minitf.GPT and GPT_CONFIG), float64, weight matrices set to round numbers."""
     backend.manual_seed(0)
-    return with_round_numbers(minitf.GPT(**GPT_CONFIG) if model_class == "gpt" else minitf.Transformer(**CONFIG))
+    return with_round_numbers((model_class or minitf.Transformer)(**(config or CONFIG)))
 
 
 def with_round_numbers(model):
@@ -244,7 +245,7 @@ def run_translation(model, src, tgt_in, tgt_out, smoothing=0.0, pad_id=0):
 def run_gpt(model=None):
     """The GPT example: forward, the next-token loss (no smoothing) and backward under a Tracer.
     Returns (tracer, model, loss). Call inside ``default_dtype("float64")``."""
-    return run_next_token(build_model("gpt") if model is None else model)
+    return run_next_token(build_model(minitf.GPT, GPT_CONFIG) if model is None else model)
 
 
 def run_next_token(model, ids=GPT_IDS, targets=GPT_NEXT):
