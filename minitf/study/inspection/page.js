@@ -306,7 +306,7 @@
     const ppl = Math.exp(ex.loss);
     h("p", {id: "loss"}, box, `loss: ${fmt(ex.loss, 4)}, the cross-entropy of the ${enc ? "masks' top candidates" : gpt ? "text's next tokens" : "shown target"}` +
       `${ex.smoothing ? " (label smoothing " + ex.smoothing + ")" : " (no label smoothing)"}, mean over its ${ex.num_tokens} ` +
-      `scored tokens (perplexity ${fmt(ppl, 4)}).`);
+      `scored token${ex.num_tokens === 1 ? "" : "s"} (perplexity ${fmt(ppl, 4)}).`);
   }
 
   function alternatives(panel, ex, position, gpt, next) {
