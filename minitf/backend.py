@@ -480,6 +480,33 @@ _ERFC_S = (1.0, 2.26052863220117276590E0, 9.39603524938001434673E0, 1.2048953980
            1.70814450747565897222E1, 9.60896809063285878198E0, 3.36907645100081516050E0)
 
 
+# The single-precision form: Eigen's generic_fast_erf_float coefficients (odd numerator x P(x^2), even
+# denominator Q(x^2)); its own error is 6.5e-8 on [-4, 4], under float32's rounding of values near 1.
+_ERF_SINGLE_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+                 -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+_ERF_SINGLE_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+                 -1.42647390514189e-02)
+
+
+def _erf_single(module, x):
+    """erf of a float32/float16 array, as float64: x P(x^2) / Q(x^2) by Horner's rule, in place."""
+    x = module.clip(x, -4.0, 4.0, dtype=numpy.float64)             # erf(4) = 1 - 1.5e-8: 1 in float32
+    z = x * x
+    p = z * _ERF_SINGLE_P[0]
+    p += _ERF_SINGLE_P[1]
+    for c in _ERF_SINGLE_P[2:]:
+        p *= z
+        p += c
+    p *= x                                                         # x P(x^2)
+    q = z * _ERF_SINGLE_Q[0]
+    q += _ERF_SINGLE_Q[1]
+    for c in _ERF_SINGLE_Q[2:]:
+        q *= z
+        q += c                                                     # Q(x^2)
+    p /= q
+    return p
+
+
 def _polynomial(coefficients, z):
     """c[0] z^n + ... + c[n] by Horner's rule."""
     result = coefficients[0] + 0 * z
@@ -491,15 +518,17 @@ def _polynomial(coefficients, z):
 def erf(x):
     """The error function, elementwise, in the dtype of ``x`` (float arrays of the active backend).
 
-    erf(x) = x T(x^2) / U(x^2) for |x| <= 1; otherwise 1 - erfc(|x|) with the sign of x, where
-    erfc(a) = exp(-a^2) P(a) / Q(a) for 1 < a < 8 and exp(-a^2) R(a) / S(a) beyond (Cephes)."""
+    float64: erf(x) = x T(x^2) / U(x^2) for |x| <= 1; otherwise 1 - erfc(|x|) with the sign of x, where
+    erfc(a) = exp(-a^2) P(a) / Q(a) for 1 < a < 8 and exp(-a^2) R(a) / S(a) beyond (Cephes).
+    float32 and float16: one rational x P(x^2) / Q(x^2) on x clipped to [-4, 4] (erf is 1 in float32 beyond),
+    evaluated in float64 and rounded: within 1e-7 of erf, a third of the three branches' time (BERT's GELU)."""
     module = _state["module"]
     if getattr(module, "__name__", "") == "cupy":
         import cupyx.scipy.special
         return cupyx.scipy.special.erf(x)
     dtype = x.dtype
-    if dtype == numpy.float16:                                     # the coefficients need float32's range
-        x = x.astype(numpy.float32)
+    if dtype in (numpy.float32, numpy.float16):
+        return _erf_single(module, x).astype(dtype, copy=False)
     a = module.abs(x)
     x_small = module.clip(x, -1.0, 1.0)                            # the |x| <= 1 branch, finite everywhere
     z = x_small * x_small

@@ -410,7 +410,10 @@ class GELU(Module):
             cdf = t + 1.0
             cdf *= 0.5                                           # Phi(x) ~ (1 + tanh u) / 2
         else:
-            cdf = 0.5 * (1.0 + backend.erf(x * (1.0 / math.sqrt(2.0))))  # Phi(x) = (1 + erf(x / sqrt 2)) / 2
+            # cdf = 0.5 * (1.0 + backend.erf(x * (1.0 / math.sqrt(2.0))))  (below in erf's own array)
+            cdf = backend.erf(x * (1.0 / math.sqrt(2.0)))
+            cdf += 1.0
+            cdf *= 0.5                                           # Phi(x) = (1 + erf(x / sqrt 2)) / 2
         y = x * cdf                                              # y = x Phi(x)
         return (y, cdf, t) if self.approximate == "tanh" else (y, cdf)
 
@@ -425,8 +428,15 @@ class GELU(Module):
         """dx of dy, given the forward's x, Phi(x) and (tanh form) t; elementwise."""
         if t is None:
             # y = x Phi(x)  =>  dy/dx = Phi(x) + x phi(x),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
-            pdf = xp.exp(-0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi))
-            return dy * (cdf + x * pdf)
+            # pdf = xp.exp(-0.5 * (x * x)) * (1.0 / math.sqrt(2.0 * math.pi));  dx = dy * (cdf + x * pdf)
+            # (below one step at a time in one array)
+            slope = x * x
+            slope *= -0.5
+            xp.exp(slope, out=slope)
+            slope *= 1.0 / math.sqrt(2.0 * math.pi)              # phi(x)
+            slope *= x
+            slope += cdf                                         # y'(x) = Phi(x) + x phi(x)
+            return dy * slope
         # y = x (1 + tanh u) / 2  =>  dy/dx = (1 + t) / 2 + x (1 - t^2) / 2 * du/dx,
         # du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2). In NumPy, below one step at a time in two arrays:
         # du_dx = SQRT_2_OVER_PI * (1.0 + (3.0 * GELU_CUBIC) * (x * x))

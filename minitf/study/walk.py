@@ -109,7 +109,7 @@ def activation_line(activation):
     """(function, snippet) of the line of ``activation``'s backward that computes dx, None for an unknown one."""
     snippets = {ReLU: "dy * (y > 0)", SiLU: "return dy * (s + x * ds_dx)",
                 GELU: "return dy * dy_dx" if getattr(activation, "approximate", None) == "tanh"
-                else "return dy * (cdf + x * pdf)"}
+                else "return dy * slope"}
     snippet = snippets.get(type(activation))
     # the line lives in the per-row function the backward runs on threads (minitf.backend.by_rows), if it has one
     where = getattr(type(activation), "backward_rows", type(activation).backward)
