@@ -3,9 +3,10 @@
 error and no network request; the layer and head selectors change the heat map; hovering a target token shows
 its alternatives; the served page recomputes a typed sentence; a right-to-left override in a linked sentence
 leaves the page's warning drawn left to right; a mixture of experts' grid shows each token's experts and, on
-hover, its router's probabilities, and its load chart each layer's shares (a run without a log says so); a screenshot of each view is saved under the
-test's temporary folder (``pytest --basetemp DIR`` keeps them where you can look). The numbers themselves are
-checked against the model's without a browser (tests/test_inspect.py)."""
+hover, its router's probabilities, and its load chart each layer's shares (a run without a log says so); a
+screenshot of each view is saved under the test's temporary folder (``pytest --basetemp DIR`` keeps them where
+you can look). The numbers themselves are checked against the model's without a browser
+(tests/test_inspect.py)."""
 import json
 import shutil
 import urllib.parse
