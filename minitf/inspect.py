@@ -5,8 +5,9 @@ no network and no server) and prints its path: the sentence's tokens as the mode
 probability of each target token with the five most likely alternatives, every attention of every
 layer and head as a heat map, the backward pass (the gradient norm at each step of the walk of ``python
 -m minitf.trace --walk``, for every layer, and each input token's embedding gradient), and for a run
-folder its training curves (metrics.jsonl). Sentences come from ``--text`` or stdin, one per line. A
-translation run or a Hugging Face Marian (opus-mt) folder scores ``--reference`` if given, else the model's
+folder its training curves (metrics.jsonl); a mixture of experts adds the experts each token chose in
+each sparse layer and, for a run, each expert's share of the load over training. Sentences come from ``--text``
+or stdin, one per line. A translation run or a Hugging Face Marian (opus-mt) folder scores ``--reference`` if given, else the model's
 own translation (beam search), teacher-forced; a GPT or Llama run (``train.py --model gpt``, ``--model llama``)
 or a Hugging Face GPT-2 or Llama-family folder scores each next token of the text. ``--serve`` serves the page on http://127.0.0.1:PORT/ with a text box instead (docs/inspect.md).
 
