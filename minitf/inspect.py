@@ -5,8 +5,9 @@ no network and no server) and prints its path: the sentence's tokens as the mode
 probability of each target token with the five most likely alternatives, every attention of every
 layer and head as a heat map, the backward pass (the gradient norm at each step of the walk of ``python
 -m minitf.trace --walk``, for every layer, and each input token's embedding gradient), and for a run
-folder its training curves (metrics.jsonl). Sentences come from ``--text`` or stdin, one per line. A
-translation run or a Hugging Face Marian (opus-mt) folder scores ``--reference`` if given, else the model's
+folder its training curves (metrics.jsonl); a mixture of experts adds the experts each token chose in
+each sparse layer and, for a run, each expert's share of the load over training. Sentences come from ``--text``
+or stdin, one per line. A translation run or a Hugging Face Marian (opus-mt) folder scores ``--reference`` if given, else the model's
 own translation (beam search), teacher-forced; a GPT or Llama run (``train.py --model gpt``, ``--model llama``)
 or a Hugging Face GPT-2 or Llama-family folder scores each next token of the text. ``--serve`` serves the page on http://127.0.0.1:PORT/ with a text box instead (docs/inspect.md).
 
@@ -24,6 +25,7 @@ import webbrowser
 from minitf import backend, kinds
 from minitf.atomic import kind_of, writable_target, write_atomic
 from minitf.module import no_grad
+from minitf.moe import LOAD_RECORD
 from minitf.study.inspection import numbers
 from minitf.study.inspection.page import example_data, loaded_note, render, visible
 from minitf.study.inspection.serve import BadRequest, make_server, serve_forever
@@ -42,6 +44,9 @@ MAX_SENTENCES = 20
 MAX_CURVE_POINTS = 2000
 #: The longest metrics.jsonl read for the curves (a million steps' records is about 200 MB).
 MAX_METRICS_BYTES = 256 << 20
+#: The most expert counts the load over training draws (points x sparse layers x experts): a longer run's steps are
+#: summed in runs of consecutive steps, so that a model of 48 layers of 128 experts still draws 32 points.
+MAX_LOAD_NUMBERS = 200_000
 
 
 # --------------------------------------------------------------------------- #
@@ -268,9 +273,9 @@ def read_regular_file(path, max_bytes):
     return data
 
 
-def read_curves(run_dir, page):
-    """The curves of a run's metrics.jsonl for the page (None when it has no training record), named as the kind's
-    ``page`` (a :class:`minitf.training.kind.Page`) names them; a torn or foreign line is skipped. A metrics.jsonl that is not a regular file, or longer than
+def read_records(run_dir):
+    """(path, train records, valid records) of a run's metrics.jsonl, read once for the page's curves and its
+    expert load; a torn or foreign line is skipped. A metrics.jsonl that is not a regular file, or longer than
     :data:`MAX_METRICS_BYTES`, is a DataError (:func:`read_regular_file`)."""
     path = pathlib.Path(run_dir) / "metrics.jsonl"
     train, valid = [], []
@@ -286,6 +291,13 @@ def read_curves(run_dir, page):
             train.append(record)
         elif record.get("kind") == "valid" and "model" not in record and _finite(record.get("loss")):
             valid.append(record)
+    return path, train, valid
+
+
+def read_curves(run_dir, page, records=None):
+    """The curves of a run's metrics.jsonl for the page (None when it has no training record), named as the kind's
+    ``page`` (a :class:`minitf.training.kind.Page`) names them; ``records``: :func:`read_records`'s, else read."""
+    path, train, valid = records or read_records(run_dir)
     if not train:
         return None
     stride = -(-len(train) // MAX_CURVE_POINTS)
@@ -297,6 +309,37 @@ def read_curves(run_dir, page):
                       "lr": [r.get("lr") if _finite(r.get("lr")) else None for r in train]},
             "valid": {"step": [r["step"] for r in valid], "loss": [r["loss"] for r in valid],
                       "score": [r.get(score) if _finite(r.get(score)) else None for r in valid]}}
+
+
+def read_expert_load(records, layers, num_experts):
+    """The load over training of a sparse model's ``layers`` (block numbers, each of ``num_experts`` experts), from
+    the :data:`minitf.moe.LOAD_RECORD` of each training record (:func:`read_records`'s; a record without one, or of
+    another shape, is skipped): None when no record holds it. The records are summed in runs of ``stride``
+    consecutive steps (1 while the run has at most :data:`MAX_CURVE_POINTS` of them and the numbers stay under
+    :data:`MAX_LOAD_NUMBERS`), each run a point at its last step: ``counts`` [layer][point] [E tokens per expert]."""
+    path, train, _ = records
+    shape = (len(layers), num_experts)
+    loads = [(r["step"], r[LOAD_RECORD]) for r in train if _counts(r.get(LOAD_RECORD), shape)]
+    if not loads:
+        return None
+    points = max(1, min(MAX_CURVE_POINTS, MAX_LOAD_NUMBERS // (len(layers) * num_experts)))
+    stride = -(-len(loads) // points)
+    steps, counts = [], [[] for _ in layers]
+    for start in range(0, len(loads), stride):
+        run = loads[start:start + stride]
+        steps.append(run[-1][0])
+        total = np.asarray([load for _, load in run], dtype=np.int64).sum(axis=0)   # (layers, E)
+        for layer, row in zip(counts, total):
+            layer.append([int(n) for n in row])
+    return {"path": str(path), "layers": list(layers), "num_experts": num_experts, "stride": stride,
+            "step": steps, "counts": counts}
+
+
+def _counts(value, shape):
+    """Whether ``value`` is a list of shape[0] lists of shape[1] counts (integers >= 0)."""
+    return (isinstance(value, list) and len(value) == shape[0] and
+            all(isinstance(row, list) and len(row) == shape[1] and
+                all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in row) for row in value))
 
 
 def _finite(value):
@@ -314,19 +357,28 @@ def walk_command(kind):
 
 def page_data(loaded, examples, warnings=(), error=None, serve=None, read_run=True):
     """The JSON of a whole page (see :func:`minitf.study.inspection.page.render`); ``read_run=False``: no run file is
-    read (the server's error page: the error may be that file)."""
-    curves = read_curves(loaded.run_dir, loaded.page) if loaded.run_dir is not None and read_run else None
-    note = ("No training curves on an error page." if not read_run else
-            "No training curves: a Hugging Face folder has no metrics.jsonl." if loaded.run_dir is None and
-            is_hugging_face_folder(loaded.source) else
-            "No training curves: the checkpoint was given without its run folder's metrics.jsonl." if curves is None
-            and loaded.run_dir is None else "No training curves: the run's metrics.jsonl has no training step yet.")
+    read (the server's error page: the error may be that file). A model with sparse feed-forwards (its kind's
+    ``page_parts``' experts) has its load over training too (``expert_load``, else one line saying why not)."""
+    records = read_records(loaded.run_dir) if loaded.run_dir is not None and read_run else None
+    curves = read_curves(loaded.run_dir, loaded.page, records) if records else None
+    sparse = loaded.parts.experts
+    load = read_expert_load(records, [layer for layer, _ in sparse], sparse[0][1].num_experts) \
+        if sparse and records else None
+    why = (" on an error page" if not read_run else
+           ": a Hugging Face folder has no metrics.jsonl" if loaded.run_dir is None and
+           is_hugging_face_folder(loaded.source) else
+           ": the checkpoint was given without its run folder's metrics.jsonl" if loaded.run_dir is None else None)
+    note = f"No training curves{why}." if why else "No training curves: the run's metrics.jsonl has no training step yet."
+    load_note = f"No expert load over training{why}." if why else (
+        f"No expert load over training: no training step of the run's metrics.jsonl holds its {LOAD_RECORD} (the "
+        f"tokens each expert got in each of the {len(sparse)} sparse layers)." if sparse else None)
     title = f"minitf inspect: {loaded.name} ({loaded.layout})"
     return {"title": title, "model": {"kind": loaded.page.layout, "text_label": loaded.page.text_label,
                                       "layout": loaded.layout, "facts": loaded.facts(),
-                                      "walk_command": walk_command(loaded.loaded.kind)},
+                                      "walk_command": walk_command(loaded.loaded.kind), "sparse": bool(sparse)},
             "examples": examples, "warnings": list(warnings), "error": error, "serve": serve,
-            "curves": curves, "curves_note": None if curves else note}
+            "curves": curves, "curves_note": None if curves else note,
+            "expert_load": load, "expert_load_note": None if load or not sparse else load_note}
 
 
 def read_sentences(args):

@@ -24,6 +24,9 @@ from minitf.module import Module, Parameter, is_grad_enabled
 
 #: the auxiliary losses a sparse model reports, by name (:func:`load_balancing_loss`, :func:`router_z_loss`)
 AUX_LOSSES = ("load_balancing", "router_z")
+#: the metrics.jsonl key of each training step's tokens per expert, a list of E counts per sparse layer (written by
+#: the Llama kind's trainer, drawn by the inspection page)
+LOAD_RECORD = "expert_load"
 
 
 class Experts(Module):
@@ -112,8 +115,9 @@ class SparseMoE(Module):
     width, every token) scaled by ``sigmoid(x shared_expert_gate)`` (Linear D -> 1, no bias). x, y (..., D).
 
     After a forward, :attr:`routing` holds that forward's (logits (N, E), probs (N, E), idx (N, k)) for the
-    auxiliary losses and the expert load; :meth:`add_router_gradient` parks a gradient with respect to the router
-    logits that the next :meth:`backward` adds to the one from y (the auxiliary losses' way in).
+    auxiliary losses and the expert load, and :attr:`routing_weights` its weights w (N, k) (:meth:`choices`);
+    :meth:`add_router_gradient` parks a gradient with respect to the router logits that the next :meth:`backward`
+    adds to the one from y (the auxiliary losses' way in).
     """
 
     def __init__(self, d_model, d_ff, num_experts, top_k, norm_topk_prob=True, shared_d_ff=None):
@@ -127,7 +131,7 @@ class SparseMoE(Module):
             self.shared_expert_gate = Linear(d_model, 1, bias=False)
         else:
             self.shared_expert = self.shared_expert_gate = None
-        self.routing = None
+        self.routing = self.routing_weights = None
         self.router_gradient = None
 
     def forward(self, x):
@@ -160,7 +164,7 @@ class SparseMoE(Module):
         else:
             self.save_for_backward(probs=probs, idx=idx, chosen=chosen, total=total, weights=weights, order=order,
                                    token=token, ys=ys, w_sorted=w_sorted, shape=shape)
-        self.routing = (logits, probs, idx)
+        self.routing, self.routing_weights = (logits, probs, idx), weights
         self.router_gradient = None
         return y.reshape(shape)                                      # (..., D)
 
@@ -209,6 +213,13 @@ class SparseMoE(Module):
             self.router_gradient = None
         dx += self.gate.backward(dlogits)                            # logits = x W_router
         return dx.reshape(s.shape)                                   # (N, D) -> (..., D)
+
+    def choices(self):
+        """What the router chose in the last forward, host arrays: (idx (N, k) the experts of each token, its first
+        choice first; weights (N, k) the weight each one's output was summed with; probs (N, E) the router's
+        probabilities over all E experts)."""
+        _, probs, idx = self.routing
+        return tuple(backend.to_numpy(a) for a in (idx, self.routing_weights, probs))
 
     def load(self):
         """Tokens per expert of the last forward: host integers (E,) (the k assignments of every token counted)."""

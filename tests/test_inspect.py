@@ -5,13 +5,15 @@
    here from the layer's weights), each token's probability and top five (against a softmax of the logits),
    the loss, and the gradient norms down the residual stream and at each source embedding (against the model's
    backward driven by hand, layer by layer, and against central differences), post-LN and pre-LN,
-   encoder-decoder and GPT;
+   encoder-decoder and GPT; a mixture of experts' chosen experts, weights and router probabilities against
+   softmax(x W_router) worked out from each sparse block's input;
 2. the walk on the page is the walk of ``python -m minitf.trace --walk`` (the same labels and norms for the
    trace's one-layer examples), with every layer of a deeper model in order;
 3. the page is self-contained: a Content-Security-Policy of ``default-src 'none'`` with the hashes of its one
    script and style, and nothing fetched;
-4. the command on a translation run, a GPT run and a checkpoint folder; each bad input is one line, a non-zero
-   exit and no file (nothing half-written); unknown characters are said on stderr and in the page;
+4. the command on a translation run, a GPT run, a mixture of experts' run (its experts and its load over
+   training) and folder, and a checkpoint folder; each bad input is one line, a non-zero exit and no file
+   (nothing half-written); unknown characters are said on stderr and in the page;
 5. ``--serve``: localhost only, a bad request answered with an error in the page (400) and the server goes on.
 
 The browser tests (the page as a person uses it) are in tests/test_inspect_browser.py.
@@ -267,6 +269,56 @@ def test_the_llama_page_holds_the_models_own_numbers_and_labels_the_shared_heads
     assert labels[-1].startswith("embed_tokens.weight.grad = use 1 + use 2")
     assert [name for name, _ in data["points"]] == ["norm out", "layers.1 in", "layers.0 in"]
     assert kind.describe_model(model)[0] == "Llama"
+    assert data["experts"] is None and parts.experts == []  # a dense model: no expert section
+
+
+@pytest.mark.parametrize("renormalise, shared", [(True, None), (False, 8)], ids=["mixtral", "qwen2-moe"])
+def test_a_sparse_llama_page_holds_each_tokens_experts_as_its_router_chose_them(renormalise, shared, float64):
+    """A Llama whose blocks 0 and 2 are sparse (4 experts, 2 per token; block 1 dense): the page's experts of each
+    position in each sparse layer are the top 2 of softmax(x W_router), worked out here from the router's weights
+    and the input that reached the block in a forward of its own, their weights p renormalised over the two (or p
+    itself), and its probabilities the router's over all 4."""
+    from minitf.llama import Llama, LlamaConfig
+    minitf.manual_seed(4)
+    model = Llama(LlamaConfig(vocab_size=12, d_model=16, num_layers=3, num_heads=4, num_kv_heads=2, d_ff=24,
+                              max_position_embeddings=8, num_experts=4, num_experts_per_tok=2, moe_d_ff=8,
+                              mlp_only_layers=(1,), norm_topk_prob=renormalise, shared_expert_d_ff=shared)).eval()
+    for l in (0, 2):  # routers of std 1, not 0.02: probabilities far from uniform, choices away from ties
+        model.layers[l].mlp.gate.weight.data[...] *= 50
+    kind = kinds.get("llama")
+    parts = kind.page_parts(model)
+    assert [layer for layer, _ in parts.experts] == [0, 2]
+    inspection = numbers.language_model(model, GPT_IDS, parts=parts)
+    _, data = page_of(model, inspection, GPT_IDS)
+    experts = data["experts"]
+    assert (experts["layers"], experts["num_experts"], experts["top_k"], experts["shared"]) == \
+        ([0, 2], 4, 2, shared is not None)
+    inputs = {}
+    for l in (0, 2):  # the input each sparse block reads, from a forward of the test's own
+        mlp = model.layers[l].mlp
+        mlp.forward = lambda x, mlp=mlp, l=l: inputs.setdefault(l, backend.to_numpy(x)[0]) is None or \
+            type(mlp).forward(mlp, x)
+    try:
+        with minitf.no_grad():
+            model(GPT_IDS[None])
+    finally:
+        for l in (0, 2):
+            del model.layers[l].mlp.forward
+    weights, probs = page.decode_array(experts["weights"]), page.decode_array(experts["probs"])
+    assert weights.shape == (2, len(GPT_IDS), 2) and probs.shape == (2, len(GPT_IDS), 4)
+    for i, l in enumerate((0, 2)):
+        z = inputs[l] @ backend.to_numpy(model.layers[l].mlp.gate.weight.data)      # (L, E)
+        p = np.exp(z - z.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        idx = np.argsort(-p, axis=-1)[:, :2]
+        chosen = np.take_along_axis(p, idx, axis=-1)
+        ranked = np.sort(p, axis=-1)
+        assert (ranked[:, -2] - ranked[:, -3]).min() > 1e-6                         # no tie at the k-th place
+        assert experts["idx"][i] == idx.tolist()
+        w = chosen / chosen.sum(axis=-1, keepdims=True) if renormalise else chosen
+        np.testing.assert_allclose(weights[i], w, rtol=1e-6)       # float32 on the page
+        np.testing.assert_allclose(probs[i], p, rtol=1e-6, atol=1e-12)
+    assert all(len({tuple(row) for row in layer}) > 1 for layer in experts["idx"])  # not one choice everywhere
 
 
 # --------------------------------------------------------------------------- the page's words
@@ -475,6 +527,56 @@ def test_sentences_from_stdin_and_a_gpt_run(gpt_run, tmp_path, capsys, monkeypat
     assert data["curves"]["score_name"].startswith("perplexity")
 
 
+def test_a_sparse_run_draws_its_experts_and_its_load_over_training_and_a_dense_one_neither(gpt_run, tmp_path,
+                                                                                           capsys):
+    """A train.py --model llama --num-experts 4 --experts-per-token 2 run: the page holds each token's 2 experts in
+    both sparse layers and, step by step, the expert_load of every training record of its metrics.jsonl; one of
+    its checkpoints copied out of the run says in one line why it has no load; a GPT run (dense) has neither."""
+    from tests.test_llama_moe_train import SPARSE, train_records
+    run, out = tmp_path / "moe", tmp_path / "page.html"
+    assert train(make_text(tmp_path) + SPARSE + ["--max-steps", "4", "--eval-every", "2", "--out", run]) == 0
+    code, err, _ = run_inspect(["--checkpoint", run, "--text", "the cat sees", "--out", out], capsys)
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    assert code == 0 and data["model"]["sparse"] is True, err
+    experts = data["examples"][0]["experts"]
+    assert (experts["layers"], experts["num_experts"], experts["top_k"]) == ([0, 1], 4, 2)
+    assert [len(layer) for layer in experts["idx"]] == [len("the cat sees")] * 2
+    assert all(len(set(choice)) == 2 and set(choice) <= {0, 1, 2, 3} for layer in experts["idx"] for choice in layer)
+    records = train_records(run)
+    load = data["expert_load"]
+    assert load["step"] == [r["step"] for r in records] == [1, 2, 3, 4] and load["stride"] == 1
+    assert load["counts"] == [[r["expert_load"][l] for r in records] for l in (0, 1)]
+    assert data["expert_load_note"] is None
+    alone = shutil.copytree(run / "checkpoints" / "step-00000004", tmp_path / "alone")
+    code, err, _ = run_inspect(["--checkpoint", alone, "--text", "the cat sees", "--out", out], capsys)
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    assert code == 0 and data["expert_load"] is None and data["examples"][0]["experts"]["layers"] == [0, 1]
+    assert data["expert_load_note"] == ("No expert load over training: the checkpoint was given without its run "
+                                        "folder's metrics.jsonl.")
+    code, err, _ = run_inspect(["--checkpoint", gpt_run, "--text", "the cat sees", "--out", out], capsys)
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    assert code == 0 and data["model"]["sparse"] is False and data["examples"][0]["experts"] is None
+    assert data["expert_load"] is None and data["expert_load_note"] is None
+
+
+def test_a_long_runs_load_is_summed_over_runs_of_steps(tmp_path, monkeypatch):
+    """More load records than the page draws: consecutive steps summed in runs of equal length, each a point at its
+    last step (no count lost); records without the load or of another shape are skipped."""
+    from minitf import inspect as command
+    monkeypatch.setattr(command, "MAX_LOAD_NUMBERS", 2 * 3 * 4)            # 4 points of 2 layers of 3 experts
+    rng = np.random.default_rng(0)
+    loads = rng.integers(0, 50, (10, 2, 3))
+    lines = [{"kind": "train", "step": s + 1, "loss": 1.0, "expert_load": loads[s].tolist()} for s in range(10)]
+    lines.insert(3, {"kind": "train", "step": 99, "loss": 1.0, "expert_load": [[1, 2], [3, 4]]})    # another shape
+    lines.insert(5, {"kind": "train", "step": 98, "loss": 1.0})                                    # none
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    load = command.read_expert_load(command.read_records(tmp_path), [1, 3], 3)
+    assert load["stride"] == 3 and load["step"] == [3, 6, 9, 10] and load["layers"] == [1, 3]
+    for l in range(2):
+        assert load["counts"][l] == [loads[a:a + 3, l].sum(axis=0).tolist() for a in (0, 3, 6, 9)]
+    assert command.read_expert_load(command.read_records(tmp_path), [1], 3) is None   # no record of 1 layer
+
+
 def test_unknown_characters_are_said_on_stderr_and_in_the_page(world, tmp_path, capsys):
     out = tmp_path / "page.html"
     code, err, _ = run_inspect(["--checkpoint", world["ref"], "--text", "Der hund ☃ sieht €.", "--beam", 1,
@@ -655,6 +757,44 @@ def test_a_marian_folder_gives_a_page_in_its_own_ids(tmp_path, capsys, float64):
     assert example["loss"] == pytest.approx(loss, rel=1e-6)
     np.testing.assert_allclose([v for _, v in example["points"]], [v for _, v in points], rtol=1e-6)
     np.testing.assert_allclose(example["embedding_grad"]["norms"], embedding, rtol=1e-6)
+
+
+@pytest.mark.extra("tokenizers", "hf")
+def test_a_mixtral_folder_shows_its_experts_and_says_it_has_no_load_over_training(tmp_path, capsys):
+    """A Mixtral folder (a random minitf model of 8 experts, 2 per token, written by save_pretrained, a tokenizer.json
+    trained here), read by minitf.load: the page holds the experts its router chose for each token in each of its
+    2 sparse layers, the same as the folder's model chooses them read by minitf.load, and one line saying a folder
+    has no run log for the load over training."""
+    from minitf.llama import Llama, LlamaConfig, moe_hf
+    from tests.test_llama import write_tokenizer
+    folder = tmp_path / "mixtral"
+    folder.mkdir()
+    V = write_tokenizer(folder)
+    minitf.manual_seed(5)
+    model = Llama(LlamaConfig(vocab_size=V, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=24,
+                              max_position_embeddings=32, num_experts=8, num_experts_per_tok=2, bos_token_id=0,
+                              eos_token_id=1, tie_word_embeddings=False))
+    for block in model.sparse_blocks():
+        block.gate.weight.data[...] *= 50  # choices away from ties
+    model.save_pretrained(folder)
+    assert json.loads((folder / "config.json").read_text())["model_type"] == moe_hf.model_type_of(model.config) \
+        == "mixtral"
+    out = tmp_path / "page.html"
+    code, err, _ = run_inspect(["--checkpoint", folder, "--text", "the cat sees", "--out", out], capsys)
+    assert code == 0, err
+    data = page.read_data(out.read_text(encoding="utf-8"))
+    experts = data["examples"][0]["experts"]
+    assert data["model"]["sparse"] is True and (experts["layers"], experts["num_experts"], experts["top_k"]) == \
+        ([0, 1], 8, 2)
+    loaded = minitf.load(folder)
+    ids = loaded.tokenizer.encode(["the cat sees"])[0]
+    with minitf.no_grad():
+        loaded.model(np.array([ids]))
+    assert experts["idx"] == [block.choices()[0].tolist() for block in loaded.model.sparse_blocks()]
+    np.testing.assert_allclose(page.decode_array(experts["probs"]),
+                               [block.choices()[2] for block in loaded.model.sparse_blocks()], rtol=1e-5, atol=1e-7)
+    assert data["expert_load"] is None
+    assert data["expert_load_note"] == "No expert load over training: a Hugging Face folder has no metrics.jsonl."
 
 
 def test_serve_on_a_port_in_use_is_one_line(world, capsys):

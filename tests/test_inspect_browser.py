@@ -2,9 +2,11 @@
 ``chromium-driver``) driven by selenium (the ``browser`` extra). Each page opens from disk with no console
 error and no network request; the layer and head selectors change the heat map; hovering a target token shows
 its alternatives; the served page recomputes a typed sentence; a right-to-left override in a linked sentence
-leaves the page's warning drawn left to right; a screenshot of each view is saved under the
-test's temporary folder (``pytest --basetemp DIR`` keeps them where you can look). The numbers themselves are
-checked against the model's without a browser (tests/test_inspect.py)."""
+leaves the page's warning drawn left to right; a mixture of experts' grid shows each token's experts and, on
+hover, its router's probabilities, and its load chart each layer's shares (a run without a log says so); a
+screenshot of each view is saved under the test's temporary folder (``pytest --basetemp DIR`` keeps them where
+you can look). The numbers themselves are checked against the model's without a browser
+(tests/test_inspect.py)."""
 import json
 import shutil
 import urllib.parse
@@ -13,9 +15,11 @@ import pytest
 
 from minitf.inspect import main as inspect_main
 from minitf.study.inspection import page
+from tests.helpers import np
 from tests.runs import QUIET, ROOT, TINY, make_corpus, train
 from tests.test_inspect_server import serving
 from tests.test_bert_train import TINY_BERT
+from tests.test_llama_moe_train import SPARSE
 from tests.test_lm_train import TINY_GPT, make_text
 
 pytestmark = pytest.mark.extra("selenium", "browser")
@@ -45,7 +49,8 @@ def browser():
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
     """Pages of a post-LN and a pre-LN translation run (2 + 2 layers, a reference with a word the model
-    never saw), of a GPT run, of a Llama-block run and of a BERT masked-LM run (a text with [MASK])."""
+    never saw), of a GPT run, of a Llama-block run, of a mixture of experts' run and one of its checkpoints alone,
+    and of a BERT masked-LM run (a text with [MASK])."""
     folder = tmp_path_factory.mktemp("pages")
     corpus = make_corpus(folder)
     made = {}
@@ -66,6 +71,13 @@ def pages(tmp_path_factory):
     made["llama"] = (run, folder / "llama.html")
     assert inspect_main(["--checkpoint", str(run), "--text", "the cat sees a dog.", "--out",
                          str(made["llama"][1])]) == 0
+    run = folder / "moe"  # a mixture of experts: 2 sparse layers of 4 experts, 2 per token
+    assert train(make_text(folder) + SPARSE + ["--max-steps", "6", "--eval-every", "3", "--out", run]) == 0
+    made["moe"] = (run, folder / "moe.html")
+    assert inspect_main(["--checkpoint", str(run), "--text", "the cat sees a dog.", "--out", str(made["moe"][1])]) == 0
+    alone = shutil.copytree(run / "checkpoints" / "step-00000006", folder / "moe-checkpoint")  # no run log
+    made["moe-alone"] = (alone, folder / "moe-alone.html")
+    assert inspect_main(["--checkpoint", str(alone), "--text", "the cat.", "--out", str(made["moe-alone"][1])]) == 0
     run = folder / "bert"
     assert train(make_text(folder) + TINY_BERT + ["--max-steps", "6", "--eval-every", "3", "--out", run]) == 0
     made["bert"] = (run, folder / "bert.html")
@@ -119,12 +131,16 @@ def heatmap(driver):
 
 
 @needs_chromium
-@pytest.mark.parametrize("name", ["post", "pre", "gpt", "llama", "bert"])
+@pytest.mark.parametrize("name", ["post", "pre", "gpt", "llama", "moe", "bert"])
 def test_the_page_opens_from_disk_with_no_error_and_no_request(name, browser, pages, tmp_path):
     data = open_page(browser, pages[name][1])
     assert console_errors(browser) == [] and fetched(browser) == []
     assert browser.find_element("css selector", "#page h1").text == data["title"]
-    sections = ["tokens", "attention", "backward", "training"]
+    sparse = ["experts", "expert-load"] if name == "moe" else []  # a dense model has no expert section
+    sections = ["tokens", "attention", "backward", "training"] + sparse
+    links = [a.get_attribute("href").split("#")[1] for a in browser.find_elements("css selector", "nav a")]
+    assert links == ["tokens", "attention", *sparse[:1], "backward", "training", *sparse[1:]]
+    assert [section for section in ("experts", "expert-load") if browser.find_elements("id", section)] == sparse
     for section in sections:
         screenshot(browser, section, tmp_path / f"{name}-{section}.png")
     # the charts are drawn: one bar per step of the walk, one per source token, every curve
@@ -317,3 +333,74 @@ def test_an_encoders_page_shows_each_masks_candidates_and_attention_both_ways(br
     weights = page.decode_array(example["attention"][0])
     assert first["values"] == " ".join(f"{v:.4f}" for v in weights[0, 0].ravel()) and weights[0, 0].min() > 0
     assert console_errors(browser) == []
+
+
+@needs_chromium
+def test_the_experts_grid_shows_each_tokens_choices_and_its_routers_probabilities(browser, pages, tmp_path):
+    """A mixture of experts' page: one row per token, one cell per sparse layer listing the chosen experts as the
+    data holds them; hovering a cell lists the router's probability of every expert there (the chosen ones marked
+    with their weight), a click pins it; the last row counts each expert's tokens in this text."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    data = open_page(browser, pages["moe"][1])
+    experts = data["examples"][0]["experts"]
+    T = len(data["examples"][0]["input"])
+    cells = browser.find_elements("css selector", "#expert-grid td.route")
+    assert len(cells) == 2 * T
+    for cell in cells:
+        i, t = experts["layers"].index(int(cell.get_attribute("data-layer"))), int(cell.get_attribute("data-position"))
+        assert cell.get_attribute("data-experts") == " ".join(map(str, experts["idx"][i][t]))
+    probs, weights = page.decode_array(experts["probs"]), page.decode_array(experts["weights"])
+    cell = browser.find_element("css selector", "#expert-grid td.route[data-layer='1'][data-position='3']")
+    ActionChains(browser).move_to_element(cell).perform()
+    panel = browser.find_element("id", "router-panel")
+    assert "Position 3" in panel.text and "layer 1" in panel.text
+    rows = browser.find_elements("css selector", "#router-table tr")
+    assert [int(r.get_attribute("data-expert")) for r in rows] == np.argsort(-probs[1, 3], kind="stable").tolist()
+    for row in rows:
+        e = int(row.get_attribute("data-expert"))
+        text = row.find_elements("css selector", "td")[2].text
+        assert float(text.split()[0]) == pytest.approx(probs[1, 3, e], rel=5e-3)
+        chosen = e in experts["idx"][1][3]
+        assert ("chosen" in row.get_attribute("class")) == chosen
+        if chosen:
+            assert float(text.split("weight ")[1].rstrip(")")) == pytest.approx(
+                weights[1, 3, experts["idx"][1][3].index(e)], rel=5e-3)
+    ActionChains(browser).click(cell).perform()  # pinned: leaving it shows it again
+    other = browser.find_element("css selector", "#expert-grid td.route[data-layer='0'][data-position='0']")
+    ActionChains(browser).move_to_element(other).perform()
+    assert "Position 0" in panel.text
+    ActionChains(browser).move_to_element(browser.find_element("css selector", "#experts h2")).perform()
+    assert "Position 3" in browser.find_element("id", "router-panel").text
+    counts = [c.get_attribute("data-counts") for c in browser.find_elements("css selector", "#expert-grid td.load")]
+    assert counts == [" ".join(str(sum(e in row for row in layer)) for e in range(4)) for layer in experts["idx"]]
+    screenshot(browser, "experts", tmp_path / "experts.png")
+    assert console_errors(browser) == []
+
+
+@needs_chromium
+def test_the_load_chart_draws_each_layers_shares_and_a_run_without_a_log_says_so(browser, pages, tmp_path):
+    """The load over training: one line per expert and the balanced 1/E, each expert's share of the layer's
+    choices at each step as the run's counts give it; the layer selector redraws it for the other layer; a
+    checkpoint out of its run says in one line that it has no load, and draws no chart."""
+    from selenium.webdriver.support.ui import Select
+    data = open_page(browser, pages["moe"][1])
+    load = data["expert_load"]
+
+    def drawn():
+        figure = browser.find_element("css selector", "#expert-load figure[data-chart='expert-load']")
+        shares = [[float(v) for v in row.split()] for row in figure.get_attribute("data-shares").split(";")]
+        return figure.get_attribute("data-layer"), shares, figure.find_elements("css selector", "polyline")
+
+    for i, layer in enumerate(load["layers"]):
+        Select(browser.find_element("id", "load-layer")).select_by_index(i)
+        shown_layer, shares, lines = drawn()
+        counts = np.asarray(load["counts"][i])
+        assert shown_layer == str(layer) and len(lines) == 4 + 1
+        np.testing.assert_allclose(shares, counts / counts.sum(axis=1, keepdims=True), atol=6e-5)
+    screenshot(browser, "expert-load", tmp_path / "expert-load.png")
+    assert console_errors(browser) == []
+    alone = open_page(browser, pages["moe-alone"][1])
+    note = browser.find_element("id", "no-expert-load").text
+    assert note == alone["expert_load_note"] and "without its run folder's metrics.jsonl" in note
+    assert not browser.find_elements("css selector", "#expert-load figure")
+    assert browser.find_elements("css selector", "#expert-grid td.route")  # its experts are still shown

@@ -169,7 +169,8 @@ def test_a_model_no_folder_type_holds_is_refused_before_anything_is_written(tmp_
 @pytest.mark.extra("tokenizers", "hf")
 def test_generate_and_inspect_read_a_qwen3_moe_folder(tmp_path):
     """python -m minitf.generate samples a Qwen3-MoE folder as transformers' greedy generate does, and
-    python -m minitf.inspect draws its page (the sparse feed-forward's walk, the experts in the model's line)."""
+    python -m minitf.inspect draws its page (the sparse feed-forward's walk, the experts in the model's line, the
+    experts each token chose in its sparse block)."""
     import subprocess
     import sys
     import torch
@@ -210,3 +211,7 @@ def test_generate_and_inspect_read_a_qwen3_moe_folder(tmp_path):
     data = page.read_data(html.read_text(encoding="utf-8"))
     assert "1 sparse feed-forwards of 4 SwiGLU experts (d_ff 6, top 2) and 1 dense" in dict(data["model"]["facts"])[
         "model"]
+    sparse = [l for l in range(2) if loaded.model.config.is_sparse(l)]  # its sparse block's experts, per token
+    experts = data["examples"][0]["experts"]
+    assert experts["layers"] == sparse and experts["num_experts"] == 4 and len(experts["idx"][0]) == len(ids)
+    assert "a Hugging Face folder has no metrics.jsonl" in data["expert_load_note"]

@@ -171,11 +171,13 @@ def trace_example():
 
 def page_parts(model):
     """The inspection page's :class:`minitf.study.inspection.numbers.Parts` of a Llama: its walk, each block's
-    grouped-query attention, its query heads labelled with the key/value head each reads."""
+    grouped-query attention, its query heads labelled with the key/value head each reads, and each sparse
+    feed-forward with its block's number (the experts each token chose; none in a dense model)."""
     H, G = model.config.num_heads, model.config.num_heads // model.config.num_kv_heads
     name = "causal self-attention"
     return Parts(llama_walk, {name: [layer.self_attn for layer in model.layers]}, "embed_tokens",
-                 head_labels={name: [f"head {h} (key/value head {h // G})" for h in range(H)]} if G > 1 else {})
+                 head_labels={name: [f"head {h} (key/value head {h // G})" for h in range(H)]} if G > 1 else {},
+                 experts=[(l, layer.mlp) for l, layer in enumerate(model.layers) if isinstance(layer.mlp, SparseMoE)])
 
 
 def describe(model):

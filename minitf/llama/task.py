@@ -25,6 +25,7 @@ from minitf.llama.tokenizer import LlamaTokenizer, read_tokenizer
 from minitf.lm.data import TextCorpus, load_tokenizer
 from minitf.lm.task import FINE_TUNE_LR_SCALE, PRETRAINED_FIXED, LanguageModelTask, new_text_data, read_texts
 from minitf.lm.trainer import LanguageModelTrainer
+from minitf.moe import LOAD_RECORD
 from minitf.pretrained import weights_path
 from minitf.training.errors import DataError, UsageError
 from minitf.training.task import RunData, before_training, refuse_with_init_from
@@ -70,7 +71,7 @@ class LlamaTrainer(LanguageModelTrainer):
         if self.world.size > 1:  # every rank writes this step's record: the sum is a collective they all reach
             load = self.world.sum_host(load.reshape(-1)).reshape(load.shape)
         self.warn_imbalance(load)
-        return {"expert_load": [[int(n) for n in layer] for layer in load]}
+        return {LOAD_RECORD: [[int(n) for n in layer] for layer in load]}
 
     def warn_imbalance(self, load):
         """One warning line for each sparse layer whose busiest expert got more than :data:`IMBALANCE` of the

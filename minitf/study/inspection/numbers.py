@@ -44,7 +44,8 @@ class Inspection:
     residual stream (the stacks' outputs and each layer's input, from the top down).
     ``embedding_grad`` (S,) (a GPT: (L,)): |dL/d(the embedding row read at that position)|, per
     source position. ``head_labels``: {attention name: [a label per head]} where a head is more than its number
-    (grouped-query attention: the key/value head it reads), else {}."""
+    (grouped-query attention: the key/value head it reads), else {}. ``experts``: a :class:`Routing` per sparse
+    feed-forward, bottom first ([] for a dense model)."""
     targets: object
     probability: object
     top_ids: object
@@ -57,6 +58,20 @@ class Inspection:
     points: list
     embedding_grad: object
     head_labels: dict = dataclasses.field(default_factory=dict)
+    experts: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Routing:
+    """What one sparse feed-forward's router chose for each position in the page's forward (host arrays):
+    ``layer`` the block's number (0 nearest the input), ``idx`` (T, k) the chosen experts (its first choice
+    first), ``weights`` (T, k) the weight each one's output was summed with, ``probs`` (T, E) the router's
+    probabilities over all E experts, ``shared``: whether a shared expert also reads every position."""
+    layer: int
+    idx: object
+    weights: object
+    probs: object
+    shared: bool = False
 
 
 @dataclasses.dataclass
@@ -67,7 +82,8 @@ class Parts:
     ``embedding`` the module whose backward's dy is the gradient of the embedding rows read (call
     ``embedding_call``; times ``embedding_scale``), ``walked(name)`` whether the walk reads the records of the
     module ``name`` (the rest runs unwrapped; None: every module is recorded), ``head_labels`` as
-    :class:`Inspection`'s."""
+    :class:`Inspection`'s, ``experts`` [(block number, its sparse feed-forward)] (a
+    :class:`minitf.moe.SparseMoE`: its ``choices()`` after the forward; [] for a dense model)."""
     walk: object
     attention: dict
     embedding: str
@@ -75,6 +91,7 @@ class Parts:
     embedding_scale: float = 1.0
     walked: object = None
     head_labels: dict = dataclasses.field(default_factory=dict)
+    experts: list = dataclasses.field(default_factory=list)
 
 
 def translation_parts(model):
@@ -215,7 +232,9 @@ def _inspection(logits, targets, top, loss, loss_fn, smoothing, attention, trace
     return Inspection(targets=targets, probability=probability, top_ids=top_ids, top_probs=top_probs,
                       loss=float(loss), num_tokens=int(loss_fn.num_tokens), smoothing=smoothing,
                       attention=attention, walk=walk, points=points, embedding_grad=embedding_grad,
-                      head_labels=dict(parts.head_labels))
+                      head_labels=dict(parts.head_labels),
+                      experts=[Routing(layer, *block.choices(), shared=block.shared_expert is not None)
+                               for layer, block in parts.experts])
 
 
 def _walk(tracer, model, backward_walk):

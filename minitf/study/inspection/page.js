@@ -198,8 +198,10 @@
     if (DATA.error) h("p", {class: "error", role: "alert", id: "error"}, page, DATA.error);
     if (DATA.serve) serveForm(DATA.serve);
     const nav = h("nav", {}, page);
-    for (const [id, name] of [["tokens", "Tokens and predictions"], ["attention", "Attention"],
-                              ["backward", "Backward pass"], ["training", "Training curves"]]) {
+    const sparse = model.sparse ? [["experts", "Experts"]] : [];  // a mixture of experts' sections
+    for (const [id, name] of [["tokens", "Tokens and predictions"], ["attention", "Attention"], ...sparse,
+                              ["backward", "Backward pass"], ["training", "Training curves"],
+                              ...(model.sparse ? [["expert-load", "Expert load"]] : [])]) {
       h("a", {href: "#" + id}, nav, name);
     }
     if ((DATA.examples || []).length > 1) {
@@ -484,6 +486,132 @@
     return svg;
   }
 
+  // ------------------------------------------------------------------ the experts (a mixture of experts)
+  // one hue per expert, neighbours far apart on the wheel (the golden angle): a cell's colour, a load line's
+  const expertHue = (e) => Math.round((e * 137.508) % 360);
+  const expertColour = (e) => `hsl(${expertHue(e)}, 65%, 40%)`;
+  const expertTint = (e) => `hsl(${expertHue(e)}, 70%, 90%)`;
+  //: the most experts the router panel lists one by one (the rest summed in one line)
+  const ROUTER_ROWS = 16;
+
+  function expertsSection(ex, parent) {
+    const r = ex.experts, E = r.num_experts, k = r.top_k, T = ex.input.length, layers = r.layers;
+    const weights = floats(r.weights), probs = floats(r.probs);  // (layers, T, k), (layers, T, E)
+    const box = section("experts", "Experts", parent);
+    h("p", {class: "caption"}, box, `Each sparse feed-forward's router (minitf.moe.SparseMoE) sends each token to ` +
+      `${k} of its ${E} experts: p = softmax(x W_router) over all ${E}, the ${k} most probable kept, and the ` +
+      "token's output is the sum of their outputs, each times its weight (p renormalised over the chosen ones, " +
+      "or p itself where the model does not renormalise)" + (r.shared ? "; a shared expert reads every token too, " +
+      "behind its sigmoid gate" : "") + ". Rows: the tokens; columns: the sparse layers (0 is the block nearest " +
+      "the input). Each cell lists the chosen experts, first choice first, with their weights, in the colour of " +
+      "the first. Hover over a cell (or click it, or tab to it) for the router's probability of every expert there.");
+    const wrap = h("div", {class: "scroll"}, box);
+    const table = h("table", {class: "routes", id: "expert-grid"}, wrap);
+    const head = h("tr", {}, h("thead", {}, table));
+    h("th", {}, head, "position");
+    h("th", {}, head, "token");
+    for (const l of layers) h("th", {}, head, `layer ${l}`);
+    const body = h("tbody", {}, table);
+    const panel = h("div", {class: "box", id: "router-panel", "aria-live": "polite"}, null);
+    let pinned = null;
+    for (let t = 0; t < T; t++) {
+      const tr = h("tr", {}, body);
+      h("td", {class: "muted"}, tr, String(t));
+      h("td", {class: "piece"}, tr, show(ex.input[t]));
+      layers.forEach((l, i) => {
+        const chosen = r.idx[i][t];
+        const td = h("td", {class: "route", tabindex: 0, "data-layer": l, "data-position": t,
+                            "data-experts": chosen.join(" ")}, tr);
+        td.style.background = expertTint(chosen[0]);
+        chosen.forEach((e, j) => {
+          const w = weights[(i * T + t) * k + j];
+          const item = h("span", {class: "choice"}, td, `${e} `);
+          item.style.color = expertColour(e);
+          h("small", {}, item, fmt(w, 2));
+        });
+        const open = () => routerPanel(panel, ex, i, t, probs, weights);
+        td.addEventListener("mouseenter", open);
+        td.addEventListener("focus", open);
+        td.addEventListener("mouseleave", () => { if (pinned !== null) routerPanel(panel, ex, pinned[0], pinned[1], probs, weights); });
+        td.addEventListener("click", () => {
+          table.querySelectorAll(".pinned").forEach((c) => c.classList.remove("pinned"));
+          td.classList.add("pinned");
+          pinned = [i, t];
+          open();
+        });
+      });
+    }
+    // this text's load: the tokens each expert got in each layer (every slot counted: they sum to k per token)
+    const foot = h("tr", {}, h("tfoot", {}, table));
+    h("td", {colspan: 2, class: "muted"}, foot, "tokens per expert");
+    layers.forEach((l, i) => {
+      const counts = new Array(E).fill(0);
+      for (let t = 0; t < T; t++) for (const e of r.idx[i][t]) counts[e] += 1;
+      const td = h("td", {class: "load", "data-layer": l, "data-counts": counts.join(" ")}, foot);
+      counts.forEach((n, e) => { if (n) { const c = h("span", {class: "choice"}, td, `${e}: ${n} `); c.style.color = expertColour(e); } });
+    });
+    box.appendChild(panel);
+    h("p", {class: "muted"}, panel, "Hover over a cell to see the router's probabilities there.");
+  }
+
+  function routerPanel(panel, ex, i, t, probs, weights) {
+    const r = ex.experts, E = r.num_experts, k = r.top_k, T = ex.input.length, chosen = r.idx[i][t];
+    panel.textContent = "";
+    h("p", {}, panel, `Position ${t} “${show(ex.input[t])}”, layer ${r.layers[i]}: the router's probability of ` +
+      `each of its ${E} experts, most probable first; the ${k} chosen in bold, with the weight of their output.`);
+    const p = Array.from({length: E}, (_, e) => [e, probs[(i * T + t) * E + e]]).sort((a, b) => b[1] - a[1]);
+    const table = h("table", {class: "alts", id: "router-table"}, panel);
+    p.slice(0, ROUTER_ROWS).forEach(([e, pe]) => {
+      const j = chosen.indexOf(e);
+      const tr = h("tr", {class: j >= 0 ? "chosen" : "", "data-expert": e}, table);
+      h("td", {class: "piece"}, tr, `expert ${e}`);
+      const bar = h("div", {class: "bar"}, h("td", {}, tr));
+      bar.style.width = Math.max(1, Math.round(220 * pe)) + "px";
+      bar.style.background = expertColour(e);
+      h("td", {}, tr, fmt(pe, 3) + (j >= 0 ? `  (chosen, weight ${fmt(weights[(i * T + t) * k + j], 3)})` : ""));
+    });
+    if (E > ROUTER_ROWS) {
+      const rest = p.slice(ROUTER_ROWS);
+      h("p", {class: "muted"}, panel, `The other ${rest.length} experts: at most ${fmt(rest[0][1], 3)} each, ` +
+        `${fmt(rest.reduce((sum, [, pe]) => sum + pe, 0), 3)} together.`);
+    }
+  }
+
+  function expertLoadSection(parent) {
+    const box = section("expert-load", "Expert load over training", parent);
+    const load = DATA.expert_load;
+    if (!load) {
+      h("p", {class: "muted", id: "no-expert-load"}, box, DATA.expert_load_note || "No expert load for this model.");
+      return;
+    }
+    const E = load.num_experts;
+    h("p", {class: "caption"}, box, `From the run's metrics.jsonl (${load.path}): each training step's ` +
+      "expert_load, the tokens each expert got in each sparse layer (every token counted once per chosen expert), " +
+      "drawn as each expert's share of the layer's choices" + (load.stride > 1 ? `, summed over runs of ${load.stride} ` +
+      "steps (each point ends its run)" : "") + `. A balanced layer gives each expert 1/${E}; a router collapsing ` +
+      "onto a few experts shows their lines rising and the others' falling to 0.");
+    const controls = h("div", {class: "controls"}, box);
+    h("label", {for: "load-layer"}, controls, "sparse layer");
+    const select = h("select", {id: "load-layer"}, controls);
+    load.layers.forEach((l, i) => h("option", {value: i}, select, String(l)));
+    const area = h("div", {class: "charts", id: "load-area"}, box);
+    function draw() {
+      const i = Number(select.value), counts = load.counts[i];
+      area.textContent = "";
+      const shares = counts.map((row) => { const n = row.reduce((a, b) => a + b, 0); return row.map((c) => n ? c / n : null); });
+      const series = Array.from({length: E}, (_, e) => ({name: `expert ${e}`, xs: load.step,
+                                                         ys: shares.map((row) => row[e]), colour: expertColour(e)}));
+      series.push({name: `balanced, 1/${E}`, xs: load.step, ys: load.step.map(() => 1 / E), colour: "#8c959f", width: 1});
+      const figure = lineChart(area, {id: "expert-load", title: `Layer ${load.layers[i]}: each expert's share of the layer's choices`,
+                                      xlabel: "step", ylabel: "share of the layer's choices", series: series, zero: true,
+                                      width: 620});
+      figure.dataset.layer = String(load.layers[i]);
+      figure.dataset.shares = shares.map((row) => row.map((v) => fmt(v, 4)).join(" ")).join(";");
+    }
+    select.addEventListener("change", draw);
+    draw();
+  }
+
   // ------------------------------------------------------------------ the backward pass
   const KIND_COLOURS = {loss: "#cf222e", stream: "#0969da", branch: "#8c959f", weight: "#bf8700"};
   // the legend of the walk's bars; a block's norm is the model's own (LayerNorm or the Llama's RMSNorm)
@@ -661,6 +789,7 @@
     if (ex.notes && ex.notes.length) for (const note of ex.notes) h("p", {class: "box warning"}, exampleBox, note);
     tokensSection(ex, exampleBox);
     attentionSection(ex, exampleBox);
+    if (ex.experts) expertsSection(ex, exampleBox);
     backwardSection(ex, exampleBox, DATA.model || {});
   }
 
@@ -669,5 +798,6 @@
   if ((DATA.examples || []).length) drawExample(0);
   else if (!DATA.error) h("p", {class: "muted"}, exampleBox, "Type a sentence above to inspect it.");
   trainingSection(page);
+  if ((DATA.model || {}).sparse) expertLoadSection(page);
   document.body.dataset.ready = "1";
 })();

@@ -157,7 +157,22 @@ def example_data(inspection, text, input_ids, piece, source_ids=None, target_fro
         "embedding_grad": {"axis": "input" if source_ids is None else "source",
                            "norms": [float(n) for n in inspection.embedding_grad],
                            "note": LAST_TOKEN_NOTE if source_ids is None and not masked else None},
+        "experts": routing_data(inspection.experts),
     }
+
+
+def routing_data(routings):
+    """The JSON of the experts each position chose in each sparse feed-forward (None for a dense model): the blocks'
+    ``layers``, ``num_experts`` E, ``top_k`` k, ``shared`` (a shared expert reads every position too), ``idx``
+    [layer][position] [k expert ids, first choice first], and as float32 arrays (exactly the model's values, as the
+    attention's) ``weights`` (layers, T, k) and the router's ``probs`` (layers, T, E)."""
+    if not routings:
+        return None
+    return {"layers": [int(r.layer) for r in routings], "num_experts": int(routings[0].probs.shape[-1]),
+            "top_k": int(routings[0].idx.shape[-1]), "shared": any(r.shared for r in routings),
+            "idx": [[[int(e) for e in row] for row in r.idx] for r in routings],
+            "weights": encode_array(np.stack([r.weights for r in routings])),
+            "probs": encode_array(np.stack([r.probs for r in routings]))}
 
 
 def _hash(text):
