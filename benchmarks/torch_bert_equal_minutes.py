@@ -137,6 +137,10 @@ def run_settings(args):
             k: saved[k] for k in ("seed", "max_minutes", "max_steps", "epochs", "d_model", "num_heads",
                                   "num_encoder_layers", "d_ff", "dropout", "block_size", "warmup", "lr_scale",
                                   "max_tokens", "mask_prob", "eval_every", "vocab_size") if saved.get(k) is not None})
+        for key in ("label_smoothing", "optimizer", "clip_norm", "precision", "accumulate"):  # what it does not copy
+            if key in saved and saved[key] != getattr(config, key):
+                sys.exit(f"--minitf-run {args.minitf_run} ran with {key} {saved[key]!r}; this script trains as the "
+                         f"preset does ({key} {getattr(config, key)!r}): compare a run made without that flag")
         texts = read_texts(saved["data"])
         path = args.minitf_run / "tokenizer.model"
         return config, texts, from_bytes(path.read_bytes(), str(path))
