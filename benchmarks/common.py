@@ -658,6 +658,27 @@ def summary(rounds):
             "round_ratios": [a / b for a, b in zip(times["minitf"], times["PyTorch"])]}
 
 
+def write_result(folder, results):
+    """The end of an equal-minutes script: ``results`` written to folder/result.json and printed as one JSON line;
+    the exit status 0."""
+    (pathlib.Path(folder) / "result.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(results))
+    return 0
+
+
+def rate_table(result, count, unit, digits=2, rate_digits=0):
+    """Print the table of a whole-work comparison (:func:`summary`'s ``result``; ``count`` ``unit`` a round): each
+    framework's median seconds (``digits`` decimals) with its spread, and ``unit``/s (``rate_digits`` decimals),
+    PyTorch's row named transformers; after the load average."""
+    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
+    print(f"| framework | median s (spread) | {unit}/s |")
+    print("|---|---:|---:|")
+    for name, t in result["times"].items():
+        label = "transformers" if name == "PyTorch" else name
+        m = result["median"][name]
+        print(f"| {label} | {m:.{digits}f} ({spread(t, 1, digits)}) | {count / m:,.{rate_digits}f} |")
+
+
 def step_report(script, folder, args, tokens, title):
     """Time the part "step" (a training step) of ``script``'s two workers (:func:`run_pair`), print its table under
     ``title`` (``tokens`` a step) and return every number: the rounds' :func:`summary`, the first step's losses and

@@ -56,8 +56,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
-from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_header, run_pair, serve_side, spread,  # noqa: E402
-                               step_report, summary)
+from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_header, rate_table, run_pair, serve_side,  # noqa: E402
+                               spread, step_report, summary)
 from minitf.llama.config import PRESETS  # noqa: E402
 
 np = minitf.backend.host
@@ -187,12 +187,7 @@ def bench_generate(folder, args):
                "workers": info}
     print(f"\n## Greedy generation: {shape['prompts']} prompts of {shape['prompt_len']} ids, {shape['new_tokens']} new "
           f"tokens each ({new:,} in all), key/value cache; transformers' attention: {info['PyTorch']['attention']}")
-    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
-    print("| framework | median s (spread) | new tokens/s |")
-    print("|---|---:|---:|")
-    for name, t in result["times"].items():
-        label = "transformers" if name == "PyTorch" else name
-        print(f"| {label} | {result['median'][name]:.2f} ({spread(t, 1, 2)}) | {new / result['median'][name]:,.0f} |")
+    rate_table(result, new, "new tokens")
     print(f"\nminitf / transformers time: **{result['ratio']:.2f}x** (medians; per-round ratios "
           f"{spread(result['round_ratios'], 1, 2)}); new tokens equal token for token: {equal}/{shape['prompts']} "
           "prompts")

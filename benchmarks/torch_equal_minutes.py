@@ -36,7 +36,6 @@ train.py's does (``--allocator system`` leaves it as it is).
 """
 import argparse
 import warnings
-import json
 import math
 import os
 import pathlib
@@ -55,7 +54,7 @@ from minitf.training.distributed import rank_share  # noqa: E402
 from minitf.training.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from minitf.nmt.corpora import DEFAULT_CACHE  # noqa: E402
 from minitf.optim import WarmupSchedule  # noqa: E402
-from benchmarks.common import init_embedding_as_minitf, tokenized_corpus  # noqa: E402
+from benchmarks.common import init_embedding_as_minitf, tokenized_corpus, write_result  # noqa: E402
 
 try:
     import torch
@@ -242,9 +241,7 @@ def main():
         hypotheses = tokenizer.decode([decoder(model, ids) for ids in encoded_test])
         results[f"test_bleu_{name}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
     results["whole_minutes"] = round((time.monotonic() - start) / 60, 2)
-    (args.out / "result.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(results))
-    return 0
+    return write_result(args.out, results)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ Not the same: no checkpoints and no samples; torch uses its own kernels and all 
 likes (``--threads`` to pin them).
 """
 import argparse
-import json
 import math
 import os
 import pathlib
@@ -45,7 +44,7 @@ from minitf.training.config import RunConfig  # noqa: E402
 from minitf.training.text import read_text  # noqa: E402
 from minitf.training.tokenizer import train_tokenizer  # noqa: E402
 from minitf.training.trainer import perplexity  # noqa: E402
-from benchmarks.common import hf_gpt_from_minitf  # noqa: E402
+from benchmarks.common import hf_gpt_from_minitf, write_result  # noqa: E402
 
 try:
     import torch
@@ -145,9 +144,7 @@ def main():
         loss, ppl, bpc = evaluate(model, corpus, split, config.max_tokens)
         results.update({f"{split}_loss": round(loss, 4), f"{split}_ppl": round(ppl, 2), f"{split}_bpc": round(bpc, 4)})
     results["whole_minutes"] = round((time.monotonic() - start) / 60, 2)
-    (args.out / "result.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(results))
-    return 0
+    return write_result(args.out, results)
 
 
 if __name__ == "__main__":

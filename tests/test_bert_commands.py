@@ -142,6 +142,27 @@ def test_fill_mask_equals_the_pipeline(any_mlm_folder, text):
     assert loaded.tokenizer.mask_token not in filled and len(set(t for t, _, _ in candidates[0])) == 5
 
 
+def test_fill_masks_in_padded_batches_equal_one_text_at_a_time_and_the_batched_pipeline(mlm_folder):
+    folder, hf = mlm_folder
+    loaded = load(folder)
+    texts = ["the cat sat on the [MASK] .", "a [MASK] dog", "the [MASK] sat on the big red [MASK] of paris .",
+             "[MASK] is the capital of france", "the small cat is [MASK]"]
+    batched = fill_mask_command.fill_masks_batch(loaded.model, loaded.tokenizer, texts, top_k=4, batch_size=3)
+    alone = [fill_mask_command.fill_masks(loaded.model, loaded.tokenizer, text, top_k=4) for text in texts]
+    theirs = pipeline("fill-mask", folder, hf)(texts, top_k=4, batch_size=3)
+    assert len(batched) == len(theirs) == len(texts)
+    for (filled, candidates), (filled_alone, candidates_alone), found in zip(batched, alone, theirs):
+        assert filled == filled_alone
+        found = [found] if isinstance(found[0], dict) else found                # one list per mask
+        assert [[t for t, _, _ in c] for c in candidates] == [[t for t, _, _ in c] for c in candidates_alone] \
+            == [[f["token"] for f in mask] for mask in found]
+        for ours, mine, mask in zip(candidates, candidates_alone, found):      # padding changes nothing it reads
+            assert relative_difference(np.array([p for _, _, p in ours]), np.array([p for _, _, p in mine])) < 1e-12
+            assert relative_difference(np.array([p for _, _, p in ours]), np.array([f["score"] for f in mask])) < 1e-9
+    with pytest.raises(fill_mask_command.UsageError, match="text 2 has no \\[MASK\\]"):
+        fill_mask_command.fill_masks_batch(loaded.model, loaded.tokenizer, ["a [MASK]", "no mask here"])
+
+
 def test_the_fill_mask_command_prints_the_filled_text_then_each_masks_candidates(mlm_folder, capsys):
     folder, _ = mlm_folder
     assert fill_mask_command.main(["--checkpoint", str(folder), "--text", "the [MASK] sat on a [MASK] .",

@@ -15,7 +15,7 @@ import pathlib
 import sys
 
 from minitf import backend
-from minitf.bert.fill_mask import encode_text
+from minitf.bert.fill_mask import encode_text, padded_batch
 from minitf.bert.kind import load_bert
 from minitf.bert.model import BertForSequenceClassification
 from minitf.module import no_grad
@@ -35,12 +35,7 @@ def classify(model, tokenizer, texts, pairs=None, batch_size=32, where=None):
     out = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
-        L = max(len(ids) for ids, _ in chunk)
-        ids = np.full((len(chunk), L), tokenizer.pad_id, dtype=np.int64)
-        types = np.zeros((len(chunk), L), dtype=np.int64)
-        for i, (row, row_types) in enumerate(chunk):
-            ids[i, :len(row)], types[i, :len(row)] = row, row_types
-        mask = np.arange(L)[None, :] >= np.array([len(row) for row, _ in chunk])[:, None]   # True = padding
+        ids, types, mask = padded_batch(chunk, tokenizer.pad_id)                   # mask True = padding
         with no_grad():
             logits = model(ids, token_type_ids=types, key_padding_mask=mask)
         logits = backend.to_numpy(logits).astype(np.float64)    # (B, C) on the host

@@ -42,26 +42,58 @@ def token_text(tokenizer, token):
     return tokenizer.decode([token]).strip() or tokenizer.tokens([token])[0]
 
 
+def padded_batch(rows, pad_id):
+    """(ids, token_type_ids, key_padding_mask) host arrays (B, L) of ``rows`` ([(ids, types)] as
+    :func:`encode_text` gives them), padded with ``pad_id`` to the longest (key_padding_mask True = padding)."""
+    L = max(len(ids) for ids, _ in rows)
+    lengths = np.array([len(ids) for ids, _ in rows])
+    inside = np.arange(L)[None, :] < lengths[:, None]                                        # (B, L)
+    ids, types = np.full((len(rows), L), pad_id, dtype=np.int64), np.zeros((len(rows), L), dtype=np.int64)
+    ids[inside] = [token for row, _ in rows for token in row]                # row-major: each row's tokens in order
+    types[inside] = [t for _, row_types in rows for t in row_types]
+    return ids, types, ~inside
+
+
+def fill_masks_batch(model, tokenizer, texts, top_k=5, batch_size=32, where=None):
+    """[(the text with every mask filled by its most probable token, [[(id, token, probability)] * top_k per mask,
+    in order])] of each of ``texts``, ``batch_size`` texts a forward (padded to the longest of the batch, its
+    key_padding_mask hiding the padding, as transformers' pipeline pads a batch). Every text is checked first
+    (:func:`encode_text`; a UsageError for one without the tokenizer's mask token, naming it by ``where``, default
+    "text 1"...). The masked-LM head runs at the masks' positions only (its logits elsewhere are never read)."""
+    where = where or [f"text {n}" for n in range(1, len(texts) + 1)]
+    rows = [encode_text(tokenizer, model, text, name) for text, name in zip(texts, where)]
+    for (ids, _), name in zip(rows, where):
+        if tokenizer.mask_id not in ids:
+            raise UsageError(f"{name} has no {tokenizer.mask_token}; put {tokenizer.mask_token} where a word is to "
+                             f"be filled, e.g. --text 'The capital of France is {tokenizer.mask_token}.'")
+    results = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        ids, types, padding = padded_batch(chunk, tokenizer.pad_id)
+        text_of, position = np.nonzero(ids == tokenizer.mask_id)             # (M,) each: the masks, text by text
+        with no_grad():
+            h = model.bert(ids, token_type_ids=types, key_padding_mask=padding)                     # (B, L, D)
+            h = h[backend.asarray(text_of), backend.asarray(position)][None]                         # (1, M, D)
+            logits = model.lm_head(h)[0]                                                            # (M, V)
+        probabilities = backend.to_numpy(softmax(logits.astype(np.float64)))                       # (M, V)
+        k = min(top_k, probabilities.shape[-1])
+        best = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]                           # (M, k)
+        chosen = np.take_along_axis(probabilities, best, axis=-1)                                  # (M, k)
+        candidates = [[(int(t), token_text(tokenizer, int(t)), float(p)) for t, p in zip(tokens, found)]
+                      for tokens, found in zip(best, chosen)]
+        for i, (row, _) in enumerate(chunk):
+            mine = text_of == i
+            filled = np.asarray(row)
+            filled[position[mine]] = best[mine, 0]
+            results.append((tokenizer.decode(filled.tolist()), [candidates[m] for m in np.flatnonzero(mine)]))
+    return results
+
+
 def fill_masks(model, tokenizer, text, top_k=5, where="--text"):
     """(the text with every mask filled by its most probable token, [[(id, token, probability)] * top_k per mask,
-    in order]). A UsageError for a text without the tokenizer's mask token."""
-    ids, types = encode_text(tokenizer, model, text, where)
-    masks = [i for i, token in enumerate(ids) if token == tokenizer.mask_id]
-    if not masks:
-        raise UsageError(f"{where} has no {tokenizer.mask_token}; put {tokenizer.mask_token} where a word is to be "
-                         f"filled, e.g. --text 'The capital of France is {tokenizer.mask_token}.'")
-    with no_grad():
-        logits = model(np.asarray([ids], dtype=np.int64), token_type_ids=np.asarray([types], dtype=np.int64))
-    probabilities = backend.to_numpy(softmax(logits[0, masks].astype(np.float64)))   # (masks, V)
-    top_k = min(top_k, probabilities.shape[-1])
-    candidates = []
-    for row in probabilities:
-        best = np.argsort(-row, kind="stable")[:top_k]
-        candidates.append([(int(t), token_text(tokenizer, int(t)), float(row[t])) for t in best])
-    filled = list(ids)
-    for position, found in zip(masks, candidates):
-        filled[position] = found[0][0]
-    return tokenizer.decode(filled), candidates
+    in order]) of one text (:func:`fill_masks_batch`). A UsageError for a text without the tokenizer's mask
+    token."""
+    return fill_masks_batch(model, tokenizer, [text], top_k, 1, [where])[0]
 
 
 def build_parser():
