@@ -31,6 +31,7 @@ class T5Kind(Kind):
     title = "text-to-text model"
     extends = ("transformer", "gpt")  # the translation kind's decoding and trainer; the language models' text
     translates = True
+    answers = True  # python -m minitf.generate: the prompt in, the answer out (answerer)
     hf_model_types = hf.FAMILY
     hf_what = hf.T5_FOLDER
     presets = PRESETS
@@ -80,6 +81,20 @@ class T5Kind(Kind):
         chosen = choose_prefix(task_prefixes(loaded.hf_config), prefix, loaded.source)
         tokenizer = PrefixedTokenizer(loaded.tokenizer, chosen) if chosen else loaded.tokenizer
         return loaded.model, tokenizer, dataclasses.replace(loaded.decoding, max_positions=loaded.context)
+
+    def answerer(self, loaded, beam=None, max_new_tokens=None):
+        """The translator's model, tokenizer and settings (:meth:`translator`) with no task prefix: the prompt is
+        the encoder's whole input (flan-t5 reads any instruction), answered one at a time by the translation kind's
+        decoders (:func:`minitf.nmt.decode.translate_texts`: greedy, or ``beam``), as ``generate`` does by the
+        folder's generation_config.json where no flag is given."""
+        import types
+        from minitf.nmt.decode import translate_texts
+        from minitf.nmt.translate import decoding
+        model, tokenizer, settings = self.translator(loaded, prefix="")
+        flags = types.SimpleNamespace(beam=beam, alpha=None, max_new_tokens=max_new_tokens)
+        settings = decoding(settings, flags, loaded.context_why)
+        return lambda prompts, where: translate_texts(model, tokenizer, prompts, batch_size=1, settings=settings,
+                                                      where=where, why=loaded.context_why)
 
     def load_folder(self, folder, warn=None):
         """A T5 or mT5 folder: config.json checked, then the tokenizer (its presence and its ids against the model's
