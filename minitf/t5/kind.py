@@ -9,7 +9,11 @@ import pathlib
 from minitf.t5 import hf
 from minitf.t5.config import PRESETS, T5RunConfig
 from minitf.t5.prefix import choose_prefix, task_prefixes
-from minitf.training.kind import Kind, Loaded
+from minitf.training.kind import TRANSLATION_PAGE, Kind, Loaded
+
+#: The inspection page of a T5: the translation page's (a source and its target, the attentions of an
+#: encoder-decoder), scored by plain cross-entropy; a run's validation score its BLEU where it has one.
+T5_PAGE = dataclasses.replace(TRANSLATION_PAGE, loss_name="cross-entropy", text_label="input")
 
 
 def generate_settings(folder, hf_config):
@@ -36,9 +40,10 @@ class T5Kind(Kind):
     hf_what = hf.T5_FOLDER
     presets = PRESETS
     run_config = T5RunConfig
-    page = None  # no inspection page yet: python -m minitf.inspect refuses in one line saying use_a_run
-    use_a_run = ("trace one text through it with python -m minitf.trace --checkpoint RUN --text TEXT, or read it "
-                 "with minitf.load(RUN)")
+    page = T5_PAGE  # the translation page's source and target, with the position bias by distance (page_parts)
+    use_a_run = ("answer a prompt with python -m minitf.generate --checkpoint RUN --prompt TEXT, translate with "
+                 "python -m minitf.translate --checkpoint RUN, or look inside with python -m minitf.inspect "
+                 "--checkpoint RUN --text TEXT")
 
     def task(self):
         from minitf.t5.task import T5Task
@@ -134,6 +139,10 @@ class T5Kind(Kind):
                 f"T5 (encoder-decoder), {c.num_layers} + {c.num_decoder_layers} blocks, d_model {c.d_model}, "
                 f"{c.num_heads} heads of {c.d_kv}, {feed_forward} d_ff {c.d_ff}, relative positions "
                 f"({c.relative_attention_num_buckets} buckets to {c.relative_attention_max_distance}), {output}")
+
+    def page_parts(self, model):
+        from minitf.t5.study import page_parts
+        return page_parts(model)
 
     def trace_loaded(self, loaded, text):
         """The text as source and target, the decoder starting from the model's start id and ending with its eos,

@@ -44,7 +44,9 @@ class Inspection:
     residual stream (the stacks' outputs and each layer's input, from the top down).
     ``embedding_grad`` (S,) (a GPT: (L,)): |dL/d(the embedding row read at that position)|, per
     source position. ``head_labels``: {attention name: [a label per head]} where a head is more than its number
-    (grouped-query attention: the key/value head it reads), else {}."""
+    (grouped-query attention: the key/value head it reads), else {}. ``position_bias``: {name: (distances (n,),
+    values (H, n))} the learned bias each head adds to a score at each distance (key - query position) where the
+    model has one (T5's relative position bias), else {}."""
     targets: object
     probability: object
     top_ids: object
@@ -57,6 +59,7 @@ class Inspection:
     points: list
     embedding_grad: object
     head_labels: dict = dataclasses.field(default_factory=dict)
+    position_bias: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -66,8 +69,8 @@ class Parts:
     attention: [its module in each layer, bottom first]} (each keeps its weights ``P`` when ``record_weights``),
     ``embedding`` the module whose backward's dy is the gradient of the embedding rows read (call
     ``embedding_call``; times ``embedding_scale``), ``walked(name)`` whether the walk reads the records of the
-    module ``name`` (the rest runs unwrapped; None: every module is recorded), ``head_labels`` as
-    :class:`Inspection`'s."""
+    module ``name`` (the rest runs unwrapped; None: every module is recorded), ``head_labels`` and
+    ``position_bias`` as :class:`Inspection`'s."""
     walk: object
     attention: dict
     embedding: str
@@ -75,6 +78,7 @@ class Parts:
     embedding_scale: float = 1.0
     walked: object = None
     head_labels: dict = dataclasses.field(default_factory=dict)
+    position_bias: dict = dataclasses.field(default_factory=dict)
 
 
 def translation_parts(model):
@@ -215,7 +219,7 @@ def _inspection(logits, targets, top, loss, loss_fn, smoothing, attention, trace
     return Inspection(targets=targets, probability=probability, top_ids=top_ids, top_probs=top_probs,
                       loss=float(loss), num_tokens=int(loss_fn.num_tokens), smoothing=smoothing,
                       attention=attention, walk=walk, points=points, embedding_grad=embedding_grad,
-                      head_labels=dict(parts.head_labels))
+                      head_labels=dict(parts.head_labels), position_bias=dict(parts.position_bias))
 
 
 def _walk(tracer, model, backward_walk):
