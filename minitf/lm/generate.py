@@ -232,8 +232,9 @@ def build_parser():
                              "checkpoint), one of its checkpoint folders, a Hugging Face GPT-2 folder "
                              "(config.json, model.safetensors, tokenizer.json or vocab.json and merges.txt) or a "
                              "Llama, Qwen2 or Mistral folder (config.json, model.safetensors or its shards, "
-                             "tokenizer.json)")
-    p.add_argument("--prompt", help="the text to continue (default: one prompt per line of stdin)")
+                             "tokenizer.json); or a T5 run or folder, which answers each prompt")
+    p.add_argument("--prompt", help="the text to continue, or a T5's whole input to answer (default: one prompt "
+                                    "per line of stdin)")
     p.add_argument("--max-new-tokens", type=positive(int), default=None,
                    help=f"at most this many tokens per prompt (default: {DEFAULT_NEW_TOKENS}, or fewer where the "
                         "model's context ends sooner)")
