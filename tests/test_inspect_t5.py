@@ -184,3 +184,16 @@ def test_the_t5_page_opens_in_a_browser_with_its_bias_charts(browser, t5_run, tm
     for section in ("tokens", "attention", "backward", "training"):
         screenshot(browser, section, tmp_path / f"t5-{section}.png")
     assert console_errors(browser) == []
+
+
+@pytest.mark.extra("safetensors", "hf")
+def test_a_kind_without_a_page_is_refused_in_one_line_writing_nothing(tmp_path, capsys, monkeypatch):
+    """Every kind has a page now; the refusal of one without (``Kind.page`` None) stays one line naming its commands."""
+    from tests.test_t5_folder import t5_folder
+    folder = t5_folder(tmp_path / "t5")
+    monkeypatch.setattr(kinds.get("t5"), "page", None)
+    assert inspect_main(["--checkpoint", str(folder), "--text", "the house", "--out", str(tmp_path / "page")]) == 2
+    err = capsys.readouterr().err
+    assert "which the inspection page does not draw yet" in err and "python -m minitf.generate" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "page").exists()
