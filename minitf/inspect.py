@@ -7,9 +7,13 @@ layer and head as a heat map, the backward pass (the gradient norm at each step 
 -m minitf.trace --walk``, for every layer, and each input token's embedding gradient), and for a run
 folder its training curves (metrics.jsonl); a mixture of experts adds the experts each token chose in
 each sparse layer and, for a run, each expert's share of the load over training. Sentences come from ``--text``
-or stdin, one per line. A translation run or a Hugging Face Marian (opus-mt) folder scores ``--reference`` if given, else the model's
-own translation (beam search), teacher-forced; a GPT or Llama run (``train.py --model gpt``, ``--model llama``)
-or a Hugging Face GPT-2 or Llama-family folder scores each next token of the text. ``--serve`` serves the page on http://127.0.0.1:PORT/ with a text box instead (docs/inspect.md).
+or stdin, one per line. A translation run or a Hugging Face Marian (opus-mt) folder scores ``--reference`` if
+given, else the model's own translation (beam search), teacher-forced; a T5 folder or run reads the text as the
+encoder's whole input (no task prefix: write one in it), its target the reference or the model's own answer (as
+``python -m minitf.generate`` decodes it), with each stack's relative position bias by distance beside the
+attention maps; a GPT or Llama run (``train.py --model gpt``, ``--model llama``) or a Hugging Face GPT-2 or
+Llama-family folder scores each next token of the text. ``--serve`` serves the page on http://127.0.0.1:PORT/
+with a text box instead (docs/inspect.md).
 
 The numbers and the page are the core's (:mod:`minitf.study.inspection`); this command loads runs (with the
 checkpoint readers of the application), tokenizes and checks the input.
@@ -64,7 +68,7 @@ class Loaded:
         if loaded.kind.page is None:  # a kind the page cannot draw yet (Kind.page): one line, not a traceback
             use = loaded.kind.use_a_run.replace("RUN", str(loaded.source))
             raise UsageError(f"{loaded.source} holds a {loaded.kind.name} model, which the inspection page does not "
-                             f"draw yet (it draws translation models, GPTs and masked LMs); {use}")
+                             f"draw yet (it draws translation models, T5, GPTs and masked LMs); {use}")
         self.loaded = loaded
         self.model, self.tokenizer, self.page, self.source = loaded.model, loaded.tokenizer, loaded.kind.page, \
             loaded.source
@@ -85,7 +89,8 @@ class Loaded:
         where = str(self.source) + loaded_note(self.step, self.averaged_from)
         return [("model", self.shape), ("vocabulary", f"{self.tokenizer.vocab_size} tokens"),
                 ("parameters", f"{self.model.num_parameters():,}"), ("loaded from", where),
-                ("context", f"{self.context} tokens ({self.context_why})")]
+                ("context", f"{self.context} tokens ({self.context_why})" if self.context is not None else
+                 "no limit of its own (relative positions: only --max-input-tokens)")]
 
 
 def piece_function(tokenizer, target=False):
@@ -153,7 +158,7 @@ class Inspector:
 
     def __init__(self, loaded, max_tokens, beam=None):
         self.loaded, self.max_tokens, self.beam = loaded, max_tokens, beam
-        self.limit = min(loaded.context, max_tokens)
+        self.limit = max_tokens if loaded.context is None else min(loaded.context, max_tokens)  # None: no limit
 
     def _encode(self, text, where, encode=None):
         if not text.strip():
@@ -166,7 +171,7 @@ class Inspector:
     def _check_length(self, n, where, what="tokens"):
         if n <= self.limit:
             return
-        if self.loaded.context <= self.max_tokens:
+        if self.loaded.context is not None and self.loaded.context <= self.max_tokens:
             raise DataError(f"{where} has {n} {what}, longer than the model's context of {self.loaded.context} "
                             f"({self.loaded.context_why}); shorten it")
         raise DataError(f"{where} has {n} {what}; the page shows at most --max-input-tokens {self.max_tokens}: shorten "
@@ -350,7 +355,10 @@ def _finite(value):
 # The page
 # --------------------------------------------------------------------------- #
 def walk_command(kind):
-    """The command that prints ``kind``'s backward walk on its one-layer example (the page's walk names it)."""
+    """The command that prints ``kind``'s backward walk on its one-layer example (the page's walk names it); None
+    for a kind with no such example (``Kind.trace_example``: T5's walk is on the page only)."""
+    if kind.trace_example() is None:
+        return None
     model = "" if kind.name == kinds.names()[0] else f" --model {kind.name}"  # the registry's first: the default
     return f"python -m minitf.trace{model} --walk"
 
@@ -416,7 +424,7 @@ def build_parser():
     p = OneLineParser(prog="python -m minitf.inspect", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, type=pathlib.Path, metavar="RUN_OR_FOLDER",
                    help="a run folder of train.py (of any --model), one of its checkpoints, or a Hugging Face "
-                        "Marian (opus-mt), GPT-2 or Llama-family folder")
+                        "Marian (opus-mt), T5, GPT-2 or Llama-family folder")
     p.add_argument("--text", help="the sentence (default: one per line from stdin)")
     p.add_argument("--reference", help="translation: the target to score (default: the model's own translation)")
     p.add_argument("--beam", type=positive(int), default=None,

@@ -5,6 +5,7 @@ terminal session answers as a pipe does, and bad input is one line. Tests that r
 need the ``hf`` extra (safetensors, tokenizers) and skip with the reason without it."""
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from minitf.gpt import GPT
 from minitf.lm import gpt2
 from minitf.sampling import generate
 from minitf.lm.generate import main
+from minitf.lm.kind import KIND as LM_KIND
+from minitf.training.kind import Loaded
 from tests.runs import CPU_ENV, ROOT, one_error_line, read_line
 
 np = backend.host
@@ -317,7 +320,8 @@ def _char_model(monkeypatch, max_len=MAX_LEN, poison=False):
     model = GPT.preset("gpt2", tokenizer.vocab_size, max_len=max_len, d_model=8, num_heads=2, num_layers=1, d_ff=16)
     if poison:
         model.decoder.final_norm.gamma.data[0] = np.nan
-    monkeypatch.setattr(command_module, "load_language_model", lambda path, warn, **how: (model, tokenizer))
+    monkeypatch.setattr(command_module, "load_generating",
+                        lambda path, warn, **how: Loaded(model, tokenizer, LM_KIND, pathlib.Path(path)))
     return model, tokenizer
 
 
@@ -325,6 +329,14 @@ def _run(capsys, *args):
     code = main(["--from-pretrained", "unused", *map(str, args)])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def test_beam_is_refused_for_a_language_model_in_one_line(monkeypatch, capsys):
+    """--beam is a T5 model's (Kind.answers); a model that samples each next token refuses it, writing nothing."""
+    _char_model(monkeypatch)
+    code, out, err = _run(capsys, "--prompt", "abc", "--beam", 2)
+    line = one_error_line(err.strip().splitlines(), prog="minitf.generate")
+    assert code == 2 and out == "" and "--beam is for a model that answers a prompt (T5)" in line, (code, err)
 
 
 def test_non_finite_logits_stop_sampling_in_one_line(monkeypatch, capsys):

@@ -125,17 +125,6 @@ def test_python_m_minitf_trace_traces_a_t5_folder(tmp_path, capsys):
     assert "backward encoder.relative_attention_bias" in out and "backward decoder.relative_attention_bias" in out
 
 
-@pytest.mark.extra("safetensors", "hf")
-def test_python_m_minitf_inspect_refuses_a_t5_folder_in_one_line_writing_nothing(tmp_path, capsys):
-    from minitf import inspect
-    folder = t5_folder(tmp_path / "t5")
-    assert inspect.main(["--checkpoint", str(folder), "--text", "the house", "--out", str(tmp_path / "page")]) == 2
-    err = capsys.readouterr().err
-    assert "which the inspection page does not draw yet" in err and "python -m minitf.trace" in err, err
-    assert len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "page").exists()
-
-
 @pytest.mark.extra("torch", "bench")
 @pytest.mark.extra("transformers", "bench")
 @pytest.mark.parametrize("tokenizer_file", ["spiece.model", "tokenizer.json"])

@@ -14,6 +14,11 @@ prompt (the n-th line, or ``--prompt`` as line 1) is sampled with seed (S, n), s
 terminal give the same answers to the same lines. Generation stops at the model's end-of-text
 token (``eos_token_id``: generation_config.json's, else config.json's), which is not written.
 
+A T5 folder or run (a kind whose models answer: ``Kind.answers``; flan-t5 takes any instruction) answers each
+prompt instead: the encoder reads the prompt, whole (no task prefix), and the decoder writes the answer, by the
+kind's decoders (``Kind.answerer``: the translate command's, greedy or ``--beam K``, by the folder's
+generation_config.json where no flag is given); the sampling flags are refused for it in one line.
+
 The model comes from the one loader (:func:`minitf.loader.load`): a model of any kind whose models generate
 (``Kind.generates``: a :class:`minitf.gpt.GPT`, a :class:`minitf.llama.model.Llama`), sampled by
 :func:`minitf.sampling.generate`, and a tokenizer with the interface of
@@ -41,21 +46,21 @@ DEFAULT_NEW_TOKENS = 50
 SAMPLING_DEFAULTS = dict(temperature=1.0, top_k=50, top_p=1.0, repetition_penalty=1.0)
 
 
-def load_language_model(path, warn=None, hugging_face=False):
-    """(model, tokenizer) of ``--checkpoint``: a run or checkpoint folder of ``train.py --model gpt`` or a
-    Hugging Face folder of a kind whose models generate (GPT-2, Llama, Qwen2, Mistral) (:func:`minitf.loader.load`;
-    ``hugging_face``: only that, ``--from-pretrained``); a model of another kind is refused in one line naming the
-    command that reads it."""
-    loaded = load(path, warn, kind=generating_kind(path), hugging_face=hugging_face)
-    return loaded.model, loaded.tokenizer
+def load_generating(path, warn=None, hugging_face=False):
+    """The one loader's :class:`minitf.training.kind.Loaded` of ``--checkpoint``: a run or checkpoint folder of
+    ``train.py --model gpt`` (or llama, or t5) or a Hugging Face folder of a kind whose models generate (GPT-2,
+    Llama, Qwen2, Mistral) or answer (T5) (:func:`minitf.loader.load` by :func:`generating_kind`; ``hugging_face``:
+    only that, ``--from-pretrained``); a model of another kind is refused in one line naming the command that
+    reads it."""
+    return load(path, warn, kind=generating_kind(path), hugging_face=hugging_face)
 
 
 def generating_kind(path):
     """The kind that reads ``path`` here: a Hugging Face folder's or a run's own kind where its models generate
-    (the GPT, the Llama family); otherwise the GPT kind, whose reader refuses a model of another kind in one line
-    naming the command that reads it."""
+    (the GPT, the Llama family) or answer (T5: ``Kind.answers``); otherwise the GPT kind, whose reader refuses a
+    model of another kind in one line naming the command that reads it."""
     found = kind_of(path)
-    return found if found is not None and found.generates else KIND
+    return found if found is not None and (found.generates or found.answers) else KIND
 
 
 def sampling_settings(args, path, warn):
@@ -151,6 +156,47 @@ class Sampler:
             out = out[:ends[0]]  # the end-of-text token (and its repeats) is not written
         return self.tokenizer.decode([ids + out])[0]
 
+    def each(self, prompts):
+        """Each prompt's text with its continuation (``prompts``: ``encode``'s ids), one at a time, in order."""
+        return (self.continue_text(ids, number) for number, ids in enumerate(prompts, start=1))
+
+
+class Answerer:
+    """Answers prompts with a model whose kind :attr:`~minitf.training.kind.Kind.answers` (an encoder-decoder: the
+    prompt in, the answer out) through the kind's ``answer(prompts, where)``, with :class:`Sampler`'s two steps:
+    ``encode`` checks a prompt (the kind's decoders check its length when answering), ``continue_text`` answers."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def encode(self, text, where):
+        if not text.strip():
+            raise DataError(f"{where} is empty; expected a prompt to answer")
+        return text, where
+
+    def continue_text(self, prompt, number):
+        return self.each([prompt])[0]
+
+    def each(self, prompts):
+        """The answers of ``prompts`` [(text, where)] (``encode``'s): every one checked before the first is
+        answered."""
+        return self.answer([text for text, _ in prompts], lambda i: prompts[i][1])
+
+
+#: The sampling flags, which a model that answers (an encoder-decoder's greedy or beam decoding) does not take.
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "repetition_penalty", "seed")
+
+
+def answerer(loaded, args):
+    """The :class:`Answerer` of ``loaded`` (a kind that answers) with ``--beam`` and ``--max-new-tokens``; a
+    sampling flag is refused in one line."""
+    given = [f"--{name.replace('_', '-')}" for name in SAMPLING_FLAGS if getattr(args, name) is not None]
+    if given:
+        raise UsageError(f"{' and '.join(given)} sample a language model's next tokens; {loaded.source} holds a "
+                         f"{loaded.kind.name} model, which answers greedily or by beam search: drop "
+                         f"{'them' if len(given) > 1 else 'it'} (--beam K for a beam of K)")
+    return Answerer(loaded.kind.answerer(loaded, beam=args.beam, max_new_tokens=args.max_new_tokens))
+
 
 # --------------------------------------------------------------------------- #
 # The command
@@ -186,8 +232,9 @@ def build_parser():
                              "checkpoint), one of its checkpoint folders, a Hugging Face GPT-2 folder "
                              "(config.json, model.safetensors, tokenizer.json or vocab.json and merges.txt) or a "
                              "Llama, Qwen2 or Mistral folder (config.json, model.safetensors or its shards, "
-                             "tokenizer.json)")
-    p.add_argument("--prompt", help="the text to continue (default: one prompt per line of stdin)")
+                             "tokenizer.json); or a T5 run or folder, which answers each prompt")
+    p.add_argument("--prompt", help="the text to continue, or a T5's whole input to answer (default: one prompt "
+                                    "per line of stdin)")
     p.add_argument("--max-new-tokens", type=positive(int), default=None,
                    help=f"at most this many tokens per prompt (default: {DEFAULT_NEW_TOKENS}, or fewer where the "
                         "model's context ends sooner)")
@@ -201,6 +248,9 @@ def build_parser():
                    help="divide the positive logits of the ids already in the text by this, multiply the negative "
                         "ones (1: none)" + folder % "1.0")
     p.add_argument("--seed", type=_count, default=None, help="makes sampling reproducible")
+    p.add_argument("--beam", type=positive(int), default=None,
+                   help="a T5 model's beam size, 1 = greedy (default: its generation_config.json's num_beams, else "
+                        "1; a language model samples instead: --temperature 0 is its greedy)")
     p.add_argument("--device", choices=["cpu", "gpu"], default=None)
     return p
 
@@ -218,8 +268,14 @@ def run(argv=None):
 
     def sampler():
         path, warn = args.checkpoint or args.from_pretrained, lambda message: print(message, file=sys.stderr)
-        model, tokenizer = load_language_model(path, warn, hugging_face=args.from_pretrained is not None)
-        return Sampler(model, tokenizer, args.max_new_tokens, seed=args.seed, **sampling_settings(args, path, warn))
+        loaded = load_generating(path, warn, hugging_face=args.from_pretrained is not None)
+        if loaded.kind.answers:  # an encoder-decoder: the prompt in, the answer out
+            return answerer(loaded, args)
+        if args.beam is not None:
+            raise UsageError(f"--beam is for a model that answers a prompt (T5); {path} holds a {loaded.kind.name} "
+                             "model, which samples each next token: drop --beam (--temperature 0 is greedy)")
+        return Sampler(loaded.model, loaded.tokenizer, args.max_new_tokens, seed=args.seed,
+                       **sampling_settings(args, path, warn))
 
     if args.prompt is None and sys.stdin.isatty():  # a person typing: answer each line
         s = sampler()
@@ -238,8 +294,8 @@ def run(argv=None):
     where = ["--prompt"] if args.prompt is not None else [f"standard input: line {n}" for n in
                                                          range(1, len(prompts) + 1)]
     ids = [s.encode(prompt, w) for prompt, w in zip(prompts, where)]  # every prompt checked before the first answer
-    for number, prompt_ids in enumerate(ids, start=1):
-        sys.stdout.write(s.continue_text(prompt_ids, number) + "\n")
+    for text in s.each(ids):
+        sys.stdout.write(text + "\n")
         sys.stdout.flush()
     return 0
 

@@ -9,7 +9,11 @@ import pathlib
 from minitf.t5 import hf
 from minitf.t5.config import PRESETS, T5RunConfig
 from minitf.t5.prefix import choose_prefix, task_prefixes
-from minitf.training.kind import Kind, Loaded
+from minitf.training.kind import TRANSLATION_PAGE, Kind, Loaded
+
+#: The inspection page of a T5: the translation page's (a source and its target, the attentions of an
+#: encoder-decoder), scored by plain cross-entropy; a run's validation score its BLEU where it has one.
+T5_PAGE = dataclasses.replace(TRANSLATION_PAGE, loss_name="cross-entropy", text_label="input")
 
 
 def generate_settings(folder, hf_config):
@@ -31,13 +35,15 @@ class T5Kind(Kind):
     title = "text-to-text model"
     extends = ("transformer", "gpt")  # the translation kind's decoding and trainer; the language models' text
     translates = True
+    answers = True  # python -m minitf.generate: the prompt in, the answer out (answerer)
     hf_model_types = hf.FAMILY
     hf_what = hf.T5_FOLDER
     presets = PRESETS
     run_config = T5RunConfig
-    page = None  # no inspection page yet: python -m minitf.inspect refuses in one line saying use_a_run
-    use_a_run = ("trace one text through it with python -m minitf.trace --checkpoint RUN --text TEXT, or read it "
-                 "with minitf.load(RUN)")
+    page = T5_PAGE  # the translation page's source and target, with the position bias by distance (page_parts)
+    use_a_run = ("answer a prompt with python -m minitf.generate --checkpoint RUN --prompt TEXT, translate with "
+                 "python -m minitf.translate --checkpoint RUN, or look inside with python -m minitf.inspect "
+                 "--checkpoint RUN --text TEXT")
 
     def task(self):
         from minitf.t5.task import T5Task
@@ -81,6 +87,20 @@ class T5Kind(Kind):
         tokenizer = PrefixedTokenizer(loaded.tokenizer, chosen) if chosen else loaded.tokenizer
         return loaded.model, tokenizer, dataclasses.replace(loaded.decoding, max_positions=loaded.context)
 
+    def answerer(self, loaded, beam=None, max_new_tokens=None):
+        """The translator's model, tokenizer and settings (:meth:`translator`) with no task prefix: the prompt is
+        the encoder's whole input (flan-t5 reads any instruction), answered one at a time by the translation kind's
+        decoders (:func:`minitf.nmt.decode.translate_texts`: greedy, or ``beam``), as ``generate`` does by the
+        folder's generation_config.json where no flag is given."""
+        import types
+        from minitf.nmt.decode import translate_texts
+        from minitf.nmt.translate import decoding
+        model, tokenizer, settings = self.translator(loaded, prefix="")
+        flags = types.SimpleNamespace(beam=beam, alpha=None, max_new_tokens=max_new_tokens)
+        settings = decoding(settings, flags, loaded.context_why)
+        return lambda prompts, where: translate_texts(model, tokenizer, prompts, batch_size=1, settings=settings,
+                                                      where=where, why=loaded.context_why)
+
     def load_folder(self, folder, warn=None):
         """A T5 or mT5 folder: config.json checked, then the tokenizer (its presence and its ids against the model's
         vocabulary, before the weights are read), then the weights. ``Loaded.hf_config`` carries config.json (its
@@ -119,6 +139,10 @@ class T5Kind(Kind):
                 f"T5 (encoder-decoder), {c.num_layers} + {c.num_decoder_layers} blocks, d_model {c.d_model}, "
                 f"{c.num_heads} heads of {c.d_kv}, {feed_forward} d_ff {c.d_ff}, relative positions "
                 f"({c.relative_attention_num_buckets} buckets to {c.relative_attention_max_distance}), {output}")
+
+    def page_parts(self, model):
+        from minitf.t5.study import page_parts
+        return page_parts(model)
 
     def trace_loaded(self, loaded, text):
         """The text as source and target, the decoder starting from the model's start id and ending with its eos,

@@ -50,6 +50,12 @@ class T5Tokenizer:
     def model_bytes(self):
         return self._bytes
 
+    def tokens(self, ids):
+        """Each id as the model sees it (the inspection page's tokens): its sentencepiece piece ("▁house", "</s>"),
+        a sentinel's ``<extra_id_N>``, ``<ID>`` for an id past the tokenizer's (a model's spare rows)."""
+        return [self._sp.id_to_piece(i) if i < self.pieces else f"<extra_id_{self.vocab_size - 1 - i}>"
+                if i < self.vocab_size else f"<{i}>" for i in map(int, ids)]
+
     def save(self, folder):
         """Write spiece.model (as read) and tokenizer_config.json with its ``extra_ids`` into ``folder``, atomically:
         what :func:`read_tokenizer` and transformers' T5Tokenizer read."""

@@ -101,6 +101,9 @@ class Kind:
     generates = False
     #: Whether its models translate (``python -m minitf.translate`` decodes them as :meth:`translator` says).
     translates = False
+    #: Whether its models answer a prompt with an encoder-decoder (``python -m minitf.generate``: the encoder reads
+    #: the prompt, the decoder writes the answer, as :meth:`answerer` says), where :attr:`generates` is False.
+    answers = False
 
     def task(self):
         """Its part of the ``train.py`` command (a :class:`minitf.training.task.Task`)."""
@@ -110,6 +113,13 @@ class Kind:
         """(model, tokenizer, decoding settings) with which ``python -m minitf.translate`` translates ``loaded`` (a
         kind that :attr:`translates`); ``prefix``: its ``--prefix`` (None: not given), refused in one line where
         this kind's models take none or the model does not name it."""
+        raise NotImplementedError
+
+    def answerer(self, loaded, beam=None, max_new_tokens=None):
+        """``answer(prompts, where) -> answers`` with which ``python -m minitf.generate`` answers prompts with
+        ``loaded`` (a kind that :attr:`answers`): each prompt is the encoder's whole input, each answer the
+        decoder's text; ``beam``, ``max_new_tokens``: its flags (None: the model's own settings); ``where(i)`` names
+        prompt i in a one-line error (every prompt is checked before the first is answered)."""
         raise NotImplementedError
 
     def validate(self, config):

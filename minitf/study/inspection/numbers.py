@@ -45,7 +45,9 @@ class Inspection:
     ``embedding_grad`` (S,) (a GPT: (L,)): |dL/d(the embedding row read at that position)|, per
     source position. ``head_labels``: {attention name: [a label per head]} where a head is more than its number
     (grouped-query attention: the key/value head it reads), else {}. ``experts``: a :class:`Routing` per sparse
-    feed-forward, bottom first ([] for a dense model)."""
+    feed-forward, bottom first ([] for a dense model). ``position_bias``: {name: (distances (n,),
+    values (H, n))} the learned bias each head adds to a score at each distance (key - query position) where the
+    model has one (T5's relative position bias), else {}."""
     targets: object
     probability: object
     top_ids: object
@@ -59,6 +61,7 @@ class Inspection:
     embedding_grad: object
     head_labels: dict = dataclasses.field(default_factory=dict)
     experts: list = dataclasses.field(default_factory=list)
+    position_bias: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -81,8 +84,8 @@ class Parts:
     attention: [its module in each layer, bottom first]} (each keeps its weights ``P`` when ``record_weights``),
     ``embedding`` the module whose backward's dy is the gradient of the embedding rows read (call
     ``embedding_call``; times ``embedding_scale``), ``walked(name)`` whether the walk reads the records of the
-    module ``name`` (the rest runs unwrapped; None: every module is recorded), ``head_labels`` as
-    :class:`Inspection`'s, ``experts`` [(block number, its sparse feed-forward)] (a
+    module ``name`` (the rest runs unwrapped; None: every module is recorded), ``head_labels`` and
+    ``position_bias`` as :class:`Inspection`'s, ``experts`` [(block number, its sparse feed-forward)] (a
     :class:`minitf.moe.SparseMoE`: its ``choices()`` after the forward; [] for a dense model)."""
     walk: object
     attention: dict
@@ -92,6 +95,7 @@ class Parts:
     walked: object = None
     head_labels: dict = dataclasses.field(default_factory=dict)
     experts: list = dataclasses.field(default_factory=list)
+    position_bias: dict = dataclasses.field(default_factory=dict)
 
 
 def translation_parts(model):
@@ -232,7 +236,7 @@ def _inspection(logits, targets, top, loss, loss_fn, smoothing, attention, trace
     return Inspection(targets=targets, probability=probability, top_ids=top_ids, top_probs=top_probs,
                       loss=float(loss), num_tokens=int(loss_fn.num_tokens), smoothing=smoothing,
                       attention=attention, walk=walk, points=points, embedding_grad=embedding_grad,
-                      head_labels=dict(parts.head_labels),
+                      head_labels=dict(parts.head_labels), position_bias=dict(parts.position_bias),
                       experts=[Routing(layer, *block.choices(), shared=block.shared_expert is not None)
                                for layer, block in parts.experts])
 

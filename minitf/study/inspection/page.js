@@ -355,8 +355,11 @@
 
   function attentionSection(ex, parent) {
     const box = section("attention", "Attention", parent);
+    const biased = ex.position_bias && ex.position_bias.length;  // T5: unscaled scores plus a position bias
     h("p", {class: "caption"}, box, "Each cell is an attention weight that minitf's attention computed for this " +
-      "input, P = softmax(Q Kᵀ / √dk) (minitf/attention.py): how much the row's position takes from the column's " +
+      "input, " + (biased ? "P = softmax(Q Kᵀ + B) (T5's: no 1/√dk, B the position bias charted below)"
+        : "P = softmax(Q Kᵀ / √dk)") + " (minitf/attention.py): how much the row's position takes from the " +
+      "column's " +
       "position; each row sums to 1. Choose the attention, the layer (0 is the one nearest the input) and the " +
       "head; “all heads” shows every head of the layer side by side.");
     const controls = h("div", {class: "controls"}, box);
@@ -396,6 +399,27 @@
     head.addEventListener("change", draw);
     scale.addEventListener("change", draw);
     draw();
+    if (ex.position_bias && ex.position_bias.length) positionBiasCharts(ex, box);
+  }
+
+  // ------------------------------------------------------------------ a relative position bias (T5)
+  const HEAD_COLOURS = ["#0969da", "#cf222e", "#1a7f37", "#bf8700", "#8250df", "#d2691e", "#1b7c83", "#6e7781"];
+  function positionBiasCharts(ex, parent) {
+    h("p", {class: "caption", id: "position-bias-caption"}, parent, "The relative position bias B that this " +
+      "model's attention adds to each score (minitf/attention.py RelativePositionBias), every layer of a stack the " +
+      "same B. Each line is one head's bias by distance (key " +
+      "position − query position), read from the stack's table through its bucket function: one bucket per " +
+      "distance near 0, logarithmic buckets further out, one bucket for every distance from the table's largest " +
+      "on. The encoder reads both directions; the decoder only the past (distances ≤ 0).");
+    const charts = h("div", {class: "charts"}, parent);
+    ex.position_bias.forEach((bias, i) => {
+      lineChart(charts, {
+        id: "position-bias-" + i, title: "Position bias: " + bias.name, xlabel: "key position − query position",
+        ylabel: "bias added to the score",
+        series: bias.values.map((ys, hd) => ({name: "head " + hd, xs: bias.distances, ys: ys,
+                                              colour: HEAD_COLOURS[hd % HEAD_COLOURS.length]})),
+      });
+    });
   }
 
   // a head's name: "head 3", or its kind's label ("head 3 (key/value head 1)": grouped-query attention)
@@ -693,8 +717,10 @@
     const figure = h("figure", {"data-chart": "walk"}, parent);
     const norm = normOf(model);
     h("h3", {}, figure, "Every step of the walk, from dL/dlogits down to the embeddings");
-    h("p", {class: "caption"}, figure, `The steps that ${model.walk_command} prints for its one-layer example, ` +
-      "here for every layer of this model, in the order the backward runs them" +
+    h("p", {class: "caption"}, figure, (model.walk_command
+      ? `The steps that ${model.walk_command} prints for its one-layer example, here for every layer of this model, `
+      : "The steps of this model's backward, for every layer (python -m minitf.trace --checkpoint PATH --text TEXT " +
+        "records each call), ") + "in the order the backward runs them" +
       (norm === "LayerNorm" ? " (the names are those of SublayerConnection.backward: dx_skip, dh, dx)" : "") +
       ". The bar is the norm of the gradient on a log scale; hover for its shape.");
     const legend = h("div", {class: "legend"}, figure);

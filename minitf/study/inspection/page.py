@@ -148,6 +148,9 @@ def example_data(inspection, text, input_ids, piece, source_ids=None, target_fro
         "attention": [dict(name=name, rows=AXES[name][0], cols=AXES[name][1], causal=name in CAUSAL,
                            heads=inspection.head_labels.get(name), **encode_array(weights))
                       for name, weights in inspection.attention.items()],
+        "position_bias": [{"name": name, "distances": [int(d) for d in distances],
+                           "values": [[float(v) for v in head] for head in values]}
+                          for name, (distances, values) in inspection.position_bias.items()],
         "walk": [{"section": step} if isinstance(step, str) else
                  {"label": step.label, "norm": step.norm, "shape": list(step.shape), "kind": step.kind}
                  for step in inspection.walk],
