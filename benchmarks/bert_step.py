@@ -54,7 +54,6 @@ machine, the median and spread of each framework, the ratio of the medians and t
 """
 import argparse
 import gc
-import json
 import os
 import pathlib
 import shutil
@@ -65,8 +64,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
-from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_header, rate_table, run_pair, serve_side,  # noqa: E402
-                               spread, step_report, summary)
+from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_header, finish_step, rate_table, run_pair,  # noqa: E402
+                               serve_side, spread, step_arguments, step_report, summary)
 
 np = minitf.backend.host
 
@@ -258,19 +257,7 @@ def bench_step(folder, args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=PARTS + ("all",), default="all",
-                        help="the training step, fill-mask or classify (default: all three)")
-    parser.add_argument("--shape", choices=list(SHAPES), default="base")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="threads of each framework's process (default: this machine's cores)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per framework, taking turns")
-    parser.add_argument("--dry-run", action="store_true", help="--shape tiny --rounds 1: that the script runs")
-    parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
-    parser.add_argument("--worker", choices=["minitf", "PyTorch"], help=argparse.SUPPRESS)
-    parser.add_argument("--folder", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.dry_run:
-        args.shape, args.rounds = "tiny", 1
+    args = step_arguments(parser, SHAPES, "base", parts=PARTS)(argv)
     if args.worker:
         if args.part == "step":
             side = minitf_side if args.worker == "minitf" else torch_side
@@ -291,18 +278,7 @@ def main(argv=None):
             gc.collect()
             results[part] = bench_step(folder, args) if part == "step" else bench_pipeline(folder, args, part)
             shutil.rmtree(folder)
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
-    status = 0
-    if "step" in results and not results["step"]["losses_agree"]:
-        print("bert_step.py: the first step's losses differ: the two models are not the same", file=sys.stderr)
-        status = 1
-    for part in ("fill-mask", "classify"):
-        if part in results and not results[part]["all_equal"]:
-            print(f"bert_step.py: {part}'s outputs differ ({results[part]['outputs_equal']}/"
-                  f"{results[part]['outputs']} equal)", file=sys.stderr)
-            status = 1
-    return status
+    return finish_step(__file__, args, results, "the two models")
 
 
 if __name__ == "__main__":

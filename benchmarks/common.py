@@ -27,6 +27,7 @@ module imports no script, and no script imports another (tests/test_architecture
   :class:`TorchLMStep`), the pair (:func:`run_pair`), the step's table (:func:`step_report`)
   and the run's header (:func:`bench_header`).
 """
+import argparse
 import gc
 import importlib
 import json
@@ -598,8 +599,9 @@ class TorchLMStep:
 def serve_side(args, side):
     """The worker of a script run with ``--worker NAME`` (minitf or PyTorch) and ``--threads N``, on :func:`serve`:
     ``side()`` builds its framework's model and work (an object with ``parameters``, ``baseline`` (the resident
-    set before a step's memory, or none) and ``run()`` -> {"seconds", ...}); its info (parameters, loaded MiB,
-    transformers' attention, threads) goes first, then it answers run and memory."""
+    set before a step's memory, or none), ``run()`` -> {"seconds", ...} and optionally ``info``, a dict of more to
+    report); its info (parameters, loaded MiB, transformers' attention, threads, ``info``) goes first, then it
+    answers run and memory."""
     import warnings
     warnings.filterwarnings("ignore")                                 # transformers' notices about settings
 
@@ -612,7 +614,7 @@ def serve_side(args, side):
         before = status_bytes("VmRSS")
         work = side()
         info = {"parameters": work.parameters, "loaded_mib": (status_bytes("VmRSS") - before) / 2 ** 20,
-                "attention": getattr(work, "attention", None)}
+                "attention": getattr(work, "attention", None)} | getattr(work, "info", {})
         if args.worker == "PyTorch":
             import torch
             info["threads"] = torch.get_num_threads()
@@ -630,15 +632,18 @@ def serve_side(args, side):
     serve(start)
 
 
-def run_pair(script, part, folder, args):
-    """Both workers (:class:`Worker`, minitf and PyTorch) of ``part`` of ``script`` on ``folder``, ``args.threads``
-    threads each, taking turns (:func:`take_turns`): their info, the warm-up answers, every round's answers
-    (``args.rounds``), and (part "step") their peak memory."""
+PAIR = ("minitf", "PyTorch")                    # the two workers of a comparison, in their order of turns
+
+
+def run_pair(script, part, folder, args, names=PAIR):
+    """The workers ``names`` (:class:`Worker`; minitf and PyTorch, or more, each a ``--worker`` of ``script``) of
+    ``part`` of ``script`` on ``folder``, ``args.threads`` threads each, taking turns (:func:`take_turns`): their
+    info, the warm-up answers, every round's answers (``args.rounds``), and (part "step") their peak memory."""
     env = os.environ | {name: str(args.threads) for name in THREAD_VARIABLES}
     argv = ["--part", part, "--folder", str(folder), "--shape", args.shape, "--threads", str(args.threads)]
     workers = {}
     try:
-        for name in ("minitf", "PyTorch"):
+        for name in names:
             workers[name] = Worker(script, name, argv, env)
         first = {name: answers[0] for name, answers in                 # the warm-up: equal models, equal outputs
                  take_turns(workers, "run", 1, PAUSE, flip=False).items()}
@@ -679,11 +684,13 @@ def rate_table(result, count, unit, digits=2, rate_digits=0):
         print(f"| {label} | {m:.{digits}f} ({spread(t, 1, digits)}) | {count / m:,.{rate_digits}f} |")
 
 
-def step_report(script, folder, args, tokens, title):
-    """Time the part "step" (a training step) of ``script``'s two workers (:func:`run_pair`), print its table under
-    ``title`` (``tokens`` a step) and return every number: the rounds' :func:`summary`, the first step's losses and
-    whether they agree to :data:`LOSS_TOLERANCE`, each side's peak memory."""
-    info, first, rounds, memory = run_pair(script, "step", folder, args)
+def step_report(script, folder, args, tokens, title, names=PAIR, labels=None):
+    """Time the part "step" (a training step) of ``script``'s workers ``names`` (:func:`run_pair`: minitf and
+    PyTorch, or more), print its table under ``title`` (``tokens`` a step; a row per worker, named by ``labels``
+    {name: label} where given) and return every number: the rounds' :func:`summary`, the first step's losses
+    (minitf's and PyTorch's compared: whether they agree to :data:`LOSS_TOLERANCE`), each side's peak memory."""
+    info, first, rounds, memory = run_pair(script, "step", folder, args, names)
+    labels = labels or {}
     losses = {name: answer["loss"] for name, answer in first.items()}
     relative = abs(losses["minitf"] - losses["PyTorch"]) / abs(losses["PyTorch"])
     result = summary(rounds) | {"first_loss": losses, "loss_relative_difference": relative,
@@ -696,7 +703,7 @@ def step_report(script, folder, args, tokens, title):
     print("|---|---:|---:|---:|")
     for name, t in result["times"].items():
         m = result["median"][name]
-        print(f"| {name} | {m * 1e3:.0f} ({spread(t)}) | {tokens / m:,.0f} | {memory[name]:,.0f} |")
+        print(f"| {labels.get(name, name)} | {m * 1e3:.0f} ({spread(t)}) | {tokens / m:,.0f} | {memory[name]:,.0f} |")
     print(f"\nminitf / PyTorch: **{result['ratio']:.2f}x** (medians; per-round ratios "
           f"{spread(result['round_ratios'], 1, 2)}); peak memory **{memory['minitf'] / memory['PyTorch']:.2f}x**")
     return result
@@ -728,3 +735,48 @@ def bench_header(parser, script, argv, args):
     print(f"- CPU: {machine}; {args.threads} threads in each framework's process")
     return {"command": command, "machine": machine, "threads": args.threads, "shape": args.shape, "date": date,
             "rounds": args.rounds}
+
+
+def step_arguments(parser, shapes, default, workers=PAIR, parts=None):
+    """The flags of a script that times one training step (bert_step.py, moe_step.py): --shape (``shapes``' names,
+    ``default``), --threads, --rounds, --dry-run, --json, and the workers' hidden --worker (``workers``), --part and
+    --folder; ``parts`` (names of what the script times beside the step) makes --part a flag of the user's, default
+    all of them. Parses ``argv``-style lists through the returned function: it applies --dry-run (--shape tiny
+    --rounds 1)."""
+    parser.add_argument("--shape", choices=list(shapes), default=default)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="threads of each framework's process (default: this machine's cores)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per framework, taking turns")
+    parser.add_argument("--dry-run", action="store_true", help="--shape tiny --rounds 1: that the script runs")
+    parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
+    parser.add_argument("--worker", choices=list(workers), help=argparse.SUPPRESS)
+    if parts is None:
+        parser.add_argument("--part", choices=["step"], default="step", help=argparse.SUPPRESS)
+    else:
+        parser.add_argument("--part", choices=list(parts) + ["all"], default="all",
+                            help=f"what to time: {', '.join(parts)} (default: all of them)")
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+
+    def parse(argv=None):
+        args = parser.parse_args(argv)
+        if args.dry_run:
+            args.shape, args.rounds = "tiny", 1
+        return args
+    return parse
+
+
+def finish_step(script, args, results, models):
+    """The end of a step script's run: --json writes ``results``; exit status 1 (one line each) where the first
+    step's losses differ (naming ``models``) or a part's outputs differ (its ``all_equal``), else 0."""
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    name, status = os.path.basename(script), 0
+    if "step" in results and not results["step"]["losses_agree"]:
+        print(f"{name}: the first step's losses differ: {models} are not the same", file=sys.stderr)
+        status = 1
+    for part, result in results.items():
+        if isinstance(result, dict) and not result.get("all_equal", True):
+            print(f"{name}: {part}'s outputs differ ({result['outputs_equal']}/{result['outputs']} equal)",
+                  file=sys.stderr)
+            status = 1
+    return status

@@ -61,7 +61,7 @@ class Experts(Module):
             g[a:b] = xs[a:b] @ self.gate_proj.data[e]                # g = x W_gate[e]  (rows a:b, F)
             u[a:b] = xs[a:b] @ self.up_proj.data[e]                  # u = x W_up[e]  (rows a:b, F)
         act = self.act(g)                                            # silu(g)  (M, F)
-        h = act * u                                                  # h = silu(g) * u  (M, F)
+        h = backend.by_rows(xp.multiply, act, u)                     # h = silu(g) * u, on blocks of rows  (M, F)
         ys = xp.empty((M, D), dtype=xs.dtype)
         for e, a, b in groups:
             ys[a:b] = h[a:b] @ self.down_proj.data[e]                # y = h W_down[e]  (rows a:b, D)
@@ -77,9 +77,9 @@ class Experts(Module):
             # y = h W_down[e] on rows a:b  =>  dW_down[e] = h^T dy over those rows, dh = dy W_down[e]^T
             self.down_proj.grad[e] += s.h[a:b].T @ dys[a:b]
             dh[a:b] = dys[a:b] @ self.down_proj.data[e].T
-        # h = silu(g) * u  =>  d silu(g) = dh * u,  du = dh * silu(g)  (the product rule)
-        du = dh * s.act
-        dg = self.act.backward(dh * s.u)                             # g -> silu(g): SiLU's backward
+        # h = silu(g) * u  =>  d silu(g) = dh * u,  du = dh * silu(g)  (the product rule), on blocks of rows
+        dact, du = backend.by_rows(lambda dh, u, act: (dh * u, dh * act), dh, s.u, s.act)
+        dg = self.act.backward(dact)                                 # g -> silu(g): SiLU's backward
         dxs = xp.empty_like(s.xs)
         for e, a, b in s.groups:
             # g = x W_gate[e], u = x W_up[e] on rows a:b  =>  dW = x^T dg, x^T du; dx = dg W_gate^T + du W_up^T

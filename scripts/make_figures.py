@@ -6,6 +6,10 @@ Needs the ``plot`` extra (``pip install -e .[plot]``). Writes into docs/figures/
 - training_curves.png training and validation loss, and validation BLEU, over steps (metrics.jsonl)
 - attention_*.png     encoder self-, decoder self- and cross-attention of a few heads on test sentences,
                       from the run's chosen checkpoint (best.json), teacher-forced on the model's own output
+
+``--moe-runs SPARSE DENSE`` draws instead, from two ``train.py --model llama`` runs of equal wall minutes
+(scripts/moe_vs_dense.sh makes them):
+- moe_vs_dense.png    validation loss against minutes for both; the sparse run's expert load against step
 """
 import argparse
 import json
@@ -43,7 +47,7 @@ def lr_schedule(out):
 
 
 def training_curves(run, out):
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = read_records(run)
     train = [r for r in records if r["kind"] == "train"]
     valid = [r for r in records if r["kind"] == "valid" and "bleu" in r and "model" not in r]
     final = [r for r in records if r["kind"] == "valid" and "bleu" in r and "model" in r]
@@ -105,12 +109,85 @@ def attention_maps(run, out, sentences=2, heads=(0, 1)):
         plt.close(fig)
 
 
+def read_records(run):
+    """A run's metrics.jsonl records, in order."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def validation_minutes(records):
+    """(minutes, loss) of each periodic validation: the wall minutes of the run (its earlier validations included)
+    at the end of the training step it follows (that step's ``elapsed``)."""
+    elapsed = {r["step"]: r["elapsed"] for r in records if r["kind"] == "train"}
+    valid = [r for r in records if r["kind"] == "valid" and "model" not in r and r["step"] in elapsed]
+    return [elapsed[r["step"]] / 60 for r in valid], [r["loss"] for r in valid]
+
+
+def expert_shares(records):
+    """(steps, shares (steps, layers, experts)): each train record's ``expert_load`` over its layer's routed
+    tokens (a uniform router gives 1 / experts everywhere)."""
+    train = [r for r in records if r["kind"] == "train" and "expert_load" in r]
+    if not train:
+        raise SystemExit("make_figures.py: the sparse run's metrics.jsonl has no expert_load: give a run of "
+                         "train.py --model llama --num-experts E first")
+    load = backend.host.asarray([r["expert_load"] for r in train], dtype=float)   # (steps, layers, experts)
+    return [r["step"] for r in train], load / load.sum(axis=-1, keepdims=True)
+
+
+def describe(run):
+    """A label for a Llama run: its feed-forward (the experts or the dense width) from config.json."""
+    c = json.loads((run / "config.json").read_text())
+    if c.get("num_experts"):
+        return (f"sparse: {c['num_experts']} experts of d_ff {c.get('moe_d_ff') or c['d_ff']}, "
+                f"{c['experts_per_token']} per token")
+    return f"dense: d_ff {c['d_ff']}"
+
+
+def moe_vs_dense(sparse, dense, out):
+    """moe_vs_dense.png: validation loss against wall minutes of both runs; the sparse run's expert load against
+    step (each expert's share of its layer's routed tokens, averaged over the layers, and the least and most share
+    of any expert in any layer)."""
+    runs = {"sparse": (sparse, "C3"), "dense": (dense, "C0")}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13.5, 4.2))
+    for name, (run, color) in runs.items():
+        records = read_records(run)
+        minutes, loss = validation_minutes(records)
+        done = [r for r in records if r["kind"] == "done"]
+        steps = f", {done[-1]['step']} steps" if done else ""
+        ax1.plot(minutes, loss, "o-", color=color, markersize=3, label=f"{describe(run)}{steps}")
+    ax1.set(xlabel="wall minutes of the command (validations included)", xlim=(0, None),
+            ylabel="validation loss (next-token cross-entropy)",
+            title="equal minutes: sparse against dense of equal active parameters")
+    ax1.legend(fontsize=8)
+    steps, shares = expert_shares(read_records(sparse))
+    layers, experts = shares.shape[1:]
+    for e in range(experts):
+        ax2.plot(steps, shares[:, :, e].mean(axis=1), lw=0.8, alpha=0.6, label=f"expert {e}" if experts <= 8 else None)
+    ax2.plot(steps, shares.min(axis=(1, 2)), color="k", lw=1.5, ls=":", label="least, any layer")
+    ax2.plot(steps, shares.max(axis=(1, 2)), color="k", lw=1.5, label="most, any layer")
+    ax2.axhline(1 / experts, color="grey", ls="--", lw=1, label=f"uniform 1/{experts}")
+    ax2.set(xlabel="step", ylabel="share of the layer's routed tokens",
+            title=f"sparse run's expert load ({layers} layers, mean over layers)", ylim=(0, None))
+    ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(out / "moe_vs_dense.png", dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=pathlib.Path, default=ROOT / "runs" / "tiny", help="a train.py run folder")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "docs" / "figures")
+    parser.add_argument("--moe-runs", type=pathlib.Path, nargs=2, metavar=("SPARSE", "DENSE"),
+                        help="draw moe_vs_dense.png from these two train.py --model llama runs instead")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.moe_runs:
+        for run in args.moe_runs:
+            if not (run / "metrics.jsonl").is_file():
+                parser.error(f"--moe-runs: {run} has no metrics.jsonl; give two train.py run folders")
+        moe_vs_dense(*args.moe_runs, args.out)
+        print(f"wrote moe_vs_dense.png to {args.out}")
+        return
     lr_schedule(args.out)
     training_curves(args.run, args.out)
     attention_maps(args.run, args.out)

@@ -151,7 +151,8 @@ def test_the_graph_sees_real_imports():
     assert "minitf.train" in graph["train"]
     assert "minitf.nmt.decode" in graph["scripts.compare_devices"]
     for script in ("benchmark", "ab_step", "layer_profile", "data_parallel", "torch_equal_minutes", "gpt_step",
-                   "torch_lm_equal_minutes", "marian_opus", "llama_step", "bert_step", "torch_bert_equal_minutes"):
+                   "torch_lm_equal_minutes", "marian_opus", "llama_step", "bert_step", "torch_bert_equal_minutes",
+                   "moe_step"):
         assert "benchmarks.common" in graph[f"benchmarks.{script}"], script
 
 
