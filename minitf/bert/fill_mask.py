@@ -70,11 +70,11 @@ def fill_masks_batch(model, tokenizer, texts, top_k=5, batch_size=32, where=None
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         ids, types, padding = padded_batch(chunk, tokenizer.pad_id)
-        text_of, position = np.nonzero(ids == tokenizer.mask_id)             # (M,) each: the masks, text by text
+        masked = ids == tokenizer.mask_id                                     # (B, L)
+        text_of, position = np.nonzero(masked)                               # (M,) each: the masks, text by text
         with no_grad():
-            h = model.bert(ids, token_type_ids=types, key_padding_mask=padding)                     # (B, L, D)
-            h = h[backend.asarray(text_of), backend.asarray(position)][None]                         # (1, M, D)
-            logits = model.lm_head(h)[0]                                                            # (M, V)
+            # the head at the masks only (row-major: text by text, left to right)
+            logits = model(ids, token_type_ids=types, key_padding_mask=padding, scored=masked)[0]  # (M, V)
         probabilities = backend.to_numpy(softmax(logits.astype(np.float64)))                       # (M, V)
         k = min(top_k, probabilities.shape[-1])
         best = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]                           # (M, k)

@@ -330,7 +330,10 @@ class BertModel(BertPreTrainedModel):
 class BertForMaskedLM(BertPreTrainedModel):
     """``model(ids, token_type_ids=None, key_padding_mask=None)`` -> logits (B, L, V) at every position (the
     masked-LM loss reads the masked positions only: ``LabelSmoothedCrossEntropy(0.0, ignore_index=-1)`` with -1
-    at every other position). Parts: ``bert`` (a :class:`BertModel` without pooler), ``lm_head``
+    at every other position). ``scored`` (B, L) bool, True where the loss reads: the head runs at those N
+    positions only, logits (1, N, V) in row-major order (the loss's targets: ``targets[scored][None]``); the same
+    loss and gradients for about 15% of the head's work (transformers' BertForMaskedLM has no such argument: it
+    computes every position). Parts: ``bert`` (a :class:`BertModel` without pooler), ``lm_head``
     (:class:`MaskedLMHead`, its decoder the token embedding's matrix)."""
 
     def __init__(self, config, init=True):
@@ -340,12 +343,30 @@ class BertForMaskedLM(BertPreTrainedModel):
         if init:
             self.init_normal(config.initializer_range)
 
-    def forward(self, ids, token_type_ids=None, key_padding_mask=None):
-        return self.lm_head(self.bert(ids, token_type_ids, key_padding_mask))
+    def forward(self, ids, token_type_ids=None, key_padding_mask=None, scored=None):
+        h = self.bert(ids, token_type_ids, key_padding_mask)                   # (B, L, D)
+        if scored is None:
+            self.save_for_backward(None, h.shape)
+            return self.lm_head(h)                                             # (B, L, V)
+        B, L, D = h.shape
+        if tuple(scored.shape) != (B, L):
+            raise ValueError(f"scored must be (B, L) = {(B, L)} like ids, got {tuple(scored.shape)}")
+        rows = xp.flatnonzero(backend.asarray(scored).reshape(-1))             # (N,) the scored positions
+        self.save_for_backward(rows, h.shape)
+        return self.lm_head(h.reshape(B * L, D)[rows][None])                   # (1, N, D) -> (1, N, V)
 
     def backward(self, dlogits):
-        """dlogits (B, L, V) -> fills ``p.grad`` of every parameter (the tied matrix gets both uses)."""
-        self.bert.backward(self.lm_head.backward(dlogits))
+        """dlogits (B, L, V), or (1, N, V) after ``scored`` -> fills ``p.grad`` of every parameter (the tied matrix
+        gets both uses)."""
+        rows, (B, L, D) = self.saved_tensors()
+        dh = self.lm_head.backward(dlogits)                                    # (B, L, D) or (1, N, D)
+        if rows is not None:
+            # h_scored = h.reshape(B * L, D)[rows]  =>  dh is dh_scored at those rows, 0 at every other position:
+            # no loss reads them, so their head would only have computed zeros (docs/bert.md)
+            dh_all = xp.zeros((B * L, D), dtype=dh.dtype)
+            dh_all[rows] = dh[0]
+            dh = dh_all.reshape(B, L, D)                                       # (B * L, D) -> (B, L, D)
+        self.bert.backward(dh)
 
 
 class BertForSequenceClassification(BertPreTrainedModel):

@@ -115,7 +115,9 @@ class BertTrainer(Trainer):
 
     def forward_loss(self, share):
         inputs, targets, padding = self.masked_batch("train", share, self.step)
-        return self.loss_fn(self.model(inputs, key_padding_mask=padding), targets)
+        scored = targets != IGNORE                                  # (B, T): the head runs at these positions only
+        logits = self.model(inputs, key_padding_mask=padding, scored=scored)                  # (1, N, V)
+        return self.loss_fn(logits, targets[scored][None])                                   # (1, N)
 
     # the language models' out-of-memory line and end-of-run reserve (this kind extends theirs: minitf.lm)
     BATCH_ROWS = "sequences of up to"
@@ -129,11 +131,13 @@ class BertTrainer(Trainer):
         """(loss x count, nll summed, count, correct predictions) of the sequences ``index`` of ``split`` with the
         validation masks (the masked positions count)."""
         inputs, targets, padding = self.masked_batch(split, index, VALIDATION_STEP)
-        logits = self.model(inputs, key_padding_mask=padding)
+        scored = targets != IGNORE
+        targets = targets[scored][None]                                                      # (1, N)
+        logits = self.model(inputs, key_padding_mask=padding, scored=scored)                  # (1, N, V)
         loss = self.loss_fn(logits, targets)
         guess = backend.to_numpy(logits.argmax(-1))
         return (loss * self.loss_fn.num_tokens, self.loss_fn.nll_sum, self.loss_fn.num_tokens,
-                float((guess == targets)[targets != IGNORE].sum()))
+                float((guess == targets).sum()))
 
     def evaluate(self, split):
         """(loss, nll summed, count, accuracy) over ``split``'s sequences (:meth:`evaluation_terms`); every rank takes
