@@ -167,7 +167,8 @@ def test_a_config_that_does_not_fit_is_refused_naming_the_field(fields, words):
 @given(case=t5_and_ids())
 def test_whole_t5_gradient_with_dropout(case):
     """Dropout on (the same masks each forward: the backend reseeded): the embeddings', every sublayer's, the
-    feed-forward's inner layer's and the stacks' final dropout each scale the gradient where they kept a unit."""
+    feed-forward's inner layer's, the attention weights' and the stacks' final dropout each scale the gradient
+    where they kept a unit."""
     config, ids, decoder_ids, mask, seed = case
     model = randomize(T5(config.replace(dropout_rate=0.3)), seed).train()
     pad = None if mask is None else backend.asarray(mask)
