@@ -141,6 +141,18 @@ def softmax_backward_in_place(dP, P):
     dP *= P
 
 
+def weights_dropout(p):
+    """The :class:`Dropout` that draws an attention module's mask on its weights (it runs no forward of its own: the
+    core multiplies), or None for p = 0: no dropout, and no module that never runs."""
+    return Dropout(p) if p else None
+
+
+def draw_weights_mask(dropout, Q, K):
+    """The mask (B, H, Tq, Tk) of the weights of queries Q (B, H, Tq, dk) over keys K (B, H, Tk, dk), drawn by
+    ``dropout`` (:func:`weights_dropout`'s); None, and nothing drawn, without one or in eval mode."""
+    return None if dropout is None else dropout.draw_mask(Q.shape[:3] + K.shape[2:3], Q.dtype)
+
+
 def append_to_cache(cache, k, v):
     """Keys and values k, v (B, T, D) of T new positions written after the L cached ones; returns all L + T
     of each (B, L + T, D), views. The cache keeps them in arrays with room for more positions, ``k_room`` and
@@ -171,7 +183,7 @@ class MultiHeadAttention(Module):
     Parameters: ``w_qkv`` (D, 3D) holds W^Q, W^K, W^V of all heads side by side
     (one matmul for self-attention), ``b_qkv`` (3D,), ``w_o`` (D, D), ``b_o`` (D,). ``dropout``: the
     probability of dropping an attention weight while training (the paper's 0: none; BERT's
-    ``attention_probs_dropout_prob``, GPT-2's ``attn_pdrop``), its :class:`Dropout` ``weights_dropout``.
+    ``attention_probs_dropout_prob``, GPT-2's ``attn_pdrop``), its :class:`Dropout` ``weights_dropout`` (None at 0).
     """
 
     record_weights = False  # set True to keep the last attention weights P (before dropout) in ``self.weights``
@@ -185,7 +197,7 @@ class MultiHeadAttention(Module):
         self.b_qkv = Parameter(init_array(backend.host.zeros(3 * d_model)))
         self.w_o = Parameter(init_array(rng.uniform(-limit, limit, (d_model, d_model))))
         self.b_o = Parameter(init_array(backend.host.zeros(d_model)))
-        self.weights_dropout = Dropout(dropout)                 # its mask only: drawn here, applied in the core
+        self.weights_dropout = weights_dropout(dropout)
 
     def split_heads(self, x):
         """(B, L, D) -> (B, H, L, dk)"""
@@ -224,7 +236,7 @@ class MultiHeadAttention(Module):
                     cache["k"], cache["v"] = k, v
         Q, K, U = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # (B, H, Tq|Tk, dk)
         keep = attention_keep_mask(key_padding_mask, causal, Q.shape[2], K.shape[2])
-        drop = self.weights_dropout.draw_mask(Q.shape[:3] + K.shape[2:3], Q.dtype)  # (B, H, Tq, Tk), or None
+        drop = draw_weights_mask(self.weights_dropout, Q, K)     # (B, H, Tq, Tk), or None: no dropout
         O, P = scaled_dot_product_attention(Q, K, U, keep, drop)  # each head attends
         if self.record_weights:                                  # for pictures (docs/figures)
             self.weights = P
@@ -500,7 +512,8 @@ class T5Attention(Module):
 
     Submodules (Hugging Face's names): ``q``, ``k``, ``v`` (D -> H*dk) and ``o`` (H*dk -> D), :class:`Linear`
     without biases; ``head_dim`` dk need not be D / H (T5's d_kv). ``dropout``: on the attention weights while
-    training (Hugging Face's T5Attention drops them with ``dropout_rate``), its :class:`Dropout` ``weights_dropout``.
+    training (Hugging Face's T5Attention drops them with ``dropout_rate``), its :class:`Dropout` ``weights_dropout``
+    (None at 0).
     """
     record_weights = False  # set True to keep the last attention weights P (B, H, Tq, Tk) in ``self.weights``
 
@@ -510,7 +523,7 @@ class T5Attention(Module):
         self.k = Linear(d_model, num_heads * head_dim, bias=False)
         self.v = Linear(d_model, num_heads * head_dim, bias=False)
         self.o = Linear(num_heads * head_dim, d_model, bias=False)
-        self.weights_dropout = Dropout(dropout)                 # its mask only: drawn here, applied in the core
+        self.weights_dropout = weights_dropout(dropout)
 
     def heads(self, x):
         """(B, L, H*dk) -> (B, H, L, dk)"""
@@ -551,7 +564,7 @@ class T5Attention(Module):
                 cache["k"], cache["v"] = k, v
         K, U = self.heads(k), self.heads(v)                      # (B, H, Tk, dk) each
         keep = attention_keep_mask(key_padding_mask, causal, Q.shape[2], K.shape[2])
-        drop = self.weights_dropout.draw_mask(Q.shape[:3] + K.shape[2:3], Q.dtype)  # (B, H, Tq, Tk), or None
+        drop = draw_weights_mask(self.weights_dropout, Q, K)     # (B, H, Tq, Tk), or None: no dropout
         O, P = biased_attention(Q, K, U, bias, keep, drop)       # each head attends
         if self.record_weights:
             self.weights = P
