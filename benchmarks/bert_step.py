@@ -10,7 +10,7 @@ text classification (``--part classify``) against transformers' pipelines.
 The model: a random ``transformers.BertForMaskedLM`` of bert-base-uncased's shape (``--shape base``: 12 layers,
 d_model 768, 12 heads, d_ff 3072, exact GELU, vocabulary 30,522, 512 positions, two token types, tied decoder) with
 transformers' own initialisation (std 0.02), dropout 0 (``hidden_dropout_prob`` and
-``attention_probs_dropout_prob``: minitf computes no attention dropout, and the first step's losses must agree), saved
+``attention_probs_dropout_prob``, which both frameworks read from the folder: the first step's losses must agree), saved
 with ``save_pretrained`` into a temporary folder in float32. Both frameworks read that folder: transformers with
 ``BertForMaskedLM.from_pretrained`` (its default attention, named in the output), minitf with
 ``minitf.bert.hf.from_pretrained`` (float32): the same weights on both sides. ``--shape tiny`` is a small model for

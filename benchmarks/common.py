@@ -376,7 +376,8 @@ class MinitfGPTStep:
 
 def hf_gpt_from_minitf(gpt):
     """``transformers.GPT2LMHeadModel`` with the GPT-2 config minitf writes for ``gpt`` (a minitf GPT) and
-    ``gpt``'s parameters in float32 (``attn_pdrop`` 0 as minitf, the same dropout elsewhere)."""
+    ``gpt``'s parameters in float32 (``attn_pdrop`` its ``attention_dropout``, 0 from scratch, and the same dropout
+    elsewhere)."""
     import torch
     import transformers
     from minitf.lm.gpt2 import hf_config_of, minitf_to_hf_state
@@ -392,7 +393,7 @@ def hf_gpt_from_minitf(gpt):
 
 class TorchGPTStep:
     """PyTorch's step of the same model: ``transformers.GPT2LMHeadModel`` with the GPT-2 config
-    minitf writes for it (``attn_pdrop`` 0 as minitf, the same dropout elsewhere), holding
+    minitf writes for it (``attn_pdrop`` its ``attention_dropout``, 0 from scratch, the same dropout elsewhere), holding
     ``weights_of``'s parameters and dropout (a minitf GPT: both start equal) in float32;
     cross-entropy on the logits, ``torch.optim.Adam`` with the same settings (its default implementation)."""
 

@@ -5,12 +5,17 @@ queries, keys and values in this one file.
 Masks are boolean "keep" arrays, True where a query may attend to a key,
 broadcastable to (B, H, Tq, Tk). ``key_padding_mask`` follows PyTorch: True
 marks a padding key that must be ignored.
+
+Dropout on the attention weights (BERT's ``attention_probs_dropout_prob``, GPT-2's ``attn_pdrop``, T5's
+``dropout_rate``): ``drop``, a mask (B, H, Tq, Tk) of 0 (dropped) and 1 / (1 - p) (kept) drawn by the module's
+:class:`minitf.layers.Dropout` (:meth:`~minitf.layers.Dropout.draw_mask`), multiplies the weights P after the
+softmax, before P U; None (p = 0, or eval mode): nothing drawn, nothing multiplied.
 """
 import math
 
 from minitf import backend
 from minitf.backend import xp
-from minitf.layers import Linear, RMSNorm, init_array, matmul_rows
+from minitf.layers import Dropout, Linear, RMSNorm, init_array, matmul_rows
 from minitf.module import Module, Parameter, is_grad_enabled
 from minitf.rotary import RotaryEmbedding
 
@@ -45,10 +50,11 @@ def attention_keep_mask(key_padding_mask=None, causal=False, num_queries=None, n
 SMALL_PRODUCT = 1 << 18
 
 
-def scaled_dot_product_attention(Q, K, U, keep=None):
-    """Q (B, H, Tq, dk), K (B, H, Tk, dk), values U (B, H, Tk, dk), keep bool or None.
+def scaled_dot_product_attention(Q, K, U, keep=None, drop=None):
+    """Q (B, H, Tq, dk), K (B, H, Tk, dk), values U (B, H, Tk, dk), keep bool or None; ``drop`` the dropout mask
+    (B, H, Tq, Tk) on the weights or None (the module docstring).
 
-    Returns ``O`` (B, H, Tq, dk) and the attention weights ``P`` (B, H, Tq, Tk).
+    Returns ``O`` (B, H, Tq, dk) and the attention weights ``P`` (B, H, Tq, Tk), before dropout.
     A query whose keys are all masked gets P = 0 and O = 0, never NaN.
 
     On ``backend.threads()`` threads, the same numbers: small heads (decoding's one query a row against its cache,
@@ -56,14 +62,14 @@ def scaled_dot_product_attention(Q, K, U, keep=None):
     each thread instead of B x H on one); larger ones with the softmax on blocks of rows.
     """
     if Q.shape[-2] * K.shape[-2] * Q.shape[-1] >= SMALL_PRODUCT:
-        return attend(Q, K, U, keep)
+        return attend(Q, K, U, keep, drop)
     # K first: the keys (B, H, Tk, dk) are the size of the work (a decoding step has one query a row)
-    if keep is None:
-        return backend.by_rows(lambda K, U, Q: attend(Q, K, U), K, U, Q)
-    return backend.by_rows(lambda K, U, Q, keep: attend(Q, K, U, keep), K, U, Q, keep)
+    masks = {name: mask for name, mask in (("keep", keep), ("drop", drop)) if mask is not None}  # those given
+    return backend.by_rows(lambda K, U, Q, *given: attend(Q, K, U, **dict(zip(masks, given))), K, U, Q,
+                           *masks.values())
 
 
-def attend(Q, K, U, keep=None):
+def attend(Q, K, U, keep=None, drop=None):
     """:func:`scaled_dot_product_attention`, its products on the calling thread (and BLAS's)."""
     scale = 1.0 / math.sqrt(Q.shape[-1])
     A = Q @ K.swapaxes(-1, -2)                                   # (B, H, Tq, Tk)
@@ -72,8 +78,13 @@ def attend(Q, K, U, keep=None):
     # on the threads (inline inside a block of the whole core)
     backend.by_rows(masked_softmax_in_place, A, *([] if keep is None else [keep]))
     P = A                                                        # (B, H, Tq, Tk)
-    O = P @ U                                                    # O = P U  (B, H, Tq, dk)
+    O = dropped(P, drop) @ U                                     # O = dropout(P) U  (B, H, Tq, dk)
     return O, P
+
+
+def dropped(P, drop):
+    """dropout(P) = P * drop, a new array (P is kept for the softmax's backward); P itself without a mask."""
+    return P if drop is None else P * drop
 
 
 def masked_softmax_in_place(A, keep=None):
@@ -90,20 +101,20 @@ def masked_softmax_in_place(A, keep=None):
     e /= xp.where(total > 0, total, 1)                           # P = softmax(A) = e / total; all-masked row -> 0
 
 
-def scaled_dot_product_attention_backward(dO, Q, K, U, P):
-    """From dL/dO (B, H, Tq, dk) to dQ, dK, dU, given the forward's Q, K, U, P. On ``backend.threads()`` threads
-    as the forward (the same numbers)."""
+def scaled_dot_product_attention_backward(dO, Q, K, U, P, drop=None):
+    """From dL/dO (B, H, Tq, dk) to dQ, dK, dU, given the forward's Q, K, U, P and dropout mask ``drop`` (or
+    None). On ``backend.threads()`` threads as the forward (the same numbers)."""
     if Q.shape[-2] * K.shape[-2] * Q.shape[-1] >= SMALL_PRODUCT:
-        return attend_backward(dO, Q, K, U, P)
-    return backend.by_rows(attend_backward, dO, Q, K, U, P)
+        return attend_backward(dO, Q, K, U, P, drop)
+    return backend.by_rows(attend_backward, dO, Q, K, U, P, *([] if drop is None else [drop]))
 
 
-def attend_backward(dO, Q, K, U, P):
+def attend_backward(dO, Q, K, U, P, drop=None):
     """:func:`scaled_dot_product_attention_backward`, its products on the calling thread (and BLAS's)."""
     scale = 1.0 / math.sqrt(Q.shape[-1])
-    # O = P U  =>  dP = dO U^T,  dU = P^T dO
-    dP = dO @ U.swapaxes(-1, -2)                                 # (B, H, Tq, Tk)
-    dU = P.swapaxes(-1, -2) @ dO                                 # (B, H, Tk, dk)
+    # O = dropout(P) U  =>  dP = dO U^T, dU = dropout(P)^T dO, then through the dropout (dropped_backward)
+    dP = dropped_backward(dO @ U.swapaxes(-1, -2), drop)         # (B, H, Tq, Tk)
+    dU = dropped(P, drop).swapaxes(-1, -2) @ dO                  # (B, H, Tk, dk)
     # P = softmax(A) row-wise  =>  dA = P * (dP - sum_j dP_j P_j); masked P = 0 gives dA = 0
     # dA = P * (dP - (dP * P).sum(axis=-1, keepdims=True)), in dP's memory, on blocks of rows (inline inside a block)
     backend.by_rows(softmax_backward_in_place, dP, P)
@@ -116,10 +127,30 @@ def attend_backward(dO, Q, K, U, P):
     return dQ, dK, dU
 
 
+def dropped_backward(dP_dropped, drop):
+    """The gradient of the weights P from that of dropout(P) (B, H, Tq, Tk), in its memory."""
+    if drop is not None:
+        # dropout(P) = P * drop  =>  dP = d(dropout(P)) * drop  (0 where dropped)
+        dP_dropped *= drop
+    return dP_dropped
+
+
 def softmax_backward_in_place(dP, P):
     """dP := P * (dP - sum_j dP_j P_j) over the last axis: the scores' gradient dA, in dP's memory."""
     dP -= (dP * P).sum(axis=-1, keepdims=True)
     dP *= P
+
+
+def weights_dropout(p):
+    """The :class:`Dropout` that draws an attention module's mask on its weights (it runs no forward of its own: the
+    core multiplies), or None for p = 0: no dropout, and no module that never runs."""
+    return Dropout(p) if p else None
+
+
+def draw_weights_mask(dropout, Q, K):
+    """The mask (B, H, Tq, Tk) of the weights of queries Q (B, H, Tq, dk) over keys K (B, H, Tk, dk), drawn by
+    ``dropout`` (:func:`weights_dropout`'s); None, and nothing drawn, without one or in eval mode."""
+    return None if dropout is None else dropout.draw_mask(Q.shape[:3] + K.shape[2:3], Q.dtype)
 
 
 def append_to_cache(cache, k, v):
@@ -150,12 +181,14 @@ class MultiHeadAttention(Module):
     encoder-decoder cross-attention (keys and values from ``memory``).
 
     Parameters: ``w_qkv`` (D, 3D) holds W^Q, W^K, W^V of all heads side by side
-    (one matmul for self-attention), ``b_qkv`` (3D,), ``w_o`` (D, D), ``b_o`` (D,).
+    (one matmul for self-attention), ``b_qkv`` (3D,), ``w_o`` (D, D), ``b_o`` (D,). ``dropout``: the
+    probability of dropping an attention weight while training (the paper's 0: none; BERT's
+    ``attention_probs_dropout_prob``, GPT-2's ``attn_pdrop``), its :class:`Dropout` ``weights_dropout`` (None at 0).
     """
 
-    record_weights = False  # set True to keep the last attention weights P in ``self.weights``
+    record_weights = False  # set True to keep the last attention weights P (before dropout) in ``self.weights``
 
-    def __init__(self, d_model, num_heads):
+    def __init__(self, d_model, num_heads, dropout=0.0):
         if d_model % num_heads != 0:
             raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
         self.d_model, self.num_heads = d_model, num_heads
@@ -164,6 +197,7 @@ class MultiHeadAttention(Module):
         self.b_qkv = Parameter(init_array(backend.host.zeros(3 * d_model)))
         self.w_o = Parameter(init_array(rng.uniform(-limit, limit, (d_model, d_model))))
         self.b_o = Parameter(init_array(backend.host.zeros(d_model)))
+        self.weights_dropout = weights_dropout(dropout)
 
     def split_heads(self, x):
         """(B, L, D) -> (B, H, L, dk)"""
@@ -202,12 +236,13 @@ class MultiHeadAttention(Module):
                     cache["k"], cache["v"] = k, v
         Q, K, U = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # (B, H, Tq|Tk, dk)
         keep = attention_keep_mask(key_padding_mask, causal, Q.shape[2], K.shape[2])
-        O, P = scaled_dot_product_attention(Q, K, U, keep)       # each head attends
+        drop = draw_weights_mask(self.weights_dropout, Q, K)     # (B, H, Tq, Tk), or None: no dropout
+        O, P = scaled_dot_product_attention(Q, K, U, keep, drop)  # each head attends
         if self.record_weights:                                  # for pictures (docs/figures)
             self.weights = P
         o = self.merge_heads(O)                                  # Concat(head_1..head_H)  (B, Tq, D)
         y = matmul_rows(o, self.w_o.data) + self.b_o.data        # y = o W^O + b^O  (B, Tq, D)
-        self.save_for_backward(x=x, memory=memory, Q=Q, K=K, U=U, P=P, o=o)
+        self.save_for_backward(x=x, memory=memory, Q=Q, K=K, U=U, P=P, drop=drop, o=o)
         return y
 
     def forward_beams(self, x, memory, key_padding_mask=None, cache=None):
@@ -233,7 +268,7 @@ class MultiHeadAttention(Module):
         do = matmul_rows(dy, self.w_o.data.T)                                   # (B, Tq, D)
         # o = merge_heads(O)  =>  dO = split_heads(do)
         dQ, dK, dU = scaled_dot_product_attention_backward(
-            self.split_heads(do), saved.Q, saved.K, saved.U, saved.P)           # (B, H, Tq|Tk, dk)
+            self.split_heads(do), saved.Q, saved.K, saved.U, saved.P, saved.drop)  # (B, H, Tq|Tk, dk)
         W = self.w_qkv.data
         if memory is None:
             # Q = split_heads(q) ... => [dq dk dv] = the 3H heads' gradients side by side, in one copy
@@ -445,24 +480,25 @@ class RelativePositionBias(Module):
         return None
 
 
-def biased_attention(Q, K, U, bias=None, keep=None):
-    """Q (B, H, Tq, dk), K and U (B, H, Tk, dk); ``bias`` broadcastable to (B, H, Tq, Tk) or None; ``keep`` as in
-    :func:`scaled_dot_product_attention`. T5's attention core: the scores are not divided by sqrt(dk) (T5's
-    initialisation puts that factor into W^Q instead). Returns O (B, H, Tq, dk) and P (B, H, Tq, Tk)."""
+def biased_attention(Q, K, U, bias=None, keep=None, drop=None):
+    """Q (B, H, Tq, dk), K and U (B, H, Tk, dk); ``bias`` broadcastable to (B, H, Tq, Tk) or None; ``keep`` and the
+    dropout mask ``drop`` as in :func:`scaled_dot_product_attention`. T5's attention core: the scores are not divided
+    by sqrt(dk) (T5's initialisation puts that factor into W^Q instead). Returns O (B, H, Tq, dk) and P
+    (B, H, Tq, Tk), before dropout."""
     A = Q @ K.swapaxes(-1, -2)                                   # A = Q K^T, no 1/sqrt(dk)  (B, H, Tq, Tk)
     if bias is not None:
         A += bias                                                # A = Q K^T + bias, in place
     backend.by_rows(masked_softmax_in_place, A, *([] if keep is None else [keep]))
     P = A                                                        # P = softmax(A), masked  (B, H, Tq, Tk)
-    return P @ U, P                                              # O = P U  (B, H, Tq, dk)
+    return dropped(P, drop) @ U, P                               # O = dropout(P) U  (B, H, Tq, dk)
 
 
-def biased_attention_backward(dO, Q, K, U, P):
+def biased_attention_backward(dO, Q, K, U, P, drop=None):
     """From dL/dO (B, H, Tq, dk) to dQ, dK, dU and dA (B, H, Tq, Tk), the scores' gradient, which is the bias's
-    too (before the sum over the axes the bias was broadcast along)."""
-    # O = P U  =>  dP = dO U^T,  dU = P^T dO
-    dP = dO @ U.swapaxes(-1, -2)                                 # (B, H, Tq, Tk)
-    dU = P.swapaxes(-1, -2) @ dO                                 # (B, H, Tk, dk)
+    too (before the sum over the axes the bias was broadcast along); ``drop`` the forward's dropout mask or None."""
+    # O = dropout(P) U  =>  dP = dO U^T, dU = dropout(P)^T dO, then through the dropout (dropped_backward)
+    dP = dropped_backward(dO @ U.swapaxes(-1, -2), drop)         # (B, H, Tq, Tk)
+    dU = dropped(P, drop).swapaxes(-1, -2) @ dO                  # (B, H, Tk, dk)
     # P = softmax(A)  =>  dA = P * (dP - sum_j dP_j P_j), in dP's memory
     backend.by_rows(softmax_backward_in_place, dP, P)
     dA = dP                                                      # (B, H, Tq, Tk)
@@ -475,16 +511,19 @@ class T5Attention(Module):
     not scaled, a position ``bias`` (from a :class:`RelativePositionBias`) added in self-attention.
 
     Submodules (Hugging Face's names): ``q``, ``k``, ``v`` (D -> H*dk) and ``o`` (H*dk -> D), :class:`Linear`
-    without biases; ``head_dim`` dk need not be D / H (T5's d_kv).
+    without biases; ``head_dim`` dk need not be D / H (T5's d_kv). ``dropout``: on the attention weights while
+    training (Hugging Face's T5Attention drops them with ``dropout_rate``), its :class:`Dropout` ``weights_dropout``
+    (None at 0).
     """
     record_weights = False  # set True to keep the last attention weights P (B, H, Tq, Tk) in ``self.weights``
 
-    def __init__(self, d_model, num_heads, head_dim):
+    def __init__(self, d_model, num_heads, head_dim, dropout=0.0):
         self.num_heads, self.head_dim = num_heads, head_dim
         self.q = Linear(d_model, num_heads * head_dim, bias=False)
         self.k = Linear(d_model, num_heads * head_dim, bias=False)
         self.v = Linear(d_model, num_heads * head_dim, bias=False)
         self.o = Linear(num_heads * head_dim, d_model, bias=False)
+        self.weights_dropout = weights_dropout(dropout)
 
     def heads(self, x):
         """(B, L, H*dk) -> (B, H, L, dk)"""
@@ -525,10 +564,11 @@ class T5Attention(Module):
                 cache["k"], cache["v"] = k, v
         K, U = self.heads(k), self.heads(v)                      # (B, H, Tk, dk) each
         keep = attention_keep_mask(key_padding_mask, causal, Q.shape[2], K.shape[2])
-        O, P = biased_attention(Q, K, U, bias, keep)             # each head attends
+        drop = draw_weights_mask(self.weights_dropout, Q, K)     # (B, H, Tq, Tk), or None: no dropout
+        O, P = biased_attention(Q, K, U, bias, keep, drop)       # each head attends
         if self.record_weights:
             self.weights = P
-        self.save_for_backward(Q=Q, K=K, U=U, P=P, cross=memory is not None)
+        self.save_for_backward(Q=Q, K=K, U=U, P=P, drop=drop, cross=memory is not None)
         return self.o(self.merge(O))                             # y = Concat(heads) W^O  (B, Tq, D)
 
     def backward(self, dy):
@@ -536,7 +576,7 @@ class T5Attention(Module):
         summed over the batch, or None in cross-attention); adds the gradients of q, k, v, o."""
         saved = self.saved_tensors()
         dO = self.heads(self.o.backward(dy))                     # y = merge(O) W^O  =>  dO  (B, H, Tq, dk)
-        dQ, dK, dU, dA = biased_attention_backward(dO, saved.Q, saved.K, saved.U, saved.P)
+        dQ, dK, dU, dA = biased_attention_backward(dO, saved.Q, saved.K, saved.U, saved.P, saved.drop)
         dx = self.q.backward(self.merge(dQ))                     # q = x W^Q  (B, Tq, D)
         dk = self.k.backward(self.merge(dK))                     # k = x W^K or memory W^K  (B, Tk, D)
         dv = self.v.backward(self.merge(dU))                     # v = x W^V or memory W^V  (B, Tk, D)

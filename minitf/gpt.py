@@ -33,7 +33,12 @@ INITS = ("gpt2", "normal", "xavier")
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
     """A GPT's shape and choices, declared and checked here only (defaults: GPT-2 small, 124M
-    parameters, but for the vocabulary size); a GPT's ``config``. A bad value is a ValueError naming it."""
+    parameters, but for the vocabulary size); a GPT's ``config``. A bad value is a ValueError naming it.
+
+    ``dropout``: on the embeddings and every sublayer's output (GPT-2's resid_pdrop and embd_pdrop);
+    ``attention_dropout``: on the attention weights (GPT-2's attn_pdrop). Its default is 0, not GPT-2's 0.1: a
+    GPT built from scratch (a ``--model gpt`` run too) has none, as the paper's decoder; a GPT-2 folder's model
+    gets the folder's attn_pdrop (:mod:`minitf.lm.gpt2`)."""
     vocab_size: int
     max_len: int = 1024
     d_model: int = 768
@@ -41,6 +46,7 @@ class GPTConfig:
     num_layers: int = 12
     d_ff: int = 3072
     dropout: float = 0.1
+    attention_dropout: float = 0.0
     pre_norm: bool = True
     activation: str = "gelu_tanh"
     positions: str = "learned"
@@ -90,7 +96,8 @@ class GPT(Module):
                            else PositionalEncoding(c.d_model))
         self.dropout = Dropout(c.dropout)
         self.decoder = Decoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, c.pre_norm, c.activation,
-                               cross_attention=False, layer_norm_eps=c.layer_norm_eps)  # GPT-2's layer_norm_epsilon
+                               cross_attention=False, layer_norm_eps=c.layer_norm_eps,  # GPT-2's layer_norm_epsilon
+                               attention_dropout=c.attention_dropout)
         # tied (paper 3.4, GPT-2): the embedding's own weight; untied: a weight of its own
         self.generator = OutputProjection(self.embed.weight if c.tie_embeddings
                                           else Embedding(c.vocab_size, c.d_model).weight)

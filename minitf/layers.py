@@ -202,14 +202,21 @@ class Dropout(Module):
         self.p = p
 
     def forward(self, x):
-        if not self.training or self.p == 0.0:
-            self.save_for_backward(None)
-            return x
-        # keep with probability 1-p, scaled so that E[y] = x (the draw on one thread: one stream of numbers)
-        draw = backend.rng().random(x.shape, dtype=xp.float32)
-        mask = backend.by_rows(lambda draw: self.mask_of(draw, x.dtype), draw)   # on blocks of rows (threads)
+        mask = self.draw_mask(x.shape, x.dtype)
         self.save_for_backward(mask)
+        if mask is None:
+            return x
         return backend.by_rows(xp.multiply, x, mask)             # x * mask, on blocks of rows (threads)
+
+    def draw_mask(self, shape, dtype):
+        """The mask of one forward, of ``shape`` and ``dtype`` (:meth:`mask_of`), or None in eval mode or when
+        p = 0: then nothing is drawn. For a layer that multiplies by the mask inside its own work (the attention
+        weights: :mod:`minitf.attention`) from the same stream of numbers as every other dropout."""
+        if not self.training or self.p == 0.0:
+            return None
+        # keep with probability 1-p, scaled so that E[y] = x (the draw on one thread: one stream of numbers)
+        draw = backend.rng().random(shape, dtype=xp.float32)
+        return backend.by_rows(lambda draw: self.mask_of(draw, dtype), draw)     # on blocks of rows (threads)
 
     def mask_of(self, draw, dtype):
         """The mask of uniform draws in [0, 1), of ``dtype``: 1/(1-p) where kept, 0 where dropped."""

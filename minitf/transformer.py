@@ -80,10 +80,12 @@ class SublayerConnection(Module):
 
 class EncoderLayer(Module):
     """Self-attention then feed-forward, each in a residual block. x (B, S, D) -> (B, S, D).
-    ``activation``: the feed-forward's (:class:`FeedForward`)."""
+    ``activation``: the feed-forward's (:class:`FeedForward`); ``attention_dropout``: on the attention weights (the
+    paper's 0: none; BERT's ``attention_probs_dropout_prob``)."""
 
-    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu", layer_norm_eps=1e-5):
-        self.self_attn = MultiHeadAttention(d_model, num_heads)
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu", layer_norm_eps=1e-5,
+                 attention_dropout=0.0):
+        self.self_attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
         self.attn_block = SublayerConnection(d_model, dropout, pre_norm, layer_norm_eps)
         self.feed_forward = FeedForward(d_model, d_ff, activation)
         self.ff_block = SublayerConnection(d_model, dropout, pre_norm, layer_norm_eps)
@@ -103,14 +105,15 @@ class DecoderLayer(Module):
 
     x (B, T, D), memory (B, S, D) -> (B, T, D). Backward returns (dx, dmemory).
     With ``cross_attention=False`` (a GPT's block: no encoder to attend to) the layer is masked
-    self-attention and feed-forward only; ``memory`` is None and dmemory is 0.
+    self-attention and feed-forward only; ``memory`` is None and dmemory is 0. ``attention_dropout``: on both
+    attentions' weights (the paper's 0: none; GPT-2's ``attn_pdrop``).
     """
 
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu",
-                 cross_attention=True, layer_norm_eps=1e-5):
-        self.self_attn = MultiHeadAttention(d_model, num_heads)
+                 cross_attention=True, layer_norm_eps=1e-5, attention_dropout=0.0):
+        self.self_attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
         self.self_attn_block = SublayerConnection(d_model, dropout, pre_norm, layer_norm_eps)
-        self.cross_attn = MultiHeadAttention(d_model, num_heads) if cross_attention else None
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, attention_dropout) if cross_attention else None
         self.cross_attn_block = (SublayerConnection(d_model, dropout, pre_norm, layer_norm_eps) if cross_attention
                                  else None)
         self.feed_forward = FeedForward(d_model, d_ff, activation)
@@ -139,8 +142,9 @@ class Encoder(Module):
     """N encoder layers (and a final LayerNorm when pre-LN). x (B, S, D) -> memory (B, S, D)."""
 
     def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu",
-                 layer_norm_eps=1e-5):
-        self.layers = ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout, pre_norm, activation, layer_norm_eps)
+                 layer_norm_eps=1e-5, attention_dropout=0.0):
+        self.layers = ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout, pre_norm, activation, layer_norm_eps,
+                                               attention_dropout)
                                   for _ in range(num_layers)])
         self.final_norm = LayerNorm(d_model, layer_norm_eps) if pre_norm else None
 
@@ -165,9 +169,9 @@ class Decoder(Module):
     :class:`DecoderLayer` (without cross-attention: a GPT's stack, no memory, dmemory 0)."""
 
     def __init__(self, num_layers, d_model, num_heads, d_ff, dropout=0.1, pre_norm=False, activation="relu",
-                 cross_attention=True, layer_norm_eps=1e-5):
+                 cross_attention=True, layer_norm_eps=1e-5, attention_dropout=0.0):
         self.layers = ModuleList([DecoderLayer(d_model, num_heads, d_ff, dropout, pre_norm, activation,
-                                               cross_attention, layer_norm_eps)
+                                               cross_attention, layer_norm_eps, attention_dropout)
                                   for _ in range(num_layers)])
         self.final_norm = LayerNorm(d_model, layer_norm_eps) if pre_norm else None
 

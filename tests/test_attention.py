@@ -1,13 +1,16 @@
 """Scaled dot-product and multi-head attention: gradients with random padding and
-causal masks, all-masked rows, and the masks' effect on outputs.
+causal masks (and dropout on the weights, a fixed mask), all-masked rows, and the masks' effect on outputs.
 Tolerance: see tests/helpers.assert_gradients_match (rtol 1e-6, atol 1e-7)."""
 import pytest
 from hypothesis import given, strategies as st
 
 from minitf import backend
-from minitf.attention import (MultiHeadAttention, append_to_cache, attention_keep_mask, scaled_dot_product_attention,
+from minitf.attention import (MultiHeadAttention, T5Attention, append_to_cache, attention_keep_mask,
+                              biased_attention, biased_attention_backward, scaled_dot_product_attention,
                               scaled_dot_product_attention_backward)
 from minitf.backend import xp
+from minitf.layers import Dropout
+from minitf.module import no_grad
 from tests.helpers import assert_gradients_match, np, padding_masks, random_array, seeds, small
 
 pytestmark = pytest.mark.usefixtures("float64")
@@ -29,6 +32,40 @@ def test_scaled_dot_product_attention_gradients(data, B, H, Tq, Tk, dk, seed, ca
         return scaled_dot_product_attention_backward(dO, Q, K, V, saved["P"])
 
     assert_gradients_match(forward, backward, {"Q": Q, "K": K, "U": V}, seed=seed)
+
+
+@given(data=st.data(), B=small, H=st.integers(1, 3), Tq=small, Tk=small, dk=small, seed=seeds,
+       causal=st.booleans(), p=st.floats(0.05, 0.9), biased=st.booleans())
+def test_attention_gradients_with_dropout_on_the_weights(data, B, H, Tq, Tk, dk, seed, causal, p, biased):
+    """O = dropout(P) U with one fixed mask (drawn once by a Dropout, as the modules draw it): Q, K, U (and T5's
+    bias) against central differences, through the mask and then the softmax; the weights P returned are the
+    softmax's, before dropout."""
+    Q, K, V = (random_array(seed + i, shape) for i, shape in enumerate([(B, H, Tq, dk), (B, H, Tk, dk), (B, H, Tk, dk)]))
+    bias = random_array(seed + 3, (1, H, Tq, Tk)) if biased else None
+    keep = attention_keep_mask(data.draw(padding_masks(B, Tk, allow_all_padded=True)), causal, Tq, Tk)
+    backend.manual_seed(seed)
+    drop = Dropout(p).draw_mask((B, H, Tq, Tk), Q.dtype)
+
+    def attention(Q, K, U, bias=None, drop=drop):
+        return biased_attention(Q, K, U, bias, keep, drop) if biased else scaled_dot_product_attention(Q, K, U, keep,
+                                                                                                      drop)
+    saved = {}
+
+    def forward(*inputs):
+        O, saved["P"] = attention(*inputs)
+        return O
+
+    def backward(dO):
+        if not biased:
+            return scaled_dot_product_attention_backward(dO, Q, K, V, saved["P"], drop)
+        dQ, dK, dU, dA = biased_attention_backward(dO, Q, K, V, saved["P"], drop)
+        return dQ, dK, dU, dA.sum(axis=0, keepdims=True)         # the bias broadcast over the batch
+
+    inputs = {"Q": Q, "K": K, "U": V} | ({"bias": bias} if biased else {})
+    assert_gradients_match(forward, backward, inputs, seed=seed)
+    O, P = attention(Q, K, V, bias)
+    assert np.array_equal(backend.to_numpy(P), backend.to_numpy(attention(Q, K, V, bias, drop=None)[1]))
+    np.testing.assert_allclose(backend.to_numpy(O), backend.to_numpy((P * drop) @ V), rtol=1e-12, atol=1e-12)
 
 
 @given(B=small, Tq=small, Tk=small, seed=seeds)
@@ -53,28 +90,57 @@ def test_attention_weights_sum_to_one_and_respect_the_mask():
 
 
 @given(data=st.data(), B=small, T=small, H=st.integers(1, 3), dk=st.integers(1, 3), seed=seeds,
-       causal=st.booleans())
-def test_multihead_self_attention_gradients(data, B, T, H, dk, seed, causal):
+       causal=st.booleans(), p=st.sampled_from([0.0, 0.4]))
+def test_multihead_self_attention_gradients(data, B, T, H, dk, seed, causal, p):
+    """With dropout p on the weights the backend is reseeded before each forward: the same mask every time."""
     D = H * dk
-    mha = MultiHeadAttention(D, H)
+    mha = MultiHeadAttention(D, H, dropout=p)
     for p in mha.parameters():  # non-zero biases so their gradients are exercised
         p.data[...] = random_array(seed + 7, p.shape, 0.5)
     x = random_array(seed, (B, T, D))
     pad = data.draw(padding_masks(B, T, allow_all_padded=True))
     assert_gradients_match(lambda x: mha.forward(x, key_padding_mask=pad, causal=causal),
-                           mha.backward, {"x": x}, dict(mha.named_parameters()), seed=seed)
+                           mha.backward, {"x": x}, dict(mha.named_parameters()), seed=seed, reseed=seed)
 
 
-@given(data=st.data(), B=small, T=small, S=small, H=st.integers(1, 3), dk=st.integers(1, 3), seed=seeds)
-def test_multihead_cross_attention_gradients(data, B, T, S, H, dk, seed):
+@given(data=st.data(), B=small, T=small, S=small, H=st.integers(1, 3), dk=st.integers(1, 3), seed=seeds,
+       p=st.sampled_from([0.0, 0.4]))
+def test_multihead_cross_attention_gradients(data, B, T, S, H, dk, seed, p):
     D = H * dk
-    mha = MultiHeadAttention(D, H)
+    mha = MultiHeadAttention(D, H, dropout=p)
     for p in mha.parameters():
         p.data[...] = random_array(seed + 7, p.shape, 0.5)
     x, memory = random_array(seed, (B, T, D)), random_array(seed + 1, (B, S, D))
     pad = data.draw(padding_masks(B, S))
     assert_gradients_match(lambda x, m: mha.forward(x, m, key_padding_mask=pad), mha.backward,
-                           {"x": x, "memory": memory}, dict(mha.named_parameters()), seed=seed)
+                           {"x": x, "memory": memory}, dict(mha.named_parameters()), seed=seed, reseed=seed)
+
+
+@pytest.mark.parametrize("make", [lambda p: MultiHeadAttention(6, 2, dropout=p), lambda p: T5Attention(6, 2, 3, p)],
+                         ids=["multi-head", "T5"])
+def test_dropout_on_the_weights_draws_nothing_when_off_and_drops_while_training(make):
+    """p = 0, or eval mode: no random number is drawn (the stream after the forward is the one before it: every
+    run without attention dropout stays as it was) and the output is the undropped one, bit for bit; training
+    with p > 0: the weights the module keeps are the softmax's, its output is another."""
+    x = random_array(1, (2, 5, 6))
+    plain, dropping = make(0.0), make(0.5)
+    for name, parameter in dropping.named_parameters():
+        parameter.data[...] = dict(plain.named_parameters())[name].data
+    plain.record_weights = dropping.record_weights = True
+
+    def forward_and_next_draw(module):
+        backend.manual_seed(3)
+        with no_grad():
+            y = backend.to_numpy(module(x, causal=True))
+        return y, backend.to_numpy(backend.rng().random(4))
+
+    expected, next_draw = forward_and_next_draw(plain)
+    for module in (plain, dropping.eval()):
+        y, draw = forward_and_next_draw(module)
+        assert np.array_equal(y, expected) and np.array_equal(draw, next_draw)
+    y, draw = forward_and_next_draw(dropping.train())
+    assert not np.allclose(y, expected) and not np.array_equal(draw, next_draw)
+    assert np.array_equal(backend.to_numpy(dropping.weights), backend.to_numpy(plain.weights))
 
 
 @given(data=st.data(), B=small, G=st.integers(1, 4), T=small, S=small, H=st.integers(1, 3), dk=st.integers(1, 3),

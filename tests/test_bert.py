@@ -89,8 +89,9 @@ def test_encoder_states_gradient_of_every_parameter_but_the_unused_pooler(config
 
 @pytest.mark.parametrize("model_class", [BertForMaskedLM, BertForSequenceClassification])
 def test_gradients_with_dropout_in_training_mode(model_class):
-    """Dropout on the embeddings, every residual branch and before the classifier: the same masks each forward
-    (reseeded), every parameter's gradient through them."""
+    """Dropout on the embeddings, every residual branch, the attention weights (attention_dropout None: dropout's
+    0.3) and before the classifier: the same masks each forward (reseeded), every parameter's gradient through
+    them."""
     config = BertConfig(9, d_model=4, num_heads=2, num_layers=2, d_ff=6, max_position_embeddings=8, dropout=0.3,
                         classifier_dropout=0.5, num_labels=3)
     model = randomize(model_class(config), 5).train()
@@ -187,11 +188,27 @@ def test_distilbert_has_no_token_types_and_refuses_nonzero_ones():
     (dict(position_offset=1, pad_token_id=1), "position_offset 1 must lie above pad_token_id 1"),
     (dict(num_labels=2, id2label=("a",)), "id2label must name each of the 2 labels once"),
     (dict(dropout=1.0), r"dropout must be a number in \[0, 1\)"),
+    (dict(attention_dropout=1.0), r"attention_dropout must be a number in \[0, 1\)"),
     (dict(flavour="albert"), "flavour must be one of bert, distilbert, roberta"),
 ])
 def test_bad_configs_are_refused_naming_the_field(fields, words):
     with pytest.raises(ValueError, match=words):
         BertConfig(20, **(dict(d_model=8, num_heads=2) | fields))
+
+
+@pytest.mark.parametrize("flavour, key", [("bert", "attention_probs_dropout_prob"), ("distilbert", "attention_dropout")])
+def test_the_attention_weights_dropout_comes_from_the_folder_and_goes_back_to_it(flavour, key):
+    """BERT's attention_probs_dropout_prob (DistilBERT's attention_dropout) is every layer's dropout on the
+    attention weights, read from config.json and written back; not given, a BertConfig takes its dropout's."""
+    from minitf.bert import hf
+    assert BertConfig(20, dropout=0.2).attention_dropout == 0.2
+    shape = dict(d_model=8, num_heads=2, num_layers=2, d_ff=8, dropout=0.1, flavour=flavour)
+    shape |= dict(type_vocab_size=0) if flavour == "distilbert" else {}
+    written = hf.hf_config_of(BertForMaskedLM(BertConfig(20, attention_dropout=0.25, **shape)), {}, "float32")
+    assert written[key] == 0.25
+    model = BertForMaskedLM(hf.config_from_hf(written | {key: 0.05}))
+    assert model.config.attention_dropout == 0.05 and model.config.dropout == 0.1
+    assert {layer.self_attn.weights_dropout.p for layer in model.bert.encoder.layers} == {0.05}
 
 
 def test_a_config_goes_to_json_values_and_back():
@@ -203,3 +220,24 @@ def test_a_config_goes_to_json_values_and_back():
         BertConfig.from_dict(dict(config.to_dict(), extra=1))
     with pytest.raises(ValueError, match="the BERT config: id2label must name each of the 3 labels once"):
         BertConfig.from_dict(dict(config.to_dict(), id2label=["no", "no", "maybe"]))
+
+
+def test_a_runs_attention_dropout_is_its_dropouts_unless_given_and_none_in_a_run_written_before_it():
+    """``--model bert``: --attention-dropout not given is --dropout's (BERT's two are equal), from scratch and over
+    a folder's config.json (whose own values the run's dropouts replace); a run's config.json without it (written
+    before the option existed: that run computed none) reads as 0."""
+    import dataclasses
+    import json
+
+    from minitf.bert import hf
+    from minitf.bert.config import run_model_config
+    from minitf.training.config import RunConfig
+    scratch = RunConfig.from_preset("tiny", model="bert")
+    folder = dataclasses.replace(scratch, bert=hf.hf_config_of(BertForMaskedLM(BertConfig(
+        50, d_model=8, num_heads=2, num_layers=1, d_ff=8, dropout=0.3, attention_dropout=0.4)), {}, "float32"))
+    for config in (scratch, folder):
+        assert scratch.attention_dropout is None and run_model_config(config, 50).attention_dropout == config.dropout
+        config = dataclasses.replace(config, attention_dropout=0.05)
+        assert (run_model_config(config, 50).attention_dropout, run_model_config(config, 50).dropout) == (0.05, 0.1)
+    older = {k: v for k, v in scratch.to_dict().items() if k != "attention_dropout"}
+    assert RunConfig.from_dict(json.loads(json.dumps(older))).attention_dropout == 0.0

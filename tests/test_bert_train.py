@@ -46,14 +46,18 @@ def test_the_chosen_positions_become_mask_random_or_stay_80_10_10():
 
 def test_the_update_divides_by_the_masked_positions_and_learns(tmp_path):
     """The logged training loss is the masked positions' mean (the same scale as validation's, where the bug made
-    it ~0.15 of it); tokens is the masked count; the loss falls; config.json holds the masked LM's own fields."""
+    it ~0.15 of it); tokens is the masked count; the loss falls (the training loss's first ten steps to its last
+    ten, and validation's below the uniform guess's ln V: two validations of this tiny run are too few to order,
+    their difference is the noise of a new draw, such as attention dropout's); config.json holds the masked LM's own
+    fields."""
     run = tmp_path / "run"
     assert train(make_text(tmp_path) + TINY_BERT + ["--max-steps", "40", "--eval-every", "20", "--out", run]) == 0
     steps, valid = metrics(run), metrics(run, "valid")
     assert all(0 < r["tokens"] < 0.3 * 8 * 32 for r in steps)  # masked positions, not the batch's tokens
     late_train = np.mean([r["loss"] for r in steps[-10:]])
     assert abs(late_train - valid[-1]["loss"]) < 0.35 * valid[-1]["loss"], (late_train, valid[-1]["loss"])
-    assert valid[-1]["loss"] < valid[0]["loss"] and 0 <= valid[-1]["accuracy"] <= 1
+    early_train = np.mean([r["loss"] for r in steps[:10]])
+    assert late_train < early_train and valid[-1]["loss"] < np.log(200) and 0 <= valid[-1]["accuracy"] <= 1
     config = json.loads((run / "config.json").read_text())
     assert config["model"] == "bert" and config["mask_prob"] == 0.15 and config["tokenizer"] == "wordpiece"
     assert not {"beam", "block_size_x", "num_kv_heads", "n_positions", "marian"} & set(config)

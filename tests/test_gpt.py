@@ -101,7 +101,8 @@ def gpt_and_ids(draw, max_layers=2):
     L = draw(st.integers(1, 4))
     config = dict(vocab_size=draw(st.integers(2, 7)), max_len=L + draw(st.integers(0, 2)), d_model=D, num_heads=H,
                   num_layers=draw(st.integers(1, max_layers)), d_ff=draw(st.integers(1, 5)),
-                  dropout=draw(st.sampled_from([0.0, 0.3])), pre_norm=draw(st.booleans()),
+                  dropout=draw(st.sampled_from([0.0, 0.3])), attention_dropout=draw(st.sampled_from([0.0, 0.3])),
+                  pre_norm=draw(st.booleans()),
                   activation=draw(st.sampled_from(["relu", "gelu", "gelu_tanh"])),
                   positions=draw(st.sampled_from(["learned", "sinusoidal"])), scale_embedding=draw(st.booleans()),
                   init=draw(st.sampled_from(["gpt2", "normal", "xavier"])), tie_embeddings=draw(st.booleans()))
@@ -384,6 +385,20 @@ def test_from_pretrained_names_a_missing_key_the_model_needs(tmp_path, key):
     """Before: GPT-2 small's default filled it in and the weights were blamed with a list of shapes."""
     with pytest.raises(ValueError, match=f"config.json has no '{key}', which the model needs; add it"):
         gpt2.from_pretrained(_gpt2_folder(tmp_path, drop=[key]))
+
+
+@pytest.mark.extra("safetensors", "hf")
+def test_a_folders_attn_pdrop_drops_attention_weights_and_is_written_back(tmp_path):
+    """attn_pdrop is the dropout on every layer's attention weights (resid_pdrop the other one); saving writes
+    each back where it was read. A GPT from scratch has none (attention_dropout 0: no run changes)."""
+    import json
+    model = gpt2.from_pretrained(_gpt2_folder(tmp_path, {"attn_pdrop": 0.25, "resid_pdrop": 0.05}))
+    assert (model.config.attention_dropout, model.config.dropout) == (0.25, 0.05)
+    assert {layer.self_attn.weights_dropout.p for layer in model.decoder.layers} == {0.25}
+    gpt2.save_pretrained(model, tmp_path / "again")
+    written = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert (written["attn_pdrop"], written["resid_pdrop"]) == (0.25, 0.05)
+    assert GPT(5).config.attention_dropout == 0.0
 
 
 #: a change to config.json -> what the error says (before: a TypeError deep in a forward pass or in Dropout,

@@ -43,12 +43,13 @@ def test_relative_position_bias_backward_sums_pairs_that_share_a_bucket():
 
 @settings(max_examples=20)
 @given(batch=st.integers(1, 3), heads=st.integers(1, 3), head_dim=st.integers(1, 3), d_model=st.integers(1, 4),
-       queries=st.integers(1, 4), keys=st.integers(1, 4), cross=st.booleans(), seed=seeds)
-def test_t5_attention_gradient_with_a_bias_and_padding(batch, heads, head_dim, d_model, queries, keys, cross, seed):
-    """Self-attention (a bias, causal) or cross-attention (no bias, padded keys): x, memory, the bias and every
-    projection against central differences."""
+       queries=st.integers(1, 4), keys=st.integers(1, 4), cross=st.booleans(), seed=seeds, p=st.sampled_from([0.0, 0.3]))
+def test_t5_attention_gradient_with_a_bias_and_padding(batch, heads, head_dim, d_model, queries, keys, cross, seed, p):
+    """Self-attention (a bias, causal) or cross-attention (no bias, padded keys), with or without dropout on the
+    weights (the backend reseeded: one mask): x, memory, the bias and every projection against central
+    differences."""
     rng = np.random.default_rng(seed)
-    layer = randomize(T5Attention(d_model, heads, head_dim), seed)
+    layer = randomize(T5Attention(d_model, heads, head_dim, p), seed)
     x = backend.asarray(rng.normal(size=(batch, queries, d_model)))
     if cross:
         memory = backend.asarray(rng.normal(size=(batch, keys, d_model)))
@@ -57,12 +58,12 @@ def test_t5_attention_gradient_with_a_bias_and_padding(batch, heads, head_dim, d
         pad = backend.asarray(pad)
         assert_gradients_match(lambda x, memory: layer(x, memory, key_padding_mask=pad),
                                lambda dy: layer.backward(dy)[:2], {"x": x, "memory": memory},
-                               dict(layer.named_parameters()), seed=seed)
+                               dict(layer.named_parameters()), seed=seed, reseed=seed)
     else:
         bias = backend.asarray(rng.normal(size=(1, heads, queries, queries)))
         assert_gradients_match(lambda x, bias: layer(x, bias=bias, causal=True),
                                lambda dy: (lambda dx, _, dbias: (dx, dbias[None]))(*layer.backward(dy)),
-                               {"x": x, "bias": bias}, dict(layer.named_parameters()), seed=seed)
+                               {"x": x, "bias": bias}, dict(layer.named_parameters()), seed=seed, reseed=seed)
 
 
 def test_buckets_equal_transformers_for_every_distance():
@@ -166,7 +167,8 @@ def test_a_config_that_does_not_fit_is_refused_naming_the_field(fields, words):
 @given(case=t5_and_ids())
 def test_whole_t5_gradient_with_dropout(case):
     """Dropout on (the same masks each forward: the backend reseeded): the embeddings', every sublayer's, the
-    feed-forward's inner layer's and the stacks' final dropout each scale the gradient where they kept a unit."""
+    feed-forward's inner layer's, the attention weights' and the stacks' final dropout each scale the gradient
+    where they kept a unit."""
     config, ids, decoder_ids, mask, seed = case
     model = randomize(T5(config.replace(dropout_rate=0.3)), seed).train()
     pad = None if mask is None else backend.asarray(mask)

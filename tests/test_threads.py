@@ -411,11 +411,12 @@ def test_add_at_rows_threaded_counts_a_negative_index_as_its_row(splits):
 # --------------------------------------------------------------------------- #
 # Attention: the core (scores, mask, softmax, P U) and its backward, and decoding with the cache
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize("mask", ["none", "padding", "causal"])
+@pytest.mark.parametrize("mask", ["none", "padding", "causal", "dropout"])
 @pytest.mark.parametrize("B, H, T, dk", [(16, 8, 48, 64), (4, 4, 96, 64)], ids=["whole_core", "softmax_only"])
 def test_attention_core_and_backward_threaded_are_bit_identical(splits, mask, B, H, T, dk):
     """Small heads run the whole core on blocks of rows; from SMALL_PRODUCT multiply-adds a head, the products
-    stay on BLAS's threads and only the softmax and its backward are split."""
+    stay on BLAS's threads and only the softmax and its backward are split. "dropout": a dropout mask on the
+    weights (B, H, T, T), split with the rows, and no keep-mask."""
     from minitf import attention
     assert (T * T * dk < attention.SMALL_PRODUCT) == (T == 48)
 
@@ -427,8 +428,11 @@ def test_attention_core_and_backward_threaded_are_bit_identical(splits, mask, B,
             keep = keep[:, None, None, :]                               # (B, 1, 1, T): split with the rows
         elif mask == "causal":
             keep = ~np.triu(np.ones((T, T), dtype=bool), k=1)[None, None]   # (1, 1, T, T): passed whole
-        O, P = scaled_dot_product_attention(Q, K, U, keep)
-        return (O, P) + scaled_dot_product_attention_backward(rand((B, H, T, dk), 17), Q, K, U, P)
+        drop = None
+        if mask == "dropout":                                           # 0 or 1 / (1 - p), as Dropout.mask_of
+            drop = (np.random.default_rng(18).random((B, H, T, T)) >= 0.3).astype(np.float32) / np.float32(0.7)
+        O, P = scaled_dot_product_attention(Q, K, U, keep, drop)
+        return (O, P) + scaled_dot_product_attention_backward(rand((B, H, T, dk), 17), Q, K, U, P, drop)
     plain, threaded = one_and_many(run, splits, calls=2)
     assert_all_same_bytes(plain, threaded)
 

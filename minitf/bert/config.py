@@ -31,6 +31,10 @@ class BertRunConfig(RunConfig):
     mask_prob: float = option(0.15, "share of each sequence's tokens that carry the loss, drawn anew every step from "
                               "(seed, step, sequence, position): 80%% become [MASK], 10%% a random token, 10%% stay "
                               "({default})", type="float", group=GROUP)  # %% : argparse's help
+    # a run written before the option existed computed none: absent means 0
+    attention_dropout: float | None = option(None, "dropout on the attention weights (BERT's "
+                                             "attention_probs_dropout_prob; default: --dropout's value)",
+                                             type="float", group=GROUP, absent=0.0)
     # from a Hugging Face BERT, DistilBERT or RoBERTa folder: its config.json, kept so that the run needs the folder
     # no more (its model is built from it, an export writes it again)
     bert: dict | None = option(None, flag=False, model=True)
@@ -46,6 +50,8 @@ def validate(config):
                          f"{config.num_encoder_layers!r}")
     if config.tokenizer not in ("wordpiece", "pretrained"):
         raise UsageError(f"a --model bert run's tokenizer is 'wordpiece' or 'pretrained', got {config.tokenizer!r}")
+    if config.attention_dropout is not None and not 0.0 <= config.attention_dropout < 1.0:
+        raise UsageError(f"--attention-dropout must be in [0, 1), got {config.attention_dropout}")
     if not (isinstance(config.mask_prob, float) and 0.0 < config.mask_prob < 1.0):
         raise UsageError(f"--mask-prob must be a share in (0, 1) (BERT: 0.15), got {config.mask_prob!r}")
     if not (isinstance(config.block_size, int) and config.block_size >= 3):
@@ -59,14 +65,17 @@ def validate(config):
 
 def run_model_config(config, vocab_size, pad_id=0):
     """The :class:`BertConfig` of a ``--model bert`` run: a fine-tuned folder's (its config.json, kept in the run as
-    ``bert``) with the run's dropout, or the run's sizes: ``num_encoder_layers`` layers, ``block_size`` positions,
-    BERT's two token types, [PAD] ``pad_id``; a classifier's with its ``labels`` (id2label)."""
+    ``bert``) with the run's dropouts (``dropout``; ``attention_dropout``, None: dropout's), or the run's sizes:
+    ``num_encoder_layers`` layers, ``block_size`` positions, BERT's two token types, [PAD] ``pad_id``; a
+    classifier's with its ``labels`` (id2label)."""
     if config.bert is not None:
-        model = hf.config_from_hf(config.bert, "config.json's \"bert\"").replace(dropout=config.dropout)
+        model = hf.config_from_hf(config.bert, "config.json's \"bert\"").replace(
+            dropout=config.dropout, attention_dropout=config.attention_dropout)
     else:
         model = BertConfig(vocab_size=vocab_size, d_model=config.d_model, num_heads=config.num_heads,
                            num_layers=config.num_encoder_layers, d_ff=config.d_ff,
-                           max_position_embeddings=config.block_size, dropout=config.dropout, pad_token_id=pad_id)
+                           max_position_embeddings=config.block_size, dropout=config.dropout,
+                           attention_dropout=config.attention_dropout, pad_token_id=pad_id)
     if config.labels is not None:
         model = model.replace(num_labels=len(config.labels), id2label=tuple(config.labels))
     return model

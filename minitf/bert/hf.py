@@ -114,9 +114,10 @@ def config_from_hf(hf, where="config.json"):
                       num_heads=value("n_heads", "int", low=1), d_ff=value("hidden_dim", "int", low=1),
                       type_vocab_size=0, layer_norm_eps=1e-12, activation=activation, head_activation=None,
                       dropout=value("dropout", "float", default=0.1, low=0.0, high=1.0, high_open=True),
+                      attention_dropout=value("attention_dropout", "float", default=0.1, low=0.0, high=1.0,
+                                              high_open=True),
                       classifier_dropout=None, pad_token_id=value("pad_token_id", "int", default=0, low=0,
                                                                   high=vocab_size - 1), position_offset=0)
-        value("attention_dropout", "float", default=0.1, low=0.0, high=1.0)  # training only; minitf has none there
     else:
         kind = value("position_embedding_type", "str", default="absolute")
         if kind != "absolute":
@@ -137,9 +138,10 @@ def config_from_hf(hf, where="config.json"):
                       activation=activation_of(hf, "hidden_act", where),
                       head_activation="gelu" if flavour == "roberta" else None,  # RobertaLMHead calls gelu itself
                       dropout=value("hidden_dropout_prob", "float", default=0.1, low=0.0, high=1.0, high_open=True),
+                      attention_dropout=value("attention_probs_dropout_prob", "float", default=0.1, low=0.0,
+                                              high=1.0, high_open=True),
                       classifier_dropout=classifier_dropout, pad_token_id=pad,
                       position_offset=pad + 1 if flavour == "roberta" else 0)
-        value("attention_probs_dropout_prob", "float", default=0.1, low=0.0, high=1.0)  # training only
     if fields["d_model"] % fields["num_heads"]:
         width, heads = ("dim", "n_heads") if flavour == "distilbert" else ("hidden_size", "num_attention_heads")
         raise ValueError(f"{where}: {width} {fields['d_model']} is not a multiple of {heads} {fields['num_heads']}; "
@@ -185,14 +187,13 @@ def hf_config_of(model, previous, dtype):
     activation = pretrained.HF_NAME_OF_ACTIVATION[c.activation]
     if c.flavour == "distilbert":
         hf.update(dim=c.d_model, n_layers=c.num_layers, n_heads=c.num_heads, hidden_dim=c.d_ff, activation=activation,
-                  dropout=c.dropout, sinusoidal_pos_embds=False)
-        hf.setdefault("attention_dropout", c.dropout)
+                  dropout=c.dropout, attention_dropout=c.attention_dropout, sinusoidal_pos_embds=False)
     else:
         hf.update(hidden_size=c.d_model, num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
                   intermediate_size=c.d_ff, hidden_act=activation, hidden_dropout_prob=c.dropout,
                   type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps,
-                  classifier_dropout=c.classifier_dropout, position_embedding_type="absolute")
-        hf.setdefault("attention_probs_dropout_prob", c.dropout)
+                  attention_probs_dropout_prob=c.attention_dropout, classifier_dropout=c.classifier_dropout,
+                  position_embedding_type="absolute")
         if c.flavour == "roberta":
             hf.setdefault("bos_token_id", 0)
             hf.setdefault("eos_token_id", 2)

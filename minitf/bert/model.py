@@ -17,9 +17,8 @@ What separates BERT, DistilBERT and RoBERTa is options (:class:`BertConfig`'s fi
     head_activation    hidden_act            activation            "gelu" (whatever hidden_act says)
 
 Every layer is one of minitf's, each with its own backward: ``Embedding`` (the pad row gets no gradient from its
-lookups, as PyTorch's ``padding_idx``), ``LayerNorm``, ``Dropout``, ``MultiHeadAttention`` (no dropout on the
-attention weights: BERT's ``attention_probs_dropout_prob`` is not computed, the same model at evaluation), the
-post-LN ``SublayerConnection``, ``FeedForward``, ``Linear``, ``Tanh``, ``OutputProjection``. The backward here only
+lookups, as PyTorch's ``padding_idx``), ``LayerNorm``, ``Dropout``, ``MultiHeadAttention`` (its dropout on the
+attention weights is BERT's ``attention_probs_dropout_prob``), the post-LN ``SublayerConnection``, ``FeedForward``, ``Linear``, ``Tanh``, ``OutputProjection``. The backward here only
 walks the parts in reverse.
 
 Masks follow minitf's convention: ``key_padding_mask`` (B, L) bool, True = a padding key (Hugging Face's
@@ -54,7 +53,9 @@ class BertConfig:
     (ids other than ``pad_token_id``) are counted from ``position_offset`` and padding tokens read row
     ``pad_token_id``. ``activation``: the feed-forward's (a name of :data:`minitf.layers.ACTIVATIONS`);
     ``head_activation`` the masked-LM head's (None: the same). ``dropout``: on the embeddings and every residual
-    branch; ``classifier_dropout`` before the classifier (None: ``dropout``). ``id2label``: the label names, label
+    branch; ``attention_dropout`` on the attention weights (BERT's attention_probs_dropout_prob, DistilBERT's
+    attention_dropout; None: ``dropout``'s value, set when the config is made); ``classifier_dropout`` before the
+    classifier (None: ``dropout``). ``id2label``: the label names, label
     i's at index i (empty: "LABEL_0", "LABEL_1"... for ``num_labels``). ``flavour``: whose folder it is."""
     vocab_size: int
     d_model: int = 768
@@ -67,6 +68,7 @@ class BertConfig:
     activation: str = "gelu"
     head_activation: str | None = None
     dropout: float = 0.1
+    attention_dropout: float | None = None
     classifier_dropout: float | None = None
     pad_token_id: int = 0
     position_offset: int = 0
@@ -95,10 +97,12 @@ class BertConfig:
             value = getattr(self, name)
             if not (value is None and name == "head_activation") and value not in ACTIVATIONS:
                 raise ValueError(f"BertConfig: {name} must be one of {', '.join(ACTIVATIONS)}, got {value!r}")
-        for name in ("dropout", "classifier_dropout"):
+        for name in ("dropout", "attention_dropout", "classifier_dropout"):
             value = getattr(self, name)
-            if not (value is None and name == "classifier_dropout") and not (_is_number(value) and 0 <= value < 1):
+            if not (value is None and name != "dropout") and not (_is_number(value) and 0 <= value < 1):
                 raise ValueError(f"BertConfig: {name} must be a number in [0, 1), got {value!r}")
+        if self.attention_dropout is None:                       # BERT's: the hidden dropout's value
+            object.__setattr__(self, "attention_dropout", self.dropout)
         eps = self.layer_norm_eps
         if not (_is_number(eps) and 0 < eps < 1):
             raise ValueError(f"BertConfig: layer_norm_eps must be a number in (0, 1), got {eps!r}")
@@ -267,7 +271,8 @@ class BertModel(BertPreTrainedModel):
         c = self.config = config
         self.embeddings = BertEmbeddings(c)
         self.encoder = Encoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, pre_norm=False,
-                               activation=c.activation, layer_norm_eps=c.layer_norm_eps)
+                               activation=c.activation, layer_norm_eps=c.layer_norm_eps,
+                               attention_dropout=c.attention_dropout)
         if add_pooling_layer is None:
             add_pooling_layer = c.flavour != "distilbert"
         self.pooler = BertPooler(c.d_model) if add_pooling_layer else None

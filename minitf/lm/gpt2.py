@@ -152,9 +152,9 @@ def config_from_hf(hf, where="config.json"):
     """The :class:`minitf.gpt.GPTConfig` of a GPT-2 config.json (``where`` names it in messages). The shape (vocab_size,
     n_positions, n_embd, n_head, n_layer) must be there, as in every GPT-2 folder; the other keys take Hugging
     Face's defaults where absent (n_inner null: 4 n_embd). Every value read is checked for type and range,
-    naming the key; options minitf does not compute are refused, not ignored. minitf has one dropout (on the
-    embeddings and each sublayer's output, resid_pdrop's) and none on the attention weights: embd_pdrop and
-    attn_pdrop are only checked."""
+    naming the key; options minitf does not compute are refused, not ignored. minitf has one dropout on the
+    embeddings and each sublayer's output (resid_pdrop's: embd_pdrop is only checked) and attn_pdrop on the
+    attention weights."""
     def value(key, kind, default=pretrained.REQUIRED, **checks):
         return pretrained.config_value(hf, key, kind, default, where=where, **checks)
 
@@ -167,7 +167,7 @@ def config_from_hf(hf, where="config.json"):
     d_ff = value("n_inner", "int", default=None, low=1) or 4 * d_model
     activation = value("activation_function", "str", default="gelu_new")
     dropout = {key: value(key, "float", default=0.1, low=0.0, high=1.0, high_open=True)
-               for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}["resid_pdrop"]
+               for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
     layer_norm_eps = value("layer_norm_epsilon", "float", default=1e-5, low=0.0, low_open=True)
     init_std = value("initializer_range", "float", default=0.02, low=0.0)
     tie_embeddings = value("tie_word_embeddings", "bool", default=True)
@@ -179,7 +179,8 @@ def config_from_hf(hf, where="config.json"):
     if refused:
         raise ValueError(f"{where}: this GPT-2 uses what minitf does not compute: {', '.join(refused)}")
     return GPTConfig(vocab_size=vocab_size, max_len=n_positions, d_model=d_model, num_heads=num_heads,
-                     num_layers=num_layers, d_ff=d_ff, dropout=float(dropout), pre_norm=True,
+                     num_layers=num_layers, d_ff=d_ff, dropout=float(dropout["resid_pdrop"]),
+                     attention_dropout=float(dropout["attn_pdrop"]), pre_norm=True,
                      activation=HF_ACTIVATIONS[activation], positions="learned", scale_embedding=False, init="gpt2",
                      init_std=float(init_std), layer_norm_eps=float(layer_norm_eps), tie_embeddings=tie_embeddings)
 
@@ -202,7 +203,7 @@ def hf_config_of(config, previous, dtype):
               n_layer=config.num_layers, n_inner=config.d_ff,
               activation_function=HF_NAME_OF_ACTIVATION[config.activation],
               resid_pdrop=config.dropout, embd_pdrop=config.dropout,
-              attn_pdrop=0.0,  # minitf has no dropout on the attention weights (nor has the paper)
+              attn_pdrop=config.attention_dropout,
               layer_norm_epsilon=config.layer_norm_eps, initializer_range=config.init_std,
               tie_word_embeddings=config.tie_embeddings, scale_attn_weights=True,
               scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False)

@@ -63,17 +63,18 @@ class T5FeedForward(Module):
 
 class T5Block(Module):
     """One pre-norm block (Hugging Face's ``T5Block``): ``h = x + dropout(self_attn(norm(x)))``, in the decoder
-    ``h = h + dropout(cross_attn(norm(h), memory))``, ``y = h + dropout(ff(norm(h)))``. x, y (B, L, D)."""
+    ``h = h + dropout(cross_attn(norm(h), memory))``, ``y = h + dropout(ff(norm(h)))``. x, y (B, L, D). Each
+    attention drops its weights too, with the same ``dropout_rate`` (as Hugging Face's T5Attention)."""
 
     def __init__(self, config, is_decoder):
         c, D = config, config.d_model
         self.is_decoder = is_decoder
         self.self_attn_norm = RMSNorm(D, c.layer_norm_epsilon)
-        self.self_attn = T5Attention(D, c.num_heads, c.d_kv)
+        self.self_attn = T5Attention(D, c.num_heads, c.d_kv, c.dropout_rate)
         self.self_attn_dropout = Dropout(c.dropout_rate)
         if is_decoder:
             self.cross_attn_norm = RMSNorm(D, c.layer_norm_epsilon)
-            self.cross_attn = T5Attention(D, c.num_heads, c.d_kv)
+            self.cross_attn = T5Attention(D, c.num_heads, c.d_kv, c.dropout_rate)
             self.cross_attn_dropout = Dropout(c.dropout_rate)
         self.ff_norm = RMSNorm(D, c.layer_norm_epsilon)
         self.ff = T5FeedForward(D, c.d_ff, c.activation, c.gated, c.dropout_rate)
