@@ -41,7 +41,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
-from benchmarks.common import MinitfLMStep, TorchLMStep, bench_header, serve_side, step_report  # noqa: E402
+from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_arguments, bench_header, serve_side,  # noqa: E402
+                               step_report)
 
 np = minitf.backend.host
 
@@ -100,18 +101,8 @@ def bench_step(folder, args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=list(SHAPES), default="base")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="threads of each framework's process (default: this machine's cores)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per framework, taking turns")
-    parser.add_argument("--dry-run", action="store_true", help="--shape tiny --rounds 1: that the script runs")
-    parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
-    parser.add_argument("--worker", choices=["minitf", "PyTorch"], help=argparse.SUPPRESS)
     parser.add_argument("--part", choices=["step"], default="step", help=argparse.SUPPRESS)
-    parser.add_argument("--folder", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.dry_run:
-        args.shape, args.rounds = "tiny", 1
+    args = bench_arguments(parser, SHAPES, "base", argv)
     if args.worker:
         side = minitf_side if args.worker == "minitf" else torch_side
         return serve_side(args, lambda: side(args.folder, SHAPES[args.shape]))

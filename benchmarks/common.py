@@ -27,6 +27,7 @@ module imports no script, and no script imports another (tests/test_architecture
   :class:`TorchLMStep`), the pair (:func:`run_pair`), the step's table (:func:`step_report`)
   and the run's header (:func:`bench_header`).
 """
+import argparse
 import gc
 import importlib
 import json
@@ -97,6 +98,43 @@ def make_batch(c, seed=0):
     tgt[np.arange(B), tgt_len] = EOS
     tgt[np.arange(T + 1)[None, :] > tgt_len[:, None]] = PAD
     return src, tgt[:, :-1].copy(), tgt[:, 1:].copy()
+
+
+#: the lengths of the random source sentences of the encoder-decoders' translation (counting eos)
+MIN_SOURCE, MAX_SOURCE = 10, 40
+
+
+def sentence_batches(count, batch_size, ids, pad, eos, seed=1):
+    """``count`` random sentences of MIN_SOURCE..MAX_SOURCE ids ending in ``eos`` (the others drawn from
+    ``range(*ids)``, which holds neither pad nor eos), sorted by length into batches: a list of (src (b, S) host
+    int64 padded with ``pad``, the batch's length limit S). marian_opus.py's and t5_step.py's translation."""
+    rng = np.random.default_rng(seed)
+    lengths = np.sort(rng.integers(MIN_SOURCE, MAX_SOURCE + 1, count))
+    batches = []
+    for start in range(0, count, batch_size):
+        chunk = lengths[start:start + batch_size]
+        S = int(chunk.max())
+        src = np.full((len(chunk), S), pad, dtype=np.int64)
+        for row, n in enumerate(chunk):
+            src[row, :n - 1] = rng.integers(*ids, n - 1)
+            src[row, n - 1] = eos
+        batches.append((src, S))
+    return batches
+
+
+def pair_batch(B, L, ids, pad, eos, seed=2):
+    """src (B, L), labels (B, L), tgt_in (B, L): host int64; random ids from ``range(*ids)``, random lengths from
+    L/2 to L ending in ``eos``, then ``pad``; tgt_in is labels shifted right behind the start token (pad), as
+    transformers' shift_tokens_right (Marian) and _shift_right (T5). An encoder-decoder's fine-tuning step."""
+    rng = np.random.default_rng(seed)
+    src, labels = rng.integers(*ids, (B, L)), rng.integers(*ids, (B, L))
+    for a in (src, labels):
+        n = rng.integers(max(L // 2, 1), L + 1, B)
+        n[0] = L                                   # one full row: the batch is L wide
+        a[np.arange(B), n - 1] = eos
+        a[np.arange(L)[None, :] >= n[:, None]] = pad
+    tgt_in = np.concatenate([np.full((B, 1), pad), labels[:, :-1]], axis=1)
+    return src, labels, tgt_in
 
 
 def as_batches(batches):
@@ -555,10 +593,14 @@ class MinitfLMStep:
         self.loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
         self.optimizer = minitf.Adam(model.parameters(), lr=GPT_LR, betas=GPT_BETAS, eps=GPT_EPS)
 
+    def logits(self):
+        """The forward: ``model(inputs)`` (an encoder-decoder's subclass adds its source)."""
+        return self.model(self.inputs)
+
     def run(self):
         start = time.perf_counter()
         self.optimizer.zero_grad()
-        loss = self.loss_fn(self.model(self.inputs), self.targets)
+        loss = self.loss_fn(self.logits(), self.targets)
         self.model.backward(self.loss_fn.backward())
         self.optimizer.step()
         minitf.backend.synchronize()
@@ -583,10 +625,14 @@ class TorchLMStep:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=GPT_LR, betas=GPT_BETAS, eps=GPT_EPS,
                                            weight_decay=0.0)
 
+    def logits(self):
+        """The forward: ``model(inputs).logits`` (an encoder-decoder's subclass adds its source)."""
+        return self.model(self.inputs).logits
+
     def run(self):
         torch, start = self.torch, time.perf_counter()
         self.optimizer.zero_grad()
-        logits = self.model(self.inputs).logits
+        logits = self.logits()
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.targets.reshape(-1),
                                                  ignore_index=-1)
         value = loss.item()
@@ -679,6 +725,25 @@ def step_report(script, folder, args, tokens, title):
     print(f"\nminitf / PyTorch: **{result['ratio']:.2f}x** (medians; per-round ratios "
           f"{spread(result['round_ratios'], 1, 2)}); peak memory **{memory['minitf'] / memory['PyTorch']:.2f}x**")
     return result
+
+
+def bench_arguments(parser, shapes, default, argv=None):
+    """The flags of a comparison of a process per framework (bert_step.py, llama_step.py, t5_step.py), added to
+    ``parser`` (which holds the script's own, such as --part), then ``argv`` parsed: --shape (one of ``shapes``,
+    ``default``), --threads (default: this machine's cores), --rounds, --dry-run (--shape tiny --rounds 1, applied
+    here), --json; the worker's hidden --worker and --folder. Returns the arguments."""
+    parser.add_argument("--shape", choices=list(shapes), default=default)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="threads of each framework's process (default: this machine's cores)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per framework, taking turns")
+    parser.add_argument("--dry-run", action="store_true", help="--shape tiny --rounds 1: that the script runs")
+    parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
+    parser.add_argument("--worker", choices=["minitf", "PyTorch"], help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.shape, args.rounds = "tiny", 1
+    return args
 
 
 def bench_header(parser, script, argv, args):
