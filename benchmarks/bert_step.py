@@ -18,8 +18,11 @@ dry runs and tests.
 
 The step: a fixed batch of random ids, ``batch`` x ``block`` (8 x 128, no padding, one segment), 15% of the
 positions (never the first or last) scored on their own id (the masked-LM loss's shape: the other positions carry
-no loss; the inputs are left as they are, which changes no cost). minitf: zero_grad, ``model(inputs)``,
-``LabelSmoothedCrossEntropy(0.0, ignore_index=-1)``, backward, ``minitf.Adam``; PyTorch: ``cross_entropy(...,
+no loss; the inputs are left as they are, which changes no cost). minitf, in two processes: as ``train.py --model
+bert`` trains, the head at the scored positions only (``model(inputs, scored=...)``, logits (1, N, V); the same loss
+and gradients), and with the head at every position (``model(inputs)``: transformers' work, whose BertForMaskedLM
+has no such choice); both zero_grad, forward, ``LabelSmoothedCrossEntropy(0.0, ignore_index=-1)``, backward,
+``minitf.Adam``; PyTorch: ``cross_entropy(...,
 ignore_index=-1)`` on the logits, autograd, ``torch.optim.AdamW`` with ``weight_decay=0.0`` (minitf's Adam is AdamW
 without weight decay): benchmarks/common.py's ``MinitfLMStep`` and ``TorchLMStep``, Adam's settings its ``GPT_LR``,
 ``GPT_BETAS``, ``GPT_EPS``. Memory: as benchmarks/llama_step.py measures it (each process's peak over its loaded
@@ -64,8 +67,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
-from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_header, finish_step, rate_table, run_pair,  # noqa: E402
-                               serve_side, spread, step_arguments, step_report, summary)
+from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_arguments, bench_header, finish_step, rate_table,  # noqa: E402,E501
+                               run_pair, serve_side, spread, step_report, summary)
 
 np = minitf.backend.host
 
@@ -79,6 +82,9 @@ SHAPES = {
                             intermediate_size=128, max_position_embeddings=64), batch=2, block=32,
                  texts=10, words=(3, 20), batch_size=4),
 }
+#: The step's workers: minitf as train.py trains (the head at the scored positions), PyTorch, and minitf with the
+#: head at every position (transformers' BertForMaskedLM's work)
+STEP_WORKERS = ("minitf", "PyTorch", "minitf-all")
 MASK_SHARE = 0.15                               # the positions that carry the loss, as BERT's pre-training
 PARTS = ("step", "fill-mask", "classify")
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -143,10 +149,25 @@ def step_batch(shape, seed=1):
     return ids, np.where(chosen, ids, -1)
 
 
-def minitf_side(folder, shape):
-    """minitf's masked LM of the folder (float32) and its step."""
+class MinitfMaskedLMStep(MinitfLMStep):
+    """minitf's step as train.py's masked LM takes it: the head at the scored positions only (``scored``)."""
+
+    def __init__(self, model, batch):
+        super().__init__(model, batch)
+        self.scored = self.targets != -1                                   # (batch, block)
+        self.scored_targets = self.targets[self.scored][None]             # (1, N)
+
+    def logits(self):
+        return self.model(self.inputs, scored=self.scored)                # (1, N, V)
+
+    def loss_targets(self):
+        return self.scored_targets
+
+
+def minitf_side(folder, shape, step=MinitfMaskedLMStep):
+    """minitf's masked LM of the folder (float32) and its step (``MinitfLMStep``: the head at every position)."""
     from minitf.bert import hf
-    return MinitfLMStep(hf.from_pretrained(folder, dtype="float32"), step_batch(shape))
+    return step(hf.from_pretrained(folder, dtype="float32"), step_batch(shape))
 
 
 def torch_side(folder, shape):
@@ -250,17 +271,27 @@ def bench_pipeline(folder, args, part):
 def bench_step(folder, args):
     shape = SHAPES[args.shape]
     tokens = shape["batch"] * shape["block"]
-    return step_report(__file__, folder, args, tokens,
-                       f"Masked-LM training step: batch {shape['batch']} x block {shape['block']} ({tokens:,} tokens, "
-                       f"{MASK_SHARE:.0%} scored), Adam (minitf) / AdamW with weight_decay 0 (PyTorch)")
+    labels = {"minitf": "minitf (head at the scored positions, as train.py)",
+              "minitf-all": "minitf (head at every position, as transformers)", "PyTorch": "PyTorch"}
+    result = step_report(__file__, folder, args, tokens,
+                         f"Masked-LM training step: batch {shape['batch']} x block {shape['block']} ({tokens:,} "
+                         f"tokens, {MASK_SHARE:.0%} scored), Adam (minitf) / AdamW with weight_decay 0 (PyTorch)",
+                         names=STEP_WORKERS, labels=labels)
+    times, medians = result["times"], result["median"]
+    rounds = [a / b for a, b in zip(times["minitf-all"], times["PyTorch"])]
+    result["all_positions_ratio"] = {"ratio": medians["minitf-all"] / medians["PyTorch"], "round_ratios": rounds}
+    print(f"minitf with the head at every position / PyTorch: **{result['all_positions_ratio']['ratio']:.2f}x** "
+          f"(medians; per-round ratios {spread(rounds, 1, 2)}): the same work on both sides")
+    return result
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    args = step_arguments(parser, SHAPES, "base", parts=PARTS)(argv)
+    args = bench_arguments(parser, SHAPES, "base", argv, workers=STEP_WORKERS, parts=PARTS)
     if args.worker:
         if args.part == "step":
-            side = minitf_side if args.worker == "minitf" else torch_side
+            side = {"minitf": minitf_side, "PyTorch": torch_side,
+                    "minitf-all": lambda folder, shape: minitf_side(folder, shape, MinitfLMStep)}[args.worker]
             return serve_side(args, lambda: side(args.folder, SHAPES[args.shape]))
         pipeline = MinitfPipeline if args.worker == "minitf" else TorchPipeline
         return serve_side(args, lambda: pipeline(args.folder, SHAPES[args.shape], args.part))

@@ -100,6 +100,43 @@ def make_batch(c, seed=0):
     return src, tgt[:, :-1].copy(), tgt[:, 1:].copy()
 
 
+#: the lengths of the random source sentences of the encoder-decoders' translation (counting eos)
+MIN_SOURCE, MAX_SOURCE = 10, 40
+
+
+def sentence_batches(count, batch_size, ids, pad, eos, seed=1):
+    """``count`` random sentences of MIN_SOURCE..MAX_SOURCE ids ending in ``eos`` (the others drawn from
+    ``range(*ids)``, which holds neither pad nor eos), sorted by length into batches: a list of (src (b, S) host
+    int64 padded with ``pad``, the batch's length limit S). marian_opus.py's and t5_step.py's translation."""
+    rng = np.random.default_rng(seed)
+    lengths = np.sort(rng.integers(MIN_SOURCE, MAX_SOURCE + 1, count))
+    batches = []
+    for start in range(0, count, batch_size):
+        chunk = lengths[start:start + batch_size]
+        S = int(chunk.max())
+        src = np.full((len(chunk), S), pad, dtype=np.int64)
+        for row, n in enumerate(chunk):
+            src[row, :n - 1] = rng.integers(*ids, n - 1)
+            src[row, n - 1] = eos
+        batches.append((src, S))
+    return batches
+
+
+def pair_batch(B, L, ids, pad, eos, seed=2):
+    """src (B, L), labels (B, L), tgt_in (B, L): host int64; random ids from ``range(*ids)``, random lengths from
+    L/2 to L ending in ``eos``, then ``pad``; tgt_in is labels shifted right behind the start token (pad), as
+    transformers' shift_tokens_right (Marian) and _shift_right (T5). An encoder-decoder's fine-tuning step."""
+    rng = np.random.default_rng(seed)
+    src, labels = rng.integers(*ids, (B, L)), rng.integers(*ids, (B, L))
+    for a in (src, labels):
+        n = rng.integers(max(L // 2, 1), L + 1, B)
+        n[0] = L                                   # one full row: the batch is L wide
+        a[np.arange(B), n - 1] = eos
+        a[np.arange(L)[None, :] >= n[:, None]] = pad
+    tgt_in = np.concatenate([np.full((B, 1), pad), labels[:, :-1]], axis=1)
+    return src, labels, tgt_in
+
+
 def as_batches(batches):
     """One (src, tgt_in, tgt_out) triple or a list of them -> a list."""
     return [batches] if len(batches) == 3 and hasattr(batches[0], "shape") else list(batches)
@@ -557,10 +594,18 @@ class MinitfLMStep:
         self.loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
         self.optimizer = minitf.Adam(model.parameters(), lr=GPT_LR, betas=GPT_BETAS, eps=GPT_EPS)
 
+    def logits(self):
+        """The forward: ``model(inputs)`` (an encoder-decoder's subclass adds its source)."""
+        return self.model(self.inputs)
+
+    def loss_targets(self):
+        """The targets the loss reads beside :meth:`logits` (a subclass scoring some positions only picks them)."""
+        return self.targets
+
     def run(self):
         start = time.perf_counter()
         self.optimizer.zero_grad()
-        loss = self.loss_fn(self.model(self.inputs), self.targets)
+        loss = self.loss_fn(self.logits(), self.loss_targets())
         self.model.backward(self.loss_fn.backward())
         self.optimizer.step()
         minitf.backend.synchronize()
@@ -585,10 +630,14 @@ class TorchLMStep:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=GPT_LR, betas=GPT_BETAS, eps=GPT_EPS,
                                            weight_decay=0.0)
 
+    def logits(self):
+        """The forward: ``model(inputs).logits`` (an encoder-decoder's subclass adds its source)."""
+        return self.model(self.inputs).logits
+
     def run(self):
         torch, start = self.torch, time.perf_counter()
         self.optimizer.zero_grad()
-        logits = self.model(self.inputs).logits
+        logits = self.logits()
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.targets.reshape(-1),
                                                  ignore_index=-1)
         value = loss.item()
@@ -710,6 +759,31 @@ def step_report(script, folder, args, tokens, title, names=PAIR, labels=None):
     return result
 
 
+def bench_arguments(parser, shapes, default, argv=None, workers=PAIR, parts=None):
+    """The flags of a comparison of a process per framework (bert_step.py, llama_step.py, t5_step.py, moe_step.py),
+    added to ``parser``, then ``argv`` parsed: --shape (one of ``shapes``, ``default``), --threads (default: this
+    machine's cores), --rounds, --dry-run (--shape tiny --rounds 1, applied here), --json; --part, the user's where
+    the script times ``parts`` (default all of them), else hidden (the step); the worker's hidden --worker (one of
+    ``workers``) and --folder. Returns the arguments."""
+    parser.add_argument("--shape", choices=list(shapes), default=default)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="threads of each framework's process (default: this machine's cores)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per framework, taking turns")
+    parser.add_argument("--dry-run", action="store_true", help="--shape tiny --rounds 1: that the script runs")
+    parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
+    if parts is None:
+        parser.add_argument("--part", choices=["step"], default="step", help=argparse.SUPPRESS)
+    else:
+        parser.add_argument("--part", choices=list(parts) + ["all"], default="all",
+                            help=f"what to time: {', '.join(parts)} (default: all of them)")
+    parser.add_argument("--worker", choices=list(workers), help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.shape, args.rounds = "tiny", 1
+    return args
+
+
 def bench_header(parser, script, argv, args):
     """The comparison's start: refuse (exit 2, one line) a --threads or --rounds below 1, a --json in no folder, a
     machine without torch, transformers and safetensors; print the command, the date and the machine; return the
@@ -736,34 +810,6 @@ def bench_header(parser, script, argv, args):
     print(f"- CPU: {machine}; {args.threads} threads in each framework's process")
     return {"command": command, "machine": machine, "threads": args.threads, "shape": args.shape, "date": date,
             "rounds": args.rounds}
-
-
-def step_arguments(parser, shapes, default, workers=PAIR, parts=None):
-    """The flags of a script that times one training step (bert_step.py, moe_step.py): --shape (``shapes``' names,
-    ``default``), --threads, --rounds, --dry-run, --json, and the workers' hidden --worker (``workers``), --part and
-    --folder; ``parts`` (names of what the script times beside the step) makes --part a flag of the user's, default
-    all of them. Parses ``argv``-style lists through the returned function: it applies --dry-run (--shape tiny
-    --rounds 1)."""
-    parser.add_argument("--shape", choices=list(shapes), default=default)
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="threads of each framework's process (default: this machine's cores)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per framework, taking turns")
-    parser.add_argument("--dry-run", action="store_true", help="--shape tiny --rounds 1: that the script runs")
-    parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
-    parser.add_argument("--worker", choices=list(workers), help=argparse.SUPPRESS)
-    if parts is None:
-        parser.add_argument("--part", choices=["step"], default="step", help=argparse.SUPPRESS)
-    else:
-        parser.add_argument("--part", choices=list(parts) + ["all"], default="all",
-                            help=f"what to time: {', '.join(parts)} (default: all of them)")
-    parser.add_argument("--folder", help=argparse.SUPPRESS)
-
-    def parse(argv=None):
-        args = parser.parse_args(argv)
-        if args.dry_run:
-            args.shape, args.rounds = "tiny", 1
-        return args
-    return parse
 
 
 def finish_step(script, args, results, models):

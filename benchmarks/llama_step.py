@@ -3,7 +3,7 @@ backward, Adam) and greedy generation with the key/value cache, each framework i
 
     pip install -e ".[bench]"      # torch, transformers, safetensors: only for the comparison
     python benchmarks/llama_step.py --threads 2 --rounds 5 --json llama-2.json   # SmolLM2-135M's shape
-    python benchmarks/llama_step.py --shape tiny --rounds 1                        # dry run
+    python benchmarks/llama_step.py --dry-run                                      # tiny shape, 1 round
 
 The model: a random ``transformers.LlamaForCausalLM`` built from a ``LlamaConfig`` of SmolLM2-135M's shape
 (``--shape smollm2``: 30 layers, d_model 576, 9 query heads, 3 key/value heads, d_ff 1536, vocabulary 49,152,
@@ -56,8 +56,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
-from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_header, rate_table, run_pair, serve_side,  # noqa: E402
-                               spread, step_report, summary)
+from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_arguments, bench_header, rate_table, run_pair,  # noqa: E402
+                               serve_side, spread, step_report, summary)
 from minitf.llama.config import PRESETS  # noqa: E402
 
 np = minitf.backend.host
@@ -196,15 +196,7 @@ def bench_generate(folder, args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=PARTS + ("all",), default="all")
-    parser.add_argument("--shape", choices=list(SHAPES), default="smollm2")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="threads of each framework's process (default: this machine's cores)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per framework, taking turns")
-    parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
-    parser.add_argument("--worker", choices=["minitf", "PyTorch"], help=argparse.SUPPRESS)
-    parser.add_argument("--folder", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = bench_arguments(parser, SHAPES, "smollm2", argv, parts=PARTS)
     if args.worker:
         side = MinitfSide if args.worker == "minitf" else TorchSide
         return serve_side(args, lambda: side(args.folder, SHAPES[args.shape], args.part))

@@ -74,8 +74,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import minitf  # noqa: E402
 from minitf.nmt import marian  # noqa: E402
-from benchmarks.common import (Worker, blas_description, blas_threads, cpu_model, matmul_peak_gflops,  # noqa: E402
-                               serve, spread, take_turns)
+from benchmarks.common import (MAX_SOURCE, MIN_SOURCE, Worker, blas_description, blas_threads, cpu_model,  # noqa: E402
+                               matmul_peak_gflops, pair_batch, sentence_batches, serve, spread, take_turns)
 
 np = minitf.backend.host
 
@@ -86,7 +86,6 @@ SHAPES = {
 }
 EOS = 0
 NEVER = -100.0          # the eos logit's bias for decoding: no eos before the forced one (logits are O(1))
-MIN_SOURCE, MAX_SOURCE = 10, 40  # source sentence lengths, counting eos
 WARMUP_SENTENCES = 8
 LR, BETAS, ADAM_EPS = 2e-5, (0.9, 0.98), 1e-9
 MODES = {"greedy": 1, "beam 4": 4}
@@ -126,22 +125,10 @@ def make_folder(shape, folder, dropout, eos_bias, seed=0):
 # --------------------------------------------------------------------------- #
 # translation
 # --------------------------------------------------------------------------- #
-def source_batches(count, vocab, batch_size, seed=1):
-    """``count`` random sentences of MIN_SOURCE..MAX_SOURCE ids ending in eos (no pad, no eos inside), sorted by
-    length into batches: a list of (src (b, S) host int64 padded with pad, the batch's length limit S)."""
-    rng = np.random.default_rng(seed)
-    pad = vocab - 1
-    lengths = np.sort(rng.integers(MIN_SOURCE, MAX_SOURCE + 1, count))
-    batches = []
-    for start in range(0, count, batch_size):
-        chunk = lengths[start:start + batch_size]
-        S = int(chunk.max())
-        src = np.full((len(chunk), S), pad, dtype=np.int64)
-        for row, n in enumerate(chunk):
-            src[row, :n - 1] = rng.integers(1, pad, n - 1)
-            src[row, n - 1] = EOS
-        batches.append((src, S))
-    return batches
+def source_batches(count, vocab, batch_size):
+    """``count`` random sentences (benchmarks/common.py's ``sentence_batches``: MIN_SOURCE..MAX_SOURCE ids ending
+    in eos, sorted by length into batches), ids 1..vocab-2: neither eos (0) nor pad (vocab - 1)."""
+    return sentence_batches(count, batch_size, (1, vocab - 1), vocab - 1, EOS)
 
 
 def minitf_translate(model, settings, batches, beam):
@@ -252,19 +239,9 @@ def print_workers(workers):
 # --------------------------------------------------------------------------- #
 # the fine-tuning step
 # --------------------------------------------------------------------------- #
-def step_batch(B, L, vocab, seed=2):
-    """src (B, L), labels (B, L), tgt_in (B, L): host int64; random lengths from L/2 to L ending in eos, then pad;
-    tgt_in is labels shifted right behind the start token (pad), as transformers' shift_tokens_right."""
-    rng = np.random.default_rng(seed)
-    pad = vocab - 1
-    src, labels = rng.integers(1, pad, (B, L)), rng.integers(1, pad, (B, L))
-    for a in (src, labels):
-        n = rng.integers(max(L // 2, 1), L + 1, B)
-        n[0] = L                                   # one full row: the batch is L wide
-        a[np.arange(B), n - 1] = EOS
-        a[np.arange(L)[None, :] >= n[:, None]] = pad
-    tgt_in = np.concatenate([np.full((B, 1), pad), labels[:, :-1]], axis=1)
-    return src, labels, tgt_in
+def step_batch(B, L, vocab):
+    """src, labels, tgt_in (B, L) (benchmarks/common.py's ``pair_batch``), ids 1..vocab-2, pad vocab - 1."""
+    return pair_batch(B, L, (1, vocab - 1), vocab - 1, EOS)
 
 
 class MinitfMarianStep:

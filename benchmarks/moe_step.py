@@ -55,8 +55,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 import minitf  # noqa: E402
-from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_header, finish_step, serve_side,  # noqa: E402
-                               spread, step_arguments, step_report)
+from benchmarks.common import (MinitfLMStep, TorchLMStep, bench_arguments, bench_header, finish_step,  # noqa: E402
+                               serve_side, spread, step_report)
 from minitf.llama.config import PRESETS  # noqa: E402
 
 np = minitf.backend.host
@@ -183,7 +183,7 @@ def bench_step(folder, args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    args = step_arguments(parser, SHAPES, "smollm2", WORKERS)(argv)
+    args = bench_arguments(parser, SHAPES, "smollm2", argv, workers=WORKERS)
     if args.worker:
         return serve_side(args, lambda: SIDES[args.worker](args.folder, SHAPES[args.shape]))
     results = bench_header(parser, __file__, argv, args)
