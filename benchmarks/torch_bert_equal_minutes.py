@@ -14,15 +14,15 @@ Without it the script trains the WordPiece vocabulary as train.py does and runs 
 ``--train-text``/``--valid-text`` (default: the World English Bible from ``--cache-dir``): a run of its own.
 
 What is the same as ``python train.py --model bert`` (the ``tiny`` masked-LM preset: d_model 128, 4 heads, 2 layers,
-d_ff 512, post-LN, exact GELU, learned positions, two token types, tied decoder, dropout 0.1 on the embeddings and
-every residual branch, none on the attention weights (minitf computes none), 128-token sequences, 16 a step
+d_ff 512, post-LN, exact GELU, learned positions, two token types, tied decoder, dropout 0.1 on the embeddings, every
+residual branch and the attention weights, 128-token sequences, 16 a step
 (``--max-tokens 2048``), 15% of the tokens masked): the text, split into lines, each ``[CLS] line [SEP]`` cut to
 128 tokens (minitf's ``SentenceCorpus``); the WordPiece vocabulary (``train_wordpiece`` of the training lines, or
 the run's); the order of the sequences and the batches (``SentenceCorpus.epoch_batches`` for the seed and epoch);
 the masks (:mod:`minitf.bert.masking`'s ``mask_inputs``: a function of (seed, step, sequence, position), so step s
 of both masks the same positions the same way: 80% [MASK], 10% a random id, 10% kept); the model, transformers'
 ``BertForMaskedLM`` from the config.json minitf writes for its model (``minitf.bert.hf.save_pretrained``) starting
-from the weights of minitf's model built with the same seed, the attention dropout set to 0; the loss, the mean
+from the weights of minitf's model built with the same seed, its dropouts the run's; the loss, the mean
 cross-entropy over the masked positions (no label smoothing); Adam (0.9, 0.98, 1e-9) with minitf's
 ``WarmupSchedule`` (d_model 128, warmup 400, lr_scale 0.5) in a ``LambdaLR``; a validation every 200 steps; and the
 budget: ``--max-minutes`` is the wall time of the whole script, training stopping when two validations (the last
@@ -31,8 +31,10 @@ once, 16 a batch, masked by the draws of ``VALIDATION_STEP`` (the trainer's vali
 loss (the summed nll over the masked tokens' count), its perplexity, the accuracy of the argmax, as
 ``BertTrainer.evaluate`` computes them.
 
-Not the same: no checkpoints; the dropout masks are torch's own draws; torch uses its own kernels and the threads
-``--threads`` gives it (default: torch's own choice).
+Not the same: minitf runs the masked-LM head at the masked positions only (``scored``: the same loss and
+gradients), transformers' ``BertForMaskedLM`` at every position, as its users train it (run_mlm.py); no
+checkpoints; the dropout masks are torch's own draws; torch uses its own kernels and the threads ``--threads``
+gives it (default: torch's own choice).
 """
 import argparse
 import json
@@ -118,10 +120,9 @@ def minitf_logits(model):
 
 def hf_model_from_minitf(model, folder):
     """transformers' BertForMaskedLM holding minitf ``model``'s weights (written by minitf's own writer into
-    ``folder``), its attention dropout 0 (minitf computes none), in training mode."""
+    ``folder``, with its dropouts: ``hidden_dropout_prob`` and ``attention_probs_dropout_prob``), in training mode."""
     hf.save_pretrained(model, folder)
-    return transformers.BertForMaskedLM.from_pretrained(folder, attention_probs_dropout_prob=0.0,
-                                                        dtype=torch.float32).train()
+    return transformers.BertForMaskedLM.from_pretrained(folder, dtype=torch.float32).train()
 
 
 def run_settings(args):
