@@ -73,6 +73,35 @@ def test_masked_lm_gradient_of_every_parameter(config, seed, B, L):
 
 
 @settings(max_examples=12, deadline=None)
+@given(config=bert_configs(), seed=seeds, B=st.integers(1, 3), L=st.integers(1, 6), share=st.floats(0.0, 1.0))
+def test_the_head_at_the_scored_positions_only_gives_the_full_heads_loss_and_every_gradient(config, seed, B, L,
+                                                                                            share):
+    """``model(ids, scored=...)`` (the head at the N scored positions, logits (1, N, V), as train.py trains) against
+    the head at every position with -1 elsewhere: the same loss and every parameter's gradient, float64, to 1e-12
+    relative (the sums run in another order); no scored position at all gives a zero gradient, not an error."""
+    import minitf
+    model = randomize(BertForMaskedLM(config), seed)
+    ids, types, mask = batch(config, seed, B, L)
+    rng = np.random.default_rng(seed + 1)
+    scored = (rng.random(ids.shape) < share) & ~mask                                    # (B, L)
+    targets = np.where(scored, rng.integers(0, config.vocab_size, ids.shape), -1)       # (B, L)
+    loss_fn = minitf.LabelSmoothedCrossEntropy(0.0, ignore_index=-1)
+    grads, losses = [], []
+    for kwargs, wanted in ((dict(), targets), (dict(scored=scored), targets[scored][None])):
+        model.zero_grad()
+        logits = model(ids, token_type_ids=types, key_padding_mask=mask, **kwargs)
+        assert logits.shape[:2] == wanted.shape
+        losses.append(loss_fn(logits, wanted))
+        model.backward(loss_fn.backward())
+        grads.append({name: backend.to_numpy(p.grad).copy() for name, p in model.named_parameters()})
+    assert np.isclose(losses[0], losses[1], rtol=1e-12, atol=0)
+    for name, full in grads[0].items():
+        assert np.allclose(grads[1][name], full, rtol=1e-12, atol=1e-15), name
+    with pytest.raises(ValueError, match="scored must be"):
+        model(ids, scored=scored[:, :-1] if L > 1 else np.ones((B, 2), dtype=bool))
+
+
+@settings(max_examples=12, deadline=None)
 @given(config=bert_configs(), seed=seeds, B=st.integers(1, 3), L=st.integers(1, 5))
 def test_sequence_classification_gradient_of_every_parameter(config, seed, B, L):
     model = randomize(BertForSequenceClassification(config), seed)

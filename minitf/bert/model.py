@@ -355,6 +355,7 @@ class BertForMaskedLM(BertPreTrainedModel):
             return self.lm_head(h)                                             # (B, L, V)
         B, L, D = h.shape
         if tuple(scored.shape) != (B, L):
+            self.clear_saved()                                                 # the encoder's caches: no backward
             raise ValueError(f"scored must be (B, L) = {(B, L)} like ids, got {tuple(scored.shape)}")
         rows = xp.flatnonzero(backend.asarray(scored).reshape(-1))             # (N,) the scored positions
         self.save_for_backward(rows, h.shape)
