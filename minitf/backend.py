@@ -488,27 +488,23 @@ _ERF_SINGLE_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203
                  -1.42647390514189e-02)
 
 
-def _erf_single(module, x, chunk=16384):
-    """erf of a float32/float16 array, in its dtype: x P(x^2) / Q(x^2) by Horner's rule in float64, in place, on
-    blocks of ``chunk`` elements (its float64 temporaries stay in the cache: half the time of whole-array passes)."""
-    flat = x.reshape(-1)
-    out = module.empty(flat.shape, dtype=x.dtype)
-    for start in range(0, flat.size, chunk):
-        block = module.clip(flat[start:start + chunk], -4.0, 4.0, dtype=numpy.float64)  # erf(4) = 1 - 1.5e-8
-        z = block * block
-        p = z * _ERF_SINGLE_P[0]
-        p += _ERF_SINGLE_P[1]
-        for c in _ERF_SINGLE_P[2:]:
-            p *= z
-            p += c
-        p *= block                                                 # x P(x^2)
-        q = z * _ERF_SINGLE_Q[0]
-        q += _ERF_SINGLE_Q[1]
-        for c in _ERF_SINGLE_Q[2:]:
-            q *= z
-            q += c                                                 # Q(x^2)
-        module.divide(p, q, out=out[start:start + chunk], casting="same_kind")  # rounded once, to x's dtype
-    return out.reshape(x.shape)
+def _erf_single(module, x):
+    """erf of a float32/float16 array, in its dtype: x P(x^2) / Q(x^2) by Horner's rule in float64, in place."""
+    x = module.clip(x, -4.0, 4.0, dtype=numpy.float64)             # erf(4) = 1 - 1.5e-8: 1 in float32
+    z = x * x
+    p = z * _ERF_SINGLE_P[0]
+    p += _ERF_SINGLE_P[1]
+    for c in _ERF_SINGLE_P[2:]:
+        p *= z
+        p += c
+    p *= x                                                         # x P(x^2)
+    q = z * _ERF_SINGLE_Q[0]
+    q += _ERF_SINGLE_Q[1]
+    for c in _ERF_SINGLE_Q[2:]:
+        q *= z
+        q += c                                                     # Q(x^2)
+    p /= q
+    return p
 
 
 def _polynomial(coefficients, z):
@@ -525,15 +521,15 @@ def erf(x):
     float64: erf(x) = x T(x^2) / U(x^2) for |x| <= 1; otherwise 1 - erfc(|x|) with the sign of x, where
     erfc(a) = exp(-a^2) P(a) / Q(a) for 1 < a < 8 and exp(-a^2) R(a) / S(a) beyond (Cephes).
     float32 and float16: one rational x P(x^2) / Q(x^2) on x clipped to [-4, 4] (erf is 1 in float32 beyond),
-    evaluated in float64 on cache-sized blocks and rounded once: within 1e-7 of erf, for a fraction of the three
-    branches' time (BERT's GELU; docs/layers/gelu.md)."""
+    evaluated in float64 and rounded once: within 1e-7 of erf, for a fraction of the three branches' time (BERT's
+    GELU; docs/layers/gelu.md)."""
     module = _state["module"]
     if getattr(module, "__name__", "") == "cupy":
         import cupyx.scipy.special
         return cupyx.scipy.special.erf(x)
     dtype = x.dtype
     if dtype in (numpy.float32, numpy.float16):
-        return _erf_single(module, x)
+        return _erf_single(module, x).astype(dtype)                # rounded once, from float64
     a = module.abs(x)
     x_small = module.clip(x, -1.0, 1.0)                            # the |x| <= 1 branch, finite everywhere
     z = x_small * x_small
