@@ -114,10 +114,11 @@
     h("h3", {}, figure, o.title);
     if (o.caption) h("p", {class: "caption"}, figure, o.caption);
     const legend = h("div", {class: "legend"}, figure);
-    for (const line of o.series) {
+    for (const line of o.series) {  // a series with no point says so (a short run made no validation)
       const sw = h("span", {class: "swatch"}, legend);
       sw.style.background = line.colour;
-      h("span", {}, legend, line.name + "  ");
+      const drawn = line.ys.some((y) => y !== null && Number.isFinite(y));
+      h("span", {}, legend, line.name + (drawn ? "" : " (none in this run)") + "  ");
     }
     const W = o.width || 520, H = o.height || 280, m = {l: 70, r: 16, t: 10, b: o.xcats ? 120 : 44};
     const svg = s("svg", {class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
@@ -157,8 +158,9 @@
                    transform: `rotate(-40 ${x} ${H - m.b + 10})`}, axes, clip(label, 22));
       });
     } else {
+      const whole = xs.every(Number.isInteger);  // steps, distances: no tick between two of them
       for (const v of niceTicks(x0, x1, 5)) {
-        if (v < x0 || v > x1) continue;
+        if (v < x0 || v > x1 || (whole && !Number.isInteger(v))) continue;
         s("line", {x1: X(v), x2: X(v), y1: H - m.b, y2: H - m.b + 4, class: "axis"}, axes);
         s("text", {x: X(v), y: H - m.b + 16, "text-anchor": "middle", class: "tick"}, axes, fmt(v, 6));
       }
@@ -795,7 +797,7 @@
     });
     if (c.valid.score && c.valid.score.some((v) => v !== null)) {
       lineChart(charts, {
-        id: "score", title: c.score_name, xlabel: "step", ylabel: c.score_name, caption: c.score_caption,
+        id: "score", title: c.score_name.charAt(0).toUpperCase() + c.score_name.slice(1), xlabel: "step", ylabel: c.score_name, caption: c.score_caption,
         series: [{name: "validation", xs: c.valid.step, ys: c.valid.score, colour: "#1a7f37", marker: true}],
         zero: c.score_name.startsWith("BLEU"),
       });
